@@ -1,0 +1,1 @@
+"""bench: benchmarks that print JSON and write bench/results/*.json."""

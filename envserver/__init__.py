@@ -1,0 +1,1 @@
+"""envserver: the websocket Gym server, its wire protocol, and the clients."""

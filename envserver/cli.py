@@ -1,0 +1,73 @@
+"""The `sandgym` command line: one argparse tree, each subcommand delegating to its package.
+
+Each subcommand module exposes `add_arguments(parser)` and `run(args) -> int`; they are imported
+only when their subcommand runs, so `sandgym --help` stays fast and vendor SDKs stay unloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+#: subcommand -> (module exposing add_arguments/run, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("envserver.serve_cli", "run the env server"),
+    "tasks": ("tasks.cli", "list and check tasks"),
+    "run": ("envserver.run_cli", "play one episode and print its record"),
+    "eval": ("trainer.eval_cli", "many episodes, pass@k table"),
+    "train": ("trainer.cli", "the RL trainer"),
+    "plot": ("trainer.plot_cli", "plot a run's reward curve"),
+    "bench": ("bench.cli", "benchmarks (sandbox, pool, step, sessions)"),
+    "reap": ("sandboxes.reaper_cli", "remove orphaned sandboxes"),
+}
+
+
+def _load(module: str):  # type: ignore[no-untyped-def]
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name and module.startswith(exc.name):
+            return None
+        raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="sandgym",
+        description="Environment server for training terminal and desktop agents with RL.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging on stderr")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        mod = _load(module)
+        if mod is None:
+            p.set_defaults(_unavailable=name)
+            p.add_argument("rest", nargs=argparse.REMAINDER)
+        else:
+            mod.add_arguments(p)
+            p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.command is None:
+        parser.print_help()
+        return 2
+    if getattr(args, "_unavailable", None):
+        print(f"sandgym {args._unavailable}: not yet available in this build", file=sys.stderr)
+        return 3
+    return int(args._run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""sandboxes: isolated environments for agent episodes (local, docker, e2b, null backends).
+
+Imports nothing else of sandgym. Vendor SDKs load lazily through `get_backend`.
+"""
+
+__version__ = "0.1.0"
+
+from sandboxes.base import Sandbox, SandboxBackend, normalize_sandbox_path  # noqa: E402
+from sandboxes.errors import (  # noqa: E402
+    BackendUnavailableError,
+    CommandTimeoutError,
+    SandboxClosedError,
+    SandboxCreateError,
+    SandboxError,
+    SandboxFileNotFoundError,
+    SandboxLostError,
+    SandboxPathError,
+    UnknownBackendError,
+)
+from sandboxes.registry import backend_names, get_backend  # noqa: E402
+from sandboxes.spec import ExecResult, SandboxSpec, ShellResult  # noqa: E402
+
+__all__ = [
+    "BackendUnavailableError",
+    "CommandTimeoutError",
+    "ExecResult",
+    "Sandbox",
+    "SandboxBackend",
+    "SandboxClosedError",
+    "SandboxCreateError",
+    "SandboxError",
+    "SandboxFileNotFoundError",
+    "SandboxLostError",
+    "SandboxPathError",
+    "SandboxSpec",
+    "ShellResult",
+    "UnknownBackendError",
+    "backend_names",
+    "get_backend",
+    "normalize_sandbox_path",
+]

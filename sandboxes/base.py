@@ -1,0 +1,210 @@
+"""The sandbox protocol: `SandboxBackend.create(spec) -> Sandbox`, and what a `Sandbox` can do.
+
+The whole interface fits on one screen. Backends implement the abstract methods; pool policy,
+reaping and task logic live elsewhere. Every method is async and never blocks the event loop.
+
+Example:
+    >>> import asyncio
+    >>> from sandboxes import get_backend, SandboxSpec
+    >>> async def demo():
+    ...     backend = get_backend("null")
+    ...     sb = await backend.create(SandboxSpec())
+    ...     try:
+    ...         return (await sb.exec("echo hi")).stdout
+    ...     finally:
+    ...         await sb.close()
+    >>> asyncio.run(demo())
+    'hi\\n'
+"""
+
+from __future__ import annotations
+
+import abc
+import posixpath
+import time
+import uuid
+from pathlib import Path
+
+from sandboxes.errors import SandboxClosedError, SandboxPathError
+from sandboxes.spec import ExecResult, SandboxSpec, ShellResult
+
+#: Label keys every sandgym sandbox carries (Docker labels, local marker file, E2B metadata).
+LABEL_MANAGED = "sandgym.managed"
+LABEL_OWNER = "sandgym.owner"  # owner server id
+LABEL_OWNER_PID = "sandgym.owner_pid"  # pid of the owning process (same-host liveness check)
+LABEL_OWNER_HOST = "sandgym.owner_host"
+LABEL_LEASE_EXPIRY = "sandgym.lease_expiry"  # unix time after which anyone may reap it
+LABEL_VERSION = "sandgym.version"
+LABEL_FINGERPRINT = "sandgym.fingerprint"
+
+
+def new_sandbox_id() -> str:
+    return "sg-" + uuid.uuid4().hex[:12]
+
+
+def normalize_sandbox_path(path: str, workdir: str = "/") -> str:
+    """Resolve `path` (absolute, or relative to `workdir`) to a normalized absolute path.
+
+    Raises `SandboxPathError` for empty paths, NUL bytes, and `..` that would climb above `/`.
+    Symlinks are checked by each backend against its real filesystem.
+    """
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise SandboxPathError(f"expected a non-empty path without NUL bytes, got {path!r}")
+    full = path if path.startswith("/") else posixpath.join(workdir, path)
+    depth = 0
+    for part in full.split("/"):
+        if part in ("", "."):
+            continue
+        depth = depth - 1 if part == ".." else depth + 1
+        if depth < 0:
+            raise SandboxPathError(f"path {path!r} climbs above the sandbox root")
+    return posixpath.normpath(full).replace("//", "/")
+
+
+class Sandbox(abc.ABC):
+    """One isolated environment for one episode. Create via a backend; `close()` when done."""
+
+    backend_name: str = "?"
+
+    def __init__(self, spec: SandboxSpec, sandbox_id: str | None = None) -> None:
+        self.spec = spec
+        self.id = sandbox_id or new_sandbox_id()
+        self.created_at = time.time()
+        self.from_pool = False  # set by the pool when handed out ready (a hit)
+        self._closed = False
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise SandboxClosedError(f"sandbox {self.id} is closed; create a new one")
+
+    async def close(self) -> None:
+        """Destroy the sandbox and everything in it. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        await self._destroy()
+
+    @abc.abstractmethod
+    async def _destroy(self) -> None: ...
+
+    @abc.abstractmethod
+    async def is_alive(self) -> bool:
+        """True while the sandbox can still run commands."""
+
+    # -- commands ----------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def exec(
+        self,
+        cmd: str | list[str],
+        timeout_s: float = 60.0,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+    ) -> ExecResult:
+        """Run a command (a string goes through `bash -c`). On timeout the tree is killed."""
+
+    # -- the persistent interactive shell ----------------------------------------------------
+    @abc.abstractmethod
+    async def run(self, command: str, timeout_s: float = 60.0) -> ShellResult:
+        """Run `command` in this sandbox's persistent shell (state kept between calls)."""
+
+    @abc.abstractmethod
+    async def send_keys(self, keys: str) -> None:
+        """Send raw keys (bytes of a terminal) to the shell's foreground program."""
+
+    @abc.abstractmethod
+    async def screen(self) -> str:
+        """The rendered terminal screen (rows joined by newlines, trailing spaces stripped)."""
+
+    # -- files -------------------------------------------------------------------------------
+    @abc.abstractmethod
+    async def write_file(self, path: str, content: bytes | str, mode: int = 0o644) -> None:
+        """Write a file (parents created). Paths escaping the sandbox raise SandboxPathError."""
+
+    @abc.abstractmethod
+    async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        """Read a file; SandboxFileNotFoundError when it does not exist."""
+
+    @abc.abstractmethod
+    async def upload(self, src: Path, dst: str) -> None:
+        """Copy a host file or directory tree to `dst` inside the sandbox."""
+
+    @abc.abstractmethod
+    async def download(self, src: str, dst: Path) -> None:
+        """Copy a sandbox file or directory tree to `dst` on the host."""
+
+
+class SandboxBackend(abc.ABC):
+    """Creates sandboxes of one kind and finds the ones a dead owner left behind."""
+
+    name: str = "?"
+
+    def __init__(self, owner_id: str | None = None, lease_s: float = 6 * 3600) -> None:
+        self.owner_id = owner_id or ("srv-" + uuid.uuid4().hex[:10])
+        self.lease_s = lease_s
+
+    @abc.abstractmethod
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        """Create and start a sandbox matching `spec`; raise SandboxCreateError on failure."""
+
+    async def reap(self, only_expired: bool = True) -> list[str]:
+        """Destroy sandboxes whose owner is gone or whose lease expired; return their ids."""
+        return []
+
+    async def aclose(self) -> None:
+        """Release backend-wide resources (clients, threads)."""
+        return None
+
+    def labels_for(self, spec: SandboxSpec) -> dict[str, str]:
+        """The labels every sandbox of this backend carries (see `LABEL_*`)."""
+        import os
+        import socket
+
+        from sandboxes import __version__
+
+        labels = dict(spec.labels)
+        labels.update(
+            {
+                LABEL_MANAGED: "1",
+                LABEL_OWNER: self.owner_id,
+                LABEL_OWNER_PID: str(os.getpid()),
+                LABEL_OWNER_HOST: socket.gethostname(),
+                LABEL_LEASE_EXPIRY: str(int(time.time() + self.lease_s)),
+                LABEL_VERSION: __version__,
+                LABEL_FINGERPRINT: spec.fingerprint(self.name),
+            }
+        )
+        return labels
+
+
+def owner_is_gone(labels: dict[str, str], now: float | None = None) -> bool:
+    """True when a sandbox's labels say nobody owns it any more (lease expired, or the owning
+    process on this host is dead)."""
+    import os
+    import socket
+
+    now = time.time() if now is None else now
+    try:
+        if float(labels.get(LABEL_LEASE_EXPIRY, "0")) < now:
+            return True
+    except ValueError:
+        return True
+    if labels.get(LABEL_OWNER_HOST) == socket.gethostname():
+        try:
+            pid = int(labels.get(LABEL_OWNER_PID, "0"))
+        except ValueError:
+            return True
+        if pid <= 0:
+            return True
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+    return False

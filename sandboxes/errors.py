@@ -1,0 +1,46 @@
+"""The sandbox error tree: every failure of a sandbox or backend is one of these named types.
+
+Each error inherits both `SandboxError` and the builtin it resembles, so callers can catch
+either. A non-zero exit code is *not* an error: it is data in `ExecResult.exit_code`.
+"""
+
+from __future__ import annotations
+
+
+class SandboxError(Exception):
+    """Base class of every error raised by the sandbox layer."""
+
+
+class BackendUnavailableError(SandboxError, RuntimeError):
+    """The backend cannot run here (no Docker engine, no bwrap, no API key, ...)."""
+
+
+class UnknownBackendError(SandboxError, KeyError):
+    """No backend is registered under the requested name."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else "unknown backend"
+
+
+class SandboxCreateError(SandboxError, RuntimeError):
+    """Creating the sandbox failed (image missing, build failed, limits refused, ...)."""
+
+
+class SandboxClosedError(SandboxError, RuntimeError):
+    """An operation was attempted on a sandbox that has already been closed."""
+
+
+class SandboxLostError(SandboxError, ConnectionError):
+    """The sandbox died underneath us (container killed, process tree gone)."""
+
+
+class CommandTimeoutError(SandboxError, TimeoutError):
+    """A command did not finish within its timeout (its process tree was killed)."""
+
+
+class SandboxPathError(SandboxError, ValueError):
+    """A file path was refused: relative, escaping the sandbox, or through a symlink out."""
+
+
+class SandboxFileNotFoundError(SandboxError, FileNotFoundError):
+    """A file asked for by the file API does not exist inside the sandbox."""

@@ -1,0 +1,111 @@
+"""Immutable descriptions of a sandbox (`SandboxSpec`) and of command results.
+
+`SandboxSpec.fingerprint()` is the key the warm pool groups ready sandboxes by: two specs with
+the same fingerprint produce interchangeable fresh sandboxes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+#: Output beyond this many bytes per stream is cut and marked with `TRUNCATION_MARKER`.
+DEFAULT_MAX_OUTPUT_BYTES = 1_000_000
+TRUNCATION_MARKER = "\n[sandgym: output truncated: {dropped} bytes dropped]\n"
+
+
+class SandboxSpec(BaseModel):
+    """What a sandbox must look like. Frozen; hashable through `fingerprint()`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    image: str | None = Field(None, description="image name (docker/e2b); None = backend default")
+    build_context: Path | None = Field(
+        None, description="directory holding a Dockerfile to build the image from"
+    )
+    dockerfile: str = Field("Dockerfile", description="Dockerfile name inside build_context")
+    workdir: str = Field("/app", description="working directory of commands and the shell")
+    env: dict[str, str] = Field(default_factory=dict, description="environment variables")
+    cpus: float | None = Field(1.0, description="CPU share (docker: nano_cpus)")
+    memory_mb: int | None = Field(2048, description="memory limit in MiB")
+    pids_limit: int | None = Field(512, description="maximum number of processes")
+    storage_mb: int | None = Field(None, description="disk limit in MiB where supported")
+    network: bool = Field(False, description="whether the sandbox may reach the network")
+    user: str | None = Field(None, description="user commands run as by default (None = root)")
+    labels: dict[str, str] = Field(default_factory=dict, description="extra labels")
+    allow_run: bool = Field(
+        False, description="local/e2b: execute Dockerfile RUN lines on the host-side rootfs"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> SandboxSpec:
+        if not self.workdir.startswith("/"):
+            raise ValueError(f"workdir must be absolute, got {self.workdir!r}")
+        if self.memory_mb is not None and self.memory_mb < 16:
+            raise ValueError(f"memory_mb must be >= 16, got {self.memory_mb}")
+        return self
+
+    def context_hash(self) -> str | None:
+        """Content hash of the build context (file names, modes and bytes), or None."""
+        if self.build_context is None:
+            return None
+        return hash_directory(self.build_context)
+
+    def fingerprint(self, backend: str = "") -> str:
+        """Stable key for 'interchangeable fresh sandboxes' (excludes per-sandbox labels)."""
+        data = self.model_dump(mode="json", exclude={"labels", "build_context"})
+        data["context"] = self.context_hash()
+        data["backend"] = backend
+        blob = json.dumps(data, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def hash_directory(root: Path) -> str:
+    """sha256 over the relative paths, modes and contents of every file below `root`."""
+    h = hashlib.sha256()
+    root = Path(root)
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            p = Path(dirpath) / name
+            rel = p.relative_to(root).as_posix()
+            h.update(rel.encode() + b"\0")
+            if p.is_symlink():
+                h.update(b"L" + os.readlink(p).encode())
+                continue
+            h.update(oct(p.stat().st_mode & 0o777).encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+class ExecResult(BaseModel):
+    """The result of one non-interactive command. A non-zero exit code is data, not an error."""
+
+    exit_code: int | None = Field(description="exit status; None when killed by the timeout")
+    stdout: str = ""
+    stderr: str = ""
+    timed_out: bool = False
+    truncated: bool = Field(False, description="output was cut at the output limit")
+    duration_s: float = 0.0
+
+
+class ShellResult(BaseModel):
+    """The result of one command run in the persistent shell (stdout and stderr merged)."""
+
+    output: str
+    exit_code: int | None
+    timed_out: bool = False
+    truncated: bool = False
+    duration_s: float = 0.0
+
+
+def truncate_output(data: bytes, limit: int = DEFAULT_MAX_OUTPUT_BYTES) -> tuple[str, bool]:
+    """Decode `data`, keeping at most `limit` bytes plus a marker that says how much was cut."""
+    if len(data) <= limit:
+        return data.decode("utf-8", errors="replace"), False
+    head = data[:limit].decode("utf-8", errors="replace")
+    return head + TRUNCATION_MARKER.format(dropped=len(data) - limit), True

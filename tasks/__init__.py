@@ -1,0 +1,1 @@
+"""tasks: task models, loaders, the verifier and the built-in catalog."""

@@ -1,0 +1,1 @@
+"""trainer: Ray rollouts over the env server and distributed policy updates."""
