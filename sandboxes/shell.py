@@ -1,0 +1,401 @@
+"""The persistent interactive shell of a sandbox: pexpect-spawned bash, sentinel-delimited output.
+
+One `PexpectShell` lives for a whole episode, so a `command` step costs one write and one read
+on a pty instead of a new process, and the shell keeps its state (cwd, exported variables,
+functions) between commands. Output is read from the pty fd by the event loop (no thread per
+read). `send_keys` writes raw keys for full-screen programs, and `screen()` renders what the
+terminal shows with pyte.
+
+How a command runs: its text travels base64-encoded and is `eval`ed by the shell with stdin from
+/dev/null (so a command that reads stdin cannot hang the episode; interactive programs are driven
+with `send_keys`), then a sentinel carrying the exit status is printed. On timeout the shell is
+sent ^C, every descendant of the shell is killed through the backend's `kill_tree` hook, and a
+fresh sentinel re-synchronises the shell, which stays usable. If it does not answer, it is
+restarted (state lost, and the result says so).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import pexpect
+import pyte
+
+from sandboxes.errors import SandboxLostError
+from sandboxes.spec import DEFAULT_MAX_OUTPUT_BYTES, TRUNCATION_MARKER, ShellResult
+
+KillTree = Callable[[int], Awaitable[None]]
+CountChildren = Callable[[int], Awaitable[int]]
+
+#: Named keys accepted inside `<...>` by `send_keys`, besides raw characters and escapes.
+NAMED_KEYS: dict[str, str] = {
+    "enter": "\r",
+    "return": "\r",
+    "esc": "\x1b",
+    "escape": "\x1b",
+    "tab": "\t",
+    "space": " ",
+    "backspace": "\x7f",
+    "bs": "\x7f",
+    "delete": "\x1b[3~",
+    "del": "\x1b[3~",
+    "up": "\x1b[A",
+    "down": "\x1b[B",
+    "right": "\x1b[C",
+    "left": "\x1b[D",
+    "home": "\x1b[H",
+    "end": "\x1b[F",
+    "pageup": "\x1b[5~",
+    "pagedown": "\x1b[6~",
+}
+_SENTINELS = re.compile(rb"\n?__SG_(?:[0-9a-f]+_RC_\d+|SYNC_[0-9a-f]+|READY_[0-9a-f]+_\d+)__\n?")
+_KEY_TOKEN = re.compile(r"<([A-Za-z]+|[CcMm]-.)>")
+
+
+def translate_keys(keys: str) -> str:
+    """Turn `<Enter>`, `<Esc>`, `<C-c>`, `<M-x>`, `<Up>`... into terminal bytes; the rest is raw."""
+
+    def sub(m: re.Match[str]) -> str:
+        tok = m.group(1)
+        low = tok.lower()
+        if low in NAMED_KEYS:
+            return NAMED_KEYS[low]
+        if len(tok) == 3 and tok[1] == "-":
+            if low[0] == "c":
+                return chr(ord(tok[2].lower()) & 0x1F)
+            if low[0] == "m":
+                return "\x1b" + tok[2]
+        return m.group(0)
+
+    return _KEY_TOKEN.sub(sub, keys)
+
+
+def ansi_c_quote(text: str) -> str:
+    """Quote `text` as a bash $'...' string using only printable ASCII (safe on a tty)."""
+    out = ["$'"]
+    for ch in text:
+        o = ord(ch)
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch == "'":
+            out.append("\\'")
+        elif 0x20 <= o < 0x7F:
+            out.append(ch)
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        else:
+            out.append("".join(f"\\x{b:02x}" for b in ch.encode()))
+    out.append("'")
+    return "".join(out)
+
+
+def kill_tree_script(pid: int) -> str:
+    """A POSIX sh script, run inside the sandbox, that SIGKILLs every descendant of `pid`.
+
+    It walks /proc (no procps needed), stops each process first so none can fork away while
+    the walk runs, then kills them all. `pid` itself survives.
+    """
+    return (
+        "set +e; root=%d; kids() { for s in /proc/[0-9]*/stat; do "
+        'read -r p rest < "$s" 2>/dev/null || continue; '
+        'pp=$(echo "$rest" | sed "s/.*) [A-Za-z] \\([0-9]*\\).*/\\1/"); '
+        '[ "$pp" = "$1" ] && echo "$p"; done; }; '
+        "all=''; todo=$root; while [ -n \"$todo\" ]; do next=''; for t in $todo; do "
+        'for c in $(kids "$t"); do kill -STOP "$c" 2>/dev/null; all="$all $c"; next="$next $c"; '
+        "done; done; todo=$next; done; "
+        '[ -n "$all" ] && kill -KILL $all 2>/dev/null; exit 0'
+    ) % pid
+
+
+def count_children_script(pid: int) -> str:
+    """A sh script printing how many direct children `pid` has (inside the sandbox)."""
+    return (
+        "n=0; for s in /proc/[0-9]*/stat; do read -r p rest < \"$s\" 2>/dev/null || continue; "
+        'pp=$(echo "$rest" | sed "s/.*) [A-Za-z] \\([0-9]*\\).*/\\1/"); '
+        '[ "$pp" = "%d" ] && n=$((n+1)); done; echo $n'
+    ) % pid
+
+
+class PexpectShell:
+    """A persistent bash on a pty. Not safe for concurrent `run` calls (one at a time)."""
+
+    def __init__(
+        self,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        kill_tree: KillTree | None = None,
+        count_children: CountChildren | None = None,
+        rows: int = 24,
+        cols: int = 80,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        preexec_fn: Callable[[], None] | None = None,
+        start_timeout_s: float = 15.0,
+    ) -> None:
+        self.argv = argv
+        self.env = env
+        self.kill_tree = kill_tree
+        self.count_children = count_children
+        self.rows, self.cols = rows, cols
+        self.max_output_bytes = max_output_bytes
+        self.preexec_fn = preexec_fn
+        self.start_timeout_s = start_timeout_s
+        self.inner_pid: int | None = None
+        self.restarts = 0
+        self._child: pexpect.spawn | None = None
+        self._fd: int = -1
+        self._buf = bytearray()  # output of the current command (bounded)
+        self._dropped = 0
+        self._tail = bytearray()  # last bytes seen, for sentinel matching past the cap
+        self._screen_pending = bytearray()
+        self._data_event = asyncio.Event()
+        self._eof = False
+        self._lock = asyncio.Lock()
+        self._keys_dirty = False
+        self._screen = pyte.Screen(cols, rows)
+        self._screen.set_mode(pyte.modes.LNM)
+        self._stream = pyte.ByteStream(self._screen)
+
+    # -- process lifecycle -------------------------------------------------------------------
+    @property
+    def pid(self) -> int | None:
+        """Host pid of the spawned process (bwrap/nsenter/docker client)."""
+        return self._child.pid if self._child is not None else None
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._spawn)
+        loop = asyncio.get_running_loop()
+        loop.add_reader(self._fd, self._on_readable)
+        marker = "__SG_READY_" + uuid.uuid4().hex[:8]
+        init = (
+            "stty -echo -onlcr cols %d rows %d 2>/dev/null; export PS1='' PS2='' PS0='' "
+            "PROMPT_COMMAND='' HISTFILE=/dev/null TERM=xterm; "
+            "bind 'set enable-bracketed-paste off' 2>/dev/null; unset HISTFILE; "
+            "printf '%s_%%d__\\n' $$\n" % (self.cols, self.rows, marker)
+        )
+        self._write(init.encode())
+        pattern = re.compile(rb"%s_(\d+)__" % marker.encode())
+        m = await self._wait_for(pattern, self.start_timeout_s)
+        if m is None:
+            out = bytes(self._buf[-500:]).decode(errors="replace")
+            await self.close()
+            raise SandboxLostError(f"shell did not start: expected a ready marker, got {out!r}")
+        self.inner_pid = int(m.group(1))
+        self._reset_buffers()
+
+    def _spawn(self) -> None:
+        self._child = pexpect.spawn(
+            self.argv[0],
+            self.argv[1:],
+            env=self.env,
+            echo=False,
+            dimensions=(self.rows, self.cols),
+            preexec_fn=self.preexec_fn,
+        )
+        self._fd = self._child.child_fd
+        os.set_blocking(self._fd, False)
+
+    async def close(self) -> None:
+        child, self._child = self._child, None
+        if child is None:
+            return
+        with contextlib.suppress(Exception):
+            asyncio.get_running_loop().remove_reader(self._fd)
+
+        def _kill() -> None:
+            with contextlib.suppress(Exception):
+                child.terminate(force=True)
+            with contextlib.suppress(Exception):
+                child.close(force=True)
+
+        await asyncio.to_thread(_kill)
+
+    def is_alive(self) -> bool:
+        return self._child is not None and not self._eof and self._child.isalive()
+
+    # -- reading -----------------------------------------------------------------------------
+    def _on_readable(self) -> None:
+        try:
+            data = os.read(self._fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._eof = True
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(self._fd)
+            self._data_event.set()
+            return
+        room = self.max_output_bytes - len(self._buf)
+        if room > 0:
+            self._buf += data[:room]
+        self._dropped += max(0, len(data) - max(room, 0))
+        self._tail = (self._tail + data)[-256:]
+        self._screen_pending += data
+        if len(self._screen_pending) > 262144:
+            del self._screen_pending[:-131072]
+        self._data_event.set()
+
+    def _reset_buffers(self) -> None:
+        self._buf.clear()
+        self._tail.clear()
+        self._dropped = 0
+
+    async def _wait_for(self, pattern: re.Pattern[bytes], timeout_s: float) -> re.Match[bytes] | None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            m = pattern.search(bytes(self._tail)) or pattern.search(bytes(self._buf[-4096:]))
+            if m:
+                return m
+            if self._eof:
+                return None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            self._data_event.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._data_event.wait(), remaining)
+
+    def _write(self, data: bytes) -> None:
+        if self._child is None or self._eof:
+            raise SandboxLostError("the sandbox shell has exited")
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(self._fd, view)
+            except BlockingIOError:
+                time.sleep(0.001)  # pty buffer full: only for very long commands
+                continue
+            view = view[n:]
+
+    # -- commands ----------------------------------------------------------------------------
+    async def run(self, command: str, timeout_s: float = 60.0) -> ShellResult:
+        async with self._lock:
+            if not self.is_alive():
+                raise SandboxLostError("the sandbox shell has exited")
+            if self._keys_dirty:
+                busy = await self._foreground_busy()
+                if busy:
+                    return ShellResult(
+                        output="[sandgym: a program started with keys is still running in the "
+                        "foreground; finish it with keys first]\n",
+                        exit_code=None,
+                    )
+                await self._resync(5.0)
+                self._keys_dirty = False
+            return await self._run_locked(command, timeout_s)
+
+    async def _run_locked(self, command: str, timeout_s: float) -> ShellResult:
+        start = time.perf_counter()
+        nonce = uuid.uuid4().hex[:10]
+        # The command travels as ANSI-C quoted chunks appended to a variable: no fork (fast),
+        # and no line longer than the tty's 4096-byte canonical-mode limit.
+        chunks = [ansi_c_quote(command[i : i + 700]) for i in range(0, len(command), 700)] or ["''"]
+        lines = "__sg_c=" + chunks[0] + "\n" + "".join(f"__sg_c+={c}\n" for c in chunks[1:])
+        lines += f"eval \"$__sg_c\" < /dev/null; printf '\\n__SG_{nonce}_RC_%d__\\n' $?\n"
+        self._reset_buffers()
+        self._write(lines.encode())
+        pattern = re.compile(rb"\n?__SG_%s_RC_(\d+)__\n" % nonce.encode())
+        m = await self._wait_for(pattern, timeout_s)
+        if m is not None:
+            output, truncated = self._take_output(m)
+            return ShellResult(
+                output=output,
+                exit_code=int(m.group(1)),
+                truncated=truncated,
+                duration_s=time.perf_counter() - start,
+            )
+        if self._eof:
+            raise SandboxLostError("the sandbox shell exited while running a command")
+        # Timed out: interrupt, kill the command's process tree, re-synchronise the shell.
+        output, truncated = self._take_output(None)
+        note = await self._interrupt()
+        return ShellResult(
+            output=output + note,
+            exit_code=None,
+            timed_out=True,
+            truncated=truncated,
+            duration_s=time.perf_counter() - start,
+        )
+
+    def _take_output(self, m: re.Match[bytes] | None) -> tuple[str, bool]:
+        data = bytes(self._buf)
+        if m is not None:
+            idx = data.rfind(m.group(0))
+            if idx >= 0:
+                data = data[:idx]
+            else:  # sentinel only in the tail: output was cut before it
+                data = data[: self.max_output_bytes]
+        text = data.decode("utf-8", errors="replace").replace("\r\n", "\n")
+        dropped = self._dropped
+        self._reset_buffers()
+        if dropped:
+            return text + TRUNCATION_MARKER.format(dropped=dropped), True
+        return text, False
+
+    async def _interrupt(self) -> str:
+        with contextlib.suppress(SandboxLostError):
+            self._write(b"\x03")
+        await asyncio.sleep(0.05)
+        if self.kill_tree is not None and self.inner_pid is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.kill_tree(self.inner_pid), 15)
+        if await self._resync(5.0):
+            return "\n[sandgym: command timed out; its processes were killed]\n"
+        await self._restart()
+        return "\n[sandgym: command timed out; the shell did not recover and was restarted]\n"
+
+    async def _resync(self, timeout_s: float) -> bool:
+        """Clear any half-typed line and wait until the shell answers a fresh sentinel."""
+        nonce = uuid.uuid4().hex[:10]
+        try:
+            self._write(f"\x15\nprintf '__SG_SYNC_{nonce}__\\n'\n".encode())
+        except SandboxLostError:
+            return False
+        ok = await self._wait_for(re.compile(rb"__SG_SYNC_%s__" % nonce.encode()), timeout_s)
+        self._reset_buffers()
+        return ok is not None
+
+    async def _restart(self) -> None:
+        await self.close()
+        self._eof = False
+        self.restarts += 1
+        self._reset_buffers()
+        await self.start()
+
+    async def _foreground_busy(self) -> bool:
+        if self.count_children is None or self.inner_pid is None:
+            return False
+        try:
+            return await self.count_children(self.inner_pid) > 0
+        except Exception:
+            return False
+
+    # -- raw keys and the screen -------------------------------------------------------------
+    async def send_keys(self, keys: str, settle_s: float = 0.05, max_wait_s: float = 1.0) -> None:
+        """Write raw keys, then wait until output settles (so `screen()` shows the effect)."""
+        async with self._lock:
+            self._keys_dirty = True
+            self._write(translate_keys(keys).encode())
+            deadline = time.monotonic() + max_wait_s
+            while time.monotonic() < deadline:
+                self._data_event.clear()
+                try:
+                    await asyncio.wait_for(self._data_event.wait(), settle_s)
+                except TimeoutError:
+                    break
+            self._reset_buffers()
+
+    def screen(self) -> str:
+        if self._screen_pending:
+            self._stream.feed(_SENTINELS.sub(b"", bytes(self._screen_pending)))
+            self._screen_pending.clear()
+        return "\n".join(line.rstrip() for line in self._screen.display).rstrip("\n")
