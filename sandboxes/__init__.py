@@ -17,6 +17,14 @@ from sandboxes.errors import (  # noqa: E402
     SandboxPathError,
     UnknownBackendError,
 )
+from sandboxes.pool import (  # noqa: E402
+    PoolClosedError,
+    PoolKeyFailingError,
+    PoolSettings,
+    PoolStats,
+    PoolTimeoutError,
+    SandboxPool,
+)
 from sandboxes.registry import backend_names, get_backend  # noqa: E402
 from sandboxes.spec import ExecResult, SandboxSpec, ShellResult  # noqa: E402
 
@@ -24,6 +32,11 @@ __all__ = [
     "BackendUnavailableError",
     "CommandTimeoutError",
     "ExecResult",
+    "PoolClosedError",
+    "PoolKeyFailingError",
+    "PoolSettings",
+    "PoolStats",
+    "PoolTimeoutError",
     "Sandbox",
     "SandboxBackend",
     "SandboxClosedError",
@@ -32,6 +45,7 @@ __all__ = [
     "SandboxFileNotFoundError",
     "SandboxLostError",
     "SandboxPathError",
+    "SandboxPool",
     "SandboxSpec",
     "ShellResult",
     "UnknownBackendError",
