@@ -1,0 +1,180 @@
+"""Loader for Terminal-Bench v1 task directories, and SETA tasks (the same layout + weights).
+
+Terminal-Bench v1: `task.yaml` (`instruction`, or the legacy `descriptions` list whose entry
+with key `base` holds it; `max_agent_timeout_sec`, `max_test_timeout_sec`, `parser_name`,
+`run_tests_in_same_shell`), `Dockerfile` and `docker-compose.yaml` (service `client`),
+`run-tests.sh` (uses `$TEST_DIR`, which is `/tests`), `tests/`, and `solution.sh` or
+`solution.yaml` (a keystroke list). Scored all-or-nothing on the pytest summary.
+
+SETA: the same files plus `weights.json` (test name -> weight, at the top or in `tests/`);
+the reward is the weighted share of passed tests.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tasks.errors import TaskLoadError
+from tasks.loaders.common import as_float, read_text, read_yaml, str_dict
+from tasks.models import (
+    EnvironmentSpec,
+    Keystroke,
+    SolutionSpec,
+    TaskSpec,
+    TimeoutsSpec,
+    VerifierSpec,
+)
+
+
+def is_tbench_dir(path: Path) -> bool:
+    return (path / "task.yaml").is_file() or (path / "task.yml").is_file()
+
+
+def _weights_path(path: Path) -> Path | None:
+    for p in (path / "weights.json", path / "tests" / "weights.json"):
+        if p.is_file():
+            return p
+    return None
+
+
+def is_seta_dir(path: Path) -> bool:
+    return is_tbench_dir(path) and _weights_path(path) is not None
+
+
+def _instruction(data: dict[str, Any], where: Path) -> str:
+    text = data.get("instruction")
+    if isinstance(text, str) and text.strip():
+        return text
+    descriptions = data.get("descriptions")
+    if isinstance(descriptions, list):
+        for d in descriptions:
+            if isinstance(d, dict) and d.get("key") == "base" and d.get("description"):
+                return str(d["description"])
+    raise TaskLoadError(
+        f"{where}: expected 'instruction' or a 'descriptions' entry with key 'base', found neither"
+    )
+
+
+def _compose_client(path: Path) -> dict[str, Any]:
+    for name in ("docker-compose.yaml", "docker-compose.yml"):
+        p = path / name
+        if p.is_file():
+            services = read_yaml(p).get("services") or {}
+            client = services.get("client")
+            if not isinstance(client, dict):
+                raise TaskLoadError(f"{p}: expected a 'client' service, found {sorted(services)}")
+            return client
+    return {}
+
+
+def _keystrokes(path: Path) -> list[Keystroke]:
+    try:
+        items = yaml.safe_load(read_text(path, "solution.yaml"))
+    except yaml.YAMLError as exc:
+        raise TaskLoadError(f"{path}: invalid YAML: {exc}") from None
+    if not isinstance(items, list) or not items:
+        raise TaskLoadError(f"{path}: expected a non-empty list of keystroke steps")
+    out = []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or "command" not in item:
+            raise TaskLoadError(f"{path}: step {i}: expected a mapping with 'command', got {item!r}")
+        out.append(
+            Keystroke(
+                keys=str(item["command"]),
+                append_enter=bool(item.get("append_enter", False)),
+                block=bool(item.get("block", False)),
+                min_timeout_s=as_float(item.get("min_timeout_sec", 0.0), f"step {i}"),
+                max_timeout_s=as_float(item.get("max_timeout_sec", 180.0), f"step {i}"),
+            )
+        )
+    return out
+
+
+def load_tbench_dir(path: Path) -> TaskSpec:
+    yaml_path = path / "task.yaml" if (path / "task.yaml").is_file() else path / "task.yml"
+    data = read_yaml(yaml_path)
+    instruction = _instruction(data, yaml_path)
+    parser_name = str(data.get("parser_name", "pytest"))
+    if parser_name != "pytest":
+        raise TaskLoadError(f"{yaml_path}: expected parser_name 'pytest', found {parser_name!r}")
+
+    client = _compose_client(path)
+    build = client.get("build")
+    context, dockerfile = path, "Dockerfile"
+    if isinstance(build, dict):
+        context = (path / str(build.get("context", "."))).resolve()
+        dockerfile = str(build.get("dockerfile", "Dockerfile"))
+    elif isinstance(build, str):
+        context = (path / build).resolve()
+    if path.resolve() != context and path.resolve() not in context.parents:
+        raise TaskLoadError(f"{path}: compose build context {context} lies outside the task")
+    has_dockerfile = (context / dockerfile).is_file()
+    image = client.get("image")
+    if isinstance(image, str) and "${" in image:
+        image = None  # the harness's own T_BENCH_* name for the image it builds
+    if not has_dockerfile and not image:
+        raise TaskLoadError(f"{path}: expected a Dockerfile or a compose image, found neither")
+    env = {k: v for k, v in str_dict(client.get("environment"), "client.environment").items()
+           if "${" not in v}  # harness-substituted variables are set by us, not the task
+    environment = EnvironmentSpec(
+        image=image if not has_dockerfile else None,
+        build_context=context if has_dockerfile else None,
+        dockerfile=dockerfile,
+        env=env,
+        network=False,
+    )
+    timeouts = TimeoutsSpec(
+        agent_timeout_s=as_float(data.get("max_agent_timeout_sec", 360.0), "max_agent_timeout_sec"),
+        verifier_timeout_s=as_float(data.get("max_test_timeout_sec", 60.0), "max_test_timeout_sec"),
+    )
+
+    run_tests = path / "run-tests.sh"
+    if not run_tests.is_file():
+        raise TaskLoadError(f"{path}: expected run-tests.sh, found no such file")
+    tests_dir = path / "tests" if (path / "tests").is_dir() else None
+
+    weights_file = _weights_path(path)
+    weights = None
+    if weights_file is not None:
+        try:
+            raw = json.loads(read_text(weights_file, "weights.json"))
+        except json.JSONDecodeError as exc:
+            raise TaskLoadError(f"{weights_file}: invalid JSON: {exc}") from None
+        if not isinstance(raw, dict) or not raw:
+            raise TaskLoadError(f"{weights_file}: expected a non-empty object test -> weight")
+        weights = {str(k): as_float(v, f"weights[{k}]") for k, v in raw.items()}
+        if any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
+            raise TaskLoadError(f"{weights_file}: weights must be >= 0 with a positive sum")
+
+    verifier = VerifierSpec(
+        kind="seta" if weights is not None else "tbench",
+        tests_dir=tests_dir,
+        script="run-tests.sh",
+        script_path=run_tests,
+        env={"TEST_DIR": "/tests"},
+        weights=weights,
+    )
+
+    solution = None
+    if (path / "solution.sh").is_file():
+        solution = SolutionSpec(script=path / "solution.sh")
+    elif (path / "solution.yaml").is_file():
+        solution = SolutionSpec(keystrokes=_keystrokes(path / "solution.yaml"))
+
+    metadata = {k: v for k, v in data.items()
+                if k not in ("instruction", "descriptions")}
+    return TaskSpec(
+        id=path.name,
+        instruction=instruction,
+        environment=environment,
+        timeouts=timeouts,
+        verifier=verifier,
+        solution=solution,
+        source_format="seta" if weights is not None else "tbench",
+        source_dir=path,
+        metadata=metadata,
+    )

@@ -1,0 +1,143 @@
+"""`TaskSpec`: the one in-memory description every task format loads into.
+
+Harbor directories, Terminal-Bench v1 directories, SETA tasks and LLM-in-Sandbox instances all
+become a `TaskSpec` (see `tasks.loaders`). The runtime (`tasks.runtime`) turns a spec into a
+`SandboxSpec`, prepares an episode, runs the oracle and the verifier. Units are in field names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+#: How the reward is obtained (see `tasks.verifier`).
+#: harbor: the test script writes /logs/verifier/reward.json or reward.txt.
+#: tbench: all-or-nothing over the pytest summary of run-tests.sh.
+#: seta:   weighted share of passed pytest tests (weights.json).
+#: answer: /testbed/answer.txt compared with a ground truth (exact or numeric).
+VerifierKind = Literal["harbor", "tbench", "seta", "answer"]
+SourceFormat = Literal["harbor", "tbench", "seta", "lis", "builtin"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class EnvironmentSpec(_Frozen):
+    """Where the task runs: an image, or a build context with a Dockerfile, plus limits."""
+
+    image: str | None = Field(None, description="prebuilt image name (Harbor docker_image)")
+    build_context: Path | None = Field(None, description="directory the Dockerfile builds from")
+    dockerfile: str = Field("Dockerfile", description="Dockerfile name inside build_context")
+    cpus: float | None = Field(1.0, description="CPU share")
+    memory_mb: int | None = Field(2048, description="memory limit in MiB")
+    storage_mb: int | None = Field(None, description="disk limit in MiB")
+    network: bool = Field(False, description="whether the sandbox may reach the network")
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
+    workdir: str | None = Field(
+        None, description="working directory; None = the Dockerfile's last WORKDIR, else /app"
+    )
+
+
+class TimeoutsSpec(_Frozen):
+    """Time limits, in seconds."""
+
+    agent_timeout_s: float = Field(600.0, description="the agent's whole episode")
+    verifier_timeout_s: float = Field(120.0, description="one run of the verifier")
+    build_timeout_s: float = Field(600.0, description="building the image, where one is built")
+
+
+class AnswerSpec(_Frozen):
+    """For `answer` verifiers: what the agent's answer file must contain."""
+
+    ground_truth: str = Field(description="the expected answer (kept on the host)")
+    match: Literal["exact", "numeric"] = Field("exact", description="comparison rule")
+    answer_path: str = Field("/testbed/answer.txt", description="file the agent writes")
+    rel_tol: float = Field(1e-4, description="numeric: relative tolerance")
+    abs_tol: float = Field(1e-6, description="numeric: absolute tolerance")
+
+
+class VerifierSpec(_Frozen):
+    """How the task is scored."""
+
+    kind: VerifierKind
+    tests_dir: Path | None = Field(None, description="host dir copied to /tests at verify time")
+    script: str | None = Field(
+        None, description="entry point inside tests_dir (test.sh) or beside it (run-tests.sh)"
+    )
+    script_path: Path | None = Field(None, description="host path of the entry point")
+    env: dict[str, str] = Field(default_factory=dict, description="verifier environment")
+    weights: dict[str, float] | None = Field(None, description="seta: test name -> weight")
+    answer: AnswerSpec | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> VerifierSpec:
+        if self.kind == "answer" and self.answer is None:
+            raise ValueError("an 'answer' verifier needs an AnswerSpec")
+        if self.kind != "answer" and self.script_path is None:
+            raise ValueError(f"a {self.kind!r} verifier needs a script_path")
+        return self
+
+
+class Keystroke(_Frozen):
+    """One step of a keystroke solution (Terminal-Bench `solution.yaml`)."""
+
+    keys: str = Field(description="text sent to the terminal")
+    append_enter: bool = Field(False, description="send a newline after keys")
+    block: bool = Field(False, description="run as a command and wait for it to finish")
+    min_timeout_s: float = Field(0.0, description="wait at least this long after sending")
+    max_timeout_s: float = Field(180.0, description="block: the command's time limit")
+
+
+class SolutionSpec(_Frozen):
+    """The oracle: a script, or a list of keystrokes replayed through the shell."""
+
+    script: Path | None = Field(None, description="host path of solve.sh / solution.sh")
+    upload_dir: Path | None = Field(None, description="host dir copied to /solution first")
+    keystrokes: list[Keystroke] | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> SolutionSpec:
+        if (self.script is None) == (self.keystrokes is None):
+            raise ValueError("a solution is either a script or keystrokes, exactly one")
+        return self
+
+
+class GeneratorSpec(_Frozen):
+    """A procedural generator: run inside the sandbox as root before the agent starts.
+
+    It is invoked as `python3 SCRIPT --seed N` in the task's workdir; it writes the instance
+    files and prints the expected answer on stdout, which reaches the verifier only (as the
+    secret file `/tests/secret/expected`).
+    """
+
+    script: Path = Field(description="host path of the generator")
+    timeout_s: float = Field(60.0, description="time limit of one generation")
+
+
+class TaskSpec(_Frozen):
+    """Everything needed to run and score one task, whatever format it came from."""
+
+    id: str = Field(description="registry id: builtin/<name> or the task's directory name")
+    instruction: str = Field(description="the prompt the agent sees")
+    environment: EnvironmentSpec = Field(default_factory=EnvironmentSpec)
+    timeouts: TimeoutsSpec = Field(default_factory=TimeoutsSpec)
+    verifier: VerifierSpec
+    solution: SolutionSpec | None = None
+    agent_user: str | None = Field(None, description="user the agent runs as (None = root)")
+    verifier_user: str = Field("root", description="user the verifier runs as")
+    generator: GeneratorSpec | None = None
+    input_files: dict[str, str] = Field(
+        default_factory=dict, description="sandbox path -> text, uploaded at prepare (LIS)"
+    )
+    source_format: SourceFormat
+    source_dir: Path | None = Field(None, description="where it was loaded from")
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def procedural(self) -> bool:
+        """True when each seed yields a new instance."""
+        return self.generator is not None

@@ -1,0 +1,392 @@
+"""The task runtime: the API the env server and the trainer call.
+
+    spec  = sandbox_spec_for(task, image_map)          # what sandbox to create
+    setup = await prepare_episode(task, sandbox, seed)  # files, generator -> instruction, secret
+    ...the agent acts...
+    result = await run_verifier(task, sandbox, setup)   # tests copied in only now -> reward
+    await run_oracle(task, sandbox, setup)              # the reference solution (checks)
+
+On backends that build no image (local, null), `prepare_episode` applies the task's
+Dockerfile as far as it can: WORKDIR, ENV (through the SandboxSpec), COPY/ADD of build-context
+files; RUN lines are skipped with a warning unless the spec opts in (`allow_run`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import posixpath
+import random
+import shlex
+import shutil
+import time
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandboxes import ExecResult, Sandbox, SandboxFileNotFoundError, SandboxSpec
+from tasks.dockerfile import CopyStep, Dockerfile, MkdirStep, RunStep, parse_dockerfile
+from tasks.errors import TaskError, TaskLoadError, TaskUnsupportedError, VerifierError
+from tasks.models import TaskSpec
+from tasks.verifier import answer_reward, reward_from_files, seta_reward, tbench_reward
+
+log = logging.getLogger(__name__)
+
+#: Backends that build the task's Dockerfile into an image themselves.
+IMAGE_BUILDING_BACKENDS = frozenset({"docker"})
+DEFAULT_WORKDIR = "/app"
+TESTS_DIR = "/tests"
+VERIFIER_LOGS = "/logs/verifier"
+SOLUTION_DIR = "/solution"
+SECRET_DIR = "/tests/secret"
+
+
+class EpisodeSetup(BaseModel):
+    """What `prepare_episode` hands back: the prompt, and what only the verifier may see."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    instruction: str = Field(description="the prompt shown to the agent")
+    seed: int = Field(description="the seed this instance was generated from")
+    secret: dict[str, bytes] = Field(
+        default_factory=dict, description="files copied to /tests/secret/ for the verifier only"
+    )
+    workdir: str = DEFAULT_WORKDIR
+    warnings: list[str] = Field(default_factory=list, description="e.g. RUN lines skipped")
+    duration_s: float = 0.0
+
+
+class VerifierResult(BaseModel):
+    """The outcome of one verifier run."""
+
+    reward: float
+    output: str = Field("", description="the verifier's stdout+stderr")
+    duration_s: float = 0.0
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+# -- sandbox spec -------------------------------------------------------------------------------
+
+
+def parse_image_map(items: list[str] | None) -> dict[str, str]:
+    """`["FROM=TO", ...]` -> dict; raises ValueError on an item without '='."""
+    out: dict[str, str] = {}
+    for item in items or []:
+        src, eq, dst = item.partition("=")
+        if not eq or not src or not dst:
+            raise ValueError(f"expected --image-map FROM=TO, found {item!r}")
+        out[src.strip()] = dst.strip()
+    return out
+
+
+def task_dockerfile(task: TaskSpec) -> Dockerfile | None:
+    """The parsed Dockerfile of a task, or None when it runs on a prebuilt image."""
+    env = task.environment
+    if env.build_context is None:
+        return None
+    path = env.build_context / env.dockerfile
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TaskLoadError(f"task {task.id}: cannot read {path}: {exc}") from None
+    return parse_dockerfile(text)
+
+
+def _mapped_context(task: TaskSpec, base: str, mapped: str) -> Path:
+    """A copy of the build context whose Dockerfile starts FROM `mapped` (cached by content)."""
+    env = task.environment
+    assert env.build_context is not None
+    text = (env.build_context / env.dockerfile).read_text(encoding="utf-8")
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        if line.strip().upper().startswith("FROM "):
+            lines[i] = f"FROM {mapped}"
+            break
+    new_text = "\n".join(lines) + "\n"
+    from sandboxes.spec import hash_directory
+
+    digest = hashlib.sha256(
+        (hash_directory(env.build_context) + new_text).encode()
+    ).hexdigest()[:16]
+    cache = Path(os.environ.get("SANDGYM_CACHE", Path.home() / ".cache" / "sandgym"))
+    dest = cache / "contexts" / f"{task.id.replace('/', '_')}-{digest}"
+    if not dest.exists():
+        tmp = dest.with_name(dest.name + f".tmp{uuid.uuid4().hex[:6]}")
+        shutil.copytree(env.build_context, tmp, symlinks=True)
+        (tmp / env.dockerfile).write_text(new_text, encoding="utf-8")
+        try:
+            tmp.rename(dest)
+        except OSError:  # a concurrent caller won the race; theirs is identical
+            shutil.rmtree(tmp, ignore_errors=True)
+    log.debug("task %s: base image %s mapped to %s (context %s)", task.id, base, mapped, dest)
+    return dest
+
+
+def sandbox_spec_for(task: TaskSpec, image_map: Mapping[str, str] | None = None) -> SandboxSpec:
+    """The `SandboxSpec` a task's episodes need. `image_map` (FROM -> TO) replaces base images
+    that cannot be pulled here with local ones, in `docker_image` and in the Dockerfile's FROM."""
+    image_map = dict(image_map or {})
+    env = task.environment
+    df = task_dockerfile(task)
+    build_context = env.build_context
+    image = None
+    if df is None:
+        image = image_map.get(env.image or "", env.image)
+    else:
+        base = df.base_image or ""
+        if base in image_map and image_map[base] != base:
+            build_context = _mapped_context(task, base, image_map[base])
+    workdir = env.workdir or (df.workdir if df else None) or DEFAULT_WORKDIR
+    spec_env = {**(df.env if df else {}), **env.env}
+    return SandboxSpec(
+        image=image,
+        build_context=build_context,
+        dockerfile=env.dockerfile,
+        workdir=workdir,
+        env=spec_env,
+        cpus=env.cpus,
+        memory_mb=env.memory_mb,
+        storage_mb=env.storage_mb,
+        network=env.network,
+        user=task.agent_user,
+        labels={"sandgym.task": task.id[:63]},
+    )
+
+
+# -- episode preparation ------------------------------------------------------------------------
+
+
+async def _check(sandbox: Sandbox, cmd: str, what: str, **kw: Any) -> ExecResult:
+    res = await sandbox.exec(cmd, user="root", **kw)
+    if res.exit_code != 0:
+        raise TaskError(
+            f"{what} failed in sandbox {sandbox.id} (exit {res.exit_code}, "
+            f"timed_out={res.timed_out}): {(res.stderr or res.stdout)[-1500:]}"
+        )
+    return res
+
+
+def _context_sources(context: Path, pattern: str, line: int) -> list[Path]:
+    """Build-context paths a COPY source names (globs allowed), refusing escapes."""
+    real_ctx = Path(os.path.realpath(context))
+    rel = pattern.lstrip("/")
+    matches = sorted(context.glob(rel)) if any(c in rel for c in "*?[") else [context / rel]
+    out = []
+    for m in matches:
+        real = Path(os.path.realpath(m))
+        if real != real_ctx and real_ctx not in real.parents:
+            raise TaskLoadError(f"Dockerfile line {line}: COPY source {pattern!r} leaves the context")
+        if not m.exists():
+            raise TaskLoadError(
+                f"Dockerfile line {line}: COPY source {pattern!r} not found in {context}"
+            )
+        out.append(m)
+    if not out:
+        raise TaskLoadError(f"Dockerfile line {line}: COPY source {pattern!r} matched nothing")
+    return out
+
+
+async def _apply_copy(sandbox: Sandbox, context: Path, step: CopyStep) -> None:
+    sources = [s for pat in step.sources for s in _context_sources(context, pat, step.line)]
+    into_dir = step.dest.endswith("/") or len(sources) > 1
+    dest = step.dest.rstrip("/") or "/"
+    for src in sources:
+        if src.is_dir():
+            target = dest  # docker copies a directory's contents, not the directory
+        elif into_dir:
+            target = posixpath.join(dest, src.name)
+        else:
+            target = dest
+        await sandbox.upload(src, target)
+        if sandbox.backend_name == "null":
+            continue  # the null backend's fake shell has no chmod/chown
+        if step.chmod:
+            await _check(sandbox, f"chmod -R {shlex.quote(step.chmod)} {shlex.quote(target)}", "COPY --chmod")
+        if step.chown:
+            await _check(sandbox, f"chown -R {shlex.quote(step.chown)} {shlex.quote(target)}", "COPY --chown")
+
+
+async def _apply_dockerfile(task: TaskSpec, sandbox: Sandbox, warnings: list[str]) -> None:
+    df = task_dockerfile(task)
+    context = task.environment.build_context
+    if df is None or context is None:
+        return
+    for step in df.steps:
+        if isinstance(step, MkdirStep):
+            # the null backend keeps files in a dict: directories need no creating there
+            if sandbox.backend_name != "null":
+                await _check(sandbox, f"mkdir -p {shlex.quote(step.path)}", "WORKDIR")
+        elif isinstance(step, CopyStep):
+            await _apply_copy(sandbox, context, step)
+        elif isinstance(step, RunStep):
+            if sandbox.spec.allow_run:
+                await _check(
+                    sandbox, step.command, f"Dockerfile RUN (line {step.line})",
+                    cwd=step.workdir, env=step.env,
+                    timeout_s=task.timeouts.build_timeout_s,
+                )
+            else:
+                msg = (f"task {task.id}: Dockerfile line {step.line}: RUN skipped on backend "
+                       f"{sandbox.backend_name!r} (opt in with allow_run): {step.command[:120]}")
+                log.warning("%s", msg)
+                warnings.append(msg)
+
+
+async def prepare_episode(task: TaskSpec, sandbox: Sandbox, seed: int | None) -> EpisodeSetup:
+    """Make a fresh sandbox ready for the agent: environment files, input files, and (for a
+    procedural task) this seed's instance. Tests are *not* copied: they arrive at verify time."""
+    start = time.perf_counter()
+    seed = random.randrange(2**31) if seed is None else int(seed)
+    warnings: list[str] = []
+    if sandbox.backend_name not in IMAGE_BUILDING_BACKENDS:
+        await _apply_dockerfile(task, sandbox, warnings)
+    for path, content in task.input_files.items():
+        await sandbox.write_file(path, content)
+    secret: dict[str, bytes] = {}
+    if task.generator is not None:
+        secret["expected"] = await _run_generator(task, sandbox, seed)
+    return EpisodeSetup(
+        instruction=task.instruction,
+        seed=seed,
+        secret=secret,
+        workdir=sandbox.spec.workdir,
+        warnings=warnings,
+        duration_s=time.perf_counter() - start,
+    )
+
+
+async def _run_generator(task: TaskSpec, sandbox: Sandbox, seed: int) -> bytes:
+    assert task.generator is not None
+    # A random name outside the workdir, removed right after: the agent never sees it.
+    gen_dir = f"/tmp/.sandgym-gen-{uuid.uuid4().hex[:10]}"
+    script = f"{gen_dir}/{task.generator.script.name}"
+    await sandbox.upload(task.generator.script, script)
+    try:
+        res = await sandbox.exec(
+            ["python3", script, "--seed", str(seed)],
+            timeout_s=task.generator.timeout_s,
+            cwd=sandbox.spec.workdir,
+            user="root",
+        )
+    finally:
+        await sandbox.exec(["rm", "-rf", gen_dir], user="root", timeout_s=30)
+    if res.exit_code != 0:
+        raise TaskError(
+            f"task {task.id}: generator failed for seed {seed} (exit {res.exit_code}, "
+            f"timed_out={res.timed_out}): {res.stderr[-1500:]}"
+        )
+    return res.stdout.encode()
+
+
+# -- verifier -----------------------------------------------------------------------------------
+
+
+async def _read_optional(sandbox: Sandbox, path: str) -> str | None:
+    try:
+        return (await sandbox.read_file(path, max_bytes=1_000_000)).decode("utf-8", "replace")
+    except SandboxFileNotFoundError:
+        return None
+
+
+async def run_verifier(task: TaskSpec, sandbox: Sandbox, setup: EpisodeSetup) -> VerifierResult:
+    """Score the episode. Runs after the agent has finished: tests and secrets are copied in
+    only now, `/logs/verifier` is emptied first (a reward file the agent wrote counts for
+    nothing), and the script runs as the verifier user (root) under the verifier timeout."""
+    start = time.perf_counter()
+    v = task.verifier
+    if v.kind == "answer":
+        assert v.answer is not None
+        answer = await _read_optional(sandbox, v.answer.answer_path)
+        reward, details = answer_reward(answer, v.answer)
+        return VerifierResult(reward=reward, output=answer or "",
+                              duration_s=time.perf_counter() - start, details=details)
+
+    assert v.script_path is not None
+    # Anything the agent left at /tests or /logs/verifier (files, symlinks) is removed.
+    await _check(
+        sandbox,
+        f"rm -rf {TESTS_DIR} {VERIFIER_LOGS} && mkdir -p {TESTS_DIR} {VERIFIER_LOGS} "
+        f"&& chmod 777 {VERIFIER_LOGS}",
+        "resetting /tests and /logs/verifier",
+        timeout_s=60,
+    )
+    if v.tests_dir is not None and v.tests_dir.is_dir():
+        await sandbox.upload(v.tests_dir, TESTS_DIR)
+    if v.kind in ("tbench", "seta"):
+        await sandbox.upload(v.script_path, f"{TESTS_DIR}/{v.script_path.name}")
+    for name, data in setup.secret.items():
+        await sandbox.write_file(f"{SECRET_DIR}/{name}", data, mode=0o600)
+    script = f"{TESTS_DIR}/{v.script or v.script_path.name}"
+    res = await sandbox.exec(
+        ["bash", script],
+        timeout_s=task.timeouts.verifier_timeout_s,
+        cwd=setup.workdir,
+        env={**v.env, "TEST_DIR": TESTS_DIR},
+        user=task.verifier_user,
+    )
+    output = res.stdout + (("\n" + res.stderr) if res.stderr else "")
+    if res.timed_out:
+        raise VerifierError(
+            f"task {task.id}: the verifier did not finish within {task.timeouts.verifier_timeout_s} s",
+            output,
+        )
+    if v.kind == "harbor":
+        txt = await _read_optional(sandbox, f"{VERIFIER_LOGS}/reward.txt")
+        js = await _read_optional(sandbox, f"{VERIFIER_LOGS}/reward.json")
+        reward, details = reward_from_files(txt, js, output)
+    elif v.kind == "seta":
+        assert v.weights is not None
+        reward, details = seta_reward(output, v.weights)
+    else:
+        reward, details = tbench_reward(output)
+    details["exit_code"] = res.exit_code
+    return VerifierResult(reward=reward, output=output,
+                          duration_s=time.perf_counter() - start, details=details)
+
+
+# -- oracle -------------------------------------------------------------------------------------
+
+
+async def run_oracle(task: TaskSpec, sandbox: Sandbox, setup: EpisodeSetup) -> ExecResult:
+    """Run the task's reference solution: `solve.sh`/`solution.sh` as the agent user, or replay
+    `solution.yaml` keystrokes through the sandbox's shell."""
+    sol = task.solution
+    if sol is None:
+        raise TaskUnsupportedError(f"task {task.id} ships no oracle solution")
+    if sol.script is not None:
+        if sol.upload_dir is not None:
+            await sandbox.upload(sol.upload_dir, SOLUTION_DIR)
+            rel = sol.script.relative_to(sol.upload_dir).as_posix()
+        else:
+            rel = sol.script.name
+            await sandbox.upload(sol.script, f"{SOLUTION_DIR}/{rel}")
+        return await sandbox.exec(
+            ["bash", f"{SOLUTION_DIR}/{rel}"],
+            timeout_s=task.timeouts.agent_timeout_s,
+            cwd=setup.workdir,
+            env=sol.env or None,
+            user=task.agent_user,
+        )
+    start = time.perf_counter()
+    outputs: list[str] = []
+    exit_code: int | None = 0
+    assert sol.keystrokes is not None
+    for step in sol.keystrokes:
+        if step.block:
+            res = await sandbox.run(step.keys, timeout_s=step.max_timeout_s)
+            outputs.append(res.output)
+            exit_code = res.exit_code
+            if res.timed_out:
+                return ExecResult(exit_code=None, stdout="".join(outputs), timed_out=True,
+                                  duration_s=time.perf_counter() - start)
+        else:
+            await sandbox.send_keys(step.keys + ("\r" if step.append_enter else ""))
+        if step.min_timeout_s:
+            await asyncio.sleep(step.min_timeout_s)
+    return ExecResult(exit_code=exit_code, stdout="".join(outputs),
+                      duration_s=time.perf_counter() - start)
