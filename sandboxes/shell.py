@@ -118,7 +118,7 @@ def kill_tree_script(pid: int) -> str:
 def count_children_script(pid: int) -> str:
     """A sh script printing how many direct children `pid` has (inside the sandbox)."""
     return (
-        "n=0; for s in /proc/[0-9]*/stat; do read -r p rest < \"$s\" 2>/dev/null || continue; "
+        'n=0; for s in /proc/[0-9]*/stat; do read -r p rest < "$s" 2>/dev/null || continue; '
         'pp=$(echo "$rest" | sed "s/.*) [A-Za-z] \\([0-9]*\\).*/\\1/"); '
         '[ "$pp" = "%d" ] && n=$((n+1)); done; echo $n'
     ) % pid
@@ -249,7 +249,9 @@ class PexpectShell:
         self._tail.clear()
         self._dropped = 0
 
-    async def _wait_for(self, pattern: re.Pattern[bytes], timeout_s: float) -> re.Match[bytes] | None:
+    async def _wait_for(
+        self, pattern: re.Pattern[bytes], timeout_s: float
+    ) -> re.Match[bytes] | None:
         deadline = time.monotonic() + timeout_s
         while True:
             m = pattern.search(bytes(self._tail)) or pattern.search(bytes(self._buf[-4096:]))

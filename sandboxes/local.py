@@ -1,0 +1,548 @@
+"""The `local` backend, the embedded default: bubblewrap sandboxes, no Docker needed.
+
+Each sandbox is a private directory tree `<root>/<id>/fs` that becomes `/` inside a bubblewrap
+namespace set (own user, pid, net, ipc, uts, cgroup namespaces). The host's system directories
+(`/usr`, `/etc`, the `/bin`-style links) are bound read-only; everything else (`/app`, `/logs`,
+`/tests`, `/tmp`, `/root`, the workdir...) is private and writable, and visible to the host, so
+the file API is plain file I/O. One long-lived init process holds the namespaces; `exec` and the
+shell join them with `nsenter`, so a service started by the agent is visible to the verifier.
+
+Limits: a cgroup per sandbox (memory, pids, CPU) when cgroups are writable, and a sub-cgroup per
+`exec` so a timeout kills the whole tree, daemons included. Without cgroups: rlimits (weaker;
+logged). Without bwrap at all: a plain-directory mode with no isolation, which says so loudly.
+Network is off unless the spec asks for it. `sandbox.close()` kills the cgroup and deletes the
+tree; if the server dies, `--die-with-parent` ends the sandbox and `sandgym reap` removes the
+tree (each holds a `labels.json`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import posixpath
+import resource
+import shutil
+import signal
+import time
+import uuid
+from pathlib import Path
+
+from sandboxes import cgroups
+from sandboxes.base import Sandbox, SandboxBackend, normalize_sandbox_path, owner_is_gone
+from sandboxes.errors import (
+    BackendUnavailableError,
+    SandboxCreateError,
+    SandboxFileNotFoundError,
+    SandboxLostError,
+    SandboxPathError,
+)
+from sandboxes.shell import PexpectShell, count_children_script, kill_tree_script
+from sandboxes.spec import DEFAULT_MAX_OUTPUT_BYTES, ExecResult, SandboxSpec, ShellResult
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ROOT = Path(os.environ.get("SANDGYM_LOCAL_ROOT", "/tmp/sandgym-local"))
+#: Host directories bound read-only into every sandbox (links like /bin -> usr/bin are copied).
+SYSTEM_DIRS = ("usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+#: Private writable directories every sandbox has.
+PRIVATE_DIRS = (
+    "app",
+    "logs/verifier",
+    "logs/agent",
+    "tests",
+    "tmp",
+    "root",
+    "home",
+    "workspace",
+    "testbed",
+    "var/tmp",
+    "run",
+    "opt",
+    "srv",
+    "mnt",
+)
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+class _Capture:
+    """Reads one stream in the background keeping at most `limit` bytes (the rest counted)."""
+
+    def __init__(self, stream: asyncio.StreamReader | None, limit: int) -> None:
+        self.buf = bytearray()
+        self.dropped = 0
+        self.limit = limit
+        self.task = asyncio.ensure_future(self._pump(stream))
+
+    async def _pump(self, stream: asyncio.StreamReader | None) -> None:
+        if stream is None:
+            return
+        while True:
+            chunk = await stream.read(65536)
+            if not chunk:
+                return
+            room = self.limit - len(self.buf)
+            if room > 0:
+                self.buf += chunk[:room]
+            self.dropped += max(0, len(chunk) - max(room, 0))
+
+    async def finish(self, grace_s: float) -> tuple[str, bool]:
+        """Wait up to `grace_s` for EOF (a background child may hold the pipe), then stop."""
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(self.task), grace_s)
+        self.task.cancel()
+        return _limit_output(bytes(self.buf), self.dropped)
+
+
+def _limit_output(data: bytes, dropped: int) -> tuple[str, bool]:
+    from sandboxes.spec import TRUNCATION_MARKER
+
+    text = data.decode("utf-8", errors="replace")
+    if dropped:
+        return text + TRUNCATION_MARKER.format(dropped=dropped), True
+    return text, False
+
+
+class LocalSandbox(Sandbox):
+    backend_name = "local"
+
+    def __init__(self, spec: SandboxSpec, backend: LocalBackend, sandbox_id: str) -> None:
+        super().__init__(spec, sandbox_id)
+        self.backend = backend
+        self.dir = backend.root / sandbox_id
+        self.fs = self.dir / "fs"
+        self.cg: cgroups.CgroupSet | None = None
+        self.init_proc: asyncio.subprocess.Process | None = None
+        self.init_pid: int | None = None  # host pid of the namespace init (bwrap's child)
+        self._shell: PexpectShell | None = None
+        self._shell_lock = asyncio.Lock()
+        self.env = {"PATH": DEFAULT_PATH, "HOME": "/root", "TERM": "xterm", "LANG": "C.UTF-8"}
+        self.env.update(spec.env)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def _start(self) -> None:
+        b = self.backend
+        await asyncio.to_thread(self._make_tree)
+        if b.use_cgroups:
+            self.cg = cgroups.CgroupSet(self.id)
+            await asyncio.to_thread(
+                self.cg.create, self.spec.memory_mb, self.spec.pids_limit, self.spec.cpus
+            )
+        if not b.use_bwrap:
+            return
+        info_r, info_w = os.pipe()
+        argv = self._bwrap_argv(info_fd=info_w)
+        try:
+            self.init_proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                pass_fds=(info_w,),
+                preexec_fn=self._preexec(),
+                start_new_session=True,
+            )
+        finally:
+            os.close(info_w)
+        try:
+            raw = await asyncio.wait_for(asyncio.to_thread(_read_all, info_r), 10)
+            self.init_pid = int(json.loads(raw)["child-pid"])
+            # The info fd is written before the mounts are done; the init's "ready" line is not.
+            assert self.init_proc.stdout is not None
+            ready = await asyncio.wait_for(self.init_proc.stdout.readline(), 10)
+            if ready.strip() != b"ready":
+                raise RuntimeError(f"init printed {ready!r} instead of 'ready'")
+        except Exception as exc:
+            err = b""
+            if self.init_proc.stderr is not None:
+                with contextlib.suppress(Exception):
+                    err = await asyncio.wait_for(self.init_proc.stderr.read(4096), 1)
+            raise SandboxCreateError(
+                f"bwrap did not start: expected its child pid on the info fd, got {exc!r}; "
+                f"stderr: {err.decode(errors='replace').strip()}"
+            ) from exc
+
+    def _make_tree(self) -> None:
+        self.fs.mkdir(parents=True)
+        for d in PRIVATE_DIRS:
+            (self.fs / d).mkdir(parents=True, exist_ok=True)
+        for d in ("tmp", "var/tmp"):
+            os.chmod(self.fs / d, 0o1777)
+        os.chmod(self.fs / "logs/verifier", 0o777)
+        (self.fs / self.spec.workdir.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        labels = self.backend.labels_for(self.spec)
+        (self.dir / "labels.json").write_text(json.dumps(labels))
+
+    def _bwrap_argv(self, info_fd: int) -> list[str]:
+        argv = ["bwrap", "--bind", str(self.fs), "/"]
+        for name in SYSTEM_DIRS:
+            host = Path("/") / name
+            if host.is_symlink():
+                argv += ["--symlink", os.readlink(host), "/" + name]
+            elif host.is_dir():
+                argv += ["--ro-bind", str(host), "/" + name]
+        argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/dev/shm"]
+        argv += [
+            "--unshare-user",
+            "--uid",
+            "0",
+            "--gid",
+            "0",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--hostname",
+            "sandbox",
+        ]
+        if not self.spec.network:
+            argv += ["--unshare-net"]
+        else:
+            for f in ("/etc/resolv.conf",):
+                if Path(f).exists():
+                    argv += ["--ro-bind", f, f]
+        argv += ["--die-with-parent", "--info-fd", str(info_fd), "--chdir", self.spec.workdir]
+        argv += ["--clearenv"]
+        for k, v in self.env.items():
+            argv += ["--setenv", k, v]
+        argv += ["sh", "-c", "echo ready; exec sleep infinity"]
+        return argv
+
+    def _preexec(self, cg: cgroups.CgroupSet | None = None):  # type: ignore[no-untyped-def]
+        paths = (cg or self.cg).join_paths() if (cg or self.cg) else []
+        use_rlimits = not paths
+        mem = self.spec.memory_mb
+
+        def fn() -> None:
+            cgroups.join(paths)
+            if use_rlimits and mem:
+                resource.setrlimit(resource.RLIMIT_AS, (mem * 1024 * 1024 * 4,) * 2)
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+        return fn
+
+    async def _destroy(self) -> None:
+        await asyncio.shield(self._teardown())
+
+    async def _teardown(self) -> None:
+        if self._shell is not None:
+            with contextlib.suppress(Exception):
+                await self._shell.close()
+        if self.init_proc is not None and self.init_proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.init_proc.pid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.init_proc.wait(), 5)
+        if self.cg is not None:
+            await asyncio.to_thread(self.cg.remove)
+        await asyncio.to_thread(_rmtree, self.dir)
+        self.backend.live.discard(self.id)
+
+    async def is_alive(self) -> bool:
+        if self._closed or not self.fs.is_dir():
+            return False
+        if self.init_proc is None:
+            return True  # no-bwrap mode: alive while the tree exists
+        if self.init_proc.returncode is not None or self.init_pid is None:
+            return False
+        try:
+            os.kill(self.init_pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    async def _check_live(self) -> None:
+        self._check_open()
+        if not await self.is_alive():
+            raise SandboxLostError(f"local sandbox {self.id} is gone (its init process died)")
+
+    # -- commands ----------------------------------------------------------------------------
+    def _enter_argv(self, cwd: str, env: dict[str, str]) -> list[str]:
+        envv = [f"{k}={v}" for k, v in env.items()]
+        if self.init_pid is None:  # no-bwrap mode: a chdir into the tree, no isolation
+            return ["env", "-i", *envv]
+        return [
+            "nsenter",
+            "-t",
+            str(self.init_pid),
+            "-a",
+            "-r",
+            f"--wdns={cwd}",
+            "env",
+            "-i",
+            *envv,
+        ]
+
+    async def exec(self, cmd, timeout_s=60.0, cwd=None, env=None, user=None) -> ExecResult:
+        await self._check_live()
+        start = time.perf_counter()
+        workdir = normalize_sandbox_path(cwd or self.spec.workdir, self.spec.workdir)
+        full_env = {**self.env, **(env or {})}
+        argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        if user not in (None, "root", "0"):
+            argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *argv]
+        cg = self.cg.child("x" + uuid.uuid4().hex[:8]) if self.cg is not None else None
+        host_cwd = None if self.init_pid is not None else str(self.fs / workdir.lstrip("/"))
+        proc = await asyncio.create_subprocess_exec(
+            *self._enter_argv(workdir, full_env),
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            preexec_fn=self._preexec(cg),
+            start_new_session=True,
+            cwd=host_cwd,
+        )
+        limit = self.backend.max_output_bytes
+        out, err = _Capture(proc.stdout, limit), _Capture(proc.stderr, limit)
+        timed_out = False
+        try:
+            await asyncio.wait_for(proc.wait(), timeout_s)
+        except TimeoutError:
+            timed_out = True
+            # The whole tree dies: the exec's own cgroup holds every process it started.
+            if cg is not None:
+                await asyncio.to_thread(cg.kill_all)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            await proc.wait()
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise
+        stdout, t1 = await out.finish(0.2)
+        stderr, t2 = await err.finish(0.05)
+        return ExecResult(
+            exit_code=None if timed_out else proc.returncode,
+            stdout=stdout,
+            stderr=stderr,
+            timed_out=timed_out,
+            truncated=t1 or t2,
+            duration_s=time.perf_counter() - start,
+        )
+
+    # -- shell -------------------------------------------------------------------------------
+    async def _get_shell(self) -> PexpectShell:
+        await self._check_live()
+        async with self._shell_lock:
+            if self._shell is None or not self._shell.is_alive():
+                if self._shell is not None:
+                    await self._shell.close()
+                argv = self._enter_argv(self.spec.workdir, self.env)
+                argv += ["bash", "--noprofile", "--norc", "-i"]
+                shell = PexpectShell(
+                    argv,
+                    env={"PATH": os.environ.get("PATH", DEFAULT_PATH)},
+                    kill_tree=self._kill_tree,
+                    count_children=self._count_children,
+                    max_output_bytes=self.backend.max_output_bytes,
+                    preexec_fn=self._preexec(),
+                )
+                await shell.start()
+                self._shell = shell
+            return self._shell
+
+    async def _kill_tree(self, pid: int) -> None:
+        await self.exec(kill_tree_script(pid), timeout_s=10)
+
+    async def _count_children(self, pid: int) -> int:
+        res = await self.exec(count_children_script(pid), timeout_s=10)
+        return int(res.stdout.strip() or 0)
+
+    async def run(self, command: str, timeout_s: float = 60.0) -> ShellResult:
+        shell = await self._get_shell()
+        try:
+            return await shell.run(command, timeout_s)
+        except SandboxLostError:
+            await self._check_live()  # distinguish a dead sandbox from a dead shell
+            raise
+
+    async def send_keys(self, keys: str) -> None:
+        shell = await self._get_shell()
+        await shell.send_keys(keys)
+
+    async def screen(self) -> str:
+        shell = await self._get_shell()
+        return shell.screen()
+
+    # -- files -------------------------------------------------------------------------------
+    def _host_path(self, path: str, for_write: bool) -> Path:
+        """Map a sandbox path to the host, refusing escapes (also through symlinks)."""
+        p = _resolve_in_root(self.fs, normalize_sandbox_path(path, self.spec.workdir))
+        if p is None:
+            raise SandboxPathError(f"path {path!r}: too many levels of symbolic links")
+        top = p.strip("/").split("/", 1)[0]
+        if top in SYSTEM_DIRS:
+            if for_write:
+                raise SandboxPathError(f"path {path!r} ({p}) is read-only in a local sandbox")
+            return Path(p)  # the host's own read-only system file, exactly what the sandbox sees
+        if top in ("proc", "dev", "sys"):
+            raise SandboxPathError(f"path {path!r} ({p}) is not a file the file API serves")
+        return self.fs / p.lstrip("/")
+
+    async def write_file(self, path: str, content: bytes | str, mode: int = 0o644) -> None:
+        await self._check_live()
+        host = self._host_path(path, for_write=True)
+        data = content.encode() if isinstance(content, str) else content
+
+        def _write() -> None:
+            host.parent.mkdir(parents=True, exist_ok=True)
+            if host.is_dir():
+                raise SandboxPathError(f"path {path!r} is a directory")
+            host.write_bytes(data)
+            os.chmod(host, mode)
+
+        await asyncio.to_thread(_write)
+
+    async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        await self._check_live()
+        host = self._host_path(path, for_write=False)
+
+        def _read() -> bytes:
+            if not host.is_file():
+                raise SandboxFileNotFoundError(f"no such file in sandbox: {path}")
+            with open(host, "rb") as f:
+                return f.read() if max_bytes is None else f.read(max_bytes)
+
+        return await asyncio.to_thread(_read)
+
+    async def upload(self, src: Path, dst: str) -> None:
+        await self._check_live()
+        host = self._host_path(dst, for_write=True)
+        src = Path(src)
+
+        def _copy() -> None:
+            if src.is_dir():
+                shutil.copytree(src, host, symlinks=True, dirs_exist_ok=True)
+            else:
+                host.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(src, host)
+
+        await asyncio.to_thread(_copy)
+
+    async def download(self, src: str, dst: Path) -> None:
+        await self._check_live()
+        host = self._host_path(src, for_write=False)
+        dst = Path(dst)
+
+        def _copy() -> None:
+            if host.is_dir():
+                shutil.copytree(host, dst, symlinks=True, dirs_exist_ok=True)
+            elif host.is_file():
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(host, dst)
+            else:
+                raise SandboxFileNotFoundError(f"no such file or directory in sandbox: {src}")
+
+        await asyncio.to_thread(_copy)
+
+
+def _resolve_in_root(root: Path, path: str, depth: int = 0) -> str | None:
+    """Resolve `path` component by component as the sandbox sees it (a symlink's absolute
+    target is relative to the sandbox's /), returning the sandbox-absolute result; None when
+    the links nest too deep. A link can never lead out of `root`: `..` stops at /."""
+    if depth > 40:
+        return None
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    cur: list[str] = []
+    for i, part in enumerate(parts):
+        if part == "..":
+            if cur:
+                cur.pop()
+            continue
+        if cur and cur[0] in SYSTEM_DIRS:  # beyond this point the host's read-only tree
+            cur.append(part)
+            continue
+        candidate = root.joinpath(*cur, part)
+        if candidate.is_symlink():
+            target = os.readlink(candidate)
+            base = "/" if target.startswith("/") else "/" + "/".join(cur)
+            rest = "/".join(parts[i + 1 :])
+            joined = posixpath.normpath(posixpath.join(base, target)) if target else "/"
+            return _resolve_in_root(root, joined + ("/" + rest if rest else ""), depth + 1)
+        cur.append(part)
+    return "/" + "/".join(cur)
+
+
+def _read_all(fd: int) -> bytes:
+    with os.fdopen(fd, "rb") as f:
+        return f.read()
+
+
+def _rmtree(path: Path) -> None:
+    if not path.exists():
+        return
+    # Files the sandbox made read-only (chmod 000 dirs) must not stop the cleanup.
+    for dirpath, dirnames, _ in os.walk(path):
+        for d in dirnames:
+            with contextlib.suppress(OSError):
+                os.chmod(os.path.join(dirpath, d), 0o755)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+class LocalBackend(SandboxBackend):
+    """bubblewrap sandboxes under `root` (default `$SANDGYM_LOCAL_ROOT` or /tmp/sandgym-local)."""
+
+    name = "local"
+
+    def __init__(
+        self,
+        owner_id: str | None = None,
+        lease_s: float = 6 * 3600,
+        root: Path | str | None = None,
+        require_isolation: bool = False,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> None:
+        super().__init__(owner_id, lease_s)
+        self.root = Path(root) if root else DEFAULT_ROOT
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.max_output_bytes = max_output_bytes
+        self.use_bwrap = shutil.which("bwrap") is not None and shutil.which("nsenter") is not None
+        self.use_cgroups = os.geteuid() == 0 and cgroups.available()
+        self.live: set[str] = set()
+        if not self.use_bwrap:
+            if require_isolation:
+                raise BackendUnavailableError(
+                    "local backend: bubblewrap (bwrap) and nsenter are required for isolation "
+                    "but were not found; install the 'bubblewrap' package"
+                )
+            log.warning(
+                "local backend: bwrap not found: sandboxes are plain directories with NO "
+                "isolation (commands see the host filesystem and network). Install bubblewrap."
+            )
+        if not self.use_cgroups:
+            log.warning(
+                "local backend: cgroups are not writable here: falling back to rlimits; "
+                "memory and process limits are weaker (no pids limit, no tree kill of daemons)"
+            )
+
+    async def create(self, spec: SandboxSpec) -> LocalSandbox:
+        if spec.user not in (None, "root", "0"):
+            log.debug("local backend: spec.user=%s: exec(user=...) uses setpriv", spec.user)
+        sb = LocalSandbox(spec, self, "sg-" + uuid.uuid4().hex[:12])
+        self.live.add(sb.id)
+        try:
+            await sb._start()
+        except BaseException:
+            await asyncio.shield(sb.close())
+            raise
+        return sb
+
+    async def reap(self, only_expired: bool = True) -> list[str]:
+        """Remove sandbox trees whose owner is gone (or all of ours with only_expired=False)."""
+        removed: list[str] = []
+        for d in list(self.root.glob("sg-*")):
+            try:
+                labels = json.loads((d / "labels.json").read_text())
+            except (OSError, ValueError):
+                labels = {}
+            mine = labels.get("sandgym.owner") == self.owner_id
+            if d.name in self.live and mine:
+                continue
+            if owner_is_gone(labels) or (not only_expired and mine):
+                await asyncio.to_thread(cgroups.CgroupSet(d.name).remove)
+                await asyncio.to_thread(_rmtree, d)
+                removed.append(d.name)
+        return removed

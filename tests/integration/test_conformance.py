@@ -1,0 +1,205 @@
+"""Backend conformance: the same checks against every real sandbox backend.
+
+In the spirit of Gymnasium's `check_env`: `local` always runs; `docker` runs whenever an engine
+answers (CI always starts one, and marks it with `docker`). Each check states one promise of the
+`Sandbox` protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sandboxes import (
+    SandboxClosedError,
+    SandboxFileNotFoundError,
+    SandboxPathError,
+    SandboxSpec,
+    get_backend,
+)
+
+DOCKER_IMAGE = os.environ.get("SANDGYM_TEST_IMAGE", "sandgym/terminal:latest")
+
+
+def _docker_ready() -> str | None:
+    if shutil.which("docker") is None:
+        return "docker CLI not installed"
+    try:
+        subprocess.run(["docker", "info"], check=True, capture_output=True, timeout=10)
+    except Exception:
+        return "no Docker engine answers"
+    probe = subprocess.run(["docker", "image", "inspect", DOCKER_IMAGE], capture_output=True)
+    if probe.returncode != 0:
+        return f"image {DOCKER_IMAGE} missing: run images/bootstrap-base.sh"
+    return None
+
+
+BACKENDS = [
+    pytest.param("local", id="local"),
+    pytest.param("docker", id="docker", marks=pytest.mark.docker),
+]
+
+
+@pytest.fixture
+async def sandbox_factory(request):
+    name = request.param
+    if name == "docker":
+        reason = _docker_ready()
+        if reason:
+            pytest.skip(reason)
+    backend = get_backend(name)
+    made = []
+
+    async def make(**kw):
+        if name == "docker":
+            kw.setdefault("image", DOCKER_IMAGE)
+        kw.setdefault("memory_mb", 512)
+        kw.setdefault("pids_limit", 256)
+        sb = await backend.create(SandboxSpec(**kw))
+        made.append(sb)
+        return sb
+
+    yield make
+    for sb in made:
+        await sb.close()
+    await backend.reap(only_expired=False)
+    await backend.aclose()
+
+
+pytestmark = pytest.mark.parametrize("sandbox_factory", BACKENDS, indirect=True)
+
+
+async def test_exec_output_exit_code_and_stderr(sandbox_factory):
+    sb = await sandbox_factory()
+    res = await sb.exec("echo out; echo err >&2; exit 7")
+    assert res.exit_code == 7
+    assert res.stdout == "out\n"
+    assert res.stderr == "err\n"
+    assert not res.timed_out
+
+
+async def test_exec_env_cwd_and_workdir(sandbox_factory):
+    sb = await sandbox_factory(env={"SPEC_VAR": "from-spec"}, workdir="/app")
+    res = await sb.exec("pwd; echo $SPEC_VAR $CALL_VAR", env={"CALL_VAR": "from-call"})
+    assert res.stdout == "/app\nfrom-spec from-call\n"
+    await sb.exec("mkdir -p /tmp/sub")
+    assert (await sb.exec("pwd", cwd="/tmp/sub")).stdout == "/tmp/sub\n"
+
+
+async def test_exec_timeout_kills_the_tree(sandbox_factory):
+    sb = await sandbox_factory()
+    res = await sb.exec("(sleep 300 &) ; sleep 301", timeout_s=1)
+    assert res.timed_out and res.exit_code is None
+    left = await sb.exec("ps -eo args | grep -c '^sleep 30[01]' || true")
+    assert left.stdout.strip() == "0"
+
+
+async def test_shell_keeps_state_between_commands(sandbox_factory):
+    sb = await sandbox_factory()
+    r1 = await sb.run("cd /tmp && export SG_X=42 && f() { echo fn$1; }")
+    assert r1.exit_code == 0
+    r2 = await sb.run("pwd; echo $SG_X; f 1; false")
+    assert r2.output == "/tmp\n42\nfn1\n"
+    assert r2.exit_code == 1
+
+
+async def test_shell_timeout_kills_tree_and_shell_survives(sandbox_factory):
+    sb = await sandbox_factory()
+    await sb.run("export KEEP=yes")
+    res = await sb.run("sleep 200 & sleep 201", timeout_s=1)
+    assert res.timed_out and res.exit_code is None
+    after = await sb.run("echo $KEEP; ps -eo args | grep -c '^sleep 20[01]' || true")
+    assert after.output.split() == ["yes", "0"]
+
+
+async def test_shell_keys_and_screen(sandbox_factory):
+    sb = await sandbox_factory()
+    await sb.run("true")
+    await sb.send_keys("printf 'SCREEN-%s\\n' OK<Enter>")
+    screen = await sb.screen()
+    assert "SCREEN-OK" in screen
+    assert (await sb.run("echo back")).output == "back\n"
+
+
+async def test_large_output_is_truncated_with_marker(sandbox_factory):
+    sb = await sandbox_factory()
+    res = await sb.exec("head -c 10000000 /dev/zero | tr '\\0' a")
+    assert res.truncated and "output truncated" in res.stdout
+    assert len(res.stdout) < 2_000_000
+    sh = await sb.run("head -c 10000000 /dev/zero | tr '\\0' b")
+    assert sh.truncated and "output truncated" in sh.output and sh.exit_code == 0
+
+
+async def test_binary_file_round_trip(sandbox_factory, tmp_path: Path):
+    sb = await sandbox_factory()
+    blob = bytes(range(256)) * 64
+    await sb.write_file("/app/data/blob.bin", blob)
+    assert await sb.read_file("/app/data/blob.bin") == blob
+    digest = await sb.exec("sha256sum /app/data/blob.bin | cut -d' ' -f1")
+    import hashlib
+
+    assert digest.stdout.strip() == hashlib.sha256(blob).hexdigest()
+    src = tmp_path / "tree"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "f.txt").write_text("hello")
+    await sb.upload(src, "/app/tree")
+    assert (await sb.exec("cat /app/tree/sub/f.txt")).stdout == "hello"
+    await sb.download("/app/tree", tmp_path / "back")
+    assert (tmp_path / "back" / "sub" / "f.txt").read_text() == "hello"
+    with pytest.raises(SandboxFileNotFoundError):
+        await sb.read_file("/app/missing.txt")
+
+
+async def test_path_traversal_refused(sandbox_factory):
+    sb = await sandbox_factory()
+    with pytest.raises(SandboxPathError):
+        await sb.write_file("../../../../etc/evil", "x")
+    with pytest.raises(SandboxPathError):
+        await sb.read_file("/app/../../..")
+    await sb.exec("ln -s / /app/rootlink")
+    with pytest.raises((SandboxPathError, SandboxFileNotFoundError)):
+        await sb.write_file("/app/rootlink/etc/evil", "x")
+
+
+async def test_memory_hog_is_killed(sandbox_factory):
+    sb = await sandbox_factory(memory_mb=128)
+    res = await sb.exec(
+        "python3 -c 'b = bytearray(1024 * 1024 * 1024); print(len(b))'", timeout_s=60
+    )
+    assert res.exit_code != 0
+    assert (await sb.exec("echo alive")).stdout == "alive\n"
+
+
+async def test_fork_bomb_is_contained(sandbox_factory):
+    sb = await sandbox_factory(pids_limit=64)
+    res = await sb.exec("bomb() { bomb | bomb & }; bomb; sleep 3", timeout_s=6)
+    assert res.exit_code is None or res.exit_code != 0 or "fork" in res.stderr
+    await asyncio.sleep(0.5)
+    ok = await sb.exec("echo alive", timeout_s=30)
+    assert ok.stdout == "alive\n"
+
+
+async def test_no_network_when_off(sandbox_factory):
+    sb = await sandbox_factory(network=False)
+    res = await sb.exec(
+        'python3 -c "import socket; s=socket.socket(); s.settimeout(3); '
+        "s.connect(('1.1.1.1', 80))\"",
+        timeout_s=20,
+    )
+    assert res.exit_code != 0
+
+
+async def test_close_twice_and_exec_after_close(sandbox_factory):
+    sb = await sandbox_factory()
+    await sb.close()
+    await sb.close()
+    assert not await sb.is_alive()
+    with pytest.raises(SandboxClosedError):
+        await sb.exec("true")
+    with pytest.raises(SandboxClosedError):
+        await sb.run("true")
