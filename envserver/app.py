@@ -1,0 +1,251 @@
+"""The FastAPI application: websocket `/v1/env` and the HTTP ops endpoints.
+
+`create_app(settings, backend=None)` builds an app whose lifespan starts an `EnvService`
+(backend, warm pool, task registry, session sweeper) and drains it on shutdown.
+
+The websocket loop is receive -> validate -> dispatch -> reply. Frames are read concurrently
+with handling, so a second request while one is in flight is answered at once with an error
+(`invalid_message`, `retryable: true`) instead of queueing behind a long command.
+
+HTTP: `GET /healthz` (never authenticated), `GET /metrics`, `GET /v1/tasks`, `GET /v1/pool`,
+`GET /v1/sessions`, `POST /v1/pool/prewarm {"task_ids": [...], "count": N}`. With a token set,
+all but `/healthz` need `Authorization: Bearer T` (or `?token=T`); a websocket without it is
+accepted and closed at once with code 4401.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request, WebSocket
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.websockets import WebSocketDisconnect
+
+from envserver.errors import BusyError, MessageTooLargeError, to_wire_error
+from envserver.protocol import (
+    CLOSE_UNAUTHORIZED,
+    CloseMsg,
+    ErrorReply,
+    ResetMsg,
+    ResumeMsg,
+    StepMsg,
+    parse_client_message,
+)
+from envserver.sessions import EnvService, Session
+from envserver.settings import ServerSettings
+from sandboxes import SandboxBackend
+
+log = logging.getLogger(__name__)
+
+_REQUEST_ID = re.compile(rb'"request_id"\s*:\s*"((?:[^"\\]|\\.){0,200})"')
+
+
+class PrewarmRequest(BaseModel):
+    """Body of `POST /v1/pool/prewarm`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task_ids: list[str] = Field(min_length=1, description="tasks whose sandboxes to keep ready")
+    count: int = Field(1, ge=0, description="ready sandboxes per task environment")
+
+
+def _request_id_of(raw: bytes) -> str | None:
+    """Best-effort request_id of a frame that failed validation, so the error can echo it."""
+    m = _REQUEST_ID.search(raw)
+    if m is None:
+        return None
+    try:
+        import json
+
+        value = json.loads(b'"' + m.group(1) + b'"')
+        return value if isinstance(value, str) else None
+    except ValueError:
+        return None
+
+
+class Connection:
+    """One websocket: at most one episode, at most one request being handled."""
+
+    def __init__(self, ws: WebSocket, service: EnvService) -> None:
+        self.ws = ws
+        self.service = service
+        self.session: Session | None = None
+        self._handler: asyncio.Task[None] | None = None
+        self._send_lock = asyncio.Lock()
+        self._open = True
+
+    async def serve(self) -> None:
+        max_bytes = self.service.settings.max_message_bytes
+        try:
+            while True:
+                frame = await self.ws.receive()
+                if frame["type"] == "websocket.disconnect":
+                    break
+                raw = frame.get("bytes")
+                if raw is None:
+                    text = frame.get("text") or ""
+                    raw = text.encode()
+                if len(raw) > max_bytes:
+                    await self._reply_error(
+                        _request_id_of(raw[:4096]),
+                        MessageTooLargeError(
+                            f"message of {len(raw)} bytes exceeds max_message_bytes={max_bytes}"
+                        ),
+                    )
+                    continue
+                try:
+                    msg = parse_client_message(raw)
+                except ValidationError as exc:
+                    await self._reply_error(_request_id_of(raw), exc)
+                    continue
+                if self._handler is not None and not self._handler.done():
+                    await self._reply_error(
+                        msg.request_id,
+                        BusyError(
+                            "a request is already being handled on this connection; "
+                            "send one request at a time"
+                        ),
+                    )
+                    continue
+                self._handler = asyncio.create_task(self._handle(msg))
+        except WebSocketDisconnect:
+            pass
+        finally:
+            self._open = False
+            # The handler keeps running: its result is cached for a resend after `resume`.
+            self.service.detach(self)
+
+    async def _handle(self, msg: ResetMsg | StepMsg | CloseMsg | ResumeMsg) -> None:
+        svc = self.service
+        try:
+            if isinstance(msg, StepMsg):
+                reply: BaseModel = await svc.step(self, msg)
+            elif isinstance(msg, ResetMsg):
+                reply = await svc.reset(self, msg)
+            elif isinstance(msg, CloseMsg):
+                reply = await svc.close(self, msg)
+            else:
+                reply = await svc.resume(self, msg)
+        except Exception as exc:
+            await self._reply_error(msg.request_id, exc)
+            return
+        await self._send(reply.model_dump_json())
+
+    async def _reply_error(self, request_id: str | None, exc: BaseException) -> None:
+        err = to_wire_error(exc)
+        self.service.metrics.errors_by_code[err.code].inc()
+        reply = ErrorReply(
+            request_id=request_id, code=err.code, message=err.message, retryable=err.retryable
+        )
+        await self._send(reply.model_dump_json())
+
+    async def _send(self, text: str) -> None:
+        if not self._open:
+            return
+        async with self._send_lock:
+            try:
+                await self.ws.send_text(text)
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                self._open = False  # the peer is gone; the reply is cached for a resend
+
+
+def create_app(settings: ServerSettings | None = None, backend: SandboxBackend | None = None):  # type: ignore[no-untyped-def]
+    """Build the server app. `backend` overrides `settings.backend` (tests pass a fake one)."""
+    settings = settings or ServerSettings()
+    service = EnvService(settings, backend)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.stop()
+
+    app = FastAPI(title="sandgym env server", version="1", lifespan=lifespan)
+    app.state.service = service
+    app.state.settings = settings
+
+    def _token_ok(header: str | None, query: str | None) -> bool:
+        if settings.token is None:
+            return True
+        given = None
+        if header and header.lower().startswith("bearer "):
+            given = header[7:].strip()
+        elif query:
+            given = query
+        return given is not None and secrets.compare_digest(given, settings.token)
+
+    def require_token(request: Request) -> None:
+        if not _token_ok(request.headers.get("authorization"), request.query_params.get("token")):
+            raise HTTPException(
+                status_code=401,
+                detail="unauthorized: expected header 'Authorization: Bearer <token>'",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+
+    auth = [Depends(require_token)]
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "backend": service.backend.name if service.backend else None,
+            "sessions": len(service.sessions),
+        }
+
+    @app.get("/metrics", dependencies=auth)
+    async def metrics() -> Response:
+        return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/tasks", dependencies=auth)
+    async def list_tasks() -> dict[str, Any]:
+        ids = service.task_ids()
+        return {"count": len(ids), "tasks": ids}
+
+    @app.get("/v1/pool", dependencies=auth)
+    async def pool() -> dict[str, Any]:
+        return service.pool.snapshot() if service.pool else {}
+
+    @app.get("/v1/sessions", dependencies=auth)
+    async def sessions() -> dict[str, Any]:
+        view = service.sessions_view()
+        return {"count": len(view), "max_sessions": settings.max_sessions, "sessions": view}
+
+    @app.post("/v1/pool/prewarm", dependencies=auth)
+    async def prewarm(body: PrewarmRequest) -> JSONResponse:
+        assert service.pool is not None
+        pairs = []
+        for task_id in body.task_ids:
+            try:
+                pairs.append((service.spec_for(service.tasks.get(task_id)), body.count))
+            except Exception as exc:
+                err = to_wire_error(exc)
+                return JSONResponse(
+                    {"code": err.code, "message": err.message, "retryable": err.retryable},
+                    status_code=404 if err.code == "unknown_task" else 500,
+                )
+        await service.pool.prewarm(pairs)
+        return JSONResponse({"scheduled": len(pairs), "count": body.count})
+
+    @app.websocket("/v1/env")
+    async def env(ws: WebSocket) -> None:
+        await ws.accept()
+        if not _token_ok(ws.headers.get("authorization"), ws.query_params.get("token")):
+            service.metrics.errors_by_code["unauthorized"].inc()
+            await ws.close(code=CLOSE_UNAUTHORIZED, reason="unauthorized: bearer token required")
+            return
+        service.connections += 1
+        try:
+            await Connection(ws, service).serve()
+        finally:
+            service.connections -= 1
+
+    return app

@@ -1,0 +1,73 @@
+"""`sandgym serve`: run the env server in the foreground under uvicorn.
+
+Flags override `SANDGYM_*` environment variables, which override `ServerSettings` defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def _image_map_item(text: str) -> tuple[str, str]:
+    src, sep, dst = text.partition("=")
+    if not sep or not src or not dst:
+        raise argparse.ArgumentTypeError(f"expected FROM=TO (an image mapping), got {text!r}")
+    return src, dst
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", help="interface to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, help="TCP port (default 8765; 0 = any free port)")
+    parser.add_argument(
+        "--backend",
+        choices=["local", "docker", "e2b", "null"],
+        help="sandbox backend (default local)",
+    )
+    parser.add_argument("--pool-size", type=int, help="ready sandboxes kept per task environment")
+    parser.add_argument("--max-sessions", type=int, help="live episodes at most")
+    parser.add_argument(
+        "--tasks",
+        action="append",
+        type=Path,
+        metavar="DIR",
+        help="extra task directory (repeatable)",
+    )
+    parser.add_argument("--token", help="bearer token required on every endpoint but /healthz")
+    parser.add_argument(
+        "--image-map",
+        action="append",
+        type=_image_map_item,
+        metavar="FROM=TO",
+        help="use image TO wherever a task names FROM (repeatable)",
+    )
+
+
+def settings_from_args(args: argparse.Namespace) -> Any:
+    from envserver.settings import ServerSettings
+
+    overrides: dict[str, Any] = {}
+    for flag, key in (
+        ("host", "host"),
+        ("port", "port"),
+        ("backend", "backend"),
+        ("pool_size", "pool_size"),
+        ("max_sessions", "max_sessions"),
+        ("token", "token"),
+    ):
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides[key] = value
+    if getattr(args, "tasks", None):
+        overrides["task_dirs"] = list(args.tasks)
+    if getattr(args, "image_map", None):
+        overrides["image_map"] = dict(args.image_map)
+    return ServerSettings(**overrides)
+
+
+def run(args: argparse.Namespace) -> int:
+    from envserver.runner import serve_forever
+
+    serve_forever(settings_from_args(args))
+    return 0

@@ -1,0 +1,443 @@
+"""Episodes and their lifecycle: `EnvService` owns the backend, the pool, the tasks and sessions.
+
+One `Session` is one episode: a task, a leased sandbox, the step count and clocks, and the
+websocket `Connection` it is attached to (None while it waits for a `resume`). The service
+methods `reset`, `step`, `close` and `resume` are what the websocket loop dispatches to; each
+returns a reply model or raises, and `envserver.errors.to_wire_error` picks the code.
+
+Lifecycle rules:
+- A reset on a connection that already has an episode ends the old one first.
+- `submit` ends the episode with the verifier's reward (`terminated`); hitting `max_steps` or the
+  episode's wall-time limit ends it with `truncated`. Ending releases the sandbox to the pool,
+  which destroys it (no reuse).
+- A dropped connection detaches its episode; `resume` with the session's token re-attaches it
+  within `resume_grace_s`, after which a sweep destroys it. The sweep also ends episodes idle
+  for `idle_timeout_s`.
+- A step whose request_id equals the last one handled returns the cached reply (or waits for the
+  in-flight one) instead of running again, so a client may safely resend a step whose reply
+  was lost with its connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from envserver.actions import apply_action
+from envserver.errors import BusyError, CapacityError, NoEpisodeError
+from envserver.metrics import ServerMetrics
+from envserver.protocol import (
+    ClosedReply,
+    CloseMsg,
+    CommandAction,
+    Observation,
+    ObservationReply,
+    ResetMsg,
+    ResumeMsg,
+    StepMsg,
+    StepResultReply,
+    SubmitAction,
+)
+from envserver.settings import ServerSettings
+from sandboxes import Sandbox, SandboxBackend, get_backend
+from sandboxes.pool import PoolSettings, SandboxPool
+
+if TYPE_CHECKING:
+    from envserver.app import Connection
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Session:
+    """One episode, attached to at most one connection."""
+
+    id: str
+    resume_token: str
+    task_id: str
+    task: Any
+    sandbox: Sandbox
+    setup: Any
+    seed: int | None
+    started: float = field(default_factory=time.monotonic)
+    last_active: float = field(default_factory=time.monotonic)
+    steps: int = 0
+    conn: Connection | None = None
+    detached_at: float | None = None
+    done: bool = False
+    last_observation: Observation = field(default_factory=Observation)
+    # Idempotent resend: the request being handled and the last reply sent.
+    inflight_id: str | None = None
+    inflight: asyncio.Future[StepResultReply] | None = None
+    last_id: str | None = None
+    last_reply: StepResultReply | None = None
+
+    def describe(self, now: float) -> dict[str, Any]:
+        return {
+            "session_id": self.id,
+            "task_id": self.task_id,
+            "seed": self.seed,
+            "steps": self.steps,
+            "age_s": round(now - self.started, 3),
+            "idle_s": round(now - self.last_active, 3),
+            "attached": self.conn is not None,
+            "busy": self.inflight is not None,
+            "sandbox_id": self.sandbox.id,
+            "from_pool": self.sandbox.from_pool,
+        }
+
+
+class EnvService:
+    """The server's state: backend, pool, task registry, sessions, metrics."""
+
+    def __init__(self, settings: ServerSettings, backend: SandboxBackend | None = None) -> None:
+        self.settings = settings
+        self._own_backend = backend is None
+        self.backend: SandboxBackend | None = backend
+        self.pool: SandboxPool | None = None
+        self.tasks: Any = None
+        self.metrics = ServerMetrics()
+        self.sessions: dict[str, Session] = {}
+        self.connections = 0
+        self._reserved = 0  # resets between the capacity check and the session's creation
+        self._sweeper: asyncio.Task[None] | None = None
+        self._ending: set[asyncio.Task[None]] = set()
+        # Ended episodes kept for resume_grace_s so a lost final reply can still be fetched.
+        self._finished: dict[str, Session] = {}
+        self.metrics.sessions_active.set_function(lambda: len(self.sessions))
+        self.metrics.sessions_detached.set_function(
+            lambda: sum(1 for s in self.sessions.values() if s.conn is None)
+        )
+        self.metrics.connections.set_function(lambda: self.connections)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def start(self) -> None:
+        from tasks import TaskRegistry
+
+        s = self.settings
+        self.tasks = await asyncio.to_thread(
+            TaskRegistry, list(s.task_dirs), include_builtin=s.include_builtin
+        )
+        if self.backend is None:
+            self.backend = get_backend(s.backend, **s.backend_options)
+        self.pool = SandboxPool(
+            self.backend,
+            PoolSettings(min_ready=s.pool_size, max_total=max(s.pool_max_total, s.max_sessions)),
+        )
+        await self.pool.start()
+        self.metrics.watch_pool(self.pool.snapshot)
+        self._sweeper = asyncio.create_task(self._sweep_loop(), name="sandgym-session-sweep")
+        log.info(
+            "env server ready: backend=%s tasks=%d max_sessions=%d",
+            self.backend.name,
+            len(self.task_ids()),
+            s.max_sessions,
+        )
+
+    async def stop(self) -> None:
+        """End every episode, close the pool and the backend; survives cancellation."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        sessions = list(self.sessions.values())
+        await asyncio.gather(*(self._end(s, "shutdown") for s in sessions), return_exceptions=True)
+        if self._ending:
+            await asyncio.gather(*self._ending, return_exceptions=True)
+        if self.pool is not None:
+            await asyncio.shield(self.pool.close())
+        if self.backend is not None and self._own_backend:
+            await self.backend.aclose()
+
+    def task_ids(self) -> list[str]:
+        return list(self.tasks.ids()) if self.tasks is not None else []
+
+    def spec_for(self, task: Any) -> Any:
+        from tasks.runtime import sandbox_spec_for
+
+        return sandbox_spec_for(task, self.settings.image_map)
+
+    # -- the four requests ---------------------------------------------------------------------
+    async def reset(self, conn: Connection, msg: ResetMsg) -> ObservationReply:
+        from tasks.runtime import prepare_episode
+
+        if conn.session is not None:
+            await self._end(conn.session, "reset")
+        assert self.pool is not None
+        task = self.tasks.get(msg.task_id)
+        if len(self.sessions) + self._reserved >= self.settings.max_sessions:
+            raise CapacityError(
+                f"server is at capacity: {len(self.sessions)} episodes running, "
+                f"max_sessions={self.settings.max_sessions}"
+            )
+        self._reserved += 1
+        try:
+            spec = self.spec_for(task)
+            t0 = time.perf_counter()
+            sandbox = await self.pool.acquire(spec)
+            acquire_s = time.perf_counter() - t0
+            self.metrics.acquire_latency.observe(acquire_s)
+            try:
+                t1 = time.perf_counter()
+                setup = await prepare_episode(task, sandbox, msg.seed)
+                prepare_s = time.perf_counter() - t1
+            except BaseException:
+                await asyncio.shield(self.pool.release(sandbox))
+                raise
+        finally:
+            self._reserved -= 1
+        session = Session(
+            id="ses-" + uuid.uuid4().hex[:16],
+            resume_token=secrets.token_urlsafe(24),
+            task_id=msg.task_id,
+            task=task,
+            sandbox=sandbox,
+            setup=setup,
+            seed=msg.seed,
+            conn=conn,
+        )
+        self.sessions[session.id] = session
+        conn.session = session
+        obs = Observation(output=getattr(setup, "instruction", None) or task.instruction)
+        session.last_observation = obs
+        return ObservationReply(
+            request_id=msg.request_id,
+            session_id=session.id,
+            resume_token=session.resume_token,
+            observation=obs,
+            info={
+                "task_id": msg.task_id,
+                "seed": msg.seed,
+                "acquire_s": acquire_s,
+                "prepare_s": prepare_s,
+                "from_pool": sandbox.from_pool,
+                "sandbox_id": sandbox.id,
+                "backend": self.backend.name if self.backend else None,
+                "max_steps": self.settings.max_steps,
+                "time_limit_s": self.settings.episode_time_limit_s,
+            },
+        )
+
+    async def step(self, conn: Connection, msg: StepMsg) -> StepResultReply:
+        s = conn.session
+        if s is not None and msg.request_id == s.last_id and s.last_reply is not None:
+            return s.last_reply  # a resend after a lost reply: never run the action twice
+        if s is None or s.done:
+            raise NoEpisodeError("no episode on this connection: send `reset` (or `resume`) first")
+        if s.inflight is not None:
+            if msg.request_id == s.inflight_id:
+                return await asyncio.shield(s.inflight)
+            raise BusyError(
+                f"request {s.inflight_id!r} of this session is still being handled; "
+                "send one request at a time"
+            )
+        fut: asyncio.Future[StepResultReply] = asyncio.get_running_loop().create_future()
+        s.inflight, s.inflight_id = fut, msg.request_id
+        try:
+            reply = await self._step(s, msg)
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()  # mark retrieved: a resend may never come
+            raise
+        else:
+            fut.set_result(reply)
+            s.last_id, s.last_reply = msg.request_id, reply
+            return reply
+        finally:
+            s.inflight, s.inflight_id = None, None
+            s.last_active = time.monotonic()
+
+    async def _step(self, s: Session, msg: StepMsg) -> StepResultReply:
+        settings = self.settings
+        action = msg.action
+        now = time.monotonic()
+        elapsed = now - s.started
+        remaining = settings.episode_time_limit_s - elapsed
+        if remaining <= 0:
+            await self._end(s, "time_limit")
+            return StepResultReply(
+                request_id=msg.request_id,
+                observation=Observation(output="[sandgym: episode time limit reached]\n"),
+                truncated=True,
+                info={"step": s.steps, "elapsed_s": elapsed, "truncation": "time_limit"},
+            )
+        info: dict[str, Any] = {}
+        t0 = time.perf_counter()
+        if isinstance(action, SubmitAction):
+            from tasks.runtime import run_verifier
+
+            try:
+                result = await run_verifier(s.task, s.sandbox, s.setup)
+            finally:
+                verifier_s = time.perf_counter() - t0
+                await self._end(s, "submit")
+            self.metrics.latency_by_kind["submit"].observe(verifier_s)
+            self.metrics.steps.inc()
+            return StepResultReply(
+                request_id=msg.request_id,
+                observation=Observation(output=f"[sandgym: submitted; reward {result.reward:g}]\n"),
+                reward=float(result.reward),
+                terminated=True,
+                info={
+                    "step": s.steps + 1,
+                    "elapsed_s": time.monotonic() - s.started,
+                    "verifier_s": verifier_s,
+                    "verifier_duration_s": result.duration_s,
+                    "verifier_output": _tail(result.output or ""),
+                    "from_pool": s.sandbox.from_pool,
+                },
+            )
+        timeout_s = settings.default_action_timeout_s
+        if isinstance(action, CommandAction) and action.timeout_s is not None:
+            timeout_s = action.timeout_s
+        # Never let one action outlive the episode's own time limit by much.
+        timeout_s = max(0.001, min(timeout_s, settings.max_action_timeout_s, remaining))
+        obs, info = await apply_action(
+            s.sandbox, action, timeout_s=timeout_s, max_output_bytes=settings.max_output_bytes
+        )
+        action_s = time.perf_counter() - t0
+        self.metrics.latency_by_kind[action.kind].observe(action_s)
+        self.metrics.steps.inc()
+        s.steps += 1
+        s.last_observation = obs
+        info["step"] = s.steps
+        info["action_s"] = action_s
+        truncated = False
+        if s.steps >= settings.max_steps:
+            truncated, info["truncation"] = True, "max_steps"
+        elif time.monotonic() - s.started >= settings.episode_time_limit_s:
+            truncated, info["truncation"] = True, "time_limit"
+        if truncated:
+            await self._end(s, str(info["truncation"]))
+        return StepResultReply(
+            request_id=msg.request_id, observation=obs, truncated=truncated, info=info
+        )
+
+    async def close(self, conn: Connection, msg: CloseMsg) -> ClosedReply:
+        s = conn.session
+        if s is None:
+            return ClosedReply(request_id=msg.request_id, session_id=None)
+        await self._end(s, "closed")
+        return ClosedReply(request_id=msg.request_id, session_id=s.id)
+
+    async def resume(self, conn: Connection, msg: ResumeMsg) -> ObservationReply:
+        s = self.sessions.get(msg.session_id) or self._finished.get(msg.session_id)
+        if s is None or not secrets.compare_digest(s.resume_token, msg.resume_token):
+            raise NoEpisodeError(
+                f"no resumable episode {msg.session_id!r} with that token: it ended, its "
+                f"{self.settings.resume_grace_s:g}s grace ran out, or the token is wrong"
+            )
+        if conn.session is not None and conn.session is not s:
+            await self._end(conn.session, "reset")
+        if s.done:
+            # It ended (submit, truncation) while the client was away: attach it read-only so
+            # a resend of the final step gets its cached reply.
+            conn.session = s
+            return ObservationReply(
+                request_id=msg.request_id,
+                session_id=s.id,
+                resume_token=s.resume_token,
+                observation=s.last_observation,
+                info={
+                    "resumed": True,
+                    "ended": True,
+                    "step": s.steps,
+                    "last_request_id": s.last_id,
+                },
+            )
+        if s.conn is not None and s.conn is not conn:
+            # The old socket may be half-open and not yet noticed dead: the resumer wins.
+            s.conn.session = None
+        s.conn, s.detached_at = conn, None
+        s.last_active = time.monotonic()
+        conn.session = s
+        return ObservationReply(
+            request_id=msg.request_id,
+            session_id=s.id,
+            resume_token=s.resume_token,
+            observation=s.last_observation,
+            info={
+                "resumed": True,
+                "task_id": s.task_id,
+                "step": s.steps,
+                "last_request_id": s.last_id,
+                "elapsed_s": time.monotonic() - s.started,
+            },
+        )
+
+    # -- detaching, ending, sweeping -------------------------------------------------------------
+    def detach(self, conn: Connection) -> None:
+        """The connection dropped: keep its episode for `resume_grace_s`."""
+        s = conn.session
+        conn.session = None
+        if s is None or s.done or s.conn is not conn:
+            return
+        s.conn, s.detached_at = None, time.monotonic()
+        if self.settings.resume_grace_s <= 0:
+            self._end_bg(s, "disconnected")
+
+    def _end_bg(self, s: Session, reason: str) -> None:
+        task = asyncio.create_task(self._end(s, reason))
+        self._ending.add(task)
+        task.add_done_callback(self._ending.discard)
+
+    async def _end(self, s: Session, reason: str) -> None:
+        """End an episode and hand its sandbox back to the pool (which destroys it)."""
+        if s.done:
+            return
+        s.done = True
+        s.detached_at = time.monotonic()  # from now on: how long the final reply is kept
+        self.sessions.pop(s.id, None)
+        if self.settings.resume_grace_s > 0 and reason != "shutdown":
+            self._finished[s.id] = s
+        if s.conn is not None and s.conn.session is s:
+            s.conn.session = None
+        self.metrics.episodes.labels(reason).inc()
+        if self.pool is not None:
+            try:
+                await asyncio.shield(self.pool.release(s.sandbox))
+            except Exception:
+                log.exception("releasing sandbox %s failed", s.sandbox.id)
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.sweep_interval_s)
+            try:
+                self.sweep()
+            except Exception:  # the sweeper must outlive any one bad session
+                log.exception("session sweep failed")
+
+    def sweep(self, now: float | None = None) -> list[str]:
+        """End abandoned (grace over) and idle episodes; return their ids."""
+        now = time.monotonic() if now is None else now
+        ended = []
+        st = self.settings
+        for sid, s in list(self._finished.items()):
+            if s.detached_at is None or now - s.detached_at >= st.resume_grace_s:
+                del self._finished[sid]
+        for s in list(self.sessions.values()):
+            if s.inflight is not None:
+                continue
+            if s.detached_at is not None and now - s.detached_at >= st.resume_grace_s:
+                reason = "abandoned"
+            elif now - s.last_active >= st.idle_timeout_s:
+                reason = "idle"
+            else:
+                continue
+            ended.append(s.id)
+            self._end_bg(s, reason)
+        return ended
+
+    def sessions_view(self) -> list[dict[str, Any]]:
+        now = time.monotonic()
+        return [s.describe(now) for s in self.sessions.values()]
+
+
+def _tail(text: str, limit: int = 16_000) -> str:
+    return text if len(text) <= limit else "...\n" + text[-limit:]

@@ -1,0 +1,70 @@
+"""`ServerSettings`: the env server's configuration, read from `SANDGYM_*` environment variables.
+
+Every field can be set as `SANDGYM_<FIELD>` (e.g. `SANDGYM_PORT=9000`,
+`SANDGYM_TASK_DIRS='["./my-tasks"]'`, `SANDGYM_IMAGE_MAP='{"ubuntu:22.04":"sandgym/terminal"}'`)
+or passed to the constructor; `sandgym serve` flags override both.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ServerSettings(BaseSettings):
+    """Configuration of one env server process."""
+
+    model_config = SettingsConfigDict(env_prefix="SANDGYM_", extra="forbid")
+
+    host: str = Field("127.0.0.1", description="interface to listen on")
+    port: int = Field(8765, ge=0, le=65535, description="TCP port (0 = any free port)")
+    backend: str = Field("local", description="sandbox backend: local, docker, e2b or null")
+    backend_options: dict[str, object] = Field(
+        default_factory=dict, description="keyword arguments for the backend's constructor"
+    )
+    pool_size: int = Field(
+        0, ge=0, description="ready sandboxes kept per task environment (0 = create on demand)"
+    )
+    pool_max_total: int = Field(64, ge=1, description="ready sandboxes kept across all specs")
+    task_dirs: list[Path] = Field(
+        default_factory=list, description="extra task directories (the catalog is always served)"
+    )
+    include_builtin: bool = Field(True, description="serve the built-in catalog (builtin/*)")
+    image_map: dict[str, str] = Field(
+        default_factory=dict, description="task image name -> image to use instead"
+    )
+    token: str | None = Field(None, description="bearer token required on all but /healthz")
+    max_sessions: int = Field(256, ge=1, description="live episodes at most (else `capacity`)")
+    max_steps: int = Field(
+        200, ge=1, description="steps per episode before `truncated: true` (submit excluded)"
+    )
+    episode_time_limit_s: float = Field(
+        3600.0, gt=0, description="wall time per episode before `truncated: true`"
+    )
+    idle_timeout_s: float = Field(
+        600.0, gt=0, description="an episode with no request for this long is ended"
+    )
+    resume_grace_s: float = Field(
+        60.0, ge=0, description="a dropped connection's episode is kept this long for `resume`"
+    )
+    max_message_bytes: int = Field(
+        4 * 1024 * 1024, ge=1024, description="larger client frames get `invalid_message`"
+    )
+    ping_interval_s: float | None = Field(
+        20.0, description="websocket keepalive ping interval (None = no pings)"
+    )
+    ping_timeout_s: float | None = Field(20.0, description="seconds to wait for a pong")
+    default_action_timeout_s: float = Field(
+        60.0, gt=0, description="timeout of a command action that names none"
+    )
+    max_action_timeout_s: float = Field(
+        1800.0, gt=0, description="a command action's timeout_s is capped at this"
+    )
+    max_output_bytes: int = Field(
+        256 * 1024, ge=1024, description="an observation's output is cut to this many bytes"
+    )
+    sweep_interval_s: float = Field(
+        1.0, gt=0, description="how often idle and abandoned episodes are looked for"
+    )
