@@ -1,0 +1,811 @@
+"""The `docker` backend: one container per sandbox, driven through the Docker SDK.
+
+A sandbox is a container whose main process is `sleep infinity` under Docker's init (so zombies
+are reaped), with CPU, memory (swap equal, i.e. no extra swap) and pids limits, all capabilities
+dropped except the few a root user needs to work on its own files, `no-new-privileges`, and no
+network unless the spec asks for it. Images come by name (default `sandgym/terminal:latest`, made
+offline by `images/bootstrap-base.sh`), or are built from `spec.build_context` once per content
+hash (`sandgym/ctx:<hash16>`, reused while it exists; concurrent creates of one context share one
+build).
+
+Commands: `exec` uses the low-level exec API and reads the multiplexed stream itself so output
+is capped while it streams (a 10 MB flood costs at most the cap in memory). Each exec carries a
+unique `SANDGYM_EXEC_ID` in its environment; on timeout every process inside the container that
+still carries it (the command, its children, background jobs, even ones that called setsid) is
+stopped and killed. The persistent shell is a `PexpectShell` over `docker exec -it ... bash`,
+started lazily. Files move as tar archives (`put_archive`/`get_archive`). Every SDK call goes
+through `asyncio.to_thread`.
+
+Reaping: `reap(only_expired=True)` removes containers of any owner whose lease expired or whose
+owning process on this host is dead; `reap(only_expired=False)` also removes every container this
+backend's owner created (what a server does when it shuts down or restarts under the same id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import logging
+import posixpath
+import shutil
+import socket
+import struct
+import tarfile
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from sandboxes.base import LABEL_MANAGED, Sandbox, SandboxBackend, normalize_sandbox_path
+from sandboxes.errors import (
+    BackendUnavailableError,
+    SandboxCreateError,
+    SandboxError,
+    SandboxFileNotFoundError,
+    SandboxLostError,
+    SandboxPathError,
+)
+from sandboxes.spec import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    TRUNCATION_MARKER,
+    ExecResult,
+    SandboxSpec,
+    ShellResult,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_IMAGE = "sandgym/terminal:latest"
+CTX_REPO = "sandgym/ctx"
+EXEC_MARKER_ENV = "SANDGYM_EXEC_ID"
+
+#: What root inside the sandbox keeps: enough to own, chmod and chown its files, switch to an
+#: unprivileged user (apt's _apt, `su`-less `exec user=`), signal its processes, bind low ports.
+#: Dropped compared to Docker's default: NET_RAW (raw sockets), MKNOD, AUDIT_WRITE.
+CAP_ADD = [
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "SETUID",
+    "SETGID",
+    "SETPCAP",
+    "SETFCAP",
+    "KILL",
+    "NET_BIND_SERVICE",
+    "SYS_CHROOT",
+]
+
+# Go's os.FileMode bits, as Docker reports them in the archive stat header.
+_GO_MODE_DIR = 1 << 31
+_GO_MODE_SYMLINK = 1 << 27
+
+
+def kill_marked_script(marker: str) -> str:
+    """A POSIX sh script, run inside the container, that kills every process whose environment
+    holds `SANDGYM_EXEC_ID=<marker>`. Processes are stopped as found (so none forks away during
+    the walk), then killed; a few rounds catch children forked while the first walk ran."""
+    return (
+        "set +e; m='%s=%s'; for r in 1 2 3 4; do hit=''; "
+        "for e in /proc/[0-9]*/environ; do p=${e#/proc/}; p=${p%%/environ}; "
+        '[ "$p" = "$$" ] && continue; '
+        "if tr '\\0' '\\n' < \"$e\" 2>/dev/null | grep -qxF \"$m\"; then "
+        'kill -STOP "$p" 2>/dev/null; hit="$hit $p"; fi; done; '
+        '[ -z "$hit" ] && break; kill -KILL $hit 2>/dev/null; done; exit 0'
+    ) % (EXEC_MARKER_ENV, marker)
+
+
+def _raw_socket(sock: Any) -> socket.socket | None:
+    """The OS socket under whatever docker-py returned for a hijacked exec stream."""
+    for attr in ("_sock", "sock"):
+        inner = getattr(sock, attr, None)
+        if isinstance(inner, socket.socket):
+            return inner
+    return sock if isinstance(sock, socket.socket) else None
+
+
+def _read_exactly(sock: Any, n: int) -> bytes:
+    from docker.utils import socket as dsocket
+
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = dsocket.read(sock, n - len(buf))
+        if not chunk:
+            break
+        buf += chunk
+    return bytes(buf)
+
+
+class _CappedStream:
+    """Collects one output stream up to `limit` bytes and counts what it drops."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.data = bytearray()
+        self.dropped = 0
+
+    def add(self, chunk: bytes) -> None:
+        room = self.limit - len(self.data)
+        if room > 0:
+            self.data += chunk[:room]
+        self.dropped += max(0, len(chunk) - max(room, 0))
+
+    def text(self) -> tuple[str, bool]:
+        out = self.data.decode("utf-8", errors="replace")
+        if self.dropped:
+            return out + TRUNCATION_MARKER.format(dropped=self.dropped), True
+        return out, False
+
+
+class _ChunkReader(io.RawIOBase):
+    """A file object over docker-py's archive chunk generator (for streaming tarfile reads)."""
+
+    def __init__(self, chunks: Iterator[bytes]) -> None:
+        self._chunks = chunks
+        self._pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        while not self._pending:
+            try:
+                self._pending = next(self._chunks)
+            except StopIteration:
+                return 0
+        n = min(len(b), len(self._pending))
+        b[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
+
+    def close(self) -> None:
+        close = getattr(self._chunks, "close", None)
+        if close is not None:
+            with contextlib.suppress(Exception):
+                close()
+        super().close()
+
+
+class DockerSandbox(Sandbox):
+    """One container. Create through `DockerBackend.create`."""
+
+    backend_name = "docker"
+
+    def __init__(
+        self, spec: SandboxSpec, backend: DockerBackend, container_id: str, sandbox_id: str
+    ) -> None:
+        super().__init__(spec, sandbox_id)
+        self._backend = backend
+        self.container_id = container_id
+        self.max_output_bytes = DEFAULT_MAX_OUTPUT_BYTES
+        self._shell: Any = None  # sandboxes.shell.PexpectShell, started on first use
+        self._shell_lock = asyncio.Lock()
+
+    @property
+    def _api(self) -> Any:
+        return self._backend._client().api
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def is_alive(self) -> bool:
+        if self._closed:
+            return False
+        return await self._state() == "running"
+
+    async def _state(self) -> str | None:
+        """The container's status ('running', 'exited', ...) or None if it no longer exists."""
+        import docker.errors
+
+        try:
+            info = await asyncio.to_thread(self._api.inspect_container, self.container_id)
+        except docker.errors.NotFound:
+            return None
+        status: str = info.get("State", {}).get("Status", "unknown")
+        return status
+
+    async def _lost(self, what: str) -> SandboxLostError | None:
+        """A SandboxLostError when the container is gone or stopped, else None."""
+        state = await self._state()
+        if state == "running":
+            return None
+        found = "no longer exists" if state is None else f"is {state}"
+        return SandboxLostError(
+            f"sandbox {self.id} ({what}): expected a running container, it {found}"
+        )
+
+    async def _destroy(self) -> None:
+        shell, self._shell = self._shell, None
+        if shell is not None:
+            with contextlib.suppress(Exception):
+                await shell.close()
+        # Shielded: a cancelled episode must still not leak its container.
+        await asyncio.shield(self._backend._remove_container(self.container_id))
+
+    # -- exec --------------------------------------------------------------------------------
+    async def exec(
+        self,
+        cmd: str | list[str],
+        timeout_s: float = 60.0,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+    ) -> ExecResult:
+        import docker.errors
+
+        self._check_open()
+        argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        workdir = normalize_sandbox_path(cwd, self.spec.workdir) if cwd else self.spec.workdir
+        marker = uuid.uuid4().hex
+        full_env = {**self.spec.env, **(env or {}), EXEC_MARKER_ENV: marker}
+        run_user = user if user is not None else self.spec.user
+        start = time.perf_counter()
+        try:
+            exec_id = await asyncio.to_thread(
+                self._api.exec_create,
+                self.container_id,
+                argv,
+                stdout=True,
+                stderr=True,
+                stdin=False,
+                tty=False,
+                environment=full_env,
+                workdir=workdir,
+                user=run_user or "",
+            )
+        except (docker.errors.NotFound, docker.errors.APIError) as exc:
+            lost = await self._lost("exec")
+            if lost is not None:
+                raise lost from exc
+            raise SandboxError(f"docker exec_create failed in sandbox {self.id}: {exc}") from exc
+
+        out, err = _CappedStream(self.max_output_bytes), _CappedStream(self.max_output_bytes)
+        holder: dict[str, Any] = {}
+        done = threading.Event()
+        reader = asyncio.create_task(
+            asyncio.to_thread(self._pump, exec_id["Id"], out, err, holder, done)
+        )
+        timed_out = False
+        try:
+            await asyncio.wait_for(asyncio.shield(reader), timeout_s)
+        except TimeoutError:
+            timed_out = True
+            await self._kill_marked(marker, run_user)
+            # The stream ends once every process holding its pipe is dead; a process that
+            # escaped the marker (env -i) must not hang us, so cut the socket after a grace.
+            try:
+                await asyncio.wait_for(asyncio.shield(reader), 2.0)
+            except TimeoutError:
+                raw = _raw_socket(holder.get("sock"))
+                if raw is not None:
+                    with contextlib.suppress(OSError):
+                        raw.shutdown(socket.SHUT_RDWR)
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(reader, 5.0)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._kill_marked(marker, run_user))
+            raise
+        failure = reader.exception() if reader.done() and not reader.cancelled() else None
+        if failure is not None:
+            lost = await self._lost("exec")
+            if lost is not None:
+                raise lost from failure
+            raise SandboxError(
+                f"docker exec stream failed in sandbox {self.id}: {failure}"
+            ) from failure
+
+        exit_code: int | None = None
+        if not timed_out:
+            exit_code = await self._exit_code(exec_id["Id"])
+            if exit_code is None:
+                lost = await self._lost("exec")
+                if lost is not None:
+                    raise lost
+        stdout, t1 = out.text()
+        stderr, t2 = err.text()
+        return ExecResult(
+            exit_code=exit_code,
+            stdout=stdout,
+            stderr=stderr,
+            timed_out=timed_out,
+            truncated=t1 or t2,
+            duration_s=time.perf_counter() - start,
+        )
+
+    def _pump(
+        self,
+        exec_id: str,
+        out: _CappedStream,
+        err: _CappedStream,
+        holder: dict[str, Any],
+        done: threading.Event,
+    ) -> None:
+        """(Thread) start the exec and demultiplex its stream into the two capped buffers."""
+        sock = self._api.exec_start(exec_id, tty=False, socket=True)
+        holder["sock"] = sock
+        try:
+            while True:
+                header = _read_exactly(sock, 8)
+                if len(header) < 8:
+                    return
+                stream_type, size = struct.unpack(">BxxxL", header)
+                remaining = size
+                while remaining > 0:
+                    chunk = _read_exactly(sock, min(remaining, 65536))
+                    if not chunk:
+                        return
+                    remaining -= len(chunk)
+                    (err if stream_type == 2 else out).add(chunk)
+        except OSError:
+            return  # socket shut down by the timeout path
+        finally:
+            with contextlib.suppress(Exception):
+                sock.close()
+            raw = _raw_socket(sock)
+            if raw is not None:
+                with contextlib.suppress(Exception):
+                    raw.close()
+            done.set()
+
+    async def _exit_code(self, exec_id: str) -> int | None:
+        # The stream can end a moment before Docker records the exit code.
+        for _ in range(50):
+            try:
+                info = await asyncio.to_thread(self._api.exec_inspect, exec_id)
+            except Exception:
+                return None
+            if not info.get("Running") and info.get("ExitCode") is not None:
+                return int(info["ExitCode"])
+            await asyncio.sleep(0.01)
+        return None
+
+    async def _kill_marked(self, marker: str, user: str | None) -> None:
+        """Kill every process of one exec (by its env marker), as the user that ran it: root
+        without CAP_SYS_PTRACE cannot read another user's /proc/PID/environ."""
+        with contextlib.suppress(Exception):
+            await self._raw_exec(["sh", "-c", kill_marked_script(marker)], user=user)
+
+    async def _raw_exec(self, argv: list[str], user: str | None = None) -> tuple[int | None, bytes]:
+        """Run a short helper command to completion (no timeout machinery, no marker)."""
+
+        def go() -> tuple[int | None, bytes]:
+            ex = self._api.exec_create(
+                self.container_id, argv, stdout=True, stderr=True, user=user or ""
+            )
+            output = self._api.exec_start(ex["Id"])
+            code = self._api.exec_inspect(ex["Id"]).get("ExitCode")
+            return code, output
+
+        return await asyncio.to_thread(go)
+
+    # -- the persistent shell ----------------------------------------------------------------
+    async def _get_shell(self) -> Any:
+        self._check_open()
+        async with self._shell_lock:
+            if self._shell is None:
+                from sandboxes.shell import PexpectShell
+
+                argv = [self._backend.docker_cli, "exec", "-it", "-w", self.spec.workdir]
+                for k, v in self.spec.env.items():
+                    argv += ["-e", f"{k}={v}"]
+                if self.spec.user:
+                    argv += ["-u", self.spec.user]
+                # An empty prompt from the first line on, so no `bash-5.2#` lands on the screen.
+                argv += ["-e", "PS1=", "-e", "PS2="]
+                argv += [self.container_id, "bash", "--noprofile", "--norc", "-i"]
+                shell = PexpectShell(
+                    argv, kill_tree=self._kill_tree, count_children=self._count_children
+                )
+                try:
+                    await shell.start()
+                except SandboxLostError as exc:
+                    lost = await self._lost("shell start")
+                    raise (lost or exc) from exc
+                self._shell = shell
+            return self._shell
+
+    async def _kill_tree(self, inner_pid: int) -> None:
+        from sandboxes.shell import kill_tree_script
+
+        await self._raw_exec(["sh", "-c", kill_tree_script(inner_pid)])
+
+    async def _count_children(self, inner_pid: int) -> int:
+        from sandboxes.shell import count_children_script
+
+        _code, out = await self._raw_exec(["sh", "-c", count_children_script(inner_pid)])
+        return int(out.decode().strip() or 0)
+
+    async def run(self, command: str, timeout_s: float = 60.0) -> ShellResult:
+        shell = await self._get_shell()
+        try:
+            result: ShellResult = await shell.run(command, timeout_s)
+        except SandboxLostError as exc:
+            lost = await self._lost("shell")
+            raise (lost or exc) from exc
+        return result
+
+    async def send_keys(self, keys: str) -> None:
+        shell = await self._get_shell()
+        await shell.send_keys(keys)
+
+    async def screen(self) -> str:
+        shell = await self._get_shell()
+        text: str = shell.screen()
+        return text
+
+    # -- files -------------------------------------------------------------------------------
+    def _path(self, path: str) -> str:
+        return normalize_sandbox_path(path, self.spec.workdir)
+
+    async def _put_archive(self, parent: str, data: Any) -> None:
+        """put_archive into `parent`, creating it when missing; lost container -> error."""
+        import docker.errors
+
+        def put() -> None:
+            if hasattr(data, "seek"):
+                data.seek(0)
+            self._api.put_archive(self.container_id, parent, data)
+
+        try:
+            await asyncio.to_thread(put)
+            return
+        except docker.errors.NotFound as exc:
+            lost = await self._lost("write")
+            if lost is not None:
+                raise lost from exc
+        code, out = await self._raw_exec(["mkdir", "-p", parent])
+        if code != 0:
+            raise SandboxPathError(
+                f"cannot create directory {parent} in sandbox {self.id}: {out.decode(errors='replace')}"
+            )
+        try:
+            await asyncio.to_thread(put)
+        except docker.errors.APIError as exc:
+            raise SandboxError(f"writing into {parent} in sandbox {self.id} failed: {exc}") from exc
+
+    async def write_file(self, path: str, content: bytes | str, mode: int = 0o644) -> None:
+        self._check_open()
+        p = self._path(path)
+        if p == "/":
+            raise SandboxPathError("expected a file path, got the root directory")
+        data = content.encode() if isinstance(content, str) else bytes(content)
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            info = tarfile.TarInfo(posixpath.basename(p))
+            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+        await self._put_archive(posixpath.dirname(p), buf.getvalue())
+
+    async def _stat(self, path: str) -> tuple[str, dict[str, Any]]:
+        """Follow symlinks (Docker resolves them inside the container's root, so a link can
+        never reach the host) and return (resolved path, stat) or raise not-found/lost."""
+        import docker.errors
+
+        current = path
+        for _ in range(16):
+            try:
+                st = await asyncio.to_thread(
+                    self._api.get_archive, self.container_id, current, 65536
+                )
+            except docker.errors.NotFound as exc:
+                lost = await self._lost("read")
+                if lost is not None:
+                    raise lost from exc
+                raise SandboxFileNotFoundError(
+                    f"no such file or directory in sandbox {self.id}: {path}"
+                ) from exc
+            chunks, info = st
+            with contextlib.suppress(Exception):
+                chunks.close()
+            if int(info.get("mode", 0)) & _GO_MODE_SYMLINK and info.get("linkTarget"):
+                target = info["linkTarget"]
+                current = posixpath.normpath(posixpath.join(posixpath.dirname(current), target))
+                continue
+            return current, info
+        raise SandboxPathError(f"too many levels of symbolic links at {path}")
+
+    async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
+        self._check_open()
+        p = self._path(path)
+        resolved, info = await self._stat(p)
+        if int(info.get("mode", 0)) & _GO_MODE_DIR:
+            raise SandboxPathError(f"expected a file, {p} is a directory in sandbox {self.id}")
+
+        def fetch() -> bytes:
+            chunks, _ = self._api.get_archive(self.container_id, resolved, 65536)
+            reader = _ChunkReader(chunks)
+            try:
+                with tarfile.open(fileobj=io.BufferedReader(reader), mode="r|") as tar:
+                    for member in tar:
+                        f = tar.extractfile(member)
+                        if f is None:
+                            return b""
+                        return f.read() if max_bytes is None else f.read(max_bytes)
+                return b""
+            finally:
+                reader.close()
+
+        return await asyncio.to_thread(fetch)
+
+    async def upload(self, src: Path, dst: str) -> None:
+        self._check_open()
+        src = Path(src)
+        if not src.exists():
+            raise FileNotFoundError(f"upload source {src} does not exist on the host")
+        p = self._path(dst)
+        if p == "/":
+            raise SandboxPathError("expected a destination below /, got the root directory")
+
+        def pack() -> Any:
+            tmp = tempfile.TemporaryFile()
+            with tarfile.open(fileobj=tmp, mode="w") as tar:
+
+                def owned_by_root(ti: tarfile.TarInfo) -> tarfile.TarInfo:
+                    ti.uid = ti.gid = 0
+                    ti.uname = ti.gname = "root"
+                    return ti
+
+                tar.add(str(src), arcname=posixpath.basename(p), filter=owned_by_root)
+            return tmp
+
+        tmp = await asyncio.to_thread(pack)
+        try:
+            await self._put_archive(posixpath.dirname(p), tmp)
+        finally:
+            tmp.close()
+
+    async def download(self, src: str, dst: Path) -> None:
+        self._check_open()
+        p = self._path(src)
+        resolved, _info = await self._stat(p)
+        dst = Path(dst)
+
+        def fetch() -> None:
+            chunks, _ = self._api.get_archive(self.container_id, resolved, 65536)
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=dst.parent) as tmpdir:
+                reader = _ChunkReader(chunks)
+                try:
+                    with tarfile.open(fileobj=io.BufferedReader(reader), mode="r|") as tar:
+                        # "data" refuses absolute paths, links out of the tree, device files.
+                        tar.extractall(tmpdir, filter="data")
+                finally:
+                    reader.close()
+                top = Path(tmpdir) / posixpath.basename(resolved)
+                if top.is_dir():
+                    shutil.copytree(top, dst, dirs_exist_ok=True, symlinks=True)
+                else:
+                    shutil.move(str(top), dst)
+
+        await asyncio.to_thread(fetch)
+
+
+class DockerBackend(SandboxBackend):
+    """Sandboxes as Docker containers (see the module docstring for the isolation settings)."""
+
+    name = "docker"
+
+    def __init__(
+        self,
+        owner_id: str | None = None,
+        lease_s: float = 6 * 3600,
+        default_image: str = DEFAULT_IMAGE,
+        runtime: str | None = None,
+        docker_cli: str = "docker",
+        client_timeout_s: float = 600.0,
+    ) -> None:
+        super().__init__(owner_id, lease_s)
+        self.default_image = default_image
+        self.runtime = runtime
+        self.docker_cli = docker_cli
+        self.client_timeout_s = client_timeout_s
+        self._docker: Any = None
+        self._client_lock = threading.Lock()
+        self._build_locks: dict[str, asyncio.Lock] = {}
+        self._storage_opt_ok: bool | None = None
+        self.builds = 0  # how many images this backend built (the rest were cache hits)
+
+    # -- the client --------------------------------------------------------------------------
+    def _client(self) -> Any:
+        """(Thread) the shared DockerClient, connected on first use."""
+        with self._client_lock:
+            if self._docker is None:
+                try:
+                    import docker
+                except ImportError as exc:
+                    raise BackendUnavailableError(
+                        "the docker backend needs the Docker SDK: pip install 'sandgym[docker]'"
+                    ) from exc
+                try:
+                    client = docker.from_env(timeout=int(self.client_timeout_s), max_pool_size=64)
+                    client.ping()
+                except Exception as exc:
+                    raise BackendUnavailableError(
+                        f"no Docker engine answers (expected `docker info` to work; got: {exc})"
+                    ) from exc
+                self._docker = client
+            return self._docker
+
+    async def ensure_available(self) -> None:
+        """Raise BackendUnavailableError unless a Docker engine answers."""
+        await asyncio.to_thread(self._client)
+
+    async def aclose(self) -> None:
+        client, self._docker = self._docker, None
+        if client is not None:
+            await asyncio.to_thread(client.close)
+
+    # -- images ------------------------------------------------------------------------------
+    async def _image_exists(self, ref: str) -> bool:
+        import docker.errors
+
+        try:
+            await asyncio.to_thread(self._client().api.inspect_image, ref)
+            return True
+        except docker.errors.ImageNotFound:
+            return False
+
+    async def image_for(self, spec: SandboxSpec) -> str:
+        """The image a sandbox of `spec` runs: by name, or built (once per content hash)."""
+        if spec.build_context is None:
+            image = spec.image or self.default_image
+            if not await self._image_exists(image):
+                raise SandboxCreateError(
+                    f"image {image!r} is not present in the local Docker engine and no registry "
+                    "is used; build it (images/bootstrap-base.sh makes sandgym/terminal:latest)"
+                )
+            return image
+        ctx = Path(spec.build_context)
+        if not (ctx / spec.dockerfile).is_file():
+            raise SandboxCreateError(
+                f"expected a {spec.dockerfile} in build context {ctx}, found none"
+            )
+        digest = await asyncio.to_thread(spec.context_hash)
+        assert digest is not None
+        tag = f"{CTX_REPO}:{digest[:16]}"
+        lock = self._build_locks.setdefault(digest, asyncio.Lock())
+        async with lock:
+            if await self._image_exists(tag):
+                return tag
+            await asyncio.to_thread(self._build, ctx, spec.dockerfile, tag)
+            self.builds += 1
+        return tag
+
+    def _build(self, ctx: Path, dockerfile: str, tag: str) -> None:
+        """(Thread) docker build; the build log's tail goes into the error on failure."""
+        api = self._client().api
+        tail: list[str] = []
+        error: str | None = None
+        for item in api.build(
+            path=str(ctx),
+            dockerfile=dockerfile,
+            tag=tag,
+            rm=True,
+            forcerm=True,
+            decode=True,
+            labels={LABEL_MANAGED: "1", "sandgym.context": tag},
+        ):
+            if "stream" in item:
+                tail = (tail + [item["stream"]])[-30:]
+            if "error" in item:
+                error = item["error"]
+        if error is not None:
+            log_tail = "".join(tail).strip()
+            raise SandboxCreateError(
+                f"building {ctx}/{dockerfile} failed: {error.strip()}\n--- build log tail ---\n{log_tail}"
+            )
+
+    # -- create / remove ---------------------------------------------------------------------
+    async def create(self, spec: SandboxSpec) -> DockerSandbox:
+        import docker.errors
+
+        await self.ensure_available()
+        image = await self.image_for(spec)
+        labels = await asyncio.to_thread(self.labels_for, spec)
+        sandbox_id = "sg-" + uuid.uuid4().hex[:12]
+        kwargs: dict[str, Any] = dict(
+            image=image,
+            entrypoint=["sleep", "infinity"],
+            command=[],
+            name=sandbox_id,
+            hostname=sandbox_id,
+            labels=labels,
+            environment=dict(spec.env),
+            working_dir=spec.workdir,  # Docker creates it when missing
+            init=True,
+            detach=True,
+            network_mode="bridge" if spec.network else "none",
+            cap_drop=["ALL"],
+            cap_add=CAP_ADD,
+            security_opt=["no-new-privileges"],
+        )
+        if spec.cpus:
+            kwargs["nano_cpus"] = int(spec.cpus * 1e9)
+        if spec.memory_mb:
+            kwargs["mem_limit"] = f"{spec.memory_mb}m"
+            kwargs["memswap_limit"] = f"{spec.memory_mb}m"  # equal: no swap on top
+        if spec.pids_limit:
+            kwargs["pids_limit"] = spec.pids_limit
+        if self.runtime:
+            kwargs["runtime"] = self.runtime
+        if spec.storage_mb and self._storage_opt_ok is not False:
+            kwargs["storage_opt"] = {"size": f"{spec.storage_mb}M"}
+
+        client = self._client()
+        try:
+            container = await asyncio.to_thread(client.containers.run, **kwargs)
+        except docker.errors.APIError as exc:
+            if "storage_opt" in kwargs and "storage" in str(exc).lower():
+                # Only overlay2 on xfs with pquota (and a few others) support a size limit.
+                self._storage_opt_ok = False
+                log.warning("docker: storage limits unsupported here (%s); running without", exc)
+                await self._remove_container(sandbox_id)
+                kwargs.pop("storage_opt")
+                try:
+                    container = await asyncio.to_thread(client.containers.run, **kwargs)
+                except docker.errors.APIError as exc2:
+                    await self._remove_container(sandbox_id)
+                    raise SandboxCreateError(f"docker could not start {image}: {exc2}") from exc2
+            else:
+                await self._remove_container(sandbox_id)
+                raise SandboxCreateError(f"docker could not start {image}: {exc}") from exc
+        except BaseException:
+            # Cancelled mid-create: the container may exist already; do not leak it.
+            await asyncio.shield(self._remove_container(sandbox_id))
+            raise
+        if "storage_opt" in kwargs:
+            self._storage_opt_ok = True
+        return DockerSandbox(spec, self, container.id, sandbox_id)
+
+    async def _remove_container(self, ref: str) -> None:
+        import docker.errors
+
+        try:
+            await asyncio.to_thread(self._client().api.remove_container, ref, force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError as exc:
+            # "removal already in progress" means someone else is doing our job.
+            if "already in progress" not in str(exc):
+                raise
+
+    # -- reaping -----------------------------------------------------------------------------
+    async def managed_containers(self) -> list[dict[str, Any]]:
+        """Every container (running or not) carrying `sandgym.managed=1`."""
+        api = (await asyncio.to_thread(self._client)).api
+        found: list[dict[str, Any]] = await asyncio.to_thread(
+            api.containers, all=True, filters={"label": f"{LABEL_MANAGED}=1"}
+        )
+        return found
+
+    async def reap_matching(
+        self, *, everything: bool = False, owner_id: str | None = None
+    ) -> tuple[list[str], list[tuple[str, str]]]:
+        """Remove the managed containers `reaper.should_reap` selects.
+
+        Returns (removed names, [(name, error)]).
+        """
+        from sandboxes.reaper import should_reap
+
+        removed: list[str] = []
+        errors: list[tuple[str, str]] = []
+        for c in await self.managed_containers():
+            labels = c.get("Labels") or {}
+            name = (c.get("Names") or [c["Id"]])[0].lstrip("/")
+            if not should_reap(labels, owner_id=owner_id, everything=everything):
+                continue
+            try:
+                await self._remove_container(c["Id"])
+            except Exception as exc:
+                errors.append((name, str(exc)))
+            else:
+                removed.append(name)
+        return removed, errors
+
+    async def reap(self, only_expired: bool = True) -> list[str]:
+        removed, errors = await self.reap_matching(owner_id=None if only_expired else self.owner_id)
+        for name, err in errors:
+            log.warning("docker reap: could not remove %s: %s", name, err)
+        return removed
