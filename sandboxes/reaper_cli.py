@@ -1,0 +1,53 @@
+"""`sandgym reap`: remove sandboxes that a crashed or expired owner left behind.
+
+    sandgym reap [--backend all|docker|local] [--all] [--json]
+
+By default only orphans go (lease expired, or owner process on this host dead); `--all` removes
+every sandgym-managed sandbox, including those of live servers. With `--json` it prints
+`{"removed":[{"backend":..,"id":..}], "errors":[{"backend":..,"id":..,"error":..}]}`.
+Exit status: 0 when nothing failed, 1 when some removal failed or a backend was unreachable
+(a backend explicitly asked for), 0 with `--backend all` when a backend is merely not present.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+from sandboxes.reaper import BACKENDS, reap
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--backend",
+        choices=["all", *BACKENDS],
+        default="all",
+        help="which backend to reap (default: all)",
+    )
+    parser.add_argument(
+        "--all",
+        dest="everything",
+        action="store_true",
+        help="remove every sandgym sandbox, not only orphans (live servers lose theirs)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+
+
+def run(args: argparse.Namespace) -> int:
+    backends = list(BACKENDS) if args.backend == "all" else [args.backend]
+    report = asyncio.run(reap(backends, everything=args.everything))
+    doc = report.to_json()
+    if args.json:
+        print(json.dumps(doc))
+    else:
+        for r in report.removed:
+            print(f"removed {r['backend']} {r['id']}")
+        for e in report.errors:
+            print(f"error   {e['backend']} {e['id'] or '-'}: {e['error']}", file=sys.stderr)
+        if not report.removed:
+            print("nothing to reap")
+    # An unreachable backend counts as a failure only when it was asked for by name.
+    failures = [e for e in report.errors if e["id"] or args.backend != "all"]
+    return 1 if failures else 0
