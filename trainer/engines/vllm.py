@@ -1,0 +1,70 @@
+"""The in-process vLLM engine (GPU only; vllm is imported when this engine is created).
+
+It cannot be exercised on the CPU machines this project is tested on: the code follows vLLM's
+offline `LLM.generate` API with token-id prompts and sample logprobs, and reloads weights by
+handing the learner's state dict to the model's own `load_weights` inside the worker, which is
+how vLLM's RLHF examples push weights when the engine runs in the same process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainer.engines.base import EngineError, Generation, InferenceEngine, SamplingParams
+
+
+class VLLMEngine(InferenceEngine):
+    def __init__(
+        self,
+        model_path: str,
+        eos_token_ids: list[int],
+        gpu_memory_utilization: float = 0.5,
+        max_batch_size: int = 256,
+        batch_wait_s: float = 0.01,
+    ) -> None:
+        super().__init__(max_batch_size=max_batch_size, batch_wait_s=batch_wait_s)
+        try:
+            import vllm
+        except ImportError as exc:
+            raise EngineError(
+                "engine.kind is vllm but vllm is not installed (pip install 'sandgym[gpu]')"
+            ) from exc
+        self._vllm = vllm
+        self.eos_token_ids = list(eos_token_ids)
+        self.llm = vllm.LLM(
+            model=model_path,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_prefix_caching=True,
+        )
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        sp = self._vllm.SamplingParams(
+            temperature=params.temperature,
+            top_p=params.top_p,
+            max_tokens=params.max_new_tokens,
+            stop_token_ids=self.eos_token_ids,
+            logprobs=0,  # the sampled token's logprob
+        )
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+        gens = []
+        for o in outs:
+            c = o.outputs[0]
+            lps = [step[tok].logprob for tok, step in zip(c.token_ids, c.logprobs, strict=True)]
+            finish = "stop" if c.finish_reason == "stop" else "length"
+            gens.append(Generation(list(c.token_ids), lps, finish))
+        return gens
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        items = list(state_dict.items())
+
+        def _load(worker: Any) -> None:
+            worker.model_runner.model.load_weights(weights=items)
+
+        try:
+            self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model.load_weights(
+                weights=items
+            )
+        except AttributeError:
+            # newer vLLM: run the loader inside each worker
+            self.llm.collective_rpc(_load)
+        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights

@@ -1,0 +1,147 @@
+"""Episode data model: what one rollout produced, token by token, and its JSONL record.
+
+A `Step` is one model turn: the prompt token ids the model saw, the response ids it generated
+(with their sampling logprobs and a loss mask saying which of them are trained on), the action
+parsed from the response, and what the environment answered. A `Trajectory` is one role's ordered
+steps (single-agent episodes have one, role "agent"); an `Episode` groups trajectories with the
+task, the seed, why it ended, and timings.
+
+Infrastructure failures (`INFRA_FAILURES`) are recorded as such and are *masked out* of their
+advantage group by the trainer: an episode that died because a sandbox vanished says nothing about
+the policy, so scoring it 0 would push the policy away from whatever it did.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+#: Why an episode ended. The first three are the agent's doing; the rest are infrastructure.
+TerminationReason = Literal[
+    "submitted",  # the agent submitted and the verifier scored it
+    "turn_limit",  # the agent ran out of turns (the trainer submits for it: see agents.py)
+    "env_truncated",  # the server's step or time limit
+    "sandbox_lost",
+    "action_timeout",
+    "verifier_error",
+    "connection",
+    "error",  # anything else (a bug, an unknown_task): also masked, also counted
+]
+INFRA_FAILURES: frozenset[str] = frozenset(
+    {"sandbox_lost", "action_timeout", "verifier_error", "connection", "error"}
+)
+
+
+@dataclass
+class Step:
+    """One model turn and the environment's answer to it."""
+
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_logprobs: list[float]
+    #: 1 for tokens the model generated and that are trained on, 0 otherwise (same length as
+    #: response_ids; a truncated-away tail or an appended end-of-turn token carries 0)
+    loss_mask: list[int]
+    response_text: str = ""
+    action: dict[str, Any] | None = None
+    observation: dict[str, Any] | None = None
+    reward: float = 0.0
+    done: bool = False
+    #: policy version (learner update count) of the weights that generated this step
+    policy_version: int = 0
+    generate_s: float = 0.0
+    env_s: float = 0.0
+
+
+@dataclass
+class Trajectory:
+    """One role's steps in order, and the reward credited to that role."""
+
+    role: str = "agent"
+    steps: list[Step] = field(default_factory=list)
+    reward: float = 0.0
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return sum(len(s.response_ids) for s in self.steps)
+
+
+@dataclass
+class Episode:
+    """A finished rollout of one task with one seed."""
+
+    task_id: str
+    seed: int | None
+    trajectories: list[Trajectory] = field(default_factory=list)
+    termination: TerminationReason = "submitted"
+    error: str | None = None
+    #: which advantage group this episode belongs to (same task, seed and prompt)
+    group_id: str = ""
+    server_url: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def reward(self) -> float:
+        return sum(t.reward for t in self.trajectories)
+
+    @property
+    def is_infra_failure(self) -> bool:
+        return self.termination in INFRA_FAILURES
+
+    @property
+    def min_policy_version(self) -> int:
+        versions = [s.policy_version for t in self.trajectories for s in t.steps]
+        return min(versions) if versions else 0
+
+    def to_dict(self, with_tokens: bool = True) -> dict[str, Any]:
+        data = asdict(self)
+        data["reward"] = self.reward
+        if not with_tokens:
+            for traj in data["trajectories"]:
+                for step in traj["steps"]:
+                    for key in ("prompt_ids", "response_ids", "response_logprobs", "loss_mask"):
+                        step.pop(key, None)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Episode:
+        data = dict(data)
+        data.pop("reward", None)
+        trajs = [
+            Trajectory(
+                role=t["role"],
+                reward=t["reward"],
+                steps=[Step(**s) for s in t["steps"]],
+            )
+            for t in data.pop("trajectories", [])
+        ]
+        return cls(trajectories=trajs, **data)
+
+
+class EpisodeWriter:
+    """Appends episodes as JSON lines to `<run_dir>/episodes.jsonl` (token ids optional)."""
+
+    def __init__(self, path: Path, with_tokens: bool = False) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.with_tokens = with_tokens
+        self._fh = self.path.open("a", encoding="utf-8")
+
+    def write(self, episode: Episode, **extra: Any) -> None:
+        record = episode.to_dict(with_tokens=self.with_tokens)
+        record.update(extra)
+        self._fh.write(json.dumps(record) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def read_episodes(path: Path) -> list[dict[str, Any]]:
+    """Every record of an episodes JSONL file."""
+    with Path(path).open(encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]

@@ -1,0 +1,281 @@
+"""The learner: data-parallel torch workers (Ray actors) that turn samples into updates.
+
+Each `LearnerWorker` holds a full copy of the policy and its AdamW state. A step (`train`):
+
+1. every worker gets a shard of the batch's samples and the batch's *global* loss normalizer
+   (see `algorithms.aggregation_norm`), so shard losses add up to the single-worker loss;
+2. it runs forward/backward over micro-batches, accumulating gradients (no all-reduce per
+   micro-batch);
+3. one all-reduce (SUM) of the flattened gradients over torch.distributed (gloo on CPU, NCCL on
+   GPU), gradient clipping, and an optimizer step: identical on every worker, so the replicas
+   stay bit-identical without broadcasting weights.
+
+On GPU the forward runs under bf16 autocast (master weights stay fp32). Checkpoints (model,
+optimizer, version) are written by rank 0 and read by every rank on resume. `LearnerGroup` is
+the driver-side handle: it starts the actors, wires the process group, shards batches, and hands
+the rank-0 weights (with their version) to the rollout engines.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import socket
+from pathlib import Path
+from typing import Any
+
+from trainer.algorithms import LossSettings, Sample, aggregation_norm, collate, compute_loss
+from trainer.config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+def loss_settings(cfg: TrainConfig) -> LossSettings:
+    a = cfg.algorithm
+    return LossSettings(
+        clip_low=a.clip_low,
+        clip_high=a.clip_high,
+        kl_coef=a.kl_coef,
+        entropy_coef=a.entropy_coef,
+        aggregation=a.loss_aggregation,
+        max_tokens=a.max_tokens_norm,
+    )
+
+
+class LearnerWorker:
+    """One data-parallel rank (a Ray actor; also usable in-process with world_size 1)."""
+
+    def __init__(self, config_dict: dict[str, Any], rank: int, world_size: int) -> None:
+        self.config = TrainConfig.model_validate(config_dict)
+        self.rank = rank
+        self.world_size = world_size
+        self.version = 0
+        self.model: Any = None
+
+    def address(self) -> tuple[str, int]:
+        """Host and a free port for the process group's rendezvous (asked of rank 0)."""
+        try:
+            import ray
+
+            host = ray.util.get_node_ip_address()
+        except Exception:
+            host = "127.0.0.1"
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return host, int(s.getsockname()[1])
+
+    def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
+        import torch
+        import torch.distributed as dist
+
+        from trainer.models import load_model, load_tokenizer
+
+        cfg = self.config
+        self.device = torch.device(
+            f"cuda:{torch.cuda.current_device()}" if cfg.learner.device == "cuda" else "cpu"
+        )
+        if self.world_size > 1:
+            dist.init_process_group(
+                backend="nccl" if cfg.learner.device == "cuda" else "gloo",
+                init_method=f"tcp://{master_addr}:{master_port}",
+                rank=self.rank,
+                world_size=self.world_size,
+            )
+        torch.manual_seed(cfg.run.seed)
+        self.tokenizer = load_tokenizer(cfg.model)
+        self.model = load_model(cfg.model).to(self.device)
+        if cfg.learner.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.model.train()
+        self.ref_model = None
+        if cfg.algorithm.kl_coef > 0:
+            self.ref_model = load_model(cfg.model).to(self.device).eval()
+            for p in self.ref_model.parameters():
+                p.requires_grad_(False)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=cfg.learner.lr, weight_decay=cfg.learner.weight_decay
+        )
+        if self.world_size > 1:
+            # identical start even if initialisation differed somewhere
+            for p in self.model.parameters():
+                dist.broadcast(p.data, src=0)
+        self.loss_settings = loss_settings(cfg)
+        return {"rank": self.rank, "params": sum(p.numel() for p in self.model.parameters())}
+
+    # -- the update step ---------------------------------------------------------------------
+    def train(self, samples: list[Sample], norm: float) -> dict[str, float]:
+        """One batch: `epochs_per_batch` optimizer steps over this rank's shard."""
+        import torch
+        import torch.distributed as dist
+
+        cfg = self.config.learner
+        totals: dict[str, float] = {}
+        mb = cfg.micro_batch_size
+        pad = int(self.tokenizer.pad_token_id)
+        autocast = (
+            torch.autocast("cuda", dtype=torch.bfloat16)
+            if self.device.type == "cuda"
+            else torch.autocast("cpu", enabled=False)
+        )
+        # longest first: micro-batches of similar length waste less padding
+        samples = sorted(samples, key=lambda s: -len(s.input_ids))
+        for _epoch in range(cfg.epochs_per_batch):
+            self.optimizer.zero_grad(set_to_none=False)
+            for i in range(0, len(samples), mb):
+                batch = collate(samples[i : i + mb], pad, self.device)
+                with autocast:
+                    loss, stats = compute_loss(
+                        self.model, batch, self.loss_settings, norm, self.ref_model
+                    )
+                loss.backward()
+                for k, v in stats.items():
+                    totals[k] = totals.get(k, 0.0) + v
+                totals["loss_sum"] = totals.get("loss_sum", 0.0) + float(loss.detach())
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            if self.world_size > 1:
+                flat = torch.cat([p.grad.reshape(-1) for p in params])
+                dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+                offset = 0
+                for p in params:
+                    n = p.grad.numel()
+                    p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+                    offset += n
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
+            self.optimizer.step()
+            totals["grad_norm"] = float(grad_norm)
+        self.version += 1
+        totals["version"] = float(self.version)
+        return totals
+
+    # -- weights, checkpoints ------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {k: v.detach().to("cpu").clone() for k, v in self.model.state_dict().items()}
+
+    def weights_checksum(self) -> list[float]:
+        """Per-parameter sums (float64), for tests that compare replicas."""
+        return [float(p.detach().double().sum()) for p in self.model.parameters()]
+
+    def save_checkpoint(self, path: str) -> str:
+        import torch
+
+        out = Path(path)
+        if self.rank == 0:
+            tmp = out.with_name(out.name + ".tmp")
+            tmp.mkdir(parents=True, exist_ok=True)
+            self.model.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+            torch.save(
+                {"optimizer": self.optimizer.state_dict(), "version": self.version},
+                tmp / "trainer_state.pt",
+            )
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(tmp, out)
+            (out.parent / "latest.json").write_text(
+                json.dumps({"path": str(out), "version": self.version})
+            )
+        return str(out)
+
+    def load_checkpoint(self, path: str) -> int:
+        import torch
+        from safetensors.torch import load_file
+
+        p = Path(path)
+        weights = load_file(str(p / "model.safetensors"))
+        missing, unexpected = self.model.load_state_dict(weights, strict=False)
+        # tied embeddings are saved once; anything else missing is a real mismatch
+        missing = [m for m in missing if "lm_head" not in m]
+        if missing or unexpected:
+            raise RuntimeError(
+                f"checkpoint {p} does not fit the model: missing {missing}, unexpected {unexpected}"
+            )
+        state = torch.load(p / "trainer_state.pt", map_location=self.device, weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = int(state["version"])
+        return self.version
+
+
+def latest_checkpoint(run_dir: Path) -> tuple[str, int] | None:
+    f = Path(run_dir) / "checkpoints" / "latest.json"
+    if not f.exists():
+        return None
+    data = json.loads(f.read_text())
+    return str(data["path"]), int(data["version"])
+
+
+def shard_samples(samples: list[Sample], world_size: int) -> list[list[Sample]]:
+    """Balance shards by token count (greedy, longest first)."""
+    shards: list[list[Sample]] = [[] for _ in range(world_size)]
+    loads = [0] * world_size
+    for s in sorted(samples, key=lambda s: -len(s.input_ids)):
+        i = loads.index(min(loads))
+        shards[i].append(s)
+        loads[i] += len(s.input_ids)
+    return shards
+
+
+class LearnerGroup:
+    """Driver-side handle on the data-parallel learner actors."""
+
+    def __init__(self, config: TrainConfig) -> None:
+        import ray
+
+        self.config = config
+        n = config.learner.num_workers
+        gpus = 1 if config.learner.device == "cuda" else 0
+        actor = ray.remote(num_cpus=1, num_gpus=gpus)(LearnerWorker)
+        cfg = config.model_dump()
+        self.workers = [actor.remote(cfg, rank, n) for rank in range(n)]
+        addr, port = ray.get(self.workers[0].address.remote())
+        self.info = ray.get([w.setup.remote(addr, port) for w in self.workers])
+        self.loss_settings = loss_settings(config)
+        self.version = 0
+
+    def train(self, samples: list[Sample]) -> dict[str, float]:
+        import ray
+
+        norm = aggregation_norm(samples, self.loss_settings)
+        shards = shard_samples(samples, len(self.workers))
+        results = ray.get(
+            [w.train.remote(shard, norm) for w, shard in zip(self.workers, shards, strict=True)]
+        )
+        out: dict[str, float] = {}
+        for r in results:
+            for k, v in r.items():
+                out[k] = out.get(k, 0.0) + v
+        out["grad_norm"] = results[0]["grad_norm"]
+        out["version"] = results[0]["version"]
+        self.version = int(results[0]["version"])
+        return out
+
+    def state_dict_ref(self) -> Any:
+        """An object ref to rank 0's weights (fetched once, shared by every rollout worker)."""
+        return self.workers[0].state_dict.remote()
+
+    def checksums(self) -> list[list[float]]:
+        import ray
+
+        return ray.get([w.weights_checksum.remote() for w in self.workers])
+
+    def save(self, path: str) -> None:
+        import ray
+
+        ray.get([w.save_checkpoint.remote(path) for w in self.workers])
+
+    def load(self, path: str) -> int:
+        import ray
+
+        versions = ray.get([w.load_checkpoint.remote(path) for w in self.workers])
+        self.version = int(versions[0])
+        return self.version
+
+    def shutdown(self) -> None:
+        import ray
+
+        for w in self.workers:
+            ray.kill(w)

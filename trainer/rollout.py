@@ -1,0 +1,309 @@
+"""Rollouts: episodes driven through the env server by an agent and an inference engine.
+
+`EpisodeRunner` is plain asyncio: it plays one episode on an `AsyncEnvClient` (reset, then one
+model turn per step until submit or the turn limit) and records every turn as a `Step`. Many
+episodes run concurrently on one event loop; their generation requests are micro-batched by the
+engine. Infrastructure failures (wire codes `sandbox_lost`, `action_timeout`, `verifier_error`,
+a dropped connection) end the episode with that termination reason so the trainer can mask it.
+
+`RolloutWorker` is the Ray actor wrapping a runner, an engine and its copy of the weights. It is
+an async actor (`max_concurrency` = concurrent episodes): the driver calls `run_episode` once per
+episode and collects results with `ray.wait` as each finishes, so episodes stream to the learner
+instead of being gathered in lock-step batches. `update_weights` swaps in the learner's weights
+between generation batches and records their version on every later step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from trainer.agents import (
+    NO_ACTION_HINT,
+    NoopAgent,
+    TerminalAgent,
+    format_observation,
+    parse_action,
+)
+from trainer.config import TrainConfig
+from trainer.engines.base import InferenceEngine, SamplingParams
+from trainer.episode import Episode, Step, Trajectory
+
+log = logging.getLogger(__name__)
+
+#: wire error codes that end an episode as an infrastructure failure of that name
+INFRA_CODES = frozenset({"sandbox_lost", "action_timeout", "verifier_error"})
+
+
+def classify_failure(exc: BaseException) -> str:
+    """The termination reason for an exception raised by the env client."""
+    code = getattr(exc, "code", None)
+    if isinstance(code, str):
+        # the client reports a dropped websocket it could not resume as an EnvError whose
+        # message says so; that is the network, not the sandbox
+        message = str(getattr(exc, "message", ""))
+        if message.startswith("connection to ") or "handshake refused" in message:
+            return "connection"
+        return code if code in INFRA_CODES else "error"
+    mod = type(exc).__module__
+    if isinstance(exc, ConnectionError | OSError | EOFError) or mod.startswith(
+        ("websockets", "httpx")
+    ):
+        return "connection"
+    return "error"
+
+
+def http_base(ws_url: str) -> str:
+    """ws://host:port/v1/env -> http://host:port (for the HTTP ops endpoints)."""
+    url = ws_url.replace("wss://", "https://", 1).replace("ws://", "http://", 1)
+    return url.split("/v1/", 1)[0].rstrip("/")
+
+
+class EpisodeRunner:
+    """Plays episodes; `client_factory(url)` returns an async-context-manager env client."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        engine: InferenceEngine | None,
+        agent: TerminalAgent | NoopAgent,
+        client_factory: Callable[[str], Any] | None = None,
+    ) -> None:
+        self.config = config
+        self.engine = engine
+        self.agent = agent
+        self.urls = list(config.env.server_urls)
+        self._in_flight = dict.fromkeys(self.urls, 0)
+        self._client_factory = client_factory or self._default_client
+        s = config.sampling
+        self.params = SamplingParams(s.temperature, s.top_p, s.max_new_tokens)
+
+    def _default_client(self, url: str) -> Any:
+        from envserver.client import AsyncEnvClient
+
+        return AsyncEnvClient(url, token=self.config.env.token)
+
+    def pick_url(self) -> str:
+        """The server with the fewest of this runner's episodes in flight."""
+        return min(self.urls, key=lambda u: self._in_flight[u])
+
+    async def run_episode(
+        self,
+        task_id: str,
+        seed: int | None,
+        group_id: str = "",
+        params: SamplingParams | None = None,
+    ) -> Episode:
+        url = self.pick_url()
+        self._in_flight[url] += 1
+        episode = Episode(task_id=task_id, seed=seed, group_id=group_id, server_url=url)
+        traj = Trajectory(role="agent")
+        episode.trajectories.append(traj)
+        t0 = time.monotonic()
+        try:
+            async with self._client_factory(url) as client:
+                await self._play(client, episode, traj, params or self.params)
+        except Exception as exc:  # recorded, never raised: one bad episode must not stop a run
+            episode.termination = classify_failure(exc)  # type: ignore[assignment]
+            episode.error = f"{type(exc).__name__}: {exc}"[:500]
+            traj.reward = 0.0
+            log.warning(
+                "episode %s seed %s ended by %s: %s", task_id, seed, episode.termination, exc
+            )
+        finally:
+            self._in_flight[url] -= 1
+        episode.metrics.update(
+            {
+                "duration_s": time.monotonic() - t0,
+                "turns": float(len(traj.steps)),
+                "generated_tokens": float(traj.num_generated_tokens),
+                "generate_s": sum(s.generate_s for s in traj.steps),
+                "env_s": sum(s.env_s for s in traj.steps),
+            }
+        )
+        return episode
+
+    async def _reset(self, client: Any, task_id: str, seed: int | None) -> tuple[Any, Any]:
+        # `capacity` is the one retryable refusal worth waiting out at reset
+        for attempt in range(self.config.env.connect_retries + 1):
+            try:
+                return await client.reset(task_id, seed=seed)
+            except Exception as exc:
+                if getattr(exc, "retryable", False) and attempt < self.config.env.connect_retries:
+                    await asyncio.sleep(0.5 * 2**attempt)
+                    continue
+                raise
+        raise AssertionError("unreachable")
+
+    async def _play(
+        self, client: Any, episode: Episode, traj: Trajectory, params: SamplingParams
+    ) -> None:
+        obs, _info = await self._reset(client, episode.task_id, episode.seed)
+        obs = _as_dict(obs)
+        if isinstance(self.agent, NoopAgent) or self.engine is None:
+            t = time.monotonic()
+            res = await client.step({"kind": "submit"})
+            traj.steps.append(_env_step([], {"kind": "submit"}, res, time.monotonic() - t))
+            traj.reward = float(res.reward)
+            episode.termination = "submitted"
+            return
+        settings = self.config.agent
+        conv = self.agent.new_conversation(obs.get("output", ""), None)
+        submit_next = False
+        for _turn in range(settings.max_turns):
+            t = time.monotonic()
+            prompt = list(conv.token_ids)
+            gen = await self.engine.agenerate(prompt, params)
+            gen_s = time.monotonic() - t
+            text = self.agent.decode(gen.token_ids)
+            step = Step(
+                prompt_ids=prompt,
+                response_ids=list(gen.token_ids),
+                response_logprobs=list(gen.logprobs),
+                loss_mask=[1] * len(gen.token_ids),
+                response_text=text,
+                policy_version=gen.version,
+                generate_s=gen_s,
+            )
+            traj.steps.append(step)
+            conv.add_response(text, gen.token_ids, finished=gen.finish_reason == "stop")
+            parsed = parse_action(text)
+            if parsed.action is None and not parsed.submit:
+                conv.add_user(NO_ACTION_HINT)
+                continue
+            action = parsed.action or {"kind": "submit"}
+            if action.get("kind") == "command":
+                action["timeout_s"] = settings.command_timeout_s
+            step.action = action
+            t = time.monotonic()
+            res = await client.step(action)
+            step.env_s = time.monotonic() - t
+            step.observation = _as_dict(res.observation)
+            step.reward, step.done = float(res.reward), bool(res.terminated or res.truncated)
+            if res.terminated or res.truncated:
+                traj.reward = float(res.reward)
+                episode.termination = "submitted" if res.terminated else "env_truncated"
+                return
+            if parsed.submit and parsed.action is not None:
+                submit_next = True
+                break
+            conv.add_user(format_observation(step.observation, settings.max_observation_chars))
+        # the turn limit (or a command-then-submit reply): submit so the verifier scores it
+        t = time.monotonic()
+        res = await client.step({"kind": "submit"})
+        traj.steps.append(_env_step([], {"kind": "submit"}, res, time.monotonic() - t))
+        traj.reward = float(res.reward)
+        episode.termination = (
+            ("submitted" if submit_next else "turn_limit") if res.terminated else "env_truncated"
+        )
+
+
+def _as_dict(obs: Any) -> dict[str, Any]:
+    if obs is None:
+        return {}
+    if isinstance(obs, dict):
+        return obs
+    if hasattr(obs, "model_dump"):
+        return dict(obs.model_dump())
+    return {"output": str(obs)}
+
+
+def _env_step(prompt: list[int], action: dict[str, Any], res: Any, env_s: float) -> Step:
+    """A step the agent took without the model (an automatic submit): no tokens, no loss."""
+    return Step(
+        prompt_ids=prompt,
+        response_ids=[],
+        response_logprobs=[],
+        loss_mask=[],
+        action=action,
+        observation=_as_dict(res.observation),
+        reward=float(res.reward),
+        done=bool(res.terminated or res.truncated),
+        env_s=env_s,
+    )
+
+
+class RolloutWorker:
+    """Ray actor: its own engine + weights, many concurrent episodes (see module docstring)."""
+
+    def __init__(self, config_dict: dict[str, Any], worker_index: int = 0) -> None:
+        from trainer.engines import create_engine
+        from trainer.models import load_model, load_tokenizer
+
+        logging.basicConfig(level=logging.INFO)
+        self.config = TrainConfig.model_validate(config_dict)
+        self.index = worker_index
+        cfg = self.config
+        self.tokenizer = load_tokenizer(cfg.model)
+        eos = [self.tokenizer.eos_token_id]
+        engine: InferenceEngine | None
+        if cfg.agent.kind == "noop":
+            engine = None
+        elif cfg.engine.kind == "hf":
+            import torch
+
+            torch.manual_seed(cfg.run.seed + 1000 + worker_index)
+            engine = create_engine(
+                "hf",
+                model=load_model(cfg.model),
+                eos_token_ids=eos,
+                pad_token_id=self.tokenizer.pad_token_id,
+                device=cfg.engine.device,
+                max_batch_size=cfg.engine.max_batch_size,
+                batch_wait_s=cfg.engine.batch_wait_s,
+            )
+        elif cfg.engine.kind == "vllm":
+            from trainer.models import smollm2_dir
+
+            path = (
+                cfg.model.path
+                if cfg.model.source == "hf"
+                else str(smollm2_dir(cfg.model.cache_dir))
+            )
+            engine = create_engine(
+                "vllm",
+                model_path=path,
+                eos_token_ids=eos,
+                gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
+            )
+        else:
+            engine = create_engine(
+                "openai",
+                base_url=cfg.engine.base_url,
+                model_name=cfg.engine.model_name or "default",
+                api_key=cfg.engine.api_key,
+                eos_token_ids=eos,
+            )
+        self.engine = engine
+        agent: TerminalAgent | NoopAgent = (
+            NoopAgent()
+            if cfg.agent.kind == "noop"
+            else TerminalAgent(self.tokenizer, cfg.agent, cfg.sampling.max_new_tokens)
+        )
+        self.runner = EpisodeRunner(cfg, engine, agent)
+        # spread the first picks of different workers over different servers
+        urls = self.runner.urls
+        self.runner.urls = urls[worker_index % len(urls) :] + urls[: worker_index % len(urls)]
+
+    async def run_episode(
+        self, task_id: str, seed: int | None, group_id: str, greedy: bool = False
+    ) -> dict[str, Any]:
+        params = None
+        if greedy:
+            params = SamplingParams(0.0, 1.0, self.config.sampling.max_new_tokens)
+        ep = await self.runner.run_episode(task_id, seed, group_id, params)
+        return ep.to_dict(with_tokens=True)
+
+    async def update_weights(self, state_dict: dict[str, Any], version: int) -> int:
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.update_weights, state_dict, version)
+        return version
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "version": self.engine.version if self.engine else 0,
+            "generated_tokens": self.engine.generated_tokens if self.engine else 0,
+        }

@@ -1,0 +1,346 @@
+"""The training driver: streams episodes from Ray rollout actors into learner updates.
+
+Loop (one screen, in `Trainer.run`):
+
+- keep `rollout.num_workers * rollout.concurrent_episodes` episodes in flight; each group is
+  `algorithm.group_size` episodes of one task with one seed, dispatched to the least busy
+  rollout actor; the servers are asked to prewarm sandboxes for the next groups' tasks;
+- take each episode as soon as it finishes (`ray.wait`, no lock-step), append it to
+  `episodes.jsonl`, and file it under its group;
+- a finished group drops its infrastructure failures (they are not scored 0); it is kept if
+  enough valid samples remain and its weights are at most `algorithm.max_staleness` updates
+  old;
+- every `algorithm.groups_per_update` kept groups make one update: advantages, samples, a
+  data-parallel learner step, then the new weights (with their version) go to every rollout
+  actor while the other episodes keep running.
+
+The run directory holds `config.yaml` (resolved), `metrics.jsonl`, `tensorboard/`,
+`episodes.jsonl`, `eval_episodes.jsonl`, `checkpoints/` and `summary.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from trainer.algorithms import Sample, batch_advantages, episode_to_samples
+from trainer.config import TrainConfig
+from trainer.episode import Episode, EpisodeWriter
+from trainer.metrics import MetricsLogger
+from trainer.rollout import http_base
+
+log = logging.getLogger(__name__)
+
+
+class TrainError(RuntimeError):
+    """The run cannot continue (e.g. every episode fails for infrastructure reasons)."""
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig, run_dir: str | Path | None = None) -> None:
+        self.config = config
+        self.run_dir = Path(run_dir or Path(config.run.output_dir) / config.run.name)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(
+            yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+        )
+
+    # -- setup ---------------------------------------------------------------------------------
+    def _start(self) -> None:
+        import ray
+
+        from trainer.learner import LearnerGroup, latest_checkpoint
+        from trainer.rollout import RolloutWorker
+
+        cfg = self.config
+        if not ray.is_initialized():
+            if cfg.run.ray_address:
+                ray.init(address=cfg.run.ray_address)
+            else:
+                ray.init(num_cpus=cfg.run.ray_num_cpus, include_dashboard=False)
+        self.learners = LearnerGroup(cfg)
+        self.start_version = 0
+        ckpt = latest_checkpoint(self.run_dir) if cfg.run.resume else None
+        if ckpt is not None:
+            self.start_version = self.learners.load(ckpt[0])
+            log.info("resumed from %s at version %d", ckpt[0], self.start_version)
+        actor = ray.remote(RolloutWorker).options(
+            num_cpus=cfg.rollout.num_cpus_per_worker,
+            num_gpus=cfg.rollout.num_gpus_per_worker,
+            max_concurrency=cfg.rollout.concurrent_episodes + 8,
+        )
+        self.rollouts = [actor.remote(cfg.model_dump(), i) for i in range(cfg.rollout.num_workers)]
+        self.version = self.start_version
+        if self.start_version > 0:
+            self._push_weights()
+
+    def _push_weights(self) -> None:
+        import ray
+
+        ref = self.learners.state_dict_ref()
+        ray.get([r.update_weights.remote(ref, self.version) for r in self.rollouts])
+
+    # -- scheduling ----------------------------------------------------------------------------
+    def _group_task(self, g: int) -> tuple[str, int]:
+        tasks = self.config.env.task_ids
+        return tasks[g % len(tasks)], self.config.env.seed_start + g
+
+    def _prewarm(self, g: int) -> None:
+        if not self.config.env.prewarm:
+            return
+        import httpx
+
+        task_ids = sorted({self._group_task(g + k)[0] for k in range(1, 3)})
+        headers = (
+            {"Authorization": f"Bearer {self.config.env.token}"} if self.config.env.token else {}
+        )
+        for url in self.config.env.server_urls:
+            try:
+                r = httpx.post(
+                    f"{http_base(url)}/v1/pool/prewarm",
+                    json={"task_ids": task_ids, "count": self.config.algorithm.group_size},
+                    headers=headers,
+                    timeout=2.0,
+                )
+                if r.status_code >= 400 and not self._prewarm_warned:
+                    self._prewarm_warned = True
+                    log.warning("prewarm on %s answered %s: %s", url, r.status_code, r.text[:200])
+            except httpx.HTTPError as exc:
+                if not self._prewarm_warned:
+                    self._prewarm_warned = True
+                    log.warning("prewarm on %s failed: %r", url, exc)
+
+    def _dispatch(self, task_id: str, seed: int, group_id: str, greedy: bool = False) -> Any:
+        w = min(range(len(self.rollouts)), key=lambda i: self._busy[i])
+        self._busy[w] += 1
+        ref = self.rollouts[w].run_episode.remote(task_id, seed, group_id, greedy)
+        self._ref_worker[ref] = w
+        return ref
+
+    # -- evaluation ----------------------------------------------------------------------------
+    def evaluate(self, tag: str) -> dict[str, float]:
+        """Greedy episodes on the held-out seeds; mean reward."""
+        import ray
+
+        env = self.config.env
+        refs = [
+            self._dispatch(t, s, f"eval-{tag}-{t}-{s}", greedy=True)
+            for t in (env.eval_task_ids or env.task_ids)
+            for s in env.eval_seeds
+        ]
+        eps = [Episode.from_dict(d) for d in ray.get(refs)]
+        for r in refs:
+            self._busy[self._ref_worker.pop(r)] -= 1
+        for e in eps:
+            self._eval_writer.write(e, eval_tag=tag, version=self.version)
+        valid = [e for e in eps if not e.is_infra_failure]
+        mean = sum(e.reward for e in valid) / len(valid) if valid else float("nan")
+        return {
+            "eval/reward_mean": mean,
+            "eval/episodes": float(len(eps)),
+            "eval/infra_failures": float(len(eps) - len(valid)),
+        }
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        import ray
+        from tqdm import tqdm
+
+        cfg, alg = self.config, self.config.algorithm
+        self._start()
+        metrics = MetricsLogger(self.run_dir)
+        writer = EpisodeWriter(self.run_dir / "episodes.jsonl", with_tokens=cfg.run.save_tokens)
+        self._eval_writer = EpisodeWriter(self.run_dir / "eval_episodes.jsonl")
+        self._busy = [0] * len(self.rollouts)
+        self._ref_worker: dict[Any, int] = {}
+        self._prewarm_warned = False
+        summary: dict[str, Any] = {"run_dir": str(self.run_dir), "start_version": self.version}
+        if cfg.run.eval_before:
+            ev = self.evaluate(f"v{self.version}")
+            metrics.log(self.version, ev)
+            summary["eval_before"] = ev
+
+        capacity = cfg.rollout.num_workers * cfg.rollout.concurrent_episodes
+        groups: dict[str, list[Episode]] = {}
+        ready_groups: list[list[Episode]] = []
+        in_flight: set[Any] = set()
+        counts: Counter[str] = Counter()
+        next_group, next_member = 0, 0
+        t_start = time.monotonic()
+        episodes_done, gen_tokens = 0, 0
+        bar = tqdm(
+            total=cfg.run.num_updates,
+            initial=self.version,
+            desc="updates",
+            disable=not cfg.run.progress,
+            file=sys.stderr,
+        )
+        last_rewards: list[float] = []
+        try:
+            while self.version < cfg.run.num_updates:
+                while len(in_flight) < capacity:
+                    task_id, seed = self._group_task(next_group)
+                    if next_member == 0:
+                        self._prewarm(next_group)
+                    in_flight.add(self._dispatch(task_id, seed, f"g{next_group}"))
+                    next_member += 1
+                    if next_member == alg.group_size:
+                        next_group, next_member = next_group + 1, 0
+                done, _ = ray.wait(list(in_flight), num_returns=1, timeout=60.0)
+                for ref in done:
+                    in_flight.discard(ref)
+                    self._busy[self._ref_worker.pop(ref)] -= 1
+                    ep = Episode.from_dict(ray.get(ref))
+                    episodes_done += 1
+                    gen_tokens += int(ep.metrics.get("generated_tokens", 0))
+                    counts[ep.termination] += 1
+                    writer.write(ep, received_at_version=self.version)
+                    members = groups.setdefault(ep.group_id, [])
+                    members.append(ep)
+                    if len(members) == alg.group_size:
+                        kept = self._admit_group(groups.pop(ep.group_id), counts)
+                        if kept is not None:
+                            ready_groups.append(kept)
+                if (
+                    episodes_done >= 20
+                    and counts["__kept_groups"] == 0
+                    and all(counts[r] == 0 for r in ("submitted", "turn_limit", "env_truncated"))
+                ):
+                    raise TrainError(
+                        f"{episodes_done} episodes and none finished normally: {dict(counts)}; "
+                        f"see {self.run_dir / 'episodes.jsonl'}"
+                    )
+                if len(ready_groups) < alg.groups_per_update:
+                    continue
+                batch, ready_groups = (
+                    ready_groups[: alg.groups_per_update],
+                    ready_groups[alg.groups_per_update :],
+                )
+                m = self._update(batch, counts)
+                elapsed = time.monotonic() - t_start
+                m["throughput/episodes_per_s"] = episodes_done / elapsed
+                m["throughput/generated_tokens_per_s"] = gen_tokens / elapsed
+                m["episodes/total"] = float(episodes_done)
+                for reason, n in counts.items():
+                    m[f"termination/{reason.lstrip('_')}"] = float(n)
+                if cfg.run.eval_every and self.version % cfg.run.eval_every == 0:
+                    m.update(self.evaluate(f"v{self.version}"))
+                metrics.log(self.version, m)
+                last_rewards.append(m["reward/mean"])
+                bar.update(1)
+                bar.set_postfix(
+                    reward=f"{m['reward/mean']:.3f}",
+                    eps_s=f"{m['throughput/episodes_per_s']:.2f}",
+                    tok_s=f"{m['throughput/generated_tokens_per_s']:.0f}",
+                )
+                every = cfg.run.checkpoint_every
+                if every and self.version % every == 0:
+                    self.learners.save(
+                        str(self.run_dir / "checkpoints" / f"step_{self.version:06d}")
+                    )
+            bar.close()
+            if (
+                cfg.run.num_updates > self.start_version
+                or not (self.run_dir / "checkpoints").exists()
+            ):
+                self.learners.save(str(self.run_dir / "checkpoints" / f"step_{self.version:06d}"))
+            if cfg.run.eval_before or cfg.run.eval_every:
+                ev = self.evaluate(f"v{self.version}")
+                metrics.log(self.version, ev)
+                summary["eval_after"] = ev
+        finally:
+            bar.close()
+            writer.close()
+            self._eval_writer.close()
+            metrics.close()
+        summary.update(
+            {
+                "version": self.version,
+                "episodes": episodes_done,
+                "terminations": {k.lstrip("_"): v for k, v in counts.items()},
+                "reward_by_update": last_rewards,
+                "wall_s": time.monotonic() - t_start,
+                "generated_tokens": gen_tokens,
+            }
+        )
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    def _admit_group(self, members: list[Episode], counts: Counter[str]) -> list[Episode] | None:
+        """Mask infrastructure failures; drop groups that carry no usable signal."""
+        alg = self.config.algorithm
+        valid = [e for e in members if not e.is_infra_failure]
+        need = 1 if alg.estimator == "reinforce" else 2
+        if len(valid) < need:
+            counts["__dropped_groups_infra"] += 1
+            return None
+        if alg.skip_zero_variance_groups and len({e.reward for e in valid}) == 1:
+            counts["__dropped_groups_zero_variance"] += 1
+            return None
+        counts["__kept_groups"] += 1
+        return valid
+
+    def _update(self, batch: list[list[Episode]], counts: Counter[str]) -> dict[str, float]:
+        alg = self.config.algorithm
+        fresh = [
+            g
+            for g in batch
+            if min(e.min_policy_version for e in g) >= self.version - alg.max_staleness
+        ]
+        counts["__dropped_groups_stale"] += len(batch) - len(fresh)
+        advs = batch_advantages(fresh, alg.estimator, std_normalize=alg.std_normalize)
+        train_all = alg.entropy_coef > 0 or alg.kl_coef > 0
+        samples: list[Sample] = []
+        for g, ga in zip(fresh, advs, strict=True):
+            for ep, a in zip(g, ga, strict=True):
+                if a != 0.0 or train_all:  # a zero advantage has a zero policy gradient
+                    samples += episode_to_samples(ep, a)
+        rewards = [e.reward for g in batch for e in g]
+        m: dict[str, float] = {
+            "reward/mean": sum(rewards) / len(rewards),
+            "reward/max": max(rewards),
+            "reward/min": min(rewards),
+            "batch/groups": float(len(fresh)),
+            "batch/samples": float(len(samples)),
+            "batch/staleness_mean": sum(
+                self.version - e.min_policy_version for g in fresh for e in g
+            )
+            / max(1, sum(len(g) for g in fresh)),
+            "episode/turns_mean": sum(e.metrics.get("turns", 0.0) for g in batch for e in g)
+            / len(rewards),
+        }
+        t = time.monotonic()
+        # an empty batch still takes a (zero-gradient) step so that versions stay in step
+        stats = self.learners.train(samples)
+        self.version = self.learners.version
+        update_s = time.monotonic() - t
+        tokens = stats.get("loss_tokens", 0.0)
+        seq_tokens = sum(len(s.input_ids) for s in samples)
+        if tokens:
+            for key in ("pg_loss", "entropy", "kl", "clip_frac", "logprob_diff"):
+                m[f"loss/{key}"] = stats[f"{key}_sum"] / tokens
+            m["loss/total"] = stats["loss_sum"]
+            m["loss/grad_norm"] = stats["grad_norm"]
+        m["learner/update_s"] = update_s
+        m["learner/tokens_per_s"] = seq_tokens / update_s if update_s > 0 else 0.0
+        m["learner/loss_tokens"] = tokens
+        t = time.monotonic()
+        self._push_weights()
+        m["learner/push_s"] = time.monotonic() - t
+        m["version"] = float(self.version)
+        return m
+
+    def shutdown(self) -> None:
+        import ray
+
+        for r in getattr(self, "rollouts", []):
+            ray.kill(r)
+        if hasattr(self, "learners"):
+            self.learners.shutdown()
