@@ -161,9 +161,17 @@ async def test_path_traversal_refused(sandbox_factory):
         await sb.write_file("../../../../etc/evil", "x")
     with pytest.raises(SandboxPathError):
         await sb.read_file("/app/../../..")
+    # A symlink to / must resolve to the *sandbox's* root: either the write is refused, or it
+    # lands inside the sandbox; never on the host.
     await sb.exec("ln -s / /app/rootlink")
-    with pytest.raises((SandboxPathError, SandboxFileNotFoundError)):
-        await sb.write_file("/app/rootlink/etc/evil", "x")
+    marker = f"sg-evil-{sb.id}"
+    try:
+        await sb.write_file(f"/app/rootlink/tmp/{marker}", "x")
+    except SandboxPathError:
+        pass
+    else:
+        assert (await sb.exec(f"cat /tmp/{marker}")).stdout == "x"
+    assert not Path(f"/tmp/{marker}").exists()
 
 
 async def test_memory_hog_is_killed(sandbox_factory):
