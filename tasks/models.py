@@ -139,5 +139,6 @@ class TaskSpec(_Frozen):
 
     @property
     def procedural(self) -> bool:
-        """True when each seed yields a new instance."""
-        return self.generator is not None
+        """True when each seed yields a new instance. A generator that only sets the task up
+        (same files for every seed) says so with `procedural = false` in its metadata."""
+        return self.generator is not None and bool(self.metadata.get("procedural", True))

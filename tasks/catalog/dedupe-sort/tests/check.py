@@ -1,0 +1,33 @@
+"""Verifier checks for dedupe-sort: exit 0 when the task is solved, 1 (with a reason) otherwise."""
+import json
+import os
+import subprocess
+import sys
+
+
+def fail(msg):
+    print("FAIL:", msg)
+    sys.exit(1)
+
+
+def read(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        fail(f"{path} does not exist")
+    except (OSError, UnicodeDecodeError) as exc:
+        fail(f"cannot read {path}: {exc}")
+
+
+def secret():
+    with open("/tests/secret/expected", encoding="utf-8") as f:
+        return f.read()
+
+
+want = ['Bob', 'ana', 'eve', 'kofi', 'li', 'maria', 'omar', 'yusuf', 'zoe']
+got = read("/app/unique.txt").splitlines()
+if got != want:
+    fail(f"expected {want}, found {got}")
+
+print("PASS")

@@ -1,0 +1,4 @@
+#!/bin/bash
+# Oracle solution.
+set -euo pipefail
+chmod -R o-w /app/www

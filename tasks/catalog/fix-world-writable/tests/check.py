@@ -1,0 +1,34 @@
+"""Verifier checks for fix-world-writable: exit 0 when the task is solved, 1 (with a reason) otherwise."""
+import json
+import os
+import subprocess
+import sys
+
+
+def fail(msg):
+    print("FAIL:", msg)
+    sys.exit(1)
+
+
+def read(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        fail(f"{path} does not exist")
+    except (OSError, UnicodeDecodeError) as exc:
+        fail(f"cannot read {path}: {exc}")
+
+
+def secret():
+    with open("/tests/secret/expected", encoding="utf-8") as f:
+        return f.read()
+
+
+want = json.loads(secret())
+for rel, mode in want.items():
+    got = os.stat(os.path.join("/app/www", rel)).st_mode & 0o7777
+    if got != mode:
+        fail(f"{rel or '.'}: expected {mode:o}, found {got:o}")
+
+print("PASS")

@@ -1,0 +1,3 @@
+from lib.util import greet
+
+print(greet('world'))

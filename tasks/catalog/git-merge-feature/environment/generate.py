@@ -1,0 +1,23 @@
+import argparse, json, os, subprocess
+p = argparse.ArgumentParser(); p.add_argument("--seed", type=int, required=True); p.parse_args()
+ENV = {**os.environ, "GIT_AUTHOR_NAME": "Dev", "GIT_AUTHOR_EMAIL": "dev@example.com",
+       "GIT_COMMITTER_NAME": "Dev", "GIT_COMMITTER_EMAIL": "dev@example.com",
+       "GIT_AUTHOR_DATE": "2024-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2024-01-01T00:00:00Z"}
+def git(*args, cwd="repo"):
+    return subprocess.run(["git", *args], cwd=cwd, env=ENV, check=True, capture_output=True, text=True).stdout.strip()
+def put(path, text):
+    os.makedirs(os.path.dirname(os.path.join("repo", path)) or "repo", exist_ok=True)
+    with open(os.path.join("repo", path), "w") as f:
+        f.write(text)
+def commit(msg):
+    git("add", "-A"); git("commit", "-q", "-m", msg); return git("rev-parse", "HEAD")
+os.makedirs("repo", exist_ok=True)
+git("init", "-q", "-b", "main")
+git("config", "user.name", "Dev"); git("config", "user.email", "dev@example.com")
+
+put("app.py", "print('app')\n"); commit("add app")
+git("checkout", "-q", "-b", "feature")
+put("feature.py", "def feature():\n    return 42\n"); commit("add feature")
+put("feature.py", "def feature():\n    return 43\n"); commit("tune feature")
+git("checkout", "-q", "main")
+put("NOTES.md", "notes\n"); commit("add notes")

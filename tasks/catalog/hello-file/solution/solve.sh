@@ -1,0 +1,4 @@
+#!/bin/bash
+# Oracle solution.
+set -euo pipefail
+printf 'Hello, world!\n' > /app/hello.txt

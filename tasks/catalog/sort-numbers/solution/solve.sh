@@ -1,0 +1,4 @@
+#!/bin/bash
+# Oracle solution.
+set -euo pipefail
+sort -n /app/numbers.txt > /app/sorted.txt
