@@ -323,7 +323,7 @@ class _Key:
     waiters: deque[asyncio.Future[Sandbox]] = field(default_factory=deque)
     last_demand: float = -math.inf
     prewarm_target: int = 0
-    replace_credit: int = 0  # replacements owed for released sandboxes (demand-driven)
+    replace_credit: int = 0  # releases not yet followed by a hit: replacements owed
     consecutive_failures: int = 0
     failing_until: float = -math.inf
     last_error: BaseException | None = None
@@ -431,6 +431,7 @@ class SandboxPool:
                 self._destroy_bg(sb)
                 raise PoolClosedError("pool closed while acquiring")
             sb.from_pool = True
+            k.replace_credit = max(0, k.replace_credit - 1)  # a replacement was used
             self.stats.hits += 1
             self._observe(started, hit=True)
             self._dispatch()  # refill behind the hit, off the caller's path
@@ -680,7 +681,9 @@ class SandboxPool:
         """Ready sandboxes the refill aims to keep for this key."""
         if not k.in_demand(now, self.settings.demand_window_s):
             return 0
-        return max(self.settings.min_ready, k.prewarm_target) + k.replace_credit
+        # The credit is "episodes that just ended and will likely start again": it raises the
+        # target only beyond what min_ready/prewarm already keep (max, not sum).
+        return max(self.settings.min_ready, k.prewarm_target, k.replace_credit)
 
     def _put_ready(self, k: _Key, sb: Sandbox) -> None:
         """A fresh sandbox for key k: straight to its oldest waiter, else the ready queue."""

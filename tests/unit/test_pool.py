@@ -345,6 +345,8 @@ async def test_release_destroys_and_never_reuses(make_pool: PoolFactory) -> None
         await pool.wait_idle(timeout_s=5)
         assert sb.closed and sb.id not in backend.live
     assert pool.stats.destroyed >= 20
+    # Releases owe replacements, but hits pay them back: the ready count does not creep up.
+    assert pool.snapshot()["keys"][SPEC_A.fingerprint("null")]["ready"] == 1
     await pool.release(sb)  # a second release is harmless
     assert pool.stats.destroyed >= 20
 
