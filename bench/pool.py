@@ -118,6 +118,8 @@ async def _run_all(args: argparse.Namespace, names: list[str]) -> dict[str, Any]
             "cpus": os.cpu_count(),
             "platform": platform.platform(),
             "python": platform.python_version(),
+            # Other work on the machine skews latencies; the load says how quiet it was.
+            "loadavg_at_start": list(os.getloadavg()),
         },
         "params": {
             "samples": args.samples,
@@ -132,6 +134,7 @@ async def _run_all(args: argparse.Namespace, names: list[str]) -> dict[str, Any]
     for name in names:
         print(f"bench pool: {name} ...", file=sys.stderr)
         doc["backends"][name] = await _bench_backend(name, args, max_total)
+    doc["host"]["loadavg_at_end"] = list(os.getloadavg())
     return doc
 
 

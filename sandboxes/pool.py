@@ -419,7 +419,14 @@ class SandboxPool:
                 self._destroy_bg(sb)
                 continue
             self._lease(k, sb)
-            if self.settings.health_check and not await self._healthy(sb):
+            try:
+                healthy = not self.settings.health_check or await self._healthy(sb)
+            except asyncio.CancelledError:
+                # The caller gave up mid-check: the sandbox is still fresh, keep it.
+                self._unlease(sb)
+                self._put_ready(k, sb)
+                raise
+            if not healthy:
                 self._unlease(sb)
                 self.stats.health_replaced += 1
                 log.info("pool: ready sandbox %s was dead; replacing it", sb.id)
@@ -437,7 +444,9 @@ class SandboxPool:
             self._dispatch()  # refill behind the hit, off the caller's path
             return sb
 
-        # Miss path: wait for a creation (ours, or one already in flight for this key).
+        # Miss path: wait for a creation (ours, or one already in flight for this key). The
+        # key may have turned failing during a health check above: no waiter for it then.
+        self._raise_if_failing(k, time.monotonic())
         fut: asyncio.Future[Sandbox] = asyncio.get_running_loop().create_future()
         k.waiters.append(fut)
         self._dispatch()

@@ -485,6 +485,33 @@ async def test_cancelled_acquire_leaves_no_waiter(make_pool: PoolFactory) -> Non
     assert snap["totals"]["total"] == len(backend.live)
 
 
+async def test_acquire_cancelled_during_health_check_keeps_the_sandbox(
+    make_pool: PoolFactory,
+) -> None:
+    backend = TrackingBackend()
+    pool = make_pool(backend, min_ready=1)
+    await pool.prewarm([SPEC_A])
+    await pool.wait_idle(timeout_s=5)
+    (ready_id,) = backend.live
+    checking = asyncio.Event()
+
+    async def slow_is_alive() -> bool:
+        checking.set()
+        await asyncio.sleep(30)
+        return True
+
+    backend.sandboxes[ready_id].is_alive = slow_is_alive  # type: ignore[method-assign]
+    task = asyncio.create_task(pool.acquire(SPEC_A))
+    await asyncio.wait_for(checking.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    snap = pool.snapshot()
+    assert snap["totals"]["leased"] == 0
+    assert snap["keys"][SPEC_A.fingerprint("null")]["ready"] == 1
+    assert backend.live == {ready_id}
+
+
 async def test_snapshot_is_json_and_has_latency_figures(make_pool: PoolFactory) -> None:
     backend = TrackingBackend()
     pool = make_pool(backend, min_ready=1)
