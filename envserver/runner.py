@@ -30,7 +30,7 @@ def uvicorn_config(app: Any, settings: ServerSettings, **overrides: Any) -> uvic
     kwargs: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
-        "ws": "websockets",
+        "ws": settings.ws_impl,
         "http": "h11",
         "lifespan": "on",
         "access_log": False,

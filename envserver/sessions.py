@@ -53,6 +53,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Ways an episode ends with a final step reply worth keeping for a client that lost it.
+_FINAL_REPLY_REASONS = frozenset({"submit", "max_steps", "time_limit"})
+
 
 @dataclass(eq=False)
 class Session:
@@ -394,7 +397,7 @@ class EnvService:
         s.done = True
         s.detached_at = time.monotonic()  # from now on: how long the final reply is kept
         self.sessions.pop(s.id, None)
-        if self.settings.resume_grace_s > 0 and reason != "shutdown":
+        if self.settings.resume_grace_s > 0 and reason in _FINAL_REPLY_REASONS:
             self._finished[s.id] = s
         if s.conn is not None and s.conn.session is s:
             s.conn.session = None

@@ -52,6 +52,11 @@ class ServerSettings(BaseSettings):
     max_message_bytes: int = Field(
         4 * 1024 * 1024, ge=1024, description="larger client frames get `invalid_message`"
     )
+    ws_impl: str = Field(
+        "websockets",
+        description="uvicorn websocket implementation: websockets (fastest measured here), "
+        "websockets-sansio or wsproto",
+    )
     ping_interval_s: float | None = Field(
         20.0, description="websocket keepalive ping interval (None = no pings)"
     )

@@ -1,0 +1,95 @@
+"""Fixtures for end-to-end tests: a real uvicorn env server on a free port, in a thread.
+
+`make_server(backend=..., **settings)` starts one (stopped at teardown) and returns the
+`BackgroundServer`: `.url` (websocket), `.http_url`, `.service` (the live `EnvService`, for
+inspecting sessions) and, on the null backend, `.backend` (to kill sandboxes).
+
+A tiny Harbor task `echo-task` (a tmp dir, always served) runs on the null backend, whose fake
+shell has no `rm`/`bash`, so its verifier cannot run there: full episodes with rewards run on
+`local` (and `docker`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envserver.runner import BackgroundServer
+from envserver.settings import ServerSettings
+from sandboxes import get_backend
+
+NULL_TASK = "echo-task"
+
+
+@pytest.fixture(scope="session")
+def task_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("tasks")
+    t = root / NULL_TASK
+    (t / "environment").mkdir(parents=True)
+    (t / "tests").mkdir()
+    (t / "solution").mkdir()
+    (t / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 30\n')
+    (t / "instruction.md").write_text("Write hello to /app/hello.txt\n")
+    (t / "environment" / "Dockerfile").write_text("FROM sandgym/terminal\nWORKDIR /app\n")
+    (t / "tests" / "test.sh").write_text(
+        textwrap.dedent(
+            """\
+            #!/bin/bash
+            mkdir -p /logs/verifier
+            if [ "$(cat /app/hello.txt 2>/dev/null)" = hello ]; then r=1; else r=0; fi
+            echo $r > /logs/verifier/reward.txt
+            """
+        )
+    )
+    (t / "solution" / "solve.sh").write_text("#!/bin/bash\necho hello > /app/hello.txt\n")
+    return root
+
+
+@pytest.fixture
+def make_server(task_dir: Path) -> Iterator[Callable[..., BackgroundServer]]:
+    started: list[BackgroundServer] = []
+
+    def _make(backend: str = "null", **overrides: Any) -> BackgroundServer:
+        settings = ServerSettings(
+            host="127.0.0.1",
+            port=0,
+            backend=backend,
+            task_dirs=[task_dir],
+            include_builtin=overrides.pop("include_builtin", backend != "null"),
+            **overrides,
+        )
+        # The null backend is handed in so tests can reach its sandboxes (kill one, count them).
+        be = get_backend("null") if backend == "null" else None
+        srv = BackgroundServer(settings, be)
+        srv.backend = be  # type: ignore[attr-defined]
+        srv.start()
+        started.append(srv)
+        return srv
+
+    yield _make
+    for srv in started:
+        srv.stop()
+
+
+@pytest.fixture
+def null_server(make_server: Callable[..., BackgroundServer]) -> BackgroundServer:
+    return make_server("null", sweep_interval_s=0.05)
+
+
+def local_available() -> bool:
+    return shutil.which("bwrap") is not None
+
+
+def docker_image_available(image: str = "sandgym/terminal") -> bool:
+    try:
+        import docker
+
+        docker.from_env().images.get(image)
+        return True
+    except Exception:
+        return False
