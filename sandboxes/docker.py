@@ -99,6 +99,19 @@ def kill_marked_script(marker: str) -> str:
     ) % (EXEC_MARKER_ENV, marker)
 
 
+def kill_marked_bash_script(marker: str) -> str:
+    """The same as `kill_marked_script` with bash builtins only: it forks nothing, so it still
+    works when a fork bomb holds every pid the sandbox's pids limit allows (it needs one)."""
+    return (
+        "m='%s=%s'; for r in 1 2 3 4; do hit=(); "
+        "for e in /proc/[0-9]*/environ; do p=${e#/proc/}; p=${p%%/environ}; "
+        "[[ $p == $$ ]] && continue; "
+        "while IFS= read -r -d '' v; do if [[ $v == \"$m\" ]]; then "
+        'kill -STOP "$p" 2>/dev/null; hit+=("$p"); break; fi; done 2>/dev/null < "$e"; done; '
+        '((${#hit[@]})) || break; kill -KILL "${hit[@]}" 2>/dev/null; done; exit 0'
+    ) % (EXEC_MARKER_ENV, marker)
+
+
 def _raw_socket(sock: Any) -> socket.socket | None:
     """The OS socket under whatever docker-py returned for a hijacked exec stream."""
     for attr in ("_sock", "sock"):
@@ -363,9 +376,25 @@ class DockerSandbox(Sandbox):
 
     async def _kill_marked(self, marker: str, user: str | None) -> None:
         """Kill every process of one exec (by its env marker), as the user that ran it: root
-        without CAP_SYS_PTRACE cannot read another user's /proc/PID/environ."""
-        with contextlib.suppress(Exception):
-            await self._raw_exec(["sh", "-c", kill_marked_script(marker)], user=user)
+        without CAP_SYS_PTRACE cannot read another user's /proc/PID/environ. Retried, because
+        under a fork bomb the killer itself may not get a pid at the first try."""
+        for _attempt in range(20):
+            try:
+                code, _out = await self._raw_exec(
+                    ["bash", "-c", kill_marked_bash_script(marker)], user=user
+                )
+                if code in (126, 127):  # no bash in this image
+                    code, _out = await self._raw_exec(
+                        ["sh", "-c", kill_marked_script(marker)], user=user
+                    )
+                if code == 0:
+                    return
+            except Exception as exc:
+                if await self._state() != "running":
+                    return
+                log.debug("docker: killer exec failed in %s: %s", self.id, exc)
+            await asyncio.sleep(0.1)
+        log.warning("docker: could not kill the processes of a timed-out exec in %s", self.id)
 
     async def _raw_exec(self, argv: list[str], user: str | None = None) -> tuple[int | None, bytes]:
         """Run a short helper command to completion (no timeout machinery, no marker)."""
@@ -439,6 +468,14 @@ class DockerSandbox(Sandbox):
     def _path(self, path: str) -> str:
         return normalize_sandbox_path(path, self.spec.workdir)
 
+    async def _check_running(self, what: str) -> None:
+        """Archive calls still work on a stopped container; a stopped sandbox is lost, though
+        (one inspect per file call, a few ms)."""
+        self._check_open()
+        lost = await self._lost(what)
+        if lost is not None:
+            raise lost
+
     async def _put_archive(self, parent: str, data: Any) -> None:
         """put_archive into `parent`, creating it when missing; lost container -> error."""
         import docker.errors
@@ -466,7 +503,7 @@ class DockerSandbox(Sandbox):
             raise SandboxError(f"writing into {parent} in sandbox {self.id} failed: {exc}") from exc
 
     async def write_file(self, path: str, content: bytes | str, mode: int = 0o644) -> None:
-        self._check_open()
+        await self._check_running("write")
         p = self._path(path)
         if p == "/":
             raise SandboxPathError("expected a file path, got the root directory")
@@ -507,7 +544,7 @@ class DockerSandbox(Sandbox):
         raise SandboxPathError(f"too many levels of symbolic links at {path}")
 
     async def read_file(self, path: str, max_bytes: int | None = None) -> bytes:
-        self._check_open()
+        await self._check_running("read")
         p = self._path(path)
         resolved, info = await self._stat(p)
         if int(info.get("mode", 0)) & _GO_MODE_DIR:
@@ -530,7 +567,7 @@ class DockerSandbox(Sandbox):
         return await asyncio.to_thread(fetch)
 
     async def upload(self, src: Path, dst: str) -> None:
-        self._check_open()
+        await self._check_running("upload")
         src = Path(src)
         if not src.exists():
             raise FileNotFoundError(f"upload source {src} does not exist on the host")
@@ -557,7 +594,7 @@ class DockerSandbox(Sandbox):
             tmp.close()
 
     async def download(self, src: str, dst: Path) -> None:
-        self._check_open()
+        await self._check_running("download")
         p = self._path(src)
         resolved, _info = await self._stat(p)
         dst = Path(dst)

@@ -1,0 +1,392 @@
+"""Integration tests of the docker backend against the real engine on this machine.
+
+Skipped only when no Docker engine answers. A missing `sandgym/terminal:latest` is built with
+images/bootstrap-base.sh (idempotent; about 100 s the first time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from sandboxes.base import LABEL_LEASE_EXPIRY, LABEL_OWNER, LABEL_OWNER_PID
+from sandboxes.errors import (
+    BackendUnavailableError,
+    SandboxClosedError,
+    SandboxCreateError,
+    SandboxFileNotFoundError,
+    SandboxLostError,
+    SandboxPathError,
+)
+from sandboxes.spec import SandboxSpec
+
+pytestmark = pytest.mark.docker
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def docker_cli(*args: str) -> None:
+    """Run the docker CLI (acting on a container from outside, as an operator would)."""
+    proc = await asyncio.create_subprocess_exec(
+        "docker", *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
+    )
+    await proc.wait()
+
+
+async def dead_pid() -> int:
+    """The pid of a process that has exited."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")
+    await proc.wait()
+    return proc.pid
+
+
+def _engine_answers() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    try:
+        import docker
+
+        docker.from_env(timeout=5).ping()
+        return True
+    except Exception:
+        return False
+
+
+if not _engine_answers():
+    pytest.skip("no Docker engine answers", allow_module_level=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def terminal_image() -> None:
+    subprocess.run(["bash", str(REPO / "images" / "bootstrap-base.sh")], check=True, timeout=900)
+
+
+@pytest.fixture
+async def backend() -> AsyncIterator[object]:
+    from sandboxes.docker import DockerBackend
+
+    b = DockerBackend(owner_id="test-" + os.urandom(4).hex())
+    yield b
+    # Whatever a test left behind: reap this owner's containers, then check none is left.
+    await b.reap(only_expired=False)
+    assert [c for c in await b.managed_containers() if c["Labels"][LABEL_OWNER] == b.owner_id] == []
+    await b.aclose()
+
+
+async def test_exec_env_cwd_user_and_exit_code(backend) -> None:
+    sb = await backend.create(SandboxSpec(env={"FOO": "bar"}))
+    try:
+        r = await sb.exec("echo $FOO $BAZ; pwd; echo oops >&2; exit 7", env={"BAZ": "qux"})
+        assert (r.exit_code, r.stdout, r.stderr) == (7, "bar qux\n/app\n", "oops\n")
+        assert (await sb.exec("pwd", cwd="/tmp")).stdout == "/tmp\n"
+        assert (await sb.exec(["id", "-un"], user="nobody")).stdout == "nobody\n"
+        assert (await sb.exec(["id", "-u"])).stdout == "0\n"
+        # root keeps what it needs to work: chown, and apt's privilege drop to _apt.
+        r = await sb.exec(
+            "touch f && chown nobody f && stat -c %U f && setpriv --reuid=65534 id -u"
+        )
+        assert r.stdout == "nobody\n65534\n", r
+        assert await sb.is_alive()
+    finally:
+        await sb.close()
+
+
+async def test_timeout_kills_the_whole_tree(backend) -> None:
+    sb = await backend.create(SandboxSpec())
+    try:
+        cmd = "sleep 301 & echo $! > /tmp/bg; setsid sleep 302 & sleep 303"
+        r = await sb.exec(cmd, timeout_s=1.0)
+        assert r.timed_out and r.exit_code is None
+        ps = await sb.exec("ps -eo args")
+        for leftover in ("sleep 301", "sleep 302", "sleep 303"):
+            assert leftover not in ps.stdout, ps.stdout
+        r = await sb.exec("kill -0 $(cat /tmp/bg)")
+        assert r.exit_code != 0
+        # The same as an unprivileged user.
+        r = await sb.exec("sleep 304 & sleep 305", timeout_s=1.0, user="nobody")
+        assert r.timed_out
+        assert "sleep 30" not in (await sb.exec("ps -eo args")).stdout
+    finally:
+        await sb.close()
+
+
+async def test_output_is_capped_while_streaming(backend) -> None:
+    sb = await backend.create(SandboxSpec())
+    try:
+        r = await sb.exec("head -c 10000000 /dev/zero | tr '\\0' a; echo done >&2")
+        assert r.exit_code == 0 and r.truncated
+        assert len(r.stdout) < 1_100_000 and "9000000 bytes dropped" in r.stdout
+        assert r.stderr == "done\n"
+    finally:
+        await sb.close()
+
+
+async def test_memory_hog_is_killed(backend) -> None:
+    sb = await backend.create(SandboxSpec(memory_mb=64))
+    try:
+        r = await sb.exec(["python3", "-c", "b = bytearray(400 * 1024 * 1024); print('survived')"])
+        assert r.exit_code == 137 and "survived" not in r.stdout
+        assert (await sb.exec("echo alive")).stdout == "alive\n"
+    finally:
+        await sb.close()
+
+
+async def test_fork_bomb_is_contained(backend) -> None:
+    import docker
+
+    sb = await backend.create(SandboxSpec(pids_limit=64))
+    api = docker.from_env().api
+    try:
+        bomb = asyncio.create_task(sb.exec("bomb() { bomb | bomb & }; bomb", timeout_s=4.0))
+        await asyncio.sleep(2.0)
+        stats = await asyncio.to_thread(api.stats, sb.container_id, stream=False)
+        assert 0 < stats["pids_stats"]["current"] <= 64
+        r = await bomb
+        assert r.timed_out or r.exit_code is not None
+        # The tree kill got through, and the sandbox works again.
+        for _ in range(50):
+            probe = await sb.exec("echo ok", timeout_s=5.0)
+            if probe.exit_code == 0:
+                break
+            await asyncio.sleep(0.1)
+        assert probe.stdout == "ok\n"
+    finally:
+        api.close()
+        await sb.close()
+
+
+async def test_no_network_by_default(backend) -> None:
+    sb = await backend.create(SandboxSpec())
+    try:
+        r = await sb.exec("ls /sys/class/net")
+        assert r.stdout.split() == ["lo"]
+        r = await sb.exec("curl -sS -m 3 http://deb.debian.org/ >/dev/null")
+        assert r.exit_code != 0
+    finally:
+        await sb.close()
+    sb = await backend.create(SandboxSpec(network=True))
+    try:
+        assert "eth0" in (await sb.exec("ls /sys/class/net")).stdout
+    finally:
+        await sb.close()
+
+
+async def test_build_context_and_cache(backend, tmp_path: Path) -> None:
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "hello.txt").write_text("from the context " + os.urandom(4).hex())
+    (ctx / "Dockerfile").write_text(
+        "FROM sandgym/terminal:latest\nCOPY hello.txt /opt/hello.txt\nENV GREETING=hi\n"
+        "WORKDIR /work\n"
+    )
+    spec = SandboxSpec(build_context=ctx, workdir="/work")
+    try:
+        first, second = await asyncio.gather(backend.create(spec), backend.create(spec))
+        assert backend.builds == 1  # two concurrent creates, one build
+        for sb in (first, second):
+            r = await sb.exec("cat /opt/hello.txt; echo; echo $GREETING; pwd")
+            assert r.stdout == (ctx / "hello.txt").read_text() + "\nhi\n/work\n"
+        third = await backend.create(spec)
+        assert backend.builds == 1
+        await third.close()
+        await first.close()
+        await second.close()
+    finally:
+        digest = spec.context_hash()
+        await docker_cli("rmi", "-f", f"sandgym/ctx:{digest[:16]}")
+
+
+async def test_broken_build_and_missing_image_are_create_errors(backend, tmp_path: Path) -> None:
+    (tmp_path / "Dockerfile").write_text("FROM sandgym/terminal:latest\nRUN exit 3\n")
+    with pytest.raises(SandboxCreateError, match="build"):
+        await backend.create(SandboxSpec(build_context=tmp_path))
+    with pytest.raises(SandboxCreateError, match="not present"):
+        await backend.create(SandboxSpec(image="sandgym/no-such-image:nope"))
+
+
+async def test_files_roundtrip_and_traversal(backend, tmp_path: Path) -> None:
+    sb = await backend.create(SandboxSpec())
+    try:
+        await sb.write_file("deep/new/dir/a.txt", "héllo", mode=0o600)
+        assert await sb.read_file("/app/deep/new/dir/a.txt") == "héllo".encode()
+        assert (await sb.exec("stat -c %a deep/new/dir/a.txt")).stdout == "600\n"
+        blob = os.urandom(300_000)
+        await sb.write_file("/tmp/blob.bin", blob)
+        assert await sb.read_file("/tmp/blob.bin") == blob
+        assert await sb.read_file("/tmp/blob.bin", max_bytes=10) == blob[:10]
+        with pytest.raises(SandboxFileNotFoundError):
+            await sb.read_file("/nope/missing.txt")
+        with pytest.raises(SandboxPathError):
+            await sb.read_file("../../../etc/passwd")
+        with pytest.raises(SandboxPathError):
+            await sb.write_file("/../x", "y")
+        with pytest.raises(SandboxPathError):
+            await sb.read_file("/app")  # a directory
+        # A symlink resolves inside the container's root, never on the host.
+        await sb.exec("ln -s /etc/hostname /app/link")
+        assert (await sb.read_file("link")).decode().strip() == sb.id
+
+        src = tmp_path / "src"
+        (src / "sub").mkdir(parents=True)
+        (src / "sub" / "x.py").write_text("print(1)\n")
+        (src / "top.txt").write_text("top")
+        await sb.upload(src, "/srv/up")
+        r = await sb.exec("cat /srv/up/top.txt /srv/up/sub/x.py; stat -c %U /srv/up/top.txt")
+        assert r.stdout == "topprint(1)\nroot\n"
+        out = tmp_path / "down"
+        await sb.download("/srv/up", out)
+        assert (out / "sub" / "x.py").read_text() == "print(1)\n"
+        await sb.download("/app/deep/new/dir/a.txt", tmp_path / "a.txt")
+        assert (tmp_path / "a.txt").read_text() == "héllo"
+    finally:
+        await sb.close()
+
+
+async def test_labels_limits_and_isolation_settings(backend) -> None:
+    import docker
+
+    spec = SandboxSpec(cpus=0.5, memory_mb=256, pids_limit=100)
+    sb = await backend.create(spec)
+    api = docker.from_env().api
+    try:
+        info = api.inspect_container(sb.container_id)
+        labels = info["Config"]["Labels"]
+        assert labels["sandgym.managed"] == "1"
+        assert labels[LABEL_OWNER] == backend.owner_id
+        assert labels["sandgym.fingerprint"] == spec.fingerprint("docker")
+        assert float(labels[LABEL_LEASE_EXPIRY]) > time.time()
+        hc = info["HostConfig"]
+        assert hc["NanoCpus"] == 500_000_000
+        assert hc["Memory"] == hc["MemorySwap"] == 256 * 1024 * 1024
+        assert hc["PidsLimit"] == 100
+        assert hc["NetworkMode"] == "none"
+        assert hc["CapDrop"] == ["ALL"] and "NET_RAW" not in hc["CapAdd"]
+        assert "no-new-privileges" in hc["SecurityOpt"]
+        assert hc["Init"] is True
+    finally:
+        api.close()
+        await sb.close()
+
+
+async def test_close_twice_and_use_after_close(backend) -> None:
+    sb = await backend.create(SandboxSpec())
+    await sb.close()
+    await sb.close()
+    assert not await sb.is_alive()
+    with pytest.raises(SandboxClosedError):
+        await sb.exec("true")
+    with pytest.raises(SandboxClosedError):
+        await sb.run("true")
+    with pytest.raises(SandboxClosedError):
+        await sb.read_file("/etc/hostname")
+
+
+async def test_container_killed_externally_is_lost(backend) -> None:
+    sb = await backend.create(SandboxSpec())
+    try:
+        assert (await sb.run("echo hi")).output == "hi\n"
+        await docker_cli("kill", sb.container_id)
+        assert not await sb.is_alive()
+        with pytest.raises(SandboxLostError):
+            await sb.exec("true")
+        with pytest.raises(SandboxLostError):
+            await sb.read_file("/etc/hostname")
+        with pytest.raises(SandboxLostError):
+            await sb.write_file("/tmp/x", "y")
+        with pytest.raises(SandboxLostError):
+            await sb.run("echo again")
+        await docker_cli("rm", "-f", sb.container_id)
+        with pytest.raises(SandboxLostError):
+            await sb.exec("true")
+    finally:
+        await sb.close()  # removal of a vanished container is fine
+
+
+async def test_persistent_shell_keeps_state_and_times_out(backend) -> None:
+    sb = await backend.create(SandboxSpec(env={"FOO": "bar"}))
+    try:
+        r = await sb.run("cd /tmp && export A=1 && echo $FOO")
+        assert (r.output, r.exit_code) == ("bar\n", 0)
+        r = await sb.run("echo $A; pwd; false")
+        assert (r.output, r.exit_code) == ("1\n/tmp\n", 1)
+        r = await sb.run("sleep 306 & sleep 307", timeout_s=1.0)
+        assert r.timed_out
+        assert "sleep 30" not in (await sb.exec("ps -eo args")).stdout
+        assert (await sb.run("echo $A")).output == "1\n"
+    finally:
+        await sb.close()
+
+
+async def test_reap_removes_orphan_with_dead_owner_and_expired_lease(backend) -> None:
+    from sandboxes.docker import DockerBackend
+    from sandboxes.reaper import ReapReport, reap_docker
+
+    # A "crashed server": its own owner id, a pid that has exited, a lease in the past.
+    crashed = DockerBackend(owner_id="crashed-" + os.urandom(4).hex(), lease_s=-60)
+    orphan = await crashed.create(SandboxSpec())
+    api = (await asyncio.to_thread(crashed._client)).api
+    labels = api.inspect_container(orphan.container_id)["Config"]["Labels"]
+    assert float(labels[LABEL_LEASE_EXPIRY]) < time.time()
+    live = await backend.create(SandboxSpec())
+    try:
+        assert labels[LABEL_OWNER_PID] == str(os.getpid())
+        report = ReapReport()
+        await reap_docker(report)
+        removed = {r["id"] for r in report.removed}
+        # Other processes on this engine may run a reaper too (a pool test, a server), so
+        # the orphan may be gone already; it must be gone, and ours must survive.
+        assert not await orphan.is_alive(), report
+        assert live.id not in removed and await live.is_alive()
+        assert report.errors == []
+    finally:
+        await orphan.close()
+        await live.close()
+        await crashed.aclose()
+
+
+async def test_reap_by_dead_owner_pid(backend) -> None:
+    """A container labelled with a dead owner pid on this host (lease still valid) is reaped."""
+    import docker
+
+    pid = await dead_pid()
+    sb = await backend.create(SandboxSpec(labels={}))
+    api = docker.from_env().api
+    try:
+        labels = dict(api.inspect_container(sb.container_id)["Config"]["Labels"])
+        labels[LABEL_OWNER_PID] = str(pid)
+        labels[LABEL_OWNER] = "crashed-" + os.urandom(4).hex()
+        # Labels cannot change on a live container: start a twin carrying the dead pid.
+        twin = api.create_container(
+            "sandgym/terminal:latest",
+            entrypoint=["sleep", "infinity"],
+            labels=labels,
+            host_config=api.create_host_config(network_mode="none", init=True),
+        )
+        api.start(twin["Id"])
+        removed = await backend.reap()
+        names = [
+            c["Names"][0].lstrip("/") for c in api.containers(all=True, filters={"id": twin["Id"]})
+        ]
+        assert names == []
+        assert sb.id not in removed and await sb.is_alive()
+    finally:
+        api.close()
+        await sb.close()
+
+
+async def test_unavailable_engine_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandboxes.docker import DockerBackend
+
+    monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
+    b = DockerBackend()
+    with pytest.raises(BackendUnavailableError, match="no Docker engine answers"):
+        await b.create(SandboxSpec())
+    await b.aclose()
