@@ -111,6 +111,14 @@ def _rmtree(path: Path) -> None:
     shutil.rmtree(path, onerror=onerror)
 
 
+def _kill_local_processes(name: str) -> None:
+    """Kill what still runs in a local sandbox and drop its cgroups (the local backend puts
+    each sandbox in cgroups named after its directory)."""
+    from sandboxes import cgroups
+
+    cgroups.CgroupSet(name).remove()
+
+
 def reap_local_sync(
     report: ReapReport,
     *,
@@ -136,6 +144,7 @@ def reap_local_sync(
         if not should_reap(labels, owner_id=owner_id, everything=everything, now=now):
             continue
         try:
+            _kill_local_processes(d.name)
             _rmtree(d)
         except OSError as exc:
             report.errors.append({"backend": "local", "id": d.name, "error": str(exc)})
