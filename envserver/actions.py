@@ -120,7 +120,9 @@ def _xdotool_args(action: Any) -> list[str]:
 async def _desktop(
     sandbox: Sandbox, action: Any, *, timeout_s: float
 ) -> tuple[Observation, dict[str, Any]]:
-    env = {"DISPLAY": sandbox.spec.env.get("DISPLAY", ":0")}
+    # The desktop image sets DISPLAY itself; only a spec that names one overrides it.
+    display = sandbox.spec.env.get("DISPLAY")
+    env = {"DISPLAY": display} if display else None
     if not isinstance(action, ScreenshotAction):
         args = _xdotool_args(action)
         if args:

@@ -37,6 +37,14 @@ from envserver.client import AsyncEnvClient
 
 T = TypeVar("T")
 
+#: Server info keys that differ between otherwise identical steps (timings, sandbox identity).
+#: Gymnasium expects `info` to be deterministic for a seed, so `RemoteEnv` keeps them out of
+#: `info` unless `volatile_info=True`; the full server info is always in `last_server_info`.
+VOLATILE_INFO_KEYS = frozenset(
+    {"acquire_s", "prepare_s", "action_s", "verifier_s", "verifier_duration_s", "elapsed_s",
+     "sandbox_id", "from_pool"}
+)  # fmt: skip
+
 #: What `Text.sample()` draws from: letters, digits and spaces only, never shell syntax.
 SAMPLE_CHARSET = string.ascii_letters + string.digits + " "
 
@@ -71,6 +79,7 @@ class RemoteEnv(gym.Env[dict[str, Any], Any]):
         max_action_chars: int = 4096,
         request_timeout_s: float | None = 3600.0,
         client_kwargs: dict[str, Any] | None = None,
+        volatile_info: bool = False,
     ) -> None:
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(
@@ -86,9 +95,13 @@ class RemoteEnv(gym.Env[dict[str, Any], Any]):
         )
         self.observation_space = spaces.Dict(
             {
-                "output": AnyText(max_length=max_output_chars, charset=SAMPLE_CHARSET),
-                "screen": AnyText(max_length=max_output_chars, charset=SAMPLE_CHARSET),
-                "image": AnyText(max_length=64 * 1024 * 1024, charset=SAMPLE_CHARSET),
+                "output": AnyText(
+                    max_length=max_output_chars, min_length=0, charset=SAMPLE_CHARSET
+                ),
+                "screen": AnyText(
+                    max_length=max_output_chars, min_length=0, charset=SAMPLE_CHARSET
+                ),
+                "image": AnyText(max_length=64 * 1024 * 1024, min_length=0, charset=SAMPLE_CHARSET),
                 "exit_code": spaces.Discrete(257, start=-1),
             }
         )
@@ -99,6 +112,8 @@ class RemoteEnv(gym.Env[dict[str, Any], Any]):
         self._thread.start()
         self._client = AsyncEnvClient(server_url, token, **(client_kwargs or {}))
         self._last_obs: dict[str, Any] | None = None
+        self.volatile_info = volatile_info
+        self.last_server_info: dict[str, Any] = {}
         self._closed = False
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -113,6 +128,12 @@ class RemoteEnv(gym.Env[dict[str, Any], Any]):
             "exit_code": np.int64(-1 if code is None else max(-1, min(255, int(code)))),
         }
 
+    def _info(self, info: dict[str, Any]) -> dict[str, Any]:
+        self.last_server_info = info
+        if self.volatile_info:
+            return info
+        return {k: v for k, v in info.items() if k not in VOLATILE_INFO_KEYS}
+
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -123,7 +144,7 @@ class RemoteEnv(gym.Env[dict[str, Any], Any]):
         task_id = opts.pop("task_id", self.task_id)
         obs, info = self._call(self._client.reset(task_id, seed=seed, options=opts))
         self._last_obs = self._convert(obs)
-        return self._last_obs, info
+        return self._last_obs, self._info(info)
 
     def step(self, action: Any) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
         """Apply a command string or an ACTION dict; returns the Gymnasium five-tuple."""
@@ -131,7 +152,7 @@ class RemoteEnv(gym.Env[dict[str, Any], Any]):
             action = str(action)
         res = self._call(self._client.step(action))
         self._last_obs = self._convert(res.observation)
-        return self._last_obs, res.reward, res.terminated, res.truncated, res.info
+        return self._last_obs, res.reward, res.terminated, res.truncated, self._info(res.info)
 
     def render(self) -> str | None:
         if self.render_mode != "ansi" or self._last_obs is None:
