@@ -742,59 +742,66 @@ class DockerBackend(SandboxBackend):
         image = await self.image_for(spec)
         labels = await asyncio.to_thread(self.labels_for, spec)
         sandbox_id = "sg-" + uuid.uuid4().hex[:12]
-        kwargs: dict[str, Any] = dict(
-            image=image,
-            entrypoint=["sleep", "infinity"],
-            command=[],
-            name=sandbox_id,
-            hostname=sandbox_id,
-            labels=labels,
-            environment=dict(spec.env),
-            working_dir=spec.workdir,  # Docker creates it when missing
+        host: dict[str, Any] = dict(
             init=True,
-            detach=True,
             network_mode="bridge" if spec.network else "none",
             cap_drop=["ALL"],
             cap_add=CAP_ADD,
             security_opt=["no-new-privileges"],
         )
         if spec.cpus:
-            kwargs["nano_cpus"] = int(spec.cpus * 1e9)
+            host["nano_cpus"] = int(spec.cpus * 1e9)
         if spec.memory_mb:
-            kwargs["mem_limit"] = f"{spec.memory_mb}m"
-            kwargs["memswap_limit"] = f"{spec.memory_mb}m"  # equal: no swap on top
+            host["mem_limit"] = f"{spec.memory_mb}m"
+            host["memswap_limit"] = f"{spec.memory_mb}m"  # equal: no swap on top
         if spec.pids_limit:
-            kwargs["pids_limit"] = spec.pids_limit
+            host["pids_limit"] = spec.pids_limit
         if self.runtime:
-            kwargs["runtime"] = self.runtime
+            host["runtime"] = self.runtime
         if spec.storage_mb and self._storage_opt_ok is not False:
-            kwargs["storage_opt"] = {"size": f"{spec.storage_mb}M"}
+            host["storage_opt"] = {"size": f"{spec.storage_mb}M"}
+        api = self._client().api
 
-        client = self._client()
+        def create_and_start() -> str:
+            # Low-level calls: create + start, without the inspect `containers.run` adds.
+            resp = api.create_container(
+                image,
+                entrypoint=["sleep", "infinity"],
+                command=[],
+                name=sandbox_id,
+                hostname=sandbox_id,
+                labels=labels,
+                environment=dict(spec.env),
+                working_dir=spec.workdir,  # Docker creates it when missing
+                host_config=api.create_host_config(**host),
+            )
+            api.start(resp["Id"])
+            container_id: str = resp["Id"]
+            return container_id
+
         try:
-            container = await asyncio.to_thread(client.containers.run, **kwargs)
-        except docker.errors.APIError as exc:
-            if "storage_opt" in kwargs and "storage" in str(exc).lower():
+            try:
+                container_id = await asyncio.to_thread(create_and_start)
+            except docker.errors.APIError as exc:
+                await self._remove_container(sandbox_id)
+                if "storage_opt" not in host or "storage" not in str(exc).lower():
+                    raise SandboxCreateError(f"docker could not start {image}: {exc}") from exc
                 # Only overlay2 on xfs with pquota (and a few others) support a size limit.
                 self._storage_opt_ok = False
                 log.warning("docker: storage limits unsupported here (%s); running without", exc)
-                await self._remove_container(sandbox_id)
-                kwargs.pop("storage_opt")
+                host.pop("storage_opt")
                 try:
-                    container = await asyncio.to_thread(client.containers.run, **kwargs)
+                    container_id = await asyncio.to_thread(create_and_start)
                 except docker.errors.APIError as exc2:
                     await self._remove_container(sandbox_id)
                     raise SandboxCreateError(f"docker could not start {image}: {exc2}") from exc2
-            else:
-                await self._remove_container(sandbox_id)
-                raise SandboxCreateError(f"docker could not start {image}: {exc}") from exc
         except BaseException:
-            # Cancelled mid-create: the container may exist already; do not leak it.
+            # Cancelled or failed mid-create: the container may exist already; do not leak it.
             await asyncio.shield(self._remove_container(sandbox_id))
             raise
-        if "storage_opt" in kwargs:
+        if "storage_opt" in host:
             self._storage_opt_ok = True
-        return DockerSandbox(spec, self, container.id, sandbox_id)
+        return DockerSandbox(spec, self, container_id, sandbox_id)
 
     async def _remove_container(self, ref: str) -> None:
         import docker.errors

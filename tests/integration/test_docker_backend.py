@@ -390,3 +390,13 @@ async def test_unavailable_engine_is_a_clear_error(monkeypatch: pytest.MonkeyPat
     with pytest.raises(BackendUnavailableError, match="no Docker engine answers"):
         await b.create(SandboxSpec())
     await b.aclose()
+
+
+async def test_storage_limit_is_applied_or_skipped_with_a_warning(backend) -> None:
+    # overlay2 supports a size limit only on xfs with pquota; elsewhere create must still work.
+    sb = await backend.create(SandboxSpec(storage_mb=512))
+    try:
+        assert (await sb.exec("echo ok")).stdout == "ok\n"
+        assert backend._storage_opt_ok in (True, False)
+    finally:
+        await sb.close()
