@@ -211,7 +211,8 @@ class LocalSandbox(Sandbox):
         return argv
 
     def _preexec(self, cg: cgroups.CgroupSet | None = None):  # type: ignore[no-untyped-def]
-        paths = (cg or self.cg).join_paths() if (cg or self.cg) else []
+        group = cg or self.cg
+        paths = group.join_paths() if group is not None else []
         use_rlimits = not paths
         mem = self.spec.memory_mb
 
