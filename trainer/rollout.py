@@ -118,7 +118,7 @@ class EpisodeRunner:
         episode.metrics.update(
             {
                 "duration_s": time.monotonic() - t0,
-                "turns": float(len(traj.steps)),
+                "turns": float(sum(1 for s in traj.steps if s.response_ids)),
                 "generated_tokens": float(traj.num_generated_tokens),
                 "generate_s": sum(s.generate_s for s in traj.steps),
                 "env_s": sum(s.env_s for s in traj.steps),

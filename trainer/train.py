@@ -153,6 +153,8 @@ class Trainer:
         import ray
         from tqdm import tqdm
 
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per prewarm is noise
+
         cfg, alg = self.config, self.config.algorithm
         self._start()
         metrics = MetricsLogger(self.run_dir)
@@ -228,8 +230,10 @@ class Trainer:
                 m["throughput/episodes_per_s"] = episodes_done / elapsed
                 m["throughput/generated_tokens_per_s"] = gen_tokens / elapsed
                 m["episodes/total"] = float(episodes_done)
-                for reason, n in counts.items():
-                    m[f"termination/{reason.lstrip('_')}"] = float(n)
+                for key, n in counts.items():
+                    # "__x" are group counters; the rest are termination reasons
+                    name = f"groups/{key[2:]}" if key.startswith("__") else f"termination/{key}"
+                    m[name] = float(n)
                 if cfg.run.eval_every and self.version % cfg.run.eval_every == 0:
                     m.update(self.evaluate(f"v{self.version}"))
                 metrics.log(self.version, m)
@@ -264,7 +268,8 @@ class Trainer:
             {
                 "version": self.version,
                 "episodes": episodes_done,
-                "terminations": {k.lstrip("_"): v for k, v in counts.items()},
+                "terminations": {k: v for k, v in counts.items() if not k.startswith("__")},
+                "groups": {k[2:]: v for k, v in counts.items() if k.startswith("__")},
                 "reward_by_update": last_rewards,
                 "wall_s": time.monotonic() - t_start,
                 "generated_tokens": gen_tokens,
