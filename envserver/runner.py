@@ -139,3 +139,91 @@ def serve_forever(settings: ServerSettings, backend: SandboxBackend | None = Non
         uvicorn_config(app, settings, port=sock.getsockname()[1], log_level="info")
     )
     server.run(sockets=[sock])
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    """`sandgym serve` in a child process (benchmarks read its RSS; tests kill it).
+
+    Extra `serve` flags go in `args`; `env` adds `SANDGYM_*` variables. Waits for `/healthz`.
+    """
+
+    def __init__(
+        self,
+        backend: str = "null",
+        args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        host: str = "127.0.0.1",
+        startup_timeout_s: float = 60.0,
+    ) -> None:
+        import os
+        import subprocess
+        import sys
+
+        self.host = host
+        self.port = free_port(host)
+        cmd = [sys.executable, "-m", "envserver.cli", "serve", "--host", host,
+               "--port", str(self.port), "--backend", backend, *(args or [])]  # fmt: skip
+        self.proc = subprocess.Popen(
+            cmd, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL
+        )
+        self._wait_healthy(startup_timeout_s)
+
+    def _wait_healthy(self, timeout_s: float) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"env server exited with {self.proc.returncode} at startup")
+            try:
+                if httpx.get(f"{self.http_url}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"env server did not answer /healthz within {timeout_s:g}s")
+
+    @property
+    def pid(self) -> int:
+        return int(self.proc.pid)
+
+    @property
+    def url(self) -> str:
+        return f"ws://{self.host}:{self.port}/v1/env"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def rss_bytes(self) -> int:
+        """Resident set size of the server process (Linux /proc)."""
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+        raise RuntimeError(f"no VmRSS for pid {self.pid}")
+
+    def stop(self) -> None:
+        import signal
+        import subprocess
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
