@@ -588,7 +588,9 @@ class E2BSandbox(Sandbox):
         if p == "/":
             raise SandboxPathError("expected a destination below /, got the root directory")
         if src.is_file():
-            await self.write_file(p, await asyncio.to_thread(src.read_bytes), src.stat().st_mode)
+            await self.write_file(
+                p, await asyncio.to_thread(src.read_bytes), src.stat().st_mode & 0o7777
+            )
             return
 
         def pack() -> bytes:
