@@ -1,0 +1,14 @@
+"""Verifier of desktop-pick-planet: the last planet opened is Neptune."""
+
+import sys
+
+try:
+    with open("/app/choice.txt", encoding="utf-8") as f:
+        got = f.read().strip()
+except OSError as exc:
+    print(f"FAIL: no planet was opened ({exc})")
+    sys.exit(1)
+if got != "Neptune":
+    print(f"FAIL: expected Neptune, found {got!r}")
+    sys.exit(1)
+print("PASS")
