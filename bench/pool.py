@@ -229,16 +229,29 @@ async def _steady_phase(
     hits = 0
     exec_failures = 0
     lat: list[float] = []
+    hit_lat: list[float] = []
+    miss_lat: list[float] = []
+    lags: list[float] = []
     peak_seen = 0
     started = time.perf_counter()
     deadline = started + args.steady_s
+
+    async def lag_monitor() -> None:
+        # How late the event loop wakes a 10 ms sleeper: a backend that blocks the loop
+        # (a fork, a synchronous call) shows here, and it delays every acquire, hits included.
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            await asyncio.sleep(0.01)
+            lags.append(time.perf_counter() - t0 - 0.01)
 
     async def loop() -> None:
         nonlocal episodes, hits, exec_failures, peak_seen
         while time.perf_counter() < deadline:
             t0 = time.perf_counter()
             sb = await pool.acquire(spec)
-            lat.append(time.perf_counter() - t0)
+            took = time.perf_counter() - t0
+            lat.append(took)
+            (hit_lat if sb.from_pool else miss_lat).append(took)
             peak_seen = max(peak_seen, pool.total())
             try:
                 res = await sb.exec("true", timeout_s=60)
@@ -251,7 +264,7 @@ async def _steady_phase(
             hits += int(sb.from_pool)
 
     try:
-        await asyncio.gather(*(loop() for _ in range(n)))
+        await asyncio.gather(lag_monitor(), *(loop() for _ in range(n)))
         elapsed = time.perf_counter() - started
         snap = pool.snapshot()
     finally:
@@ -265,6 +278,10 @@ async def _steady_phase(
         "hit_rate": hits / episodes if episodes else None,
         "acquire_p50_s": _quantile(lat, 0.5),
         "acquire_p99_s": _quantile(lat, 0.99),
+        "hit_acquire_p50_s": _quantile(hit_lat, 0.5),
+        "miss_acquire_p50_s": _quantile(miss_lat, 0.5),
+        "event_loop_lag_p50_s": _quantile(lags, 0.5),
+        "event_loop_lag_p99_s": _quantile(lags, 0.99),
         "exec_failures": exec_failures,
         "peak_total": peak,
         "max_total": max_total,

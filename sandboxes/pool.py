@@ -676,7 +676,10 @@ class SandboxPool:
 
     async def _healthy(self, sb: Sandbox) -> bool:
         try:
-            return await asyncio.wait_for(sb.is_alive(), self.settings.health_check_timeout_s)
+            # asyncio.timeout, not wait_for: no extra task, so a check that never suspends
+            # (local, null) does not hand the loop to whatever else is runnable.
+            async with asyncio.timeout(self.settings.health_check_timeout_s):
+                return await sb.is_alive()
         except Exception as exc:  # a check that errors or hangs means "not usable"
             log.info("pool: health check of %s failed: %s", sb.id, exc)
             return False

@@ -200,6 +200,23 @@ async def test_dead_ready_sandbox_is_replaced_silently(make_pool: PoolFactory) -
     assert dead_id not in backend.live
 
 
+async def test_hanging_health_check_counts_as_dead(make_pool: PoolFactory) -> None:
+    backend = TrackingBackend()
+    pool = make_pool(backend, min_ready=1, health_check_timeout_s=0.05)
+    await pool.prewarm([SPEC_A])
+    await pool.wait_idle(timeout_s=5)
+    (stuck_id,) = backend.live
+
+    async def hang() -> bool:
+        await asyncio.sleep(30)
+        return True
+
+    backend.sandboxes[stuck_id].is_alive = hang  # type: ignore[method-assign]
+    sb = await pool.acquire(SPEC_A, timeout_s=5)
+    assert sb.id != stuck_id
+    assert pool.stats.health_replaced == 1
+
+
 async def test_health_check_off_hands_out_without_checking(make_pool: PoolFactory) -> None:
     backend = TrackingBackend()
     pool = make_pool(backend, min_ready=1, health_check=False)
