@@ -36,17 +36,28 @@ log = logging.getLogger(__name__)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="tasks_command", metavar="ACTION")
     p_list = sub.add_parser("list", help="list every task id the server would serve")
-    p_list.add_argument("--tasks", action="append", default=[], metavar="DIR",
-                        help="a task directory or dataset folder (repeatable)")
+    p_list.add_argument(
+        "--tasks",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a task directory or dataset folder (repeatable)",
+    )
     p_list.add_argument("--no-builtin", action="store_true", help="leave out the catalog")
     p_list.add_argument("--json", action="store_true", help="print one JSON document")
 
     p_check = sub.add_parser("check", help="oracle must score 1.0 and a no-op episode 0.0")
-    p_check.add_argument("paths", nargs="+", metavar="PATH",
-                         help="task directories or dataset folders")
+    p_check.add_argument(
+        "paths", nargs="+", metavar="PATH", help="task directories or dataset folders"
+    )
     p_check.add_argument("--backend", default="local", help="sandbox backend (default: local)")
-    p_check.add_argument("--image-map", action="append", default=[], metavar="FROM=TO",
-                         help="run tasks based on image FROM on image TO (repeatable)")
+    p_check.add_argument(
+        "--image-map",
+        action="append",
+        default=[],
+        metavar="FROM=TO",
+        help="run tasks based on image FROM on image TO (repeatable)",
+    )
     p_check.add_argument("--seed", type=int, default=0, help="seed of procedural tasks")
     p_check.add_argument("--concurrency", type=int, default=2, help="tasks checked at once")
     p_check.add_argument("--json", action="store_true", help="print one JSON document")
@@ -68,12 +79,19 @@ def _list(args: argparse.Namespace) -> int:
         print(f"sandgym tasks list: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        doc = {"tasks": [
-            {"task_id": t.id, "format": t.source_format, "procedural": t.procedural,
-             "verifier": t.verifier.kind, "source_dir": str(t.source_dir) if t.source_dir else None,
-             "family": t.metadata.get("category")}
-            for t in reg.list()
-        ]}
+        doc = {
+            "tasks": [
+                {
+                    "task_id": t.id,
+                    "format": t.source_format,
+                    "procedural": t.procedural,
+                    "verifier": t.verifier.kind,
+                    "source_dir": str(t.source_dir) if t.source_dir else None,
+                    "family": t.metadata.get("category"),
+                }
+                for t in reg.list()
+            ]
+        }
         print(json.dumps(doc))
     else:
         for t in reg.list():
@@ -90,11 +108,16 @@ def _load_for_check(path: str) -> list[TaskSpec]:
     return load_dataset(p)
 
 
-async def check_task(task: TaskSpec, backend: Any, image_map: dict[str, str],
-                     seed: int) -> dict[str, Any]:
+async def check_task(
+    task: TaskSpec, backend: Any, image_map: dict[str, str], seed: int
+) -> dict[str, Any]:
     """Oracle episode then no-op episode, each in a fresh sandbox."""
-    entry: dict[str, Any] = {"task_id": task.id, "oracle_reward": None, "noop_reward": None,
-                             "error": None}
+    entry: dict[str, Any] = {
+        "task_id": task.id,
+        "oracle_reward": None,
+        "noop_reward": None,
+        "error": None,
+    }
     errors: list[str] = []
     spec = sandbox_spec_for(task, image_map)
     for phase in ("oracle", "noop"):
@@ -106,14 +129,24 @@ async def check_task(task: TaskSpec, backend: Any, image_map: dict[str, str],
             if phase == "oracle":
                 res = await run_oracle(task, sandbox, setup)
                 if res.exit_code != 0:
-                    log.warning("task %s: oracle exited %s: %s", task.id, res.exit_code,
-                                (res.stderr or res.stdout)[-500:])
+                    log.warning(
+                        "task %s: oracle exited %s: %s",
+                        task.id,
+                        res.exit_code,
+                        (res.stderr or res.stdout)[-500:],
+                    )
             result = await run_verifier(task, sandbox, setup)
             entry[f"{phase}_reward"] = result.reward
             expected = 1.0 if phase == "oracle" else 0.0
             if result.reward != expected:
-                log.warning("task %s: %s reward %s (expected %s); verifier output:\n%s",
-                            task.id, phase, result.reward, expected, result.output[-1500:])
+                log.warning(
+                    "task %s: %s reward %s (expected %s); verifier output:\n%s",
+                    task.id,
+                    phase,
+                    result.reward,
+                    expected,
+                    result.output[-1500:],
+                )
         except Exception as exc:  # every failure is reported per task, never aborts the run
             errors.append(f"{phase}: {type(exc).__name__}: {exc}")
             log.warning("task %s: %s failed: %s", task.id, phase, exc)
@@ -129,8 +162,13 @@ def entry_ok(entry: dict[str, Any]) -> bool:
     return entry["error"] is None and entry["oracle_reward"] == 1.0 and entry["noop_reward"] == 0.0
 
 
-async def check_tasks(tasks: list[TaskSpec], backend_name: str, image_map: dict[str, str],
-                      seed: int = 0, concurrency: int = 2) -> list[dict[str, Any]]:
+async def check_tasks(
+    tasks: list[TaskSpec],
+    backend_name: str,
+    image_map: dict[str, str],
+    seed: int = 0,
+    concurrency: int = 2,
+) -> list[dict[str, Any]]:
     from sandboxes import get_backend
 
     backend = get_backend(backend_name)
@@ -161,6 +199,8 @@ async def _check_all(args: argparse.Namespace) -> int:
     else:
         for e in entries:
             mark = "ok  " if entry_ok(e) else "FAIL"
-            print(f"{mark} {e['task_id']}: oracle={e['oracle_reward']} noop={e['noop_reward']}"
-                  + (f" error={e['error']}" if e["error"] else ""))
+            print(
+                f"{mark} {e['task_id']}: oracle={e['oracle_reward']} noop={e['noop_reward']}"
+                + (f" error={e['error']}" if e["error"] else "")
+            )
     return 0 if all(entry_ok(e) for e in entries) else 1

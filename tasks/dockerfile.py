@@ -180,7 +180,9 @@ def parse_dockerfile(text: str) -> Dockerfile:
     return df
 
 
-def _parse_copy(keyword: str, rest: str, line: int, workdir: str, variables: dict[str, str]) -> CopyStep:
+def _parse_copy(
+    keyword: str, rest: str, line: int, workdir: str, variables: dict[str, str]
+) -> CopyStep:
     chown = chmod = None
     body = rest
     flags: list[str] = []

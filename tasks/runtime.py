@@ -110,9 +110,9 @@ def _mapped_context(task: TaskSpec, base: str, mapped: str) -> Path:
     new_text = "\n".join(lines) + "\n"
     from sandboxes.spec import hash_directory
 
-    digest = hashlib.sha256(
-        (hash_directory(env.build_context) + new_text).encode()
-    ).hexdigest()[:16]
+    digest = hashlib.sha256((hash_directory(env.build_context) + new_text).encode()).hexdigest()[
+        :16
+    ]
     cache = Path(os.environ.get("SANDGYM_CACHE", Path.home() / ".cache" / "sandgym"))
     dest = cache / "contexts" / f"{task.id.replace('/', '_')}-{digest}"
     if not dest.exists():
@@ -180,7 +180,9 @@ def _context_sources(context: Path, pattern: str, line: int) -> list[Path]:
     for m in matches:
         real = Path(os.path.realpath(m))
         if real != real_ctx and real_ctx not in real.parents:
-            raise TaskLoadError(f"Dockerfile line {line}: COPY source {pattern!r} leaves the context")
+            raise TaskLoadError(
+                f"Dockerfile line {line}: COPY source {pattern!r} leaves the context"
+            )
         if not m.exists():
             raise TaskLoadError(
                 f"Dockerfile line {line}: COPY source {pattern!r} not found in {context}"
@@ -206,9 +208,13 @@ async def _apply_copy(sandbox: Sandbox, context: Path, step: CopyStep) -> None:
         if sandbox.backend_name == "null":
             continue  # the null backend's fake shell has no chmod/chown
         if step.chmod:
-            await _check(sandbox, f"chmod -R {shlex.quote(step.chmod)} {shlex.quote(target)}", "COPY --chmod")
+            await _check(
+                sandbox, f"chmod -R {shlex.quote(step.chmod)} {shlex.quote(target)}", "COPY --chmod"
+            )
         if step.chown:
-            await _check(sandbox, f"chown -R {shlex.quote(step.chown)} {shlex.quote(target)}", "COPY --chown")
+            await _check(
+                sandbox, f"chown -R {shlex.quote(step.chown)} {shlex.quote(target)}", "COPY --chown"
+            )
 
 
 async def _apply_dockerfile(task: TaskSpec, sandbox: Sandbox, warnings: list[str]) -> None:
@@ -226,13 +232,18 @@ async def _apply_dockerfile(task: TaskSpec, sandbox: Sandbox, warnings: list[str
         elif isinstance(step, RunStep):
             if sandbox.spec.allow_run:
                 await _check(
-                    sandbox, step.command, f"Dockerfile RUN (line {step.line})",
-                    cwd=step.workdir, env=step.env,
+                    sandbox,
+                    step.command,
+                    f"Dockerfile RUN (line {step.line})",
+                    cwd=step.workdir,
+                    env=step.env,
                     timeout_s=task.timeouts.build_timeout_s,
                 )
             else:
-                msg = (f"task {task.id}: Dockerfile line {step.line}: RUN skipped on backend "
-                       f"{sandbox.backend_name!r} (opt in with allow_run): {step.command[:120]}")
+                msg = (
+                    f"task {task.id}: Dockerfile line {step.line}: RUN skipped on backend "
+                    f"{sandbox.backend_name!r} (opt in with allow_run): {step.command[:120]}"
+                )
                 log.warning("%s", msg)
                 warnings.append(msg)
 
@@ -303,8 +314,12 @@ async def run_verifier(task: TaskSpec, sandbox: Sandbox, setup: EpisodeSetup) ->
         assert v.answer is not None
         answer = await _read_optional(sandbox, v.answer.answer_path)
         reward, details = answer_reward(answer, v.answer)
-        return VerifierResult(reward=reward, output=answer or "",
-                              duration_s=time.perf_counter() - start, details=details)
+        return VerifierResult(
+            reward=reward,
+            output=answer or "",
+            duration_s=time.perf_counter() - start,
+            details=details,
+        )
 
     assert v.script_path is not None
     # Anything the agent left at /tests or /logs/verifier (files, symlinks) is removed.
@@ -345,8 +360,9 @@ async def run_verifier(task: TaskSpec, sandbox: Sandbox, setup: EpisodeSetup) ->
     else:
         reward, details = tbench_reward(output)
     details["exit_code"] = res.exit_code
-    return VerifierResult(reward=reward, output=output,
-                          duration_s=time.perf_counter() - start, details=details)
+    return VerifierResult(
+        reward=reward, output=output, duration_s=time.perf_counter() - start, details=details
+    )
 
 
 # -- oracle -------------------------------------------------------------------------------------
@@ -389,11 +405,16 @@ async def run_oracle(task: TaskSpec, sandbox: Sandbox, setup: EpisodeSetup) -> E
             outputs.append(res.output)
             exit_code = res.exit_code
             if res.timed_out:
-                return ExecResult(exit_code=None, stdout="".join(outputs), timed_out=True,
-                                  duration_s=time.perf_counter() - start)
+                return ExecResult(
+                    exit_code=None,
+                    stdout="".join(outputs),
+                    timed_out=True,
+                    duration_s=time.perf_counter() - start,
+                )
         else:
             await sandbox.send_keys(step.keys + ("\r" if step.append_enter else ""))
         if step.min_timeout_s:
             await asyncio.sleep(step.min_timeout_s)
-    return ExecResult(exit_code=exit_code, stdout="".join(outputs),
-                      duration_s=time.perf_counter() - start)
+    return ExecResult(
+        exit_code=exit_code, stdout="".join(outputs), duration_s=time.perf_counter() - start
+    )

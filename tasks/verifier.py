@@ -43,7 +43,9 @@ def reward_from_files(txt: str | None, js: str | None, output: str = "") -> tupl
         try:
             value = float(text.split()[0]) if len(text.split()) == 1 else float(text)
         except ValueError:
-            raise VerifierError(f"reward.txt: expected one float, found {text[:80]!r}", output) from None
+            raise VerifierError(
+                f"reward.txt: expected one float, found {text[:80]!r}", output
+            ) from None
         return _finite(value, "reward.txt", output), {"reward_file": "reward.txt"}
     if js is not None:
         if not js.strip():
@@ -66,8 +68,9 @@ def reward_from_files(txt: str | None, js: str | None, output: str = "") -> tupl
                         f"reward.json: 'reward' must be a number, found {value!r}", output
                     )
                 return _finite(float(value), "reward.json", output), details
-            numeric = [v for v in data.values()
-                       if isinstance(v, int | float) and not isinstance(v, bool)]
+            numeric = [
+                v for v in data.values() if isinstance(v, int | float) and not isinstance(v, bool)
+            ]
             if len(numeric) == 1:
                 return _finite(float(numeric[0]), "reward.json", output), details
             raise VerifierError(

@@ -29,8 +29,16 @@ from tasks.models import (
 
 log = logging.getLogger(__name__)
 
-_KNOWN_TOP = {"version", "schema_version", "metadata", "agent", "verifier", "environment",
-              "solution", "source"}
+_KNOWN_TOP = {
+    "version",
+    "schema_version",
+    "metadata",
+    "agent",
+    "verifier",
+    "environment",
+    "solution",
+    "source",
+}
 
 
 def is_harbor_dir(path: Path) -> bool:

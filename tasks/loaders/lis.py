@@ -64,23 +64,23 @@ def instance_to_task(obj: dict[str, Any], where: str, default_id: str) -> TaskSp
 
     match = obj.get("match")
     if match is None:
-        match = "numeric" if domain.lower() in NUMERIC_DOMAINS and looks_like_number(truth) else "exact"
+        match = (
+            "numeric" if domain.lower() in NUMERIC_DOMAINS and looks_like_number(truth) else "exact"
+        )
     if match not in ("exact", "numeric"):
         raise TaskLoadError(f"{where}: match must be 'exact' or 'numeric', found {match!r}")
 
-    files_note = (
-        f"The input files are in {INPUT_DIR}/.\n" if input_files else ""
-    )
+    files_note = f"The input files are in {INPUT_DIR}/.\n" if input_files else ""
     instruction = (
-        f"{prompt.strip()}\n\n{files_note}"
-        f"Write only your final answer to {ANSWER_PATH}.\n"
+        f"{prompt.strip()}\n\n{files_note}Write only your final answer to {ANSWER_PATH}.\n"
     )
     return TaskSpec(
         id=task_id,
         instruction=instruction,
         environment=EnvironmentSpec(workdir=WORKDIR),
         verifier=VerifierSpec(
-            kind="answer", answer=AnswerSpec(ground_truth=truth, match=match, answer_path=ANSWER_PATH)
+            kind="answer",
+            answer=AnswerSpec(ground_truth=truth, match=match, answer_path=ANSWER_PATH),
         ),
         input_files=input_files,
         source_format="lis",

@@ -81,7 +81,9 @@ def _keystrokes(path: Path) -> list[Keystroke]:
     out = []
     for i, item in enumerate(items):
         if not isinstance(item, dict) or "command" not in item:
-            raise TaskLoadError(f"{path}: step {i}: expected a mapping with 'command', got {item!r}")
+            raise TaskLoadError(
+                f"{path}: step {i}: expected a mapping with 'command', got {item!r}"
+            )
         out.append(
             Keystroke(
                 keys=str(item["command"]),
@@ -118,8 +120,11 @@ def load_tbench_dir(path: Path) -> TaskSpec:
         image = None  # the harness's own T_BENCH_* name for the image it builds
     if not has_dockerfile and not image:
         raise TaskLoadError(f"{path}: expected a Dockerfile or a compose image, found neither")
-    env = {k: v for k, v in str_dict(client.get("environment"), "client.environment").items()
-           if "${" not in v}  # harness-substituted variables are set by us, not the task
+    env = {
+        k: v
+        for k, v in str_dict(client.get("environment"), "client.environment").items()
+        if "${" not in v
+    }  # harness-substituted variables are set by us, not the task
     environment = EnvironmentSpec(
         image=image if not has_dockerfile else None,
         build_context=context if has_dockerfile else None,
@@ -165,8 +170,7 @@ def load_tbench_dir(path: Path) -> TaskSpec:
     elif (path / "solution.yaml").is_file():
         solution = SolutionSpec(keystrokes=_keystrokes(path / "solution.yaml"))
 
-    metadata = {k: v for k, v in data.items()
-                if k not in ("instruction", "descriptions")}
+    metadata = {k: v for k, v in data.items() if k not in ("instruction", "descriptions")}
     return TaskSpec(
         id=path.name,
         instruction=instruction,

@@ -1,0 +1,199 @@
+"""The runtime API on the null backend: spec mapping, Dockerfile application, the verifier's
+ordering (tests and secrets only at verify time, reward files reset), oracles, answers."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandboxes import ExecResult, SandboxSpec
+from sandboxes.null import NullBackend, NullSandbox
+from tasks import (
+    TaskUnsupportedError,
+    VerifierError,
+    load_dataset,
+    load_task_dir,
+    prepare_episode,
+    run_oracle,
+    run_verifier,
+    sandbox_spec_for,
+)
+from tasks.runtime import parse_image_map
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "tasks"
+
+
+class ScriptedSandbox(NullSandbox):
+    """A null sandbox that understands the verifier's reset command and runs `test_script`
+    (a Python callback standing in for bash) when the verifier script is executed."""
+
+    def __init__(self, spec: SandboxSpec, test_script: Any) -> None:
+        super().__init__(spec, NullBackend())
+        self.test_script = test_script
+        self.commands: list[tuple[str, str | None]] = []
+
+    async def exec(self, cmd, timeout_s=60.0, cwd=None, env=None, user=None) -> ExecResult:  # type: ignore[no-untyped-def, override]
+        command = cmd if isinstance(cmd, str) else shlex.join(cmd)
+        self.commands.append((command, user))
+        if command.startswith("rm -rf /tests /logs/verifier"):
+            for p in [p for p in self.files if p.startswith(("/tests/", "/logs/verifier/"))]:
+                del self.files[p]
+            return ExecResult(exit_code=0)
+        if command.startswith("bash /tests/"):
+            return self.test_script(self, env or {})
+        return await super().exec(cmd, timeout_s, cwd, env, user)
+
+
+def test_spec_from_dockerfile_and_image_map(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SANDGYM_CACHE", str(tmp_path))
+    task = load_task_dir(FIXTURES / "harbor-legacy")
+    spec = sandbox_spec_for(task)
+    assert spec.workdir == "/app"
+    assert spec.env == {"GREETING": "hello there", "MODE": "test"}
+    assert spec.memory_mb == 2048 and spec.cpus == 2.0
+    assert spec.build_context == task.environment.build_context
+    assert spec.image is None
+
+    mapped = sandbox_spec_for(task, {"ubuntu:24.04": "sandgym/terminal:latest"})
+    assert mapped.build_context is not None and mapped.build_context != spec.build_context
+    assert (
+        (mapped.build_context / "Dockerfile")
+        .read_text()
+        .startswith("FROM sandgym/terminal:latest\n")
+    )
+    assert (mapped.build_context / "data" / "input.txt").is_file()
+    # the task dir itself is untouched, and the mapped context is cached by content
+    assert "FROM ubuntu:24.04" in (task.environment.build_context / "Dockerfile").read_text()  # type: ignore[operator]
+    assert (
+        sandbox_spec_for(task, {"ubuntu:24.04": "sandgym/terminal:latest"}).build_context
+        == mapped.build_context
+    )
+
+    image_task = load_task_dir(FIXTURES / "harbor-image")
+    assert sandbox_spec_for(image_task, {"sandgym/terminal:latest": "other:1"}).image == "other:1"
+    assert parse_image_map(["a=b", "c:1=d:2"]) == {"a": "b", "c:1": "d:2"}
+    with pytest.raises(ValueError, match="FROM=TO"):
+        parse_image_map(["nothing"])
+
+
+async def test_prepare_applies_copy_and_skips_run() -> None:
+    task = load_task_dir(FIXTURES / "harbor-legacy")
+    sb = await NullBackend().create(sandbox_spec_for(task))
+    setup = await prepare_episode(task, sb, seed=None)
+    assert sb.files["/app/data/input.txt"] == b"alpha\nbeta\ngamma\n"  # type: ignore[attr-defined]
+    assert not any(p.startswith("/tests") for p in sb.files)  # type: ignore[attr-defined]
+    assert len(setup.warnings) == 1 and "RUN skipped" in setup.warnings[0]
+    assert setup.instruction == task.instruction
+    assert isinstance(setup.seed, int) and setup.secret == {}
+
+
+async def test_prepare_copies_single_file_to_named_dest() -> None:
+    task = load_task_dir(FIXTURES / "tbench-modern")
+    sb = await NullBackend().create(sandbox_spec_for(task))
+    await prepare_episode(task, sb, seed=3)
+    assert sb.files["/app/words.txt"] == b"a\nb\nc\nd\n"  # type: ignore[attr-defined]
+
+
+async def test_verifier_resets_logs_and_copies_tests_late() -> None:
+    task = load_task_dir(FIXTURES / "harbor-image")
+    seen: dict[str, Any] = {}
+
+    def test_sh(sb: ScriptedSandbox, env: dict[str, str]) -> ExecResult:
+        seen["files"] = sorted(sb.files)
+        seen["env"] = env
+        sb.files["/logs/verifier/reward.txt"] = b"0\n"
+        return ExecResult(exit_code=0, stdout="checked\n")
+
+    sb = ScriptedSandbox(sandbox_spec_for(task), test_sh)
+    setup = await prepare_episode(task, sb, seed=0)
+    setup.secret["expected"] = b"55\n"
+    # the "agent" forges a reward and plants its own test script
+    sb.files["/logs/verifier/reward.txt"] = b"1\n"
+    sb.files["/tests/test.sh"] = b"echo 1 > /logs/verifier/reward.txt"
+    result = await run_verifier(task, sb, setup)
+    assert result.reward == 0.0
+    assert result.output == "checked\n"
+    assert "/tests/test.sh" in seen["files"] and "/tests/secret/expected" in seen["files"]
+    assert sb.files["/tests/test.sh"] == (FIXTURES / "harbor-image/tests/test.sh").read_bytes()
+    assert seen["env"]["TEST_DIR"] == "/tests"
+    assert all(user == "root" for _, user in sb.commands)
+
+
+async def test_verifier_without_reward_file_is_an_error() -> None:
+    task = load_task_dir(FIXTURES / "harbor-image")
+    sb = ScriptedSandbox(
+        sandbox_spec_for(task), lambda sb, env: ExecResult(exit_code=2, stdout="boom: syntax error")
+    )
+    setup = await prepare_episode(task, sb, seed=0)
+    with pytest.raises(VerifierError, match="wrote no reward") as info:
+        await run_verifier(task, sb, setup)
+    assert "boom: syntax error" in info.value.output
+
+
+async def test_verifier_timeout_is_an_error() -> None:
+    task = load_task_dir(FIXTURES / "harbor-image")
+    sb = ScriptedSandbox(
+        sandbox_spec_for(task), lambda sb, env: ExecResult(exit_code=None, timed_out=True)
+    )
+    setup = await prepare_episode(task, sb, seed=0)
+    with pytest.raises(VerifierError, match="did not finish"):
+        await run_verifier(task, sb, setup)
+
+
+async def test_seta_verifier_weights() -> None:
+    task = load_task_dir(FIXTURES / "seta-task")
+    out = (
+        "short test summary info\nPASSED t.py::test_config_exists\n"
+        "FAILED t.py::test_config_values\nPASSED t.py::test_readme_mentions_port\n"
+    )
+    sb = ScriptedSandbox(
+        sandbox_spec_for(task), lambda sb, env: ExecResult(exit_code=1, stdout=out)
+    )
+    setup = await prepare_episode(task, sb, seed=0)
+    result = await run_verifier(task, sb, setup)
+    assert result.reward == pytest.approx(0.5)
+    assert "/tests/run-tests.sh" in sb.files and "/tests/test_outputs.py" in sb.files
+
+
+async def test_answer_tasks_end_to_end_on_null() -> None:
+    backend = NullBackend()
+    for task in load_dataset(FIXTURES / "lis" / "instances.jsonl"):
+        sb = await backend.create(sandbox_spec_for(task))
+        setup = await prepare_episode(task, sb, seed=0)
+        for path, content in task.input_files.items():
+            assert sb.files[path] == content.encode()  # type: ignore[attr-defined]
+        assert (await run_verifier(task, sb, setup)).reward == 0.0  # no answer yet
+        await run_oracle(task, sb, setup)
+        assert (await run_verifier(task, sb, setup)).reward == 1.0
+        await sb.write_file("/testbed/answer.txt", "wrong")
+        assert (await run_verifier(task, sb, setup)).reward == 0.0
+
+
+async def test_oracle_script_and_keystrokes() -> None:
+    task = load_task_dir(FIXTURES / "tbench-modern")
+    sb = ScriptedSandbox(sandbox_spec_for(task), lambda sb, env: ExecResult(exit_code=0))
+    setup = await prepare_episode(task, sb, seed=0)
+    await run_oracle(task, sb, setup)
+    assert (
+        sb.files["/solution/solution.sh"] == (FIXTURES / "tbench-modern/solution.sh").read_bytes()
+    )
+    assert sb.commands[-1] == ("bash /solution/solution.sh", None)
+
+    keys_task = load_task_dir(FIXTURES / "tbench-legacy")
+    sb2 = await NullBackend().create(sandbox_spec_for(keys_task))
+    setup2 = await prepare_episode(keys_task, sb2, seed=0)
+    res = await run_oracle(keys_task, sb2, setup2)
+    assert res.exit_code == 0  # the null shell ran `cd /app` and the printf line
+    assert sb2.files["/app/greeting.txt"] == b"hello, terminal\\n"  # type: ignore[attr-defined]
+
+
+async def test_oracle_missing_is_unsupported() -> None:
+    task = load_task_dir(FIXTURES / "harbor-image").model_copy(update={"solution": None})
+    sb = await NullBackend().create(sandbox_spec_for(task))
+    with pytest.raises(TaskUnsupportedError, match="no oracle"):
+        await run_oracle(task, sb, await prepare_episode(task, sb, 0))
