@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -73,3 +73,9 @@ class ServerSettings(BaseSettings):
     sweep_interval_s: float = Field(
         1.0, gt=0, description="how often idle and abandoned episodes are looked for"
     )
+
+    @field_validator("token")
+    @classmethod
+    def _empty_token_is_none(cls, value: str | None) -> str | None:
+        # `SANDGYM_TOKEN=` (as compose passes an unset variable) means "no token", not "".
+        return value or None
