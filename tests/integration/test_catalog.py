@@ -1,0 +1,171 @@
+"""The built-in catalog and the real-format fixtures, end to end on real backends.
+
+For every terminal task of the catalog: the oracle solution scores 1.0 and a no-op episode 0.0,
+on `local` (bubblewrap, unmarked) and on `docker` (marked). Plus the tamper test: an agent that
+forges a reward file and rewrites a test file before submitting gains nothing.
+Desktop tasks of the catalog need their own image and are checked by the desktop tests.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sandboxes import BackendUnavailableError, get_backend
+from tasks import (
+    TaskRegistry,
+    load_dataset,
+    load_task_dir,
+    prepare_episode,
+    run_oracle,
+    run_verifier,
+    sandbox_spec_for,
+)
+from tasks.cli import check_tasks
+from tasks.models import TaskSpec
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures" / "tasks"
+IMAGE_MAP = {"ubuntu:24.04": "sandgym/terminal:latest"}
+
+
+def terminal_catalog() -> list[TaskSpec]:
+    return [t for t in TaskRegistry().list() if t.metadata.get("category") != "desktop"]
+
+
+def assert_all_pass(entries: list[dict]) -> None:
+    bad = [e for e in entries if e["error"] or e["oracle_reward"] != 1.0 or e["noop_reward"] != 0.0]
+    assert not bad, "\n".join(str(e)[:600] for e in bad)
+
+
+def local_backend_or_skip() -> None:
+    try:
+        get_backend("local")
+    except BackendUnavailableError as exc:
+        pytest.skip(f"local backend unavailable: {exc}")
+
+
+def docker_or_skip() -> None:
+    if shutil.which("docker") is None:
+        pytest.skip("no docker CLI")
+    try:
+        import docker
+
+        docker.from_env(timeout=5).ping()
+    except Exception as exc:
+        pytest.skip(f"no Docker engine answers: {exc}")
+    # the terminal image every catalog task builds FROM (idempotent; built offline)
+    subprocess.run(["bash", str(REPO / "images" / "bootstrap-base.sh")], check=True, timeout=900)
+
+
+def host_python_has_pytest() -> bool:
+    return (
+        subprocess.run(["/usr/bin/python3", "-c", "import pytest"], capture_output=True).returncode
+        == 0
+    )
+
+
+# -- local ----------------------------------------------------------------------------------------
+
+
+async def test_catalog_on_local() -> None:
+    local_backend_or_skip()
+    tasks = terminal_catalog()
+    assert len(tasks) >= 30
+    assert_all_pass(await check_tasks(tasks, "local", {}, seed=0, concurrency=2))
+
+
+async def test_procedural_tasks_vary_with_seed_on_local() -> None:
+    local_backend_or_skip()
+    procedural = [t for t in terminal_catalog() if t.procedural]
+    assert len({t.metadata["category"] for t in procedural}) >= 2
+    backend = get_backend("local")
+    for task in procedural:
+        secrets = set()
+        for seed in (1, 2):
+            sb = await backend.create(sandbox_spec_for(task))
+            try:
+                setup = await prepare_episode(task, sb, seed)
+                secrets.add(setup.secret["expected"])
+                await run_oracle(task, sb, setup)
+                assert (await run_verifier(task, sb, setup)).reward == 1.0, (task.id, seed)
+            finally:
+                await sb.close()
+        assert len(secrets) == 2, f"{task.id}: seeds 1 and 2 gave the same instance"
+
+
+async def test_fixtures_on_local() -> None:
+    local_backend_or_skip()
+    tasks = load_dataset(FIXTURES) + load_dataset(FIXTURES / "lis" / "instances.jsonl")
+    if not host_python_has_pytest():
+        # Terminal-Bench/SETA verifiers run pytest with the host's /usr/bin/python3 on local
+        tasks = [t for t in tasks if t.verifier.kind not in ("tbench", "seta")]
+    assert_all_pass(await check_tasks(tasks, "local", IMAGE_MAP))
+
+
+@pytest.mark.parametrize("task_id", ["builtin/hello-file", "builtin/csv-column-sum"])
+async def test_tampering_does_not_change_reward_on_local(task_id: str) -> None:
+    local_backend_or_skip()
+    await _tamper_check(TaskRegistry().get(task_id), "local")
+
+
+# -- docker ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.docker
+async def test_catalog_on_docker() -> None:
+    docker_or_skip()
+    assert_all_pass(await check_tasks(terminal_catalog(), "docker", {}, seed=0, concurrency=3))
+
+
+@pytest.mark.docker
+async def test_fixtures_on_docker() -> None:
+    docker_or_skip()
+    tasks = load_dataset(FIXTURES) + load_dataset(FIXTURES / "lis" / "instances.jsonl")
+    assert_all_pass(await check_tasks(tasks, "docker", IMAGE_MAP))
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize("task_id", ["builtin/hello-file", "builtin/csv-column-sum"])
+async def test_tampering_does_not_change_reward_on_docker(task_id: str) -> None:
+    docker_or_skip()
+    await _tamper_check(TaskRegistry().get(task_id), "docker")
+
+
+@pytest.mark.docker
+async def test_tbench_tampering_on_docker() -> None:
+    docker_or_skip()
+    await _tamper_check(load_task_dir(FIXTURES / "tbench-modern"), "docker", IMAGE_MAP)
+
+
+async def _tamper_check(
+    task: TaskSpec, backend_name: str, image_map: dict[str, str] | None = None
+) -> None:
+    """The agent forges reward files and plants a passing test script, without solving the
+    task: reward stays 0.0. Then it solves the task and tampers again: reward stays 1.0."""
+    backend = get_backend(backend_name)
+    forge = (
+        "mkdir -p /logs/verifier /tests && echo 1 > /logs/verifier/reward.txt && "
+        "echo '{\"reward\": 1}' > /logs/verifier/reward.json && "
+        "printf '#!/bin/bash\\necho 1 > /logs/verifier/reward.txt\\n' > /tests/test.sh && "
+        "cp /tests/test.sh /tests/run-tests.sh && "
+        "mkdir -p /tests/secret && echo forged > /tests/secret/expected"
+    )
+    try:
+        for solve, want in ((False, 0.0), (True, 1.0)):
+            sb = await backend.create(sandbox_spec_for(task, image_map))
+            try:
+                setup = await prepare_episode(task, sb, seed=5)
+                if solve:
+                    await run_oracle(task, sb, setup)
+                r = await sb.exec(forge, user=task.agent_user)
+                assert r.exit_code == 0, r
+                result = await run_verifier(task, sb, setup)
+                assert result.reward == want, (task.id, solve, result.output[-800:])
+            finally:
+                await sb.close()
+    finally:
+        await backend.aclose()
