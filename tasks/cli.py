@@ -59,6 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run tasks based on image FROM on image TO (repeatable)",
     )
     p_check.add_argument("--seed", type=int, default=0, help="seed of procedural tasks")
+    p_check.add_argument(
+        "--allow-run",
+        action="store_true",
+        help="on backends that build no image, execute the Dockerfiles' RUN lines",
+    )
     p_check.add_argument("--concurrency", type=int, default=2, help="tasks checked at once")
     p_check.add_argument("--json", action="store_true", help="print one JSON document")
 
@@ -109,7 +114,7 @@ def _load_for_check(path: str) -> list[TaskSpec]:
 
 
 async def check_task(
-    task: TaskSpec, backend: Any, image_map: dict[str, str], seed: int
+    task: TaskSpec, backend: Any, image_map: dict[str, str], seed: int, allow_run: bool = False
 ) -> dict[str, Any]:
     """Oracle episode then no-op episode, each in a fresh sandbox."""
     entry: dict[str, Any] = {
@@ -119,7 +124,7 @@ async def check_task(
         "error": None,
     }
     errors: list[str] = []
-    spec = sandbox_spec_for(task, image_map)
+    spec = sandbox_spec_for(task, image_map, allow_run=allow_run)
     for phase in ("oracle", "noop"):
         start = time.perf_counter()
         sandbox = None
@@ -168,6 +173,7 @@ async def check_tasks(
     image_map: dict[str, str],
     seed: int = 0,
     concurrency: int = 2,
+    allow_run: bool = False,
 ) -> list[dict[str, Any]]:
     from sandboxes import get_backend
 
@@ -176,7 +182,7 @@ async def check_tasks(
 
     async def one(t: TaskSpec) -> dict[str, Any]:
         async with sem:
-            return await check_task(t, backend, image_map, seed)
+            return await check_task(t, backend, image_map, seed, allow_run)
 
     try:
         return list(await asyncio.gather(*(one(t) for t in tasks)))
@@ -193,7 +199,9 @@ async def _check_all(args: argparse.Namespace) -> int:
     except (TaskError, ValueError) as exc:
         print(f"sandgym tasks check: {exc}", file=sys.stderr)
         return 2
-    entries = await check_tasks(tasks, args.backend, image_map, args.seed, args.concurrency)
+    entries = await check_tasks(
+        tasks, args.backend, image_map, args.seed, args.concurrency, args.allow_run
+    )
     if args.json:
         print(json.dumps({"tasks": entries}))
     else:

@@ -127,9 +127,12 @@ def _mapped_context(task: TaskSpec, base: str, mapped: str) -> Path:
     return dest
 
 
-def sandbox_spec_for(task: TaskSpec, image_map: Mapping[str, str] | None = None) -> SandboxSpec:
+def sandbox_spec_for(
+    task: TaskSpec, image_map: Mapping[str, str] | None = None, *, allow_run: bool = False
+) -> SandboxSpec:
     """The `SandboxSpec` a task's episodes need. `image_map` (FROM -> TO) replaces base images
-    that cannot be pulled here with local ones, in `docker_image` and in the Dockerfile's FROM."""
+    that cannot be pulled here with local ones, in `docker_image` and in the Dockerfile's FROM.
+    `allow_run` opts in to executing Dockerfile RUN lines on backends that build no image."""
     image_map = dict(image_map or {})
     env = task.environment
     df = task_dockerfile(task)
@@ -155,6 +158,7 @@ def sandbox_spec_for(task: TaskSpec, image_map: Mapping[str, str] | None = None)
         network=env.network,
         user=task.agent_user,
         labels={"sandgym.task": task.id[:63]},
+        allow_run=allow_run,
     )
 
 

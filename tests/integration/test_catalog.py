@@ -169,3 +169,20 @@ async def _tamper_check(
                 await sb.close()
     finally:
         await backend.aclose()
+
+
+async def test_dockerfile_applied_on_local() -> None:
+    """WORKDIR, ENV and COPY are applied; RUN is skipped with a warning unless opted in."""
+    local_backend_or_skip()
+    task = load_task_dir(FIXTURES / "harbor-legacy")
+    backend = get_backend("local")
+    for allow_run in (False, True):
+        sb = await backend.create(sandbox_spec_for(task, allow_run=allow_run))
+        try:
+            setup = await prepare_episode(task, sb, 0)
+            r = await sb.exec("pwd; echo $GREETING; cat data/input.txt; cat /app/out/.built")
+            assert r.stdout.startswith("/app\nhello there\nalpha\nbeta\ngamma\n")
+            assert ("built" in r.stdout) == allow_run
+            assert bool(setup.warnings) != allow_run
+        finally:
+            await sb.close()
