@@ -81,6 +81,11 @@ class Connection:
         self._send_lock = asyncio.Lock()
         self._open = True
 
+    @property
+    def open(self) -> bool:
+        """False once the peer is gone (a late reply is then dropped, and cached)."""
+        return self._open
+
     async def serve(self) -> None:
         max_bytes = self.service.settings.max_message_bytes
         try:

@@ -207,6 +207,8 @@ class EnvService:
         )
         self.sessions[session.id] = session
         conn.session = session
+        if not conn.open:  # the socket dropped while the sandbox was being prepared
+            self.detach(conn)
         obs = Observation(output=getattr(setup, "instruction", None) or task.instruction)
         session.last_observation = obs
         return ObservationReply(
@@ -244,7 +246,10 @@ class EnvService:
         s.inflight, s.inflight_id = fut, msg.request_id
         try:
             reply = await self._step(s, msg)
-        except BaseException as exc:
+        except asyncio.CancelledError:
+            fut.cancel()
+            raise
+        except Exception as exc:
             fut.set_exception(exc)
             fut.exception()  # mark retrieved: a resend may never come
             raise
@@ -360,6 +365,8 @@ class EnvService:
         s.conn, s.detached_at = conn, None
         s.last_active = time.monotonic()
         conn.session = s
+        if not conn.open:
+            self.detach(conn)
         return ObservationReply(
             request_id=msg.request_id,
             session_id=s.id,
