@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import posixpath
-import resource
+import shlex
 import shutil
 import signal
 import time
@@ -133,7 +133,7 @@ class LocalSandbox(Sandbox):
         if not b.use_bwrap:
             return
         info_r, info_w = os.pipe()
-        argv = self._bwrap_argv(info_fd=info_w)
+        argv = self._join_prefix() + self._bwrap_argv(info_fd=info_w)
         try:
             self.init_proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -141,7 +141,6 @@ class LocalSandbox(Sandbox):
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 pass_fds=(info_w,),
-                preexec_fn=self._preexec(),
                 start_new_session=True,
             )
         finally:
@@ -210,19 +209,20 @@ class LocalSandbox(Sandbox):
         argv += ["sh", "-c", "echo ready; exec sleep infinity"]
         return argv
 
-    def _preexec(self, cg: cgroups.CgroupSet | None = None):  # type: ignore[no-untyped-def]
+    def _join_prefix(self, cg: cgroups.CgroupSet | None = None) -> list[str]:
+        """argv prefix that joins the cgroups (or sets rlimits), then execs the rest.
+
+        A tiny `sh` does it instead of a `preexec_fn`, so the server never forks its own (big)
+        process on the event loop: without preexec_fn, Python spawns with vfork.
+        """
         group = cg or self.cg
-        paths = group.join_paths() if group is not None else []
-        use_rlimits = not paths
-        mem = self.spec.memory_mb
-
-        def fn() -> None:
-            cgroups.join(paths)
-            if use_rlimits and mem:
-                resource.setrlimit(resource.RLIMIT_AS, (mem * 1024 * 1024 * 4,) * 2)
-            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-
-        return fn
+        steps = ["ulimit -c 0"]
+        if group is not None:
+            targets = " ".join(shlex.quote(p) for p in group.join_paths())
+            steps.append(f"for f in {targets}; do echo $$ > \"$f\"; done")
+        elif self.spec.memory_mb:
+            steps.append(f"ulimit -v {self.spec.memory_mb * 1024 * 4} 2>/dev/null")
+        return ["sh", "-c", "; ".join(steps) + '; exec "$@"', "sh"]
 
     async def _destroy(self) -> None:
         await asyncio.shield(self._teardown())
@@ -287,12 +287,12 @@ class LocalSandbox(Sandbox):
         cg = self.cg.child("x" + uuid.uuid4().hex[:8]) if self.cg is not None else None
         host_cwd = None if self.init_pid is not None else str(self.fs / workdir.lstrip("/"))
         proc = await asyncio.create_subprocess_exec(
+            *self._join_prefix(cg),
             *self._enter_argv(workdir, full_env),
             *argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-            preexec_fn=self._preexec(cg),
             start_new_session=True,
             cwd=host_cwd,
         )
@@ -331,7 +331,7 @@ class LocalSandbox(Sandbox):
             if self._shell is None or not self._shell.is_alive():
                 if self._shell is not None:
                     await self._shell.close()
-                argv = self._enter_argv(self.spec.workdir, self.env)
+                argv = self._join_prefix() + self._enter_argv(self.spec.workdir, self.env)
                 argv += ["bash", "--noprofile", "--norc", "-i"]
                 shell = PexpectShell(
                     argv,
@@ -339,7 +339,6 @@ class LocalSandbox(Sandbox):
                     kill_tree=self._kill_tree,
                     count_children=self._count_children,
                     max_output_bytes=self.backend.max_output_bytes,
-                    preexec_fn=self._preexec(),
                 )
                 await shell.start()
                 self._shell = shell

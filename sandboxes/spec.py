@@ -49,6 +49,9 @@ class SandboxSpec(BaseModel):
             raise ValueError(f"memory_mb must be >= 16, got {self.memory_mb}")
         return self
 
+    def __hash__(self) -> int:  # dict fields make pydantic's frozen hash fail; hash the JSON
+        return hash(self.model_dump_json())
+
     def context_hash(self) -> str | None:
         """Content hash of the build context (file names, modes and bytes), or None."""
         if self.build_context is None:
@@ -64,10 +67,33 @@ class SandboxSpec(BaseModel):
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
+_HASH_CACHE: dict[tuple[str, tuple[tuple[str, int, int, int], ...]], str] = {}
+
+
 def hash_directory(root: Path) -> str:
-    """sha256 over the relative paths, modes and contents of every file below `root`."""
-    h = hashlib.sha256()
+    """sha256 over the relative paths, modes and contents of every file below `root`.
+
+    Cached by a stat signature (paths, sizes, mtimes, modes), so a pool acquiring the same
+    build context for every episode reads the files once, not every time.
+    """
     root = Path(root)
+    sig = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            st = os.lstat(os.path.join(dirpath, name))
+            sig.append((os.path.join(dirpath, name), st.st_size, st.st_mtime_ns, st.st_mode))
+    key = (str(root.resolve()), tuple(sig))
+    cached = _HASH_CACHE.get(key)
+    if cached is None:
+        cached = _HASH_CACHE[key] = _hash_directory(root)
+        if len(_HASH_CACHE) > 4096:
+            _HASH_CACHE.pop(next(iter(_HASH_CACHE)))
+    return cached
+
+
+def _hash_directory(root: Path) -> str:
+    h = hashlib.sha256()
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         for name in sorted(filenames):
