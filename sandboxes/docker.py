@@ -24,6 +24,7 @@ backend's owner created (what a server does when it shuts down or restarts under
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import io
 import logging
@@ -112,6 +113,32 @@ def kill_marked_bash_script(marker: str) -> str:
     ) % (EXEC_MARKER_ENV, marker)
 
 
+#: Where the in-container kill helper looks for requests (one file per exec marker).
+HELPER_DIR = "/run/sandgym/kill"
+
+#: The container's main process (under Docker's init): a bash loop that forks nothing once
+#: started. Every 0.2 s it looks for non-empty files in HELPER_DIR, named by an exec's marker,
+#: kills the processes carrying that marker and truncates the file. Requests arrive through
+#: put_archive, which needs no process inside the container, so a timed-out command is killed
+#: even when a fork bomb holds every pid the pids limit allows and no `docker exec` can start.
+#: (As root without CAP_SYS_PTRACE it cannot read other users' environments; execs run as
+#: another user rely on the exec-based killer.) Images without bash get `sleep infinity`.
+HELPER_SCRIPT = (
+    "mkdir -p %s && { [ -p /run/sandgym/tick ] || mkfifo /run/sandgym/tick; } "
+    "&& exec 3<>/run/sandgym/tick || exec sleep infinity\n"
+    'while :; do for f in %s/*; do [[ -s $f ]] || continue; m="%s=${f##*/}"; '
+    "for r in 1 2 3 4 5 6; do hit=(); for e in /proc/[0-9]*/environ; do "
+    "p=${e#/proc/}; p=${p%%/environ}; "
+    "while IFS= read -r -d '' v; do if [[ $v == \"$m\" ]]; then "
+    'kill -STOP "$p" 2>/dev/null; hit+=("$p"); break; fi; done 2>/dev/null < "$e"; done; '
+    '((${#hit[@]})) || break; kill -KILL "${hit[@]}" 2>/dev/null; done; : > "$f"; done; '
+    "read -t 0.2 -u 3; done"
+) % (HELPER_DIR, HELPER_DIR, EXEC_MARKER_ENV)
+
+#: sh starts the helper under bash when the image has bash, else just sleeps.
+MAIN_BOOT = 'if command -v bash >/dev/null 2>&1; then exec bash -c "$0"; fi; exec sleep infinity'
+
+
 def _raw_socket(sock: Any) -> socket.socket | None:
     """The OS socket under whatever docker-py returned for a hijacked exec stream."""
     for attr in ("_sock", "sock"):
@@ -183,6 +210,16 @@ class _ChunkReader(io.RawIOBase):
         super().close()
 
 
+def _pid_exhausted(result: ExecResult) -> bool:
+    """Whether Docker failed to start an exec because the container's pids limit is full."""
+    if result.exit_code not in (126, 127, -1) or result.timed_out:
+        return False
+    text = (result.stdout + result.stderr).lower()
+    return "oci runtime exec failed" in text and (
+        "read init-p" in text or "resource temporarily unavailable" in text
+    )
+
+
 class DockerSandbox(Sandbox):
     """One container. Create through `DockerBackend.create`."""
 
@@ -197,6 +234,8 @@ class DockerSandbox(Sandbox):
         self.max_output_bytes = DEFAULT_MAX_OUTPUT_BYTES
         self._shell: Any = None  # sandboxes.shell.PexpectShell, started on first use
         self._shell_lock = asyncio.Lock()
+        # Markers of recent execs, for recovering a sandbox whose pids their leftovers hold.
+        self._markers: collections.deque[str] = collections.deque(maxlen=256)
 
     @property
     def _api(self) -> Any:
@@ -246,12 +285,41 @@ class DockerSandbox(Sandbox):
         env: dict[str, str] | None = None,
         user: str | None = None,
     ) -> ExecResult:
+        result = await self._exec_once(cmd, timeout_s, cwd, env, user)
+        if _pid_exhausted(result):
+            # Docker could not start the command: every pid the limit allows is taken, by what
+            # earlier execs left running (a fork bomb that outlived its command). Without
+            # a recovery the sandbox is dead for good, so those leftovers are killed (by the
+            # helper, which needs no new pid) and the command is tried once more.
+            log.warning("docker: pids exhausted in %s; killing what earlier execs left", self.id)
+            await self._kill_leftovers()
+            result = await self._exec_once(cmd, timeout_s, cwd, env, user)
+        return result
+
+    async def _kill_leftovers(self) -> None:
+        markers = list(self._markers)
+        if not markers or not await self._ask_helper(*markers):
+            return
+        for _ in range(50):
+            if await self._helper_done(markers[-1]):
+                return
+            await asyncio.sleep(0.1)
+
+    async def _exec_once(
+        self,
+        cmd: str | list[str],
+        timeout_s: float,
+        cwd: str | None,
+        env: dict[str, str] | None,
+        user: str | None,
+    ) -> ExecResult:
         import docker.errors
 
         self._check_open()
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         workdir = normalize_sandbox_path(cwd, self.spec.workdir) if cwd else self.spec.workdir
         marker = uuid.uuid4().hex
+        self._markers.append(marker)
         full_env = {**self.spec.env, **(env or {}), EXEC_MARKER_ENV: marker}
         run_user = user if user is not None else self.spec.user
         start = time.perf_counter()
@@ -375,16 +443,22 @@ class DockerSandbox(Sandbox):
         return None
 
     async def _kill_marked(self, marker: str, user: str | None) -> None:
-        """Kill every process of one exec (by its env marker), as the user that ran it: root
-        without CAP_SYS_PTRACE cannot read another user's /proc/PID/environ. Retried, because
-        under a fork bomb the killer itself may not get a pid at the first try."""
-        for _attempt in range(20):
+        """Kill every process of one exec (by its env marker).
+
+        Two killers race: the in-container helper (asked through put_archive; needs no new pid,
+        sees root's processes) and a `docker exec` of a fork-free bash script run as the exec's
+        own user (root without CAP_SYS_PTRACE cannot read another user's /proc/PID/environ).
+        The exec is retried: under a fork bomb it may not get a pid at the first try.
+        """
+        helper_asked = await self._ask_helper(marker)
+        root = user in (None, "", "root", "0")
+        for _attempt in range(30):
             try:
-                code, _out = await self._raw_exec(
+                code, out = await self._raw_exec(
                     ["bash", "-c", kill_marked_bash_script(marker)], user=user
                 )
-                if code in (126, 127):  # no bash in this image
-                    code, _out = await self._raw_exec(
+                if code != 0 and b"not found" in out:  # no bash in this image
+                    code, out = await self._raw_exec(
                         ["sh", "-c", kill_marked_script(marker)], user=user
                     )
                 if code == 0:
@@ -393,8 +467,39 @@ class DockerSandbox(Sandbox):
                 if await self._state() != "running":
                     return
                 log.debug("docker: killer exec failed in %s: %s", self.id, exc)
+            if helper_asked and root and await self._helper_done(marker):
+                return
             await asyncio.sleep(0.1)
         log.warning("docker: could not kill the processes of a timed-out exec in %s", self.id)
+
+    async def _ask_helper(self, *markers: str) -> bool:
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            for marker in markers:
+                info = tarfile.TarInfo(marker)
+                info.size, info.mode = 5, 0o600
+                tar.addfile(info, io.BytesIO(b"kill\n"))
+        try:
+            await asyncio.to_thread(
+                self._api.put_archive, self.container_id, HELPER_DIR, buf.getvalue()
+            )
+            return True
+        except Exception:  # no helper in this image (no bash), or the container is gone
+            return False
+
+    async def _helper_done(self, marker: str) -> bool:
+        """True once the helper has handled (truncated) the request file."""
+
+        def size() -> int:
+            chunks, st = self._api.get_archive(self.container_id, f"{HELPER_DIR}/{marker}")
+            with contextlib.suppress(Exception):
+                chunks.close()
+            return int(st.get("size", -1))
+
+        try:
+            return await asyncio.to_thread(size) == 0
+        except Exception:
+            return False
 
     async def _raw_exec(self, argv: list[str], user: str | None = None) -> tuple[int | None, bytes]:
         """Run a short helper command to completion (no timeout machinery, no marker)."""
@@ -766,7 +871,7 @@ class DockerBackend(SandboxBackend):
             # Low-level calls: create + start, without the inspect `containers.run` adds.
             resp = api.create_container(
                 image,
-                entrypoint=["sleep", "infinity"],
+                entrypoint=["/bin/sh", "-c", MAIN_BOOT, HELPER_SCRIPT],
                 command=[],
                 name=sandbox_id,
                 hostname=sandbox_id,

@@ -400,3 +400,15 @@ async def test_storage_limit_is_applied_or_skipped_with_a_warning(backend) -> No
         assert backend._storage_opt_ok in (True, False)
     finally:
         await sb.close()
+
+
+async def test_sandbox_recovers_when_a_finished_exec_left_a_fork_bomb(backend) -> None:
+    sb = await backend.create(SandboxSpec(pids_limit=48))
+    try:
+        r = await sb.exec("(bomb() { bomb | bomb & }; bomb) >/dev/null 2>&1 </dev/null; exit 0")
+        assert r.exit_code == 0 and not r.timed_out
+        await asyncio.sleep(1.0)  # let it fill the pids limit
+        probe = await sb.exec("echo alive", timeout_s=30)
+        assert probe.stdout == "alive\n", probe
+    finally:
+        await sb.close()
