@@ -140,6 +140,8 @@ class Desktop:
                     await desktop._read_geometry()
                 return desktop
             errors.append(f"{disp}: {detail}")
+            if "already" not in detail and "listening sockets" not in detail:
+                break  # not a display-number clash: another number would fail the same way
         raise DesktopStartError(
             f"sandbox {sandbox.id}: no X display came up (tried {', '.join(candidates)}): "
             + "; ".join(errors)
@@ -320,7 +322,7 @@ exit 4
         return await self._input("key", "--delay", "30", "--", *chords)
 
     async def screenshot(self, scale: float | None = None) -> bytes:
-        """A PNG of the whole screen, resized by `scale` (0.05..4) when given."""
+        """A PNG (8-bit RGB) of the whole screen, resized by `scale` (0.05..4) when given."""
         if scale is not None and not (0.05 <= scale <= 4.0):
             raise DesktopActionError(f"expected a screenshot scale in 0.05..4, got {scale}")
         path = f"{STATE_DIR}/shot-{self.display[1:]}.png"
@@ -330,7 +332,7 @@ exit 4
         cmd = (
             f"mkdir -p {STATE_DIR} && rm -f {path} && "
             f"if command -v import >/dev/null 2>&1; then "
-            f"import -silent -window root {resize} png:{path}; "
+            f"import -silent -window root {resize} png24:{path}; "
             f"elif command -v scrot >/dev/null 2>&1 && [ -z '{resize}' ]; then scrot -o {path}; "
             f"else echo 'no screenshot tool: install imagemagick (or scrot)' >&2; exit 127; fi"
         )
@@ -416,18 +418,18 @@ async def _warm_font_cache(sandbox: Sandbox) -> None:
     valid there and copying it in (~0.5 MB) is nearly free; elsewhere `fc-cache` builds it.
     """
     host_cache = Path("/var/cache/fontconfig")
-    if sandbox.backend_name == "local" and host_cache.is_dir():
+    if sandbox.backend_name == "local" and await asyncio.to_thread(host_cache.is_dir):
         with contextlib.suppress(SandboxError, OSError):
             await sandbox.upload(host_cache, str(host_cache))
     await sandbox.exec("command -v fc-cache >/dev/null 2>&1 && fc-cache; true", timeout_s=120)
 
 
 async def _require(sandbox: Sandbox, programs: list[str]) -> None:
-    res = await sandbox.exec(
-        "for p in " + " ".join(programs) + "; do command -v $p >/dev/null 2>&1 || echo $p; done",
-        timeout_s=15,
-    )
-    missing = res.stdout.split()
+    # `command -v` prints the path of each program it finds; anything else is missing
+    # (including a sandbox whose shell cannot even run it).
+    res = await sandbox.exec(["bash", "-c", 'command -v "$@"; true', "_", *programs], timeout_s=15)
+    found = {line.rsplit("/", 1)[-1] for line in res.stdout.split()}
+    missing = [p for p in programs if p not in found]
     if missing:
         raise DesktopUnavailableError(
             f"sandbox {sandbox.id} ({sandbox.backend_name}) lacks {', '.join(missing)}: a desktop "
