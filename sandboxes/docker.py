@@ -380,7 +380,8 @@ class DockerSandbox(Sandbox):
         exit_code: int | None = None
         if not timed_out:
             exit_code = await self._exit_code(exec_id["Id"])
-            if exit_code is None:
+            # No code, or death by a signal: maybe the whole container went down mid-command.
+            if exit_code is None or exit_code >= 128:
                 lost = await self._lost("exec")
                 if lost is not None:
                     raise lost

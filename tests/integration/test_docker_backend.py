@@ -412,3 +412,15 @@ async def test_sandbox_recovers_when_a_finished_exec_left_a_fork_bomb(backend) -
         assert probe.stdout == "alive\n", probe
     finally:
         await sb.close()
+
+
+async def test_container_killed_during_exec_is_lost(backend) -> None:
+    sb = await backend.create(SandboxSpec())
+    try:
+        pending = asyncio.create_task(sb.exec("sleep 60", timeout_s=30))
+        await asyncio.sleep(1.0)
+        await docker_cli("kill", sb.container_id)
+        with pytest.raises(SandboxLostError):
+            await pending
+    finally:
+        await sb.close()
