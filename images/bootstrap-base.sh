@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build sandgym's images without any container registry.
 #
-#   images/bootstrap-base.sh [--force] [--no-terminal] [--envserver]
+#   images/bootstrap-base.sh [--force] [--no-terminal] [--envserver] [--desktop]
 #
 # 1. sandgym/base:bookworm  - a Debian bookworm minbase rootfs made with debootstrap from the
 #    mirror in apt's own sources, with the host's CA bundle copied in (pip and curl inside
@@ -10,6 +10,8 @@
 #    tags so Terminal-Bench-style task Dockerfiles (FROM ghcr.io/laude-institute/t-bench/...,
 #    FROM python:3.x-slim-bookworm, FROM ubuntu:...) resolve to a local image.
 # 3. (--envserver) sandgym/envserver:latest - images/envserver/Dockerfile, context = repo root.
+# 4. (--desktop) sandgym/desktop:latest - images/desktop/Dockerfile on top of the terminal image
+#    (Xvfb, openbox, xdotool, scrot, ImageMagick, Tk: the image of the desktop-* tasks).
 #
 # Idempotent: an image that already exists is kept unless --force is given.
 set -euo pipefail
@@ -17,13 +19,15 @@ set -euo pipefail
 FORCE=0
 TERMINAL=1
 ENVSERVER=0
+DESKTOP=0
 for arg in "$@"; do
     case "$arg" in
         --force) FORCE=1 ;;
         --no-terminal) TERMINAL=0 ;;
         --envserver) ENVSERVER=1 ;;
-        -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
-        *) echo "bootstrap-base.sh: unknown argument $arg (expected --force, --no-terminal, --envserver)" >&2; exit 2 ;;
+        --desktop) DESKTOP=1 ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        *) echo "bootstrap-base.sh: unknown argument $arg (expected --force, --no-terminal, --envserver, --desktop)" >&2; exit 2 ;;
     esac
 done
 
@@ -32,6 +36,7 @@ REPO="$(dirname "$HERE")"
 BASE_IMAGE="${SANDGYM_BASE_IMAGE:-sandgym/base:bookworm}"
 TERMINAL_IMAGE="${SANDGYM_TERMINAL_IMAGE:-sandgym/terminal:latest}"
 ENVSERVER_IMAGE="${SANDGYM_ENVSERVER_IMAGE:-sandgym/envserver:latest}"
+DESKTOP_IMAGE="${SANDGYM_DESKTOP_IMAGE:-sandgym/desktop:latest}"
 SUITE=bookworm
 CA_BUNDLE="${SANDGYM_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 
@@ -152,7 +157,20 @@ build_envserver() {
     log "built $ENVSERVER_IMAGE in $(echo "$(date +%s.%N) - $t0" | bc) s"
 }
 
+build_desktop() {
+    if image_exists "$DESKTOP_IMAGE" && [ "$FORCE" = 0 ]; then
+        log "$DESKTOP_IMAGE exists; keeping it"
+        return
+    fi
+    local t0
+    t0=$(date +%s.%N)
+    log "building $DESKTOP_IMAGE"
+    docker build -q --build-arg "BASE=$TERMINAL_IMAGE" -t "$DESKTOP_IMAGE" "$HERE/desktop" >/dev/null
+    log "built $DESKTOP_IMAGE in $(echo "$(date +%s.%N) - $t0" | bc) s"
+}
+
 build_base
-if [ "$TERMINAL" = 1 ] || [ "$ENVSERVER" = 1 ]; then build_terminal; fi
+if [ "$TERMINAL" = 1 ] || [ "$ENVSERVER" = 1 ] || [ "$DESKTOP" = 1 ]; then build_terminal; fi
 if [ "$ENVSERVER" = 1 ]; then build_envserver; fi
+if [ "$DESKTOP" = 1 ]; then build_desktop; fi
 log "done"

@@ -19,6 +19,16 @@ command -v git >/dev/null || need_apt+=(git)
 command -v jq >/dev/null || need_apt+=(jq)
 command -v curl >/dev/null || need_apt+=(curl)
 command -v ps >/dev/null || need_apt+=(procps)
+# Desktop sandboxes on the local backend (sandboxes/desktop.py, the desktop-* tasks): an X
+# server in memory, a window manager, input injection, screenshots, window queries, Tk.
+command -v Xvfb >/dev/null || need_apt+=(xvfb)
+command -v xdotool >/dev/null || need_apt+=(xdotool)
+command -v xwininfo >/dev/null || need_apt+=(x11-utils)
+command -v import >/dev/null || need_apt+=(imagemagick)
+command -v scrot >/dev/null || need_apt+=(scrot)
+command -v openbox >/dev/null || need_apt+=(openbox)
+/usr/bin/python3 -c 'import tkinter' 2>/dev/null || need_apt+=(python3-tk)
+[ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
 if [ "$WANT_DOCKER" = 1 ]; then
   command -v dockerd >/dev/null || need_apt+=(docker.io)
   command -v debootstrap >/dev/null || need_apt+=(debootstrap)
@@ -58,5 +68,6 @@ if [ "$WANT_DOCKER" = 1 ]; then
     for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
     docker info >/dev/null 2>&1 || { echo "setup: dockerd did not start; see /tmp/sandgym-dockerd.log" >&2; exit 1; }
   fi
-  bash images/bootstrap-base.sh >&2
+  # --desktop: sandgym/desktop:latest, the image of the desktop-* tasks (built once, ~3 min).
+  bash images/bootstrap-base.sh --desktop >&2
 fi
