@@ -48,7 +48,7 @@ def _raise_fd_limit(need: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(need, hard), hard))
 
 
-async def _level(url: str, n: int, steps: int, rss: Any) -> dict[str, Any]:
+async def _level(url: str, n: int, steps: int, rss: Any, cpu: Any) -> dict[str, Any]:
     from envserver.client import AsyncEnvClient, EnvError
 
     latencies: list[float] = []
@@ -92,10 +92,10 @@ async def _level(url: str, n: int, steps: int, rss: Any) -> dict[str, Any]:
             except Exception:
                 pass
 
-    rss_before = rss()
+    rss_before, cpu_before = rss(), cpu()
     tasks = [asyncio.create_task(session()) for _ in range(n)]
     await all_stepped.wait()
-    rss_peak = rss()
+    rss_peak, cpu_used = rss(), cpu() - cpu_before
     release.set()
     await asyncio.gather(*tasks)
     total_steps = len(latencies)
@@ -110,6 +110,9 @@ async def _level(url: str, n: int, steps: int, rss: Any) -> dict[str, Any]:
         "step_p50_ms": round(percentile(latencies, 50) * 1000, 3) if latencies else None,
         "step_p99_ms": round(percentile(latencies, 99) * 1000, 3) if latencies else None,
         "steps_per_s": round(total_steps / span, 1) if span else None,
+        # Server CPU over connect + reset + steps, per step: the server's own cost, whatever
+        # the clients sharing the machine do to wall-clock figures.
+        "server_cpu_us_per_step": round(cpu_used / max(1, total_steps) * 1e6, 1),
         "server_rss_before_mb": round(rss_before / 2**20, 1),
         "server_rss_peak_mb": round(rss_peak / 2**20, 1),
         "server_kb_per_session": round((rss_peak - rss_before) / 1024 / max(1, ok_sessions), 1),
@@ -117,6 +120,8 @@ async def _level(url: str, n: int, steps: int, rss: Any) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Other work on the machine skews latencies: the load is recorded beside the figures.
+    load_start = [round(x, 2) for x in os.getloadavg()]
     from envserver.runner import ServerProcess
 
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
@@ -133,14 +138,19 @@ def run(args: argparse.Namespace) -> int:
         root = write_bench_task(Path(tmp))
         with ServerProcess(args.backend, args=["--tasks", str(root)], env=env) as srv:
             for n in levels:
-                res = asyncio.run(_level(srv.url, n, args.steps, srv.rss_bytes))
+                res = asyncio.run(_level(srv.url, n, args.steps, srv.rss_bytes, srv.cpu_seconds))
                 results.append(res)
                 print(f"bench sessions: {n} sessions done", file=sys.stderr)
                 time.sleep(1.0)  # let the pool destroy the level's sandboxes
     doc = {
         "bench": "sessions",
         "backend": args.backend,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "loadavg_at_start": load_start,
+            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+        },
         "note": "clients and server share this machine's CPUs; figures are lower bounds",
         "results": results,
     }
@@ -157,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
         for r in results:
             print(
                 f"{r['sessions']:>8} {r['success_rate']:>7.2%} {r['step_p50_ms']:>8} "
-                f"{r['step_p99_ms']:>8} {r['steps_per_s']:>9} {r['server_kb_per_session']:>8}"
+                f"{r['step_p99_ms']:>8} {r['steps_per_s']:>9} {r['server_kb_per_session']:>8} "
+                f"{r['server_cpu_us_per_step']:>15}"
             )
     return 0 if all(r["success_rate"] == 1.0 for r in results) else 1

@@ -131,6 +131,8 @@ def _bench_backend(name: str, task_root: Path, args: argparse.Namespace) -> dict
 
 
 def run(args: argparse.Namespace) -> int:
+    # Other work on the machine skews latencies: the load is recorded beside the figures.
+    load_start = [round(x, 2) for x in os.getloadavg()]
     names = [b.strip() for b in args.backends.split(",") if b.strip()]
     results: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
@@ -147,7 +149,12 @@ def run(args: argparse.Namespace) -> int:
         "command": "true",
         "n": args.n,
         "warmup": args.warmup,
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "loadavg_at_start": load_start,
+            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+        },
         "results": results,
         "skipped": skipped,
     }

@@ -8,6 +8,7 @@ protocol implementation, no per-request access log, the frame size cap and keepa
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 import time
@@ -161,7 +162,6 @@ class ServerProcess:
         host: str = "127.0.0.1",
         startup_timeout_s: float = 60.0,
     ) -> None:
-        import os
         import subprocess
         import sys
 
@@ -209,6 +209,13 @@ class ServerProcess:
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1]) * 1024
         raise RuntimeError(f"no VmRSS for pid {self.pid}")
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the server process has used so far (Linux /proc)."""
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        return (int(fields[11]) + int(fields[12])) / ticks
 
     def stop(self) -> None:
         import signal
