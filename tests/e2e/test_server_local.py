@@ -4,6 +4,8 @@ Gymnasium env passes `check_env` against it."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from gymnasium.utils.env_checker import check_env
 
@@ -68,3 +70,33 @@ def test_check_env_on_local(local_server):
         check_env(env, skip_render_check=True)
     finally:
         env.close()
+
+
+async def test_lost_submit_reply_is_recovered_after_resume(local_server):
+    """The connection drops right after `submit` is sent: the client resumes and resends, and
+    the server answers from its cache (the verifier does not run twice)."""
+    async with AsyncEnvClient(local_server.url, reconnect_backoff_s=0.01) as env:
+        await env.reset("builtin/hello-file")
+        await env.step("echo 'Hello, world!' > /app/hello.txt")
+        ws = env._ws
+        assert ws is not None
+        original_recv = ws.recv
+
+        async def drop_then_recv(*a, **kw):  # the reply is lost with the connection
+            await ws.close()
+            return await original_recv(*a, **kw)
+
+        ws.recv = drop_then_recv  # type: ignore[method-assign]
+        final = await env.step({"kind": "submit"})
+    assert env.reconnects == 1
+    assert final.terminated is True and final.reward == 1.0
+
+
+def test_sandgym_run_cli_oracle(capsys):
+    from envserver.cli import main
+
+    rc = main(["run", "--task", "builtin/hello-file", "--backend", "local", "--json"])
+    record = json.loads(capsys.readouterr().out)
+    assert rc == 0 and record["reward"] == 1.0 and record["error"] is None
+    kinds = [s["action"]["kind"] for s in record["steps"]]
+    assert kinds == ["write_file", "command", "submit"]
