@@ -770,10 +770,25 @@ class E2BBackend(SandboxBackend):
             raise
         return sb
 
+    def _unavailable(self, exc: Exception) -> BackendUnavailableError | None:
+        """The BackendUnavailableError an SDK failure amounts to (refused key, E2B unreachable),
+        or None when the failure is about the request itself."""
+        import httpx
+
+        if isinstance(exc, self.sdk.AuthenticationException):
+            return BackendUnavailableError(f"e2b: the API key was refused: {exc}")
+        if isinstance(exc, httpx.TransportError):
+            return BackendUnavailableError(
+                f"e2b: the E2B API cannot be reached from here (expected a connection to "
+                f"{os.environ.get('E2B_DOMAIN', 'e2b.app')}): {exc}"
+            )
+        return None
+
     def _create_error(self, template: str, exc: Exception) -> SandboxError:
         sdk = self.sdk
-        if isinstance(exc, sdk.AuthenticationException):
-            return BackendUnavailableError(f"e2b: the API key was refused: {exc}")
+        unavailable = self._unavailable(exc)
+        if unavailable is not None:
+            return unavailable
         if isinstance(exc, sdk.NotFoundException) or "not found" in str(exc).lower():
             return SandboxCreateError(
                 f"e2b: template {template!r} was not found: build it "
@@ -805,11 +820,21 @@ class E2BBackend(SandboxBackend):
         """Every E2B sandbox (running or paused) whose metadata says sandgym manages it."""
         sdk, api = self.sdk, self._api()
         query = sdk.SandboxQuery(metadata={LABEL_MANAGED: "1", **(extra or {})})
-        paginator = sdk.AsyncSandbox.list(query=query, **api)
         found: list[Any] = []
-        while paginator.has_next:
-            page = await asyncio.wait_for(paginator.next_items(), self.request_timeout_s + 5)
-            found.extend(page)
+        try:
+            paginator = sdk.AsyncSandbox.list(query=query, **api)
+            while paginator.has_next:
+                page = await asyncio.wait_for(paginator.next_items(), self.request_timeout_s + 5)
+                found.extend(page)
+        except TimeoutError as exc:
+            raise BackendUnavailableError(
+                f"e2b: listing sandboxes got no answer within {self.request_timeout_s:.0f} s"
+            ) from exc
+        except Exception as exc:
+            unavailable = self._unavailable(exc)
+            if unavailable is not None:
+                raise unavailable from exc
+            raise SandboxError(f"e2b: listing sandboxes failed: {exc}") from exc
         return found
 
     async def reap_matching(

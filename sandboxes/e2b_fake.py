@@ -19,7 +19,7 @@ runs them inside the VM:
 - a sandbox past its `timeout`, or ended with `FakeE2BCloud.expire`, is gone: its calls raise
   `SandboxNotRunningException` and `is_running()` is False;
 - a missing or unknown API key raises `AuthenticationException`, an unknown template
-  `NotFoundException`.
+  `NotFoundException`; with `offline` set, control-plane calls raise `httpx.ConnectError`.
 
 Every call is recorded in `FakeE2BCloud.calls` so tests can check what the backend asked for.
 
@@ -155,6 +155,8 @@ class FakeE2BCloud:
         self.page_size = page_size
         self.records: dict[str, _Record] = {}
         self.calls: list[tuple[str, dict[str, Any]]] = []
+        #: When set, control-plane calls fail as the SDK does when E2B cannot be reached.
+        self.offline = False
         self.sdk = _make_sdk(self)
 
     # -- test controls -----------------------------------------------------------------------
@@ -174,6 +176,10 @@ class FakeE2BCloud:
 
     # -- internals ---------------------------------------------------------------------------
     def _check_key(self, api_key: str | None) -> None:
+        if self.offline:
+            import httpx
+
+            raise httpx.ConnectError("client error (Connect): dns error: api.e2b.app")
         key = api_key or os.environ.get("E2B_API_KEY")
         if not key:
             raise AuthenticationException(

@@ -99,6 +99,14 @@ async def test_refused_api_key_is_backend_unavailable(cloud):
         await b.create(SandboxSpec())
 
 
+async def test_unreachable_e2b_is_backend_unavailable(cloud, backend):
+    cloud.offline = True
+    with pytest.raises(BackendUnavailableError, match="cannot be reached"):
+        await backend.create(SandboxSpec())
+    with pytest.raises(BackendUnavailableError, match="cannot be reached"):
+        await backend.reap()
+
+
 async def test_create_tags_metadata_template_env_and_network(cloud, backend):
     spec = SandboxSpec(
         image="sandgym/terminal:latest",
