@@ -5,9 +5,9 @@ back as an observation (with a non-zero `exit_code`) so the policy can learn fro
 infrastructure failures (a dead sandbox, a shell that does not come back) raise, and
 `envserver.errors.to_wire_error` turns those into a code.
 
-Desktop actions (`click`, ..., `screenshot`) drive the sandbox's X display with `xdotool` and
-take screenshots with `scrot` or ImageMagick's `import`; a sandbox without them answers with
-`UnsupportedActionError` (wire code `invalid_message`).
+Desktop actions (`click`, ..., `screenshot`) go to the episode's `sandboxes.desktop.Desktop`
+(started at reset for tasks whose metadata says `sandgym_desktop = true`); on a task without a
+desktop they raise `UnsupportedActionError` (wire code `invalid_message`).
 """
 
 from __future__ import annotations
@@ -17,18 +17,10 @@ from typing import Any
 
 from envserver.errors import UnsupportedActionError
 from envserver.protocol import (
-    ClickAction,
     CommandAction,
-    DoubleClickAction,
-    DragAction,
-    KeyAction,
     KeysAction,
-    MoveAction,
     Observation,
     ReadFileAction,
-    ScreenshotAction,
-    ScrollAction,
-    TypeAction,
     WriteFileAction,
 )
 from sandboxes import Sandbox
@@ -36,11 +28,6 @@ from sandboxes.errors import SandboxFileNotFoundError, SandboxPathError
 from sandboxes.spec import truncate_output
 
 TIMEOUT_MARKER = "\n[sandgym: command timed out after {timeout_s:g}s and was killed]\n"
-_BUTTONS = {"left": 1, "middle": 2, "right": 3}
-_SCREENSHOT = (
-    'f=$(mktemp --suffix=.png) && { scrot -o "$f" || import -window root "$f"; } '
-    '>/dev/null 2>&1 && base64 -w0 "$f"; rc=$?; rm -f "$f"; exit $rc'
-)
 
 
 def _cut(text: str, limit: int) -> str:
@@ -86,61 +73,22 @@ async def apply_action(
             return Observation(output=f"read_file: {exc}\n", exit_code=1), {}
         text, cut = truncate_output(data, limit)
         return Observation(output=text, exit_code=0), ({"output_truncated": True} if cut else {})
-    return await _desktop(sandbox, action, timeout_s=timeout_s)
-
-
-def _xdotool_args(action: Any) -> list[str]:
-    if isinstance(action, ClickAction):
-        return ["mousemove", str(action.x), str(action.y), "click", str(_BUTTONS[action.button])]
-    if isinstance(action, DoubleClickAction):
-        button = str(_BUTTONS[action.button])
-        return ["mousemove", str(action.x), str(action.y), "click", "--repeat", "2", button]
-    if isinstance(action, MoveAction):
-        return ["mousemove", str(action.x), str(action.y)]
-    if isinstance(action, DragAction):
-        button = str(_BUTTONS[action.button])
-        return ["mousemove", str(action.x), str(action.y), "mousedown", button,
-                "mousemove", str(action.to_x), str(action.to_y), "mouseup", button]  # fmt: skip
-    if isinstance(action, ScrollAction):
-        args: list[str] = []
-        if action.x is not None and action.y is not None:
-            args += ["mousemove", str(action.x), str(action.y)]
-        # X buttons 4/5 scroll up/down, 6/7 left/right; one click per notch.
-        for count, neg, pos in ((action.dy, "4", "5"), (action.dx, "6", "7")):
-            if count:
-                args += ["click", "--repeat", str(abs(count)), pos if count > 0 else neg]
-        return args
-    if isinstance(action, TypeAction):
-        return ["type", "--", action.text]
-    if isinstance(action, KeyAction):
-        return ["key", "--", action.key]
     raise UnsupportedActionError(f"unsupported action kind {getattr(action, 'kind', action)!r}")
 
 
-async def _desktop(
-    sandbox: Sandbox, action: Any, *, timeout_s: float
-) -> tuple[Observation, dict[str, Any]]:
-    # The desktop image sets DISPLAY itself; only a spec that names one overrides it.
-    display = sandbox.spec.env.get("DISPLAY")
-    env = {"DISPLAY": display} if display else None
-    if not isinstance(action, ScreenshotAction):
-        args = _xdotool_args(action)
-        if args:
-            res = await sandbox.exec(["xdotool", *args], timeout_s=timeout_s, env=env)
-            if res.exit_code == 127:
-                raise UnsupportedActionError(
-                    f"desktop action {action.kind!r} needs xdotool and an X display in the "
-                    f"sandbox; found none ({res.stderr.strip()[:200]})"
-                )
-            if res.exit_code != 0:
-                return Observation(output=res.stdout + res.stderr, exit_code=res.exit_code), {}
-    shot = await sandbox.exec(_SCREENSHOT, timeout_s=timeout_s, env=env)
-    if shot.exit_code != 0 or not shot.stdout:
+async def apply_desktop(desktop: Any, action: Any) -> Observation:
+    """Apply a desktop action (`click` ... `screenshot`) on the episode's desktop."""
+    if desktop is None:
         raise UnsupportedActionError(
-            f"screenshot needs scrot or ImageMagick and an X display in the sandbox; "
-            f"got exit code {shot.exit_code} ({shot.stderr.strip()[:200]})"
+            f"action {action.kind!r} needs a desktop task (metadata sandgym_desktop = true); "
+            "this episode's task has no desktop"
         )
-    return Observation(output="", exit_code=0, image=shot.stdout.strip()), {}
+    from sandboxes.desktop import apply_desktop_action
+
+    fields = await apply_desktop_action(desktop, action.model_dump(exclude_none=True))
+    return Observation(
+        output=fields.get("output", ""), exit_code=fields.get("exit_code"), image=fields["image"]
+    )
 
 
 def describe(action: Any) -> str:

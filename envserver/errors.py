@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from envserver.protocol import ErrorCode
 from sandboxes import errors as sbx
+from sandboxes.desktop import DesktopActionError, DesktopError
 from sandboxes.pool import PoolClosedError, PoolTimeoutError
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,10 @@ def to_wire_error(exc: BaseException) -> WireError:
         return WireError("capacity", f"no sandbox available: {msg}", True)
     if isinstance(exc, PoolClosedError):
         return WireError("internal", f"server shutting down: {msg}", True)
+    if isinstance(exc, DesktopActionError):
+        return WireError("invalid_message", msg, False)
+    if isinstance(exc, DesktopError):  # no X server, app failed to start: not the agent's doing
+        return WireError("internal", f"desktop: {msg}", True)
     if isinstance(exc, sbx.CommandTimeoutError):
         return WireError("action_timeout", msg, True)
     if isinstance(exc, sbx.SandboxLostError | sbx.SandboxClosedError):

@@ -166,6 +166,7 @@ class ScreenshotAction(_Wire):
     """Desktop: return a screenshot (base64 PNG in the observation's `image`)."""
 
     kind: Literal["screenshot"] = "screenshot"
+    scale: float | None = Field(None, gt=0, le=1, description="shrink the image by this factor")
 
 
 Action = Annotated[
@@ -240,8 +241,9 @@ class ResumeMsg(_Wire):
 
 
 ClientMsg = Annotated[ResetMsg | StepMsg | CloseMsg | ResumeMsg, Field(discriminator="type")]
-_CLIENT_MSG: TypeAdapter[ResetMsg | StepMsg | CloseMsg | ResumeMsg] = TypeAdapter(ClientMsg)
-_ACTION: TypeAdapter[Any] = TypeAdapter(Action)
+# mypy types TypeAdapter's argument as `type[T]`; an Annotated union is valid at run time.
+_CLIENT_MSG: TypeAdapter[ResetMsg | StepMsg | CloseMsg | ResumeMsg] = TypeAdapter(ClientMsg)  # type: ignore[arg-type]
+_ACTION: TypeAdapter[Any] = TypeAdapter(Action)  # type: ignore[arg-type]
 
 
 def parse_client_message(data: str | bytes) -> ResetMsg | StepMsg | CloseMsg | ResumeMsg:
@@ -311,7 +313,7 @@ ServerReply = Annotated[
     ObservationReply | StepResultReply | ClosedReply | ErrorReply, Field(discriminator="type")
 ]
 _SERVER_REPLY: TypeAdapter[ObservationReply | StepResultReply | ClosedReply | ErrorReply] = (
-    TypeAdapter(ServerReply)
+    TypeAdapter(ServerReply)  # type: ignore[arg-type]
 )
 
 

@@ -29,10 +29,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from envserver.actions import apply_action
+from envserver.actions import apply_action, apply_desktop
 from envserver.errors import BusyError, CapacityError, NoEpisodeError
 from envserver.metrics import ServerMetrics
 from envserver.protocol import (
+    DESKTOP_ACTION_KINDS,
     ClosedReply,
     CloseMsg,
     CommandAction,
@@ -40,6 +41,7 @@ from envserver.protocol import (
     ObservationReply,
     ResetMsg,
     ResumeMsg,
+    ScreenshotAction,
     StepMsg,
     StepResultReply,
     SubmitAction,
@@ -68,6 +70,7 @@ class Session:
     sandbox: Sandbox
     setup: Any
     seed: int | None
+    desktop: Any = None  # sandboxes.desktop.Desktop of a desktop task, else None
     started: float = field(default_factory=time.monotonic)
     last_active: float = field(default_factory=time.monotonic)
     steps: int = 0
@@ -168,6 +171,7 @@ class EnvService:
 
     # -- the four requests ---------------------------------------------------------------------
     async def reset(self, conn: Connection, msg: ResetMsg) -> ObservationReply:
+        from sandboxes.desktop import start_task_desktop
         from tasks.runtime import prepare_episode
 
         if conn.session is not None:
@@ -189,6 +193,7 @@ class EnvService:
             try:
                 t1 = time.perf_counter()
                 setup = await prepare_episode(task, sandbox, msg.seed)
+                desktop = await start_task_desktop(sandbox, task.metadata, user=task.agent_user)
                 prepare_s = time.perf_counter() - t1
             except BaseException:
                 await asyncio.shield(self.pool.release(sandbox))
@@ -203,6 +208,7 @@ class EnvService:
             sandbox=sandbox,
             setup=setup,
             seed=msg.seed,
+            desktop=desktop,
             conn=conn,
         )
         self.sessions[session.id] = session
@@ -210,6 +216,9 @@ class EnvService:
         if not conn.open:  # the socket dropped while the sandbox was being prepared
             self.detach(conn)
         obs = Observation(output=getattr(setup, "instruction", None) or task.instruction)
+        if desktop is not None:  # a desktop agent's first look at the screen
+            obs = await apply_desktop(desktop, ScreenshotAction())
+            obs.output = setup.instruction
         session.last_observation = obs
         return ObservationReply(
             request_id=msg.request_id,
@@ -222,6 +231,7 @@ class EnvService:
                 "acquire_s": acquire_s,
                 "prepare_s": prepare_s,
                 "from_pool": sandbox.from_pool,
+                "desktop": desktop is not None,
                 "sandbox_id": sandbox.id,
                 "backend": self.backend.name if self.backend else None,
                 "max_steps": self.settings.max_steps,
@@ -306,9 +316,12 @@ class EnvService:
             timeout_s = action.timeout_s
         # Never let one action outlive the episode's own time limit by much.
         timeout_s = max(0.001, min(timeout_s, settings.max_action_timeout_s, remaining))
-        obs, info = await apply_action(
-            s.sandbox, action, timeout_s=timeout_s, max_output_bytes=settings.max_output_bytes
-        )
+        if action.kind in DESKTOP_ACTION_KINDS:
+            obs, info = await apply_desktop(s.desktop, action), {}
+        else:
+            obs, info = await apply_action(
+                s.sandbox, action, timeout_s=timeout_s, max_output_bytes=settings.max_output_bytes
+            )
         action_s = time.perf_counter() - t0
         self.metrics.latency_by_kind[action.kind].observe(action_s)
         self.metrics.steps.inc()

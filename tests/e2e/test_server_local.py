@@ -4,7 +4,9 @@ Gymnasium env passes `check_env` against it."""
 
 from __future__ import annotations
 
+import base64
 import json
+import shutil
 
 import pytest
 from gymnasium.utils.env_checker import check_env
@@ -100,3 +102,20 @@ def test_sandgym_run_cli_oracle(capsys):
     assert rc == 0 and record["reward"] == 1.0 and record["error"] is None
     kinds = [s["action"]["kind"] for s in record["steps"]]
     assert kinds == ["write_file", "command", "submit"]
+
+
+@pytest.mark.skipif(
+    not all(shutil.which(p) for p in ("Xvfb", "xdotool")), reason="no Xvfb/xdotool on this host"
+)
+async def test_desktop_task_episode(local_server):
+    task = TaskRegistry().get("builtin/desktop-press-button")
+    async with AsyncEnvClient(local_server.url) as env:
+        obs, info = await env.reset(task.id, seed=0)
+        assert info["desktop"] is True and obs["output"].strip()
+        assert base64.b64decode(obs["image"]).startswith(b"\x89PNG")
+        click = await env.step({"kind": "move", "x": 5, "y": 5})
+        assert click.observation["exit_code"] == 0 and click.observation["image"]
+        for action in oracle_actions(task):
+            await env.step(action)
+        final = await env.step({"kind": "submit"})
+    assert final.reward == 1.0, final.info.get("verifier_output")

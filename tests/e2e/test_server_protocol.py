@@ -249,6 +249,10 @@ async def test_file_actions_and_keys(null_server):
         )
         k = await env.step({"kind": "keys", "keys": "abc"})
         assert k.observation["screen"] == "abc"
+        with pytest.raises(EnvError) as exc:  # not a desktop task
+            await env.step({"kind": "click", "x": 1, "y": 1})
+        assert exc.value.code == "invalid_message" and "desktop" in exc.value.message
+        assert (await env.step("echo fine")).observation["output"] == "fine\n"
 
 
 async def test_auth(make_server):
