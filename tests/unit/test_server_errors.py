@@ -8,6 +8,7 @@ from pydantic import ValidationError
 from envserver import errors as e
 from envserver.protocol import ERROR_CODES, parse_client_message
 from sandboxes import errors as sbx
+from sandboxes.desktop import DesktopActionError, DesktopStartError
 from sandboxes.pool import PoolClosedError, PoolKeyFailingError, PoolTimeoutError
 from tasks import errors as terr
 
@@ -44,6 +45,8 @@ def _validation_error() -> ValidationError:
         (sbx.SandboxCreateError("no image"), "internal", True),
         (sbx.BackendUnavailableError("no docker"), "internal", False),
         (terr.TaskError("generator failed"), "internal", False),
+        (DesktopActionError("x must be an int"), "invalid_message", False),
+        (DesktopStartError("no window"), "internal", True),
         (RuntimeError("boom"), "internal", False),
     ],
 )
