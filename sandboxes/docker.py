@@ -231,7 +231,7 @@ class DockerSandbox(Sandbox):
         super().__init__(spec, sandbox_id)
         self._backend = backend
         self.container_id = container_id
-        self.max_output_bytes = DEFAULT_MAX_OUTPUT_BYTES
+        self.max_output_bytes = backend.max_output_bytes  # per stream, exec and shell
         self._shell: Any = None  # sandboxes.shell.PexpectShell, started on first use
         self._shell_lock = asyncio.Lock()
         # Markers of recent execs, for recovering a sandbox whose pids their leftovers hold.
@@ -519,6 +519,14 @@ class DockerSandbox(Sandbox):
     async def _get_shell(self) -> Any:
         self._check_open()
         async with self._shell_lock:
+            if self._shell is not None and not self._shell.is_alive():
+                # The shell exited (`exit` typed, client killed): a new one, if the container
+                # still runs; state of the old shell is gone.
+                old, self._shell = self._shell, None
+                await old.close()
+                lost = await self._lost("shell")
+                if lost is not None:
+                    raise lost
             if self._shell is None:
                 from sandboxes.shell import PexpectShell
 
@@ -531,7 +539,10 @@ class DockerSandbox(Sandbox):
                 argv += ["-e", "PS1=", "-e", "PS2="]
                 argv += [self.container_id, "bash", "--noprofile", "--norc", "-i"]
                 shell = PexpectShell(
-                    argv, kill_tree=self._kill_tree, count_children=self._count_children
+                    argv,
+                    kill_tree=self._kill_tree,
+                    count_children=self._count_children,
+                    max_output_bytes=self.max_output_bytes,
                 )
                 try:
                     await shell.start()
@@ -738,8 +749,10 @@ class DockerBackend(SandboxBackend):
         runtime: str | None = None,
         docker_cli: str = "docker",
         client_timeout_s: float = 600.0,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
     ) -> None:
         super().__init__(owner_id, lease_s)
+        self.max_output_bytes = max_output_bytes
         self.default_image = default_image
         self.runtime = runtime
         self.docker_cli = docker_cli

@@ -424,3 +424,15 @@ async def test_container_killed_during_exec_is_lost(backend) -> None:
             await pending
     finally:
         await sb.close()
+
+
+async def test_shell_comes_back_after_exit(backend) -> None:
+    sb = await backend.create(SandboxSpec())
+    try:
+        assert (await sb.run("echo one")).output == "one\n"
+        await sb.send_keys("exit<Enter>")
+        await asyncio.sleep(0.5)
+        r = await sb.run("echo two")
+        assert (r.output, r.exit_code) == ("two\n", 0)
+    finally:
+        await sb.close()
