@@ -132,6 +132,8 @@ class EnvService:
         )
         if self.backend is None:
             self.backend = get_backend(s.backend, **s.backend_options)
+        if s.reap_on_start:
+            await self._reap_orphans()
         self.pool = SandboxPool(
             self.backend,
             PoolSettings(min_ready=s.pool_size, max_total=max(s.pool_max_total, s.max_sessions)),
@@ -145,6 +147,16 @@ class EnvService:
             len(self.task_ids()),
             s.max_sessions,
         )
+
+    async def _reap_orphans(self) -> None:
+        assert self.backend is not None
+        try:
+            removed = await self.backend.reap(only_expired=True)
+        except Exception:  # a failed cleanup must not keep the server from serving
+            log.exception("reaping orphaned sandboxes at startup failed")
+            return
+        if removed:
+            log.info("removed %d orphaned sandboxes at startup: %s", len(removed), removed[:10])
 
     async def stop(self) -> None:
         """End every episode, close the pool and the backend; survives cancellation."""

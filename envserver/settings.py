@@ -70,6 +70,9 @@ class ServerSettings(BaseSettings):
     max_output_bytes: int = Field(
         256 * 1024, ge=1024, description="an observation's output is cut to this many bytes"
     )
+    reap_on_start: bool = Field(
+        True, description="at startup, remove sandboxes a crashed server left (owner gone)"
+    )
     sweep_interval_s: float = Field(
         1.0, gt=0, description="how often idle and abandoned episodes are looked for"
     )
