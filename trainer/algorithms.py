@@ -200,14 +200,19 @@ def clipped_policy_loss(
     return loss, (clipped < unclipped).float()
 
 
-def token_logprobs_and_entropy(model: Any, input_ids: Any, attention_mask: Any) -> tuple[Any, Any]:
-    """log p(token t | tokens < t) for t >= 1 (position 0 gets 0), and the entropy there."""
+def token_logprobs_and_entropy(
+    model: Any, input_ids: Any, attention_mask: Any, entropy_grad: bool = True
+) -> tuple[Any, Any]:
+    """log p(token t | tokens < t) for t >= 1 (position 0 gets 0), and the entropy there.
+
+    With `entropy_grad=False` the entropy is a statistic only (no graph over the vocabulary)."""
     import torch
 
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
     logp_all = torch.log_softmax(logits, dim=-1)
     lp = torch.gather(logp_all, -1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    ent = -(logp_all.exp() * logp_all).sum(-1)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        ent = -(logp_all.exp() * logp_all).sum(-1)
     pad = torch.zeros_like(lp[:, :1])
     return torch.cat([pad, lp], dim=1), torch.cat([pad, ent], dim=1)
 
@@ -245,7 +250,7 @@ def compute_loss(
 
     mask = batch["loss_mask"]
     logprobs, entropy = token_logprobs_and_entropy(
-        model, batch["input_ids"], batch["attention_mask"]
+        model, batch["input_ids"], batch["attention_mask"], settings.entropy_coef > 0
     )
     pg, clipped = clipped_policy_loss(
         logprobs, batch["old_logprobs"], batch["advantages"], settings.clip_low, settings.clip_high
