@@ -14,6 +14,8 @@
 #    (Xvfb, openbox, xdotool, scrot, ImageMagick, Tk: the image of the desktop-* tasks).
 #
 # Idempotent: an image that already exists is kept unless --force is given.
+# Environment: SANDGYM_BASE_IMAGE, SANDGYM_TERMINAL_IMAGE, SANDGYM_ENVSERVER_IMAGE (tags),
+# SANDGYM_CA_BUNDLE (default /etc/ssl/certs/ca-certificates.crt), SANDGYM_SKIP_ALIASES=1.
 set -euo pipefail
 
 FORCE=0
@@ -26,7 +28,7 @@ for arg in "$@"; do
         --no-terminal) TERMINAL=0 ;;
         --envserver) ENVSERVER=1 ;;
         --desktop) DESKTOP=1 ;;
-        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
         *) echo "bootstrap-base.sh: unknown argument $arg (expected --force, --no-terminal, --envserver, --desktop)" >&2; exit 2 ;;
     esac
 done
@@ -136,6 +138,7 @@ build_terminal() {
         docker build -q --build-arg "BASE=$BASE_IMAGE" -t "$TERMINAL_IMAGE" "$HERE/terminal" >/dev/null
         log "built $TERMINAL_IMAGE in $(echo "$(date +%s.%N) - $t0" | bc) s"
     fi
+    if [ -n "${SANDGYM_SKIP_ALIASES:-}" ]; then return; fi
     for a in "${ALIASES[@]}"; do
         # Never shadow a real image someone loaded by hand under that name.
         if ! image_exists "$a" || [ "$FORCE" = 1 ]; then
