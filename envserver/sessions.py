@@ -418,14 +418,22 @@ class EnvService:
             self._end_bg(s, "disconnected")
 
     def _end_bg(self, s: Session, reason: str) -> None:
-        task = asyncio.create_task(self._end(s, reason))
+        """End now (no resume or step can reach it from here on); release in the background."""
+        if not self._finish(s, reason):
+            return
+        task = asyncio.create_task(self._release(s))
         self._ending.add(task)
         task.add_done_callback(self._ending.discard)
 
     async def _end(self, s: Session, reason: str) -> None:
         """End an episode and hand its sandbox back to the pool (which destroys it)."""
+        if self._finish(s, reason):
+            await self._release(s)
+
+    def _finish(self, s: Session, reason: str) -> bool:
+        """Mark an episode ended, synchronously; False when it already was."""
         if s.done:
-            return
+            return False
         s.done = True
         s.detached_at = time.monotonic()  # from now on: how long the final reply is kept
         self.sessions.pop(s.id, None)
@@ -434,11 +442,15 @@ class EnvService:
         if s.conn is not None and s.conn.session is s:
             s.conn.session = None
         self.metrics.episodes.labels(reason).inc()
-        if self.pool is not None:
-            try:
-                await asyncio.shield(self.pool.release(s.sandbox))
-            except Exception:
-                log.exception("releasing sandbox %s failed", s.sandbox.id)
+        return True
+
+    async def _release(self, s: Session) -> None:
+        if self.pool is None:
+            return
+        try:
+            await asyncio.shield(self.pool.release(s.sandbox))
+        except Exception:
+            log.exception("releasing sandbox %s failed", s.sandbox.id)
 
     async def _sweep_loop(self) -> None:
         while True:
