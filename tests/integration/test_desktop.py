@@ -231,7 +231,7 @@ async def test_pixels_click_type_drag_scroll(backend: Any) -> None:
         assert pixel(after, ox + 70, oy + 50) == (0x1E, 0x90, 0xFF)
 
         await apply_desktop_action(desktop, {"kind": "click", "x": ox + 200, "y": oy + 114})
-        await apply_desktop_action(desktop, {"kind": "type", "text": "héllo wörld 42"})
+        await apply_desktop_action(desktop, {"kind": "type", "text": "Hello, World: 42 (ok)!"})
         await apply_desktop_action(desktop, {"kind": "key", "key": "Return"})
         await apply_desktop_action(
             desktop,
@@ -246,7 +246,7 @@ async def test_pixels_click_type_drag_scroll(backend: Any) -> None:
         events = await _events(sb)
         kinds = [e["kind"] for e in events]
         assert kinds[0] == "button"
-        assert {"kind": "entry", "text": "héllo wörld 42"} in events
+        assert {"kind": "entry", "text": "Hello, World: 42 (ok)!"} in events
         presses = [e for e in events if e["kind"] in ("press", "release")]
         assert presses[:2] == [
             {"kind": "press", "x": 20, "y": 20},
@@ -255,6 +255,17 @@ async def test_pixels_click_type_drag_scroll(backend: Any) -> None:
         assert {"kind": "double", "x": 80, "y": 50} in events
         wheel = [e["dy"] for e in events if e["kind"] == "wheel"]
         assert wheel == [1, 1, 1, -1, -1]
+
+        # The agent's mistakes are data: a reason, a non-zero exit code, the screen as it is.
+        for bad, reason in (
+            ({"kind": "click", "x": 900, "y": 10}, "inside the 800x600 screen"),
+            ({"kind": "key", "key": "ctrl+s; reboot"}, "key chords"),
+            ({"kind": "double_click", "x": 10, "y": 10, "button": "thumb"}, "mouse button"),
+            ({"kind": "key", "key": "NoSuchKeysym"}, ""),
+        ):
+            obs = await apply_desktop_action(desktop, bad)
+            assert obs["exit_code"] != 0 and reason in obs["output"], (bad, obs["output"])
+            assert png_size(base64.b64decode(obs["image"])) == (800, 600)
 
         # A screenshot action changes nothing and still returns an image.
         obs = await apply_desktop_action(desktop, {"kind": "screenshot", "scale": 0.25})
@@ -300,11 +311,10 @@ async def test_malformed_actions_are_named_errors() -> None:
             ({"kind": "fly"}, "kind"),
             ({"kind": "click", "x": 1}, "'y'"),
             ({"kind": "click", "x": 1, "y": "2"}, "integer 'y'"),
-            ({"kind": "click", "x": 800, "y": 2}, "inside the 800x600 screen"),
-            ({"kind": "click", "x": 1, "y": 2, "button": "thumb"}, "mouse button"),
+            ({"kind": "click", "x": 1, "y": 2, "button": [1]}, "'button'"),
             ({"kind": "drag", "x": 1, "y": 2, "to_x": 3}, "'to_y'"),
             ({"kind": "type"}, "string 'text'"),
-            ({"kind": "key", "key": "ctrl+s; rm -rf /"}, "key chords"),
+            ({"kind": "key", "key": 5}, "string 'key'"),
             ({"kind": "screenshot", "scale": 9}, "scale"),
         ]
         for action, message in cases:
@@ -312,6 +322,13 @@ async def test_malformed_actions_are_named_errors() -> None:
                 await apply_desktop_action(desktop, action)
         with pytest.raises(DesktopActionError, match="display"):
             Desktop(sb, "host:0", 10, 10)
+        # The Desktop methods themselves refuse what they cannot do, by name.
+        with pytest.raises(DesktopActionError, match="inside the 800x600 screen"):
+            await desktop.click(800, 2)
+        with pytest.raises(DesktopActionError, match="mouse button"):
+            await desktop.click(1, 2, "thumb")
+        with pytest.raises(DesktopActionError, match="key chords"):
+            await desktop.key("ctrl+s; rm -rf /")
     finally:
         await sb.close()
 
