@@ -12,7 +12,6 @@ desktop they raise `UnsupportedActionError` (wire code `invalid_message`).
 
 from __future__ import annotations
 
-import shlex
 from typing import Any
 
 from envserver.errors import UnsupportedActionError
@@ -89,10 +88,3 @@ async def apply_desktop(desktop: Any, action: Any) -> Observation:
     return Observation(
         output=fields.get("output", ""), exit_code=fields.get("exit_code"), image=fields["image"]
     )
-
-
-def describe(action: Any) -> str:
-    """A short, log-safe description of an action."""
-    if isinstance(action, CommandAction):
-        return "command " + shlex.quote(action.command[:80])
-    return str(getattr(action, "kind", "?"))

@@ -161,7 +161,9 @@ class Connection:
                 self._open = False  # the peer is gone; the reply is cached for a resend
 
 
-def create_app(settings: ServerSettings | None = None, backend: SandboxBackend | None = None):  # type: ignore[no-untyped-def]
+def create_app(
+    settings: ServerSettings | None = None, backend: SandboxBackend | None = None
+) -> FastAPI:
     """Build the server app. `backend` overrides `settings.backend` (tests pass a fake one)."""
     settings = settings or ServerSettings()
     service = EnvService(settings, backend)
