@@ -312,6 +312,8 @@ class E2BSandbox(Sandbox):
             ) from exc
         except SandboxError:
             raise
+        except self._sdk.CommandExitException:
+            raise  # a non-zero exit is data: the caller decides
         except Exception as exc:
             raise await self._map_error(what, exc) from exc
 
@@ -472,13 +474,11 @@ class E2BSandbox(Sandbox):
                 ),
                 timeout_s=timeout_s + 5,
             )
-        except SandboxError as exc:
-            cause = exc.__cause__
-            if isinstance(cause, self._sdk.CommandExitException):
-                raise SandboxError(
-                    f"sandbox {self.id}: helper exited {cause.exit_code}: {cause.stderr!r}"
-                ) from cause
-            raise
+        except self._sdk.CommandExitException as exc:
+            raise SandboxError(
+                f"sandbox {self.id}: expected exit 0 from {script[:80]!r}, got "
+                f"{exc.exit_code}: {str(exc.stderr or '').strip()[-300:]!r}"
+            ) from exc
         return str(res.stdout or "")
 
     # -- the persistent shell ----------------------------------------------------------------
