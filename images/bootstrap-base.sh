@@ -71,7 +71,7 @@ build_base() {
     mirror="$(find_mirror)"
     rootfs="$(mktemp -d /tmp/sandgym-rootfs.XXXXXX)"
     # debootstrap leaves mounts (proc, sys) behind when it dies half-way; umount before rm.
-    trap 'umount -R "$rootfs"/proc "$rootfs"/sys 2>/dev/null || true; rm -rf "$rootfs"' EXIT
+    trap 'umount -R "$rootfs"/proc "$rootfs"/sys "$rootfs"/dev 2>/dev/null || true; rm -rf --one-file-system "$rootfs"' EXIT
     t0=$(date +%s.%N)
     log "debootstrap --variant=minbase $SUITE $rootfs $mirror"
     debootstrap --variant=minbase --include=ca-certificates "$SUITE" "$rootfs" "$mirror" >/tmp/sandgym-debootstrap.log 2>&1 \
@@ -95,7 +95,7 @@ path-exclude /usr/share/doc/*
 path-exclude /usr/share/man/*
 path-exclude /usr/share/info/*
 EOF
-    rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+    rm -rf --one-file-system "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
     log "debootstrap done in $(echo "$(date +%s.%N) - $t0" | bc) s; importing"
     t0=$(date +%s.%N)
     tar --numeric-owner -C "$rootfs" -c . | docker import \
@@ -106,9 +106,9 @@ EOF
         -c 'CMD ["/bin/bash"]' \
         - "$BASE_IMAGE" >/dev/null
     log "imported $BASE_IMAGE in $(echo "$(date +%s.%N) - $t0" | bc) s"
-    umount -R "$rootfs"/proc "$rootfs"/sys 2>/dev/null || true
+    umount -R "$rootfs"/proc "$rootfs"/sys "$rootfs"/dev 2>/dev/null || true
     # Deleting ~200 MB of small files takes 5-20 s; nothing waits for it.
-    (rm -rf "$rootfs" &)
+    (rm -rf --one-file-system "$rootfs" &)
     trap - EXIT
 }
 
