@@ -157,6 +157,9 @@ class FakeE2BCloud:
         self.calls: list[tuple[str, dict[str, Any]]] = []
         #: When set, control-plane calls fail as the SDK does when E2B cannot be reached.
         self.offline = False
+        #: Seconds between a VM existing and `create` answering (a slow control plane): a
+        #: client that gives up in between leaves a running VM behind, as with the real API.
+        self.create_latency_s = 0.0
         self.sdk = _make_sdk(self)
 
     # -- test controls -----------------------------------------------------------------------
@@ -640,6 +643,8 @@ class FakeAsyncSandbox:
             end_at=now + (timeout if timeout is not None else 300),
         )
         cloud.records[rec.e2b_id] = rec
+        if cloud.create_latency_s:
+            await asyncio.sleep(cloud.create_latency_s)
         return cls(rec, opts.get("api_key") or "")
 
     async def is_running(self, request_timeout: float | None = None) -> bool:

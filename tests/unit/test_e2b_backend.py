@@ -173,6 +173,22 @@ async def test_failed_preparation_kills_the_vm(cloud, backend):
     assert cloud.running_ids() == []
 
 
+async def test_create_timeout_and_cancel_leave_no_vm(cloud):
+    cloud.create_latency_s = 2.0  # the VM exists before the API answers
+    b = E2BBackend(api_key=cloud.api_key, sdk=cloud.sdk, create_timeout_s=0.5)
+    with pytest.raises(SandboxCreateError, match="took longer than"):
+        await b.create(SandboxSpec())
+    assert cloud.running_ids() == []
+    b.create_timeout_s = 30
+    task = asyncio.create_task(b.create(SandboxSpec()))
+    while len(cloud.records) < 2:  # noqa: ASYNC110  (wait until the VM exists, then give up)
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(cloud.records) == 2 and cloud.running_ids() == []
+
+
 def test_registry_builds_the_e2b_backend(cloud):
     b = get_backend("e2b", api_key=cloud.api_key, sdk=cloud.sdk)
     assert isinstance(b, E2BBackend) and b.name == "e2b"
