@@ -387,6 +387,12 @@ class DockerSandbox(Sandbox):
                     raise lost
         stdout, t1 = out.text()
         stderr, t2 = err.text()
+        if exit_code == 126 and stdout.startswith("OCI runtime exec failed") and not stderr:
+            # Docker could not start the program; say so the way a shell would: on stderr,
+            # and 127 when the program does not exist.
+            stdout, stderr = "", stdout.replace("\r\n", "\n")
+            if "executable file not found" in stderr or "no such file or directory" in stderr:
+                exit_code = 127
         return ExecResult(
             exit_code=exit_code,
             stdout=stdout,
