@@ -96,7 +96,7 @@ async def _direct(backend_name: str, task_root: Path, n: int, warmup: int) -> li
         await backend.aclose()
 
 
-async def _websocket(url: str, n: int, warmup: int) -> list[float]:
+async def _websocket(url: str, n: int, warmup: int, cpu: Any) -> tuple[list[float], float]:
     from envserver.client import AsyncEnvClient
 
     action = {"kind": "command", "command": "true"}
@@ -105,11 +105,12 @@ async def _websocket(url: str, n: int, warmup: int) -> list[float]:
         for _ in range(warmup):
             await env.step(action)
         samples = []
+        cpu0 = cpu()
         for _ in range(n):
             t0 = time.perf_counter()
             await env.step(action)
             samples.append(time.perf_counter() - t0)
-        return samples
+        return samples, (cpu() - cpu0) / n
 
 
 def _bench_backend(name: str, task_root: Path, args: argparse.Namespace) -> dict[str, Any]:
@@ -119,7 +120,7 @@ def _bench_backend(name: str, task_root: Path, args: argparse.Namespace) -> dict
     env = {"SANDGYM_MAX_STEPS": str(args.n + args.warmup + 10), "SANDGYM_INCLUDE_BUILTIN": "false"}
     direct = asyncio.run(_direct(name, task_root, args.n, args.warmup))
     with ServerProcess(name, args=["--tasks", str(task_root)], env=env) as srv:
-        ws = asyncio.run(_websocket(srv.url, args.n, args.warmup))
+        ws, cpu_per_step = asyncio.run(_websocket(srv.url, args.n, args.warmup, srv.cpu_seconds))
     d, w = summarize(direct), summarize(ws)
     return {
         "backend": name,
@@ -127,6 +128,9 @@ def _bench_backend(name: str, task_root: Path, args: argparse.Namespace) -> dict
         "websocket": w,
         "overhead_p50_us": round(w["p50_us"] - d["p50_us"], 1),
         "overhead_p99_us": round(w["p99_us"] - d["p99_us"], 1),
+        # CPU the server process spent per step (sandbox work on its side included; on null
+        # that is ~nothing): the server's own cost, whatever the machine's load does to latency.
+        "server_cpu_us_per_step": round(cpu_per_step * 1e6, 1),
     }
 
 
@@ -166,13 +170,15 @@ def run(args: argparse.Namespace) -> int:
         print(text)
     else:
         print(
-            f"{'backend':8} {'direct p50/p99 us':>20} {'websocket p50/p99 us':>22} {'added p50':>10}"
+            f"{'backend':8} {'direct p50/p99 us':>20} {'websocket p50/p99 us':>22} "
+            f"{'added p50':>10} {'srv cpu us':>10}"
         )
         for r in results:
             d, w = r["direct"], r["websocket"]
             print(
                 f"{r['backend']:8} {d['p50_us']:>9.0f} / {d['p99_us']:<8.0f} "
-                f"{w['p50_us']:>10.0f} / {w['p99_us']:<9.0f} {r['overhead_p50_us']:>9.0f}"
+                f"{w['p50_us']:>10.0f} / {w['p99_us']:<9.0f} {r['overhead_p50_us']:>9.0f} "
+                f"{r['server_cpu_us_per_step']:>10.0f}"
             )
         for name, why in skipped.items():
             print(f"{name:8} skipped: {why}")
