@@ -175,7 +175,7 @@ class PexpectShell:
         loop.add_reader(self._fd, self._on_readable)
         marker = "__SG_READY_" + uuid.uuid4().hex[:8]
         init = (
-            "stty -echo -onlcr cols %d rows %d 2>/dev/null; export PS1='' PS2='' PS0='' "
+            "stty -echo -onlcr cols %d rows %d 2>/dev/null; set +m; export PS1='' PS2='' PS0='' "
             "PROMPT_COMMAND='' HISTFILE=/dev/null TERM=xterm; "
             "bind 'set enable-bracketed-paste off' 2>/dev/null; unset HISTFILE; "
             "printf '%s_%%d__\\n' $$\n" % (self.cols, self.rows, marker)
