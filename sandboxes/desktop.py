@@ -159,7 +159,7 @@ class Desktop:
         script = f"""
 set -u
 if xdpyinfo -display {self.display} >/dev/null 2>&1; then echo running; exit 0; fi
-mkdir -p {STATE_DIR} /tmp/.X11-unix && chmod 1777 /tmp/.X11-unix 2>/dev/null
+mkdir -p {STATE_DIR} /tmp/.X11-unix && chmod 1777 {STATE_DIR} /tmp/.X11-unix 2>/dev/null
 rm -f /tmp/.X{num}-lock /tmp/.X11-unix/X{num}
 setsid Xvfb {self.display} -screen 0 {self.width}x{self.height}x24 -nolisten tcp \
   -nolisten local -noreset >{log} 2>&1 </dev/null &
@@ -591,9 +591,13 @@ async def start_task_desktop(
                 f"expected desktop_start to be an absolute path inside the sandbox, got {start!r}"
             )
         num = desktop.display[1:]
+        # The marker (created atomically with noclobber) makes a second call a no-op: the
+        # env server and a CLI may both prepare the same episode, and two copies of the app
+        # would put two windows on the screen.
         res = await sandbox.exec(
-            f"mkdir -p {STATE_DIR} && test -f {shlex.quote(start)} || "
+            f"test -f {shlex.quote(start)} || "
             f"{{ echo 'desktop_start {start} not found in the sandbox' >&2; exit 2; }}; "
+            f"( set -C; : >{STATE_DIR}/app-{num}.started ) 2>/dev/null || exit 0; "
             f"setsid bash {shlex.quote(start)} >{STATE_DIR}/app-{num}.log 2>&1 </dev/null &",
             timeout_s=timeout_s,
             env=desktop.env,

@@ -368,6 +368,24 @@ async def _episode(backend: Any, name: str, oracle: bool, shot: Path | None = No
         await sb.close()
 
 
+async def test_starting_a_task_desktop_twice_starts_its_app_once(backend: Any) -> None:
+    from tasks.loaders import load_task_dir
+    from tasks.runtime import prepare_episode, sandbox_spec_for
+
+    task = load_task_dir(CATALOG / "desktop-press-button")
+    assert await start_task_desktop(await get_backend("null").create(SandboxSpec()), {}) is None
+    sb = await backend.create(sandbox_spec_for(task))
+    try:
+        await prepare_episode(task, sb, seed=0)
+        first = await start_task_desktop(sb, task.metadata)
+        second = await start_task_desktop(sb, task.metadata)
+        assert first is not None and second is not None and first.display == second.display
+        res = await second.exec("xdotool search --onlyvisible --name '^Quiz$'")
+        assert len(res.stdout.split()) == 1, res
+    finally:
+        await sb.close()
+
+
 @pytest.mark.parametrize("name", DESKTOP_TASKS)
 async def test_desktop_task_oracle_scores_one_and_noop_zero(backend: Any, name: str) -> None:
     # SANDGYM_DESKTOP_SAMPLE=DIR keeps the oracle's final screen of each task there.
