@@ -13,7 +13,13 @@ root.resizable(False, False)
 volume = tk.IntVar(value=20)
 tk.Label(root, text="Volume", font=("DejaVu Sans", 14)).place(x=20, y=15, width=200, height=30)
 scale = tk.Scale(
-    root, from_=0, to=100, orient="horizontal", variable=volume, length=460, resolution=1,
+    root,
+    from_=0,
+    to=100,
+    orient="horizontal",
+    variable=volume,
+    length=460,
+    resolution=1,
     takefocus=True,
 )
 scale.place(x=20, y=60, width=480, height=60)
