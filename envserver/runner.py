@@ -67,12 +67,15 @@ class BackgroundServer:
         settings: ServerSettings,
         backend: SandboxBackend | None = None,
         startup_timeout_s: float = 60.0,
+        **uvicorn_overrides: Any,
     ) -> None:
         self.settings = settings
         self.app = create_app(settings, backend)
         self._sock = bind_socket(settings.host, settings.port)
         self.port: int = self._sock.getsockname()[1]
-        self._server = uvicorn.Server(uvicorn_config(self.app, settings, port=self.port))
+        self._server = uvicorn.Server(
+            uvicorn_config(self.app, settings, port=self.port, **uvicorn_overrides)
+        )
         self._thread = threading.Thread(target=self._run, name="sandgym-server", daemon=True)
         self._startup_timeout_s = startup_timeout_s
         self._error: BaseException | None = None
@@ -114,10 +117,15 @@ class BackgroundServer:
             time.sleep(0.01)
         return self
 
-    def stop(self) -> None:
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout_s: float = 180.0) -> None:
+        """Shut down gracefully: episodes end and the pool destroys its sandboxes first."""
         self._server.should_exit = True
         if self._thread.is_alive():
-            self._thread.join(timeout=30)
+            self._thread.join(timeout=timeout_s)
         self._sock.close()
 
     def __enter__(self) -> BackgroundServer:
@@ -128,13 +136,30 @@ class BackgroundServer:
 
 
 def serve_forever(settings: ServerSettings, backend: SandboxBackend | None = None) -> None:
-    """Run the server in the foreground until SIGINT/SIGTERM."""
-    app = create_app(settings, backend)
-    sock = bind_socket(settings.host, settings.port)
-    server = uvicorn.Server(
-        uvicorn_config(app, settings, port=sock.getsockname()[1], log_level="info")
-    )
-    server.run(sockets=[sock])
+    """Run the server until SIGINT/SIGTERM, then drain it and return (exit status 0).
+
+    uvicorn, run on the main thread, re-raises the signal after its graceful shutdown, so the
+    process would die "by SIGTERM" (status 143 in a container) even after a clean drain. Here
+    the server runs on a thread and the main thread owns the signals instead.
+    """
+    import signal
+    import threading
+
+    stop = threading.Event()
+    previous = {
+        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        srv = BackgroundServer(settings, backend, log_level="info")
+        srv.start()
+        try:
+            while srv.running and not stop.wait(0.5):
+                pass
+        finally:
+            srv.stop()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -67,7 +67,20 @@ def settings_from_args(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
     from envserver.runner import serve_forever
 
-    serve_forever(settings_from_args(args))
+    settings = settings_from_args(args)
+    try:
+        serve_forever(settings)
+    except OSError as exc:  # the port is taken, the host is not ours, ...
+        print(
+            f"sandgym serve: cannot listen on {settings.host}:{settings.port}: {exc}",
+            file=sys.stderr,
+        )
+        return 1
+    except RuntimeError as exc:  # startup failed (bad task dir, backend unavailable): logged above
+        print(f"sandgym serve: {exc}", file=sys.stderr)
+        return 1
     return 0

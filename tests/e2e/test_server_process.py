@@ -1,0 +1,32 @@
+"""`sandgym serve` as a real child process: flags reach the server, it serves an episode, and
+SIGTERM drains it (episode ended, sandbox released) with exit status 0."""
+
+from __future__ import annotations
+
+import httpx
+
+from envserver.client import AsyncEnvClient
+from envserver.runner import ServerProcess
+from tests.e2e.conftest import NULL_TASK
+
+
+async def test_serve_cli_process(task_dir):
+    srv = ServerProcess(
+        "null",
+        args=["--tasks", str(task_dir), "--token", "tok", "--max-sessions", "3"],
+        env={"SANDGYM_INCLUDE_BUILTIN": "false"},
+    )
+    try:
+        assert httpx.get(f"{srv.http_url}/v1/sessions").status_code == 401
+        auth = {"Authorization": "Bearer tok"}
+        async with AsyncEnvClient(srv.url, token="tok") as env:
+            await env.reset(NULL_TASK)
+            assert (await env.step("echo hi")).observation["output"] == "hi\n"
+            view = httpx.get(f"{srv.http_url}/v1/sessions", headers=auth).json()
+            assert view["count"] == 1 and view["max_sessions"] == 3
+            assert srv.rss_bytes() > 0 and srv.cpu_seconds() > 0
+            await env.drop_connection()
+        srv.stop()
+        assert srv.proc.returncode == 0
+    finally:
+        srv.stop()
