@@ -381,10 +381,16 @@ class DockerSandbox(Sandbox):
         if not timed_out:
             exit_code = await self._exit_code(exec_id["Id"])
             # No code, or death by a signal: maybe the whole container went down mid-command.
+            # Docker records the container's exit a moment after its processes die, so a
+            # SIGKILL'd command (137) watches the state for up to half a second.
             if exit_code is None or exit_code >= 128:
-                lost = await self._lost("exec")
-                if lost is not None:
-                    raise lost
+                checks = 10 if exit_code in (None, 137) else 1
+                for i in range(checks):
+                    lost = await self._lost("exec")
+                    if lost is not None:
+                        raise lost
+                    if i + 1 < checks:
+                        await asyncio.sleep(0.05)
         stdout, t1 = out.text()
         stderr, t2 = err.text()
         if exit_code == 126 and stdout.startswith("OCI runtime exec failed") and not stderr:
