@@ -3,6 +3,8 @@ SIGTERM drains it (episode ended, sandbox released) with exit status 0."""
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 
 from envserver.client import AsyncEnvClient
@@ -11,22 +13,25 @@ from tests.e2e.conftest import NULL_TASK
 
 
 async def test_serve_cli_process(task_dir):
-    srv = ServerProcess(
+    srv = await asyncio.to_thread(
+        ServerProcess,
         "null",
         args=["--tasks", str(task_dir), "--token", "tok", "--max-sessions", "3"],
         env={"SANDGYM_INCLUDE_BUILTIN": "false"},
     )
     try:
-        assert httpx.get(f"{srv.http_url}/v1/sessions").status_code == 401
+        http = httpx.AsyncClient(base_url=srv.http_url)
+        assert (await http.get("/v1/sessions")).status_code == 401
         auth = {"Authorization": "Bearer tok"}
         async with AsyncEnvClient(srv.url, token="tok") as env:
             await env.reset(NULL_TASK)
             assert (await env.step("echo hi")).observation["output"] == "hi\n"
-            view = httpx.get(f"{srv.http_url}/v1/sessions", headers=auth).json()
+            view = (await http.get("/v1/sessions", headers=auth)).json()
+            await http.aclose()
             assert view["count"] == 1 and view["max_sessions"] == 3
             assert srv.rss_bytes() > 0 and srv.cpu_seconds() > 0
             await env.drop_connection()
-        srv.stop()
+        await asyncio.to_thread(srv.stop)
         assert srv.proc.returncode == 0
     finally:
-        srv.stop()
+        await asyncio.to_thread(srv.stop)
