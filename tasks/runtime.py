@@ -30,6 +30,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import ExecResult, Sandbox, SandboxFileNotFoundError, SandboxSpec
+from sandboxes.desktop import start_task_desktop
 from tasks.dockerfile import CopyStep, Dockerfile, MkdirStep, RunStep, parse_dockerfile
 from tasks.errors import TaskError, TaskLoadError, TaskUnsupportedError, VerifierError
 from tasks.models import TaskSpec
@@ -59,6 +60,9 @@ class EpisodeSetup(BaseModel):
     workdir: str = DEFAULT_WORKDIR
     warnings: list[str] = Field(default_factory=list, description="e.g. RUN lines skipped")
     duration_s: float = 0.0
+    desktop: Any = Field(
+        None, description="sandboxes.desktop.Desktop of a desktop task (display started, app up)"
+    )
 
 
 class VerifierResult(BaseModel):
@@ -265,6 +269,8 @@ async def prepare_episode(task: TaskSpec, sandbox: Sandbox, seed: int | None) ->
     secret: dict[str, bytes] = {}
     if task.generator is not None:
         secret["expected"] = await _run_generator(task, sandbox, seed)
+    # Desktop tasks: the display, window manager and the task's app are part of the instance.
+    desktop = await start_task_desktop(sandbox, task.metadata, user=task.agent_user)
     return EpisodeSetup(
         instruction=task.instruction,
         seed=seed,
@@ -272,6 +278,7 @@ async def prepare_episode(task: TaskSpec, sandbox: Sandbox, seed: int | None) ->
         workdir=sandbox.spec.workdir,
         warnings=warnings,
         duration_s=time.perf_counter() - start,
+        desktop=desktop,
     )
 
 
