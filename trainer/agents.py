@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from trainer.config import AgentSettings
@@ -220,3 +221,42 @@ class NoopAgent:
     """Submits at once: the reward of an untouched sandbox (used by tests and baselines)."""
 
     name = "noop"
+
+
+class OracleAgent:
+    """Runs a task's reference solution, then submits: checks the reward path end to end.
+
+    The env server does not hand solutions to clients, and the trainer does not import `tasks`,
+    so the caller supplies them: `solutions` maps a task id to the text of its solve script
+    (`solutions_from_dir` reads Harbor-style `<dir>/<name>/solution/solve.sh` files for ids
+    `builtin/<name>` or `<name>`).
+    """
+
+    name = "oracle"
+    script_path = "/tmp/sandgym_oracle_solve.sh"
+
+    def __init__(self, solutions: dict[str, str]) -> None:
+        self.solutions = solutions
+
+    def actions(self, task_id: str) -> list[dict[str, Any]]:
+        if task_id not in self.solutions:
+            raise KeyError(
+                f"oracle agent has no solution for {task_id!r}; it has {sorted(self.solutions)}"
+            )
+        return [
+            {
+                "kind": "write_file",
+                "path": self.script_path,
+                "content": self.solutions[task_id],
+                "mode": 0o755,
+            },
+            {"kind": "command", "command": f"bash {self.script_path}"},
+        ]
+
+
+def solutions_from_dir(root: str | Path, prefix: str = "builtin/") -> dict[str, str]:
+    """`{prefix + name: solve.sh text}` for every `root/<name>/solution/solve.sh`."""
+    out: dict[str, str] = {}
+    for script in sorted(Path(root).glob("*/solution/solve.sh")):
+        out[prefix + script.parent.parent.name] = script.read_text(encoding="utf-8")
+    return out

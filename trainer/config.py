@@ -68,7 +68,12 @@ class EnvSettings(_Settings):
 class AgentSettings(_Settings):
     """How the model acts in the terminal."""
 
-    kind: Literal["terminal", "noop"] = Field("terminal", description="agent type")
+    kind: Literal["terminal", "noop", "oracle"] = Field(
+        "terminal", description="terminal (the model), noop (submit at once), oracle (solve.sh)"
+    )
+    solutions_dir: str | None = Field(
+        None, description="oracle: a catalog dir holding <name>/solution/solve.sh per task"
+    )
     max_turns: int = Field(6, ge=1, description="model turns before the agent submits")
     max_context_tokens: int = Field(
         2048, ge=64, description="prompt budget; oldest turns are dropped beyond it"

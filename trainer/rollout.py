@@ -24,9 +24,11 @@ from typing import Any
 from trainer.agents import (
     NO_ACTION_HINT,
     NoopAgent,
+    OracleAgent,
     TerminalAgent,
     format_observation,
     parse_action,
+    solutions_from_dir,
 )
 from trainer.config import TrainConfig
 from trainer.engines.base import InferenceEngine, SamplingParams
@@ -69,7 +71,7 @@ class EpisodeRunner:
         self,
         config: TrainConfig,
         engine: InferenceEngine | None,
-        agent: TerminalAgent | NoopAgent,
+        agent: TerminalAgent | NoopAgent | OracleAgent,
         client_factory: Callable[[str], Any] | None = None,
     ) -> None:
         self.config = config
@@ -143,7 +145,12 @@ class EpisodeRunner:
     ) -> None:
         obs, _info = await self._reset(client, episode.task_id, episode.seed)
         obs = _as_dict(obs)
-        if isinstance(self.agent, NoopAgent) or self.engine is None:
+        if isinstance(self.agent, OracleAgent):
+            for action in self.agent.actions(episode.task_id):
+                t = time.monotonic()
+                res = await client.step(action)
+                traj.steps.append(_env_step([], action, res, time.monotonic() - t))
+        if isinstance(self.agent, NoopAgent | OracleAgent) or self.engine is None:
             t = time.monotonic()
             res = await client.step({"kind": "submit"})
             traj.steps.append(_env_step([], {"kind": "submit"}, res, time.monotonic() - t))
@@ -240,7 +247,7 @@ class RolloutWorker:
         self.tokenizer = load_tokenizer(cfg.model)
         eos = [self.tokenizer.eos_token_id]
         engine: InferenceEngine | None
-        if cfg.agent.kind == "noop":
+        if cfg.agent.kind in ("noop", "oracle"):
             engine = None
         elif cfg.engine.kind == "hf":
             import torch
@@ -278,11 +285,15 @@ class RolloutWorker:
                 eos_token_ids=eos,
             )
         self.engine = engine
-        agent: TerminalAgent | NoopAgent = (
-            NoopAgent()
-            if cfg.agent.kind == "noop"
-            else TerminalAgent(self.tokenizer, cfg.agent, cfg.sampling.max_new_tokens)
-        )
+        agent: TerminalAgent | NoopAgent | OracleAgent
+        if cfg.agent.kind == "noop":
+            agent = NoopAgent()
+        elif cfg.agent.kind == "oracle":
+            if not cfg.agent.solutions_dir:
+                raise ValueError("agent.kind is oracle but agent.solutions_dir is not set")
+            agent = OracleAgent(solutions_from_dir(cfg.agent.solutions_dir))
+        else:
+            agent = TerminalAgent(self.tokenizer, cfg.agent, cfg.sampling.max_new_tokens)
         self.runner = EpisodeRunner(cfg, engine, agent)
         # spread the first picks of different workers over different servers
         urls = self.runner.urls

@@ -113,3 +113,24 @@ def test_smoke_config_trains_two_updates(server: str, tmp_path: Path) -> None:
     assert plot.returncode == 0, plot.stderr[-2000:]
     png = Path(json.loads(plot.stdout)["png"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+async def test_oracle_and_noop_agents_bracket_the_reward(server: str) -> None:
+    """The rollout path against the real server: the reference solution scores 1, doing
+    nothing scores 0 (no model involved)."""
+    from trainer.agents import NoopAgent, OracleAgent, solutions_from_dir
+    from trainer.config import load_config
+    from trainer.rollout import EpisodeRunner
+
+    cfg = load_config(REPO / "trainer/configs/smoke.yaml", [f'env.server_urls=["{server}"]'])
+    oracle = OracleAgent(solutions_from_dir(REPO / "tasks/catalog"))
+    good = await EpisodeRunner(cfg, None, oracle).run_episode("builtin/hello-file", 0)
+    assert good.termination == "submitted", good.error
+    assert good.reward == 1.0
+    assert [s.action["kind"] for s in good.trajectories[0].steps if s.action] == [
+        "write_file",
+        "command",
+        "submit",
+    ]
+    bad = await EpisodeRunner(cfg, None, NoopAgent()).run_episode("builtin/hello-file", 0)
+    assert bad.termination == "submitted" and bad.reward == 0.0
