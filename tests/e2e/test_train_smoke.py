@@ -134,3 +134,19 @@ async def test_oracle_and_noop_agents_bracket_the_reward(server: str) -> None:
     ]
     bad = await EpisodeRunner(cfg, None, NoopAgent()).run_episode("builtin/hello-file", 0)
     assert bad.termination == "submitted" and bad.reward == 0.0
+
+
+def test_eval_cli_pass_at_k_through_the_server(server: str) -> None:
+    cmd = [*SANDGYM, "eval", "--server-url", server, "--tasks", "builtin/hello-file"]
+    cmd += ["--attempts", "2", "--json"]
+    oracle = subprocess.run(
+        [*cmd, "--agent", "oracle"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert oracle.returncode == 0, oracle.stderr[-2000:]
+    (row,) = json.loads(oracle.stdout)["tasks"]
+    assert row["successes"] == 2 and row["pass@1"] == 1.0 and row["pass@2"] == 1.0
+    noop = subprocess.run(
+        [*cmd, "--agent", "noop"], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert noop.returncode == 0, noop.stderr[-2000:]
+    assert json.loads(noop.stdout)["tasks"][0]["pass@1"] == 0.0

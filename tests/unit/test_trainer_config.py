@@ -100,3 +100,13 @@ def test_train_cli_dry_run_and_help_config(capsys: pytest.CaptureFixture[str]) -
     assert main(["train", "--help-config"]) == 0
     assert "learner.micro_batch_size" in capsys.readouterr().out
     assert main(["train", str(CONFIGS / "smoke.yaml"), "-o", "agent.max_turns=0"]) == 2
+
+
+def test_pass_at_k_unbiased_estimator() -> None:
+    from trainer.eval_cli import pass_at_k
+
+    assert pass_at_k(4, 0, 1) == 0.0
+    assert pass_at_k(4, 4, 2) == 1.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # 1 - C(3,2)/C(4,2)
+    assert pass_at_k(2, 1, 4) is None
