@@ -1,24 +1,32 @@
 """The `docker` backend: one container per sandbox, driven through the Docker SDK.
 
-A sandbox is a container whose main process is `sleep infinity` under Docker's init (so zombies
-are reaped), with CPU, memory (swap equal, i.e. no extra swap) and pids limits, all capabilities
-dropped except the few a root user needs to work on its own files, `no-new-privileges`, and no
-network unless the spec asks for it. Images come by name (default `sandgym/terminal:latest`, made
-offline by `images/bootstrap-base.sh`), or are built from `spec.build_context` once per content
-hash (`sandgym/ctx:<hash16>`, reused while it exists; concurrent creates of one context share one
-build).
+A sandbox is a container under Docker's init (so zombies are reaped) with CPU, memory (swap
+equal, i.e. no extra swap) and pids limits, all capabilities dropped except the few a root user
+needs to work on its own files, `no-new-privileges`, and no network unless the spec asks for it.
+Its main process is a small fork-free bash loop, the kill helper (`HELPER_SCRIPT`; plain
+`sleep infinity` in images without bash). Images come by name (default
+`sandgym/terminal:latest`, made offline by `images/bootstrap-base.sh`), or are built from
+`spec.build_context` once per content hash (`sandgym/ctx:<hash16>`, reused while it exists;
+concurrent creates of one context share one build).
 
 Commands: `exec` uses the low-level exec API and reads the multiplexed stream itself so output
 is capped while it streams (a 10 MB flood costs at most the cap in memory). Each exec carries a
 unique `SANDGYM_EXEC_ID` in its environment; on timeout every process inside the container that
 still carries it (the command, its children, background jobs, even ones that called setsid) is
-stopped and killed. The persistent shell is a `PexpectShell` over `docker exec -it ... bash`,
-started lazily. Files move as tar archives (`put_archive`/`get_archive`). Every SDK call goes
-through `asyncio.to_thread`.
+stopped and killed, by a `docker exec`ed killer and by the helper, which needs no new pid and so
+still works when a fork bomb fills the pids limit. Background jobs of an exec that finishes in
+time keep running (as with `docker exec`); if their leftovers later exhaust the pids limit, the
+next exec kills them and retries once. Docker keeps reading an exec's output for up to ~2 s
+after its main process exits while a background job holds the pipe. The persistent shell is a
+`PexpectShell` over `docker exec -it ... bash`, started lazily (restarted if it exits). Files
+move as tar archives (`put_archive`/`get_archive`); symlinks resolve inside the container's
+root, never on the host. Every SDK call goes through `asyncio.to_thread`. A container that
+vanished or stopped raises `SandboxLostError` from exec, shell and file calls.
 
 Reaping: `reap(only_expired=True)` removes containers of any owner whose lease expired or whose
 owning process on this host is dead; `reap(only_expired=False)` also removes every container this
 backend's owner created (what a server does when it shuts down or restarts under the same id).
+`sandboxes.reaper` holds the decision (`should_reap`) and the cross-backend `sandgym reap`.
 """
 
 from __future__ import annotations
