@@ -124,6 +124,15 @@ def count_children_script(pid: int) -> str:
     ) % pid
 
 
+class _Screen(pyte.Screen):
+    """pyte's Screen, tolerant of private SGR sequences (vim sends `CSI > 4;2 m`)."""
+
+    def select_graphic_rendition(self, *attrs: int, **kwargs: object) -> None:
+        if kwargs.get("private"):
+            return
+        super().select_graphic_rendition(*attrs)
+
+
 class PexpectShell:
     """A persistent bash on a pty. Not safe for concurrent `run` calls (one at a time)."""
 
@@ -159,7 +168,7 @@ class PexpectShell:
         self._eof = False
         self._lock = asyncio.Lock()
         self._keys_dirty = False
-        self._screen = pyte.Screen(cols, rows)
+        self._screen = _Screen(cols, rows)
         self._screen.set_mode(pyte.modes.LNM)
         self._stream = pyte.ByteStream(self._screen)
 
@@ -189,6 +198,9 @@ class PexpectShell:
             raise SandboxLostError(f"shell did not start: expected a ready marker, got {out!r}")
         self.inner_pid = int(m.group(1))
         self._reset_buffers()
+        # The init line may have been echoed before `stty -echo` took effect: start blank.
+        self._screen_pending.clear()
+        self._screen.reset()
 
     def _spawn(self) -> None:
         self._child = pexpect.spawn(
@@ -398,6 +410,10 @@ class PexpectShell:
 
     def screen(self) -> str:
         if self._screen_pending:
-            self._stream.feed(_SENTINELS.sub(b"", bytes(self._screen_pending)))
+            data = _SENTINELS.sub(b"", bytes(self._screen_pending))
             self._screen_pending.clear()
+            try:
+                self._stream.feed(data)
+            except Exception:  # a sequence pyte cannot parse must not break the episode
+                self._screen.reset()
         return "\n".join(line.rstrip() for line in self._screen.display).rstrip("\n")
