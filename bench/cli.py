@@ -15,6 +15,7 @@ BENCHES: dict[str, str] = {
     "pool": "bench.pool",
     "step": "bench.step",
     "sessions": "bench.sessions",
+    "harbor_compat": "bench.harbor_compat",
 }
 
 

@@ -1,0 +1,137 @@
+"""Unit tests of `bench/harbor_compat.py`: failure classification, verdicts, the summary, and a
+whole run on the null backend over the Harbor fixtures (no Docker)."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+from bench import harbor_compat as hc
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tasks"
+
+
+def test_build_errors_are_grouped_by_cause() -> None:
+    assert (
+        hc.classify_build_error("pull access denied for foo/bar, repository does not exist")
+        == "base_image_unavailable"
+    )
+    assert (
+        hc.classify_build_error("E: Unable to locate package libfoo-dev")
+        == "build_apt_package_missing"
+    )
+    assert (
+        hc.classify_build_error("ERROR: No matching distribution found for scipy==9.9")
+        == "build_pip_unresolvable"
+    )
+    # pip that never reached the index is a network failure, not an unresolvable pin
+    assert (
+        hc.classify_build_error(
+            "Failed to establish a new connection ... No matching distribution found for x"
+        )
+        == "build_network"
+    )
+    assert hc.classify_build_error("wget: unable to resolve host address 'github.com'") == (
+        "build_network"
+    )
+    assert hc.classify_build_error("returned a non-zero code: 2 (make: *** Error 1)") == (
+        "build_other"
+    )
+
+
+def test_phase_errors_split_and_classify() -> None:
+    err = (
+        "oracle: TaskUnsupportedError: task x ships no oracle solution; "
+        "noop: VerifierError: the verifier wrote no reward: expected ...\n"
+        "--- verifier output ---\nbash: pytest: command not found"
+    )
+    parts = hc.split_phase_errors(err)
+    assert [p.split(":")[0] for p in parts] == ["oracle", "noop"]
+    assert [hc.classify_phase_error(p) for p in parts] == [
+        "oracle_not_shipped",
+        "verifier_no_reward",
+    ]
+    assert (
+        hc.classify_phase_error(
+            "noop: VerifierError: task t: the verifier did not finish within 5 s"
+        )
+        == "verifier_timeout"
+    )
+    assert (
+        hc.classify_phase_error(
+            "noop: VerifierError: the verifier wrote no reward\ncurl: (6) Could not resolve host"
+        )
+        == "verifier_network"
+    )
+    assert hc.classify_phase_error("noop: ConnectionError: ('Connection aborted.')") == "infra"
+
+
+def test_verdict_and_summary() -> None:
+    clean = {
+        "task_id": "a",
+        "oracle_shipped": True,
+        "env_builds": True,
+        "oracle_reward": 1.0,
+        "noop_reward": 0.0,
+        "error": None,
+    }
+    no_oracle = {
+        "task_id": "b",
+        "oracle_shipped": False,
+        "env_builds": True,
+        "oracle_reward": None,
+        "noop_reward": 1.0,
+        "error": "oracle: TaskUnsupportedError: task b ships no oracle solution",
+    }
+    broken = {
+        "task_id": "c",
+        "oracle_shipped": False,
+        "env_builds": False,
+        "build_error": "E: Unable to locate package x",
+        "build_reason": "build_apt_package_missing",
+    }
+    entries = [clean, no_oracle, broken, {"task_id": "d", "load_error": "TaskLoadError: x"}]
+    for e in entries:
+        e["reasons"] = hc.verdict(e)
+    assert clean["reasons"] == []
+    assert no_oracle["reasons"] == ["oracle_not_shipped", "noop_nonzero"]
+    assert broken["reasons"] == ["build_apt_package_missing"]
+    s = hc.summarize(entries)
+    assert s["loaded"]["count"] == 3 and s["env_builds"]["count"] == 2
+    assert s["verifier_rewards"]["count"] == 2
+    assert s["noop_zero"]["count"] == 1
+    assert s["oracle_one"] == {"count": 1, "of": 1, "share": 1.0}
+    groups = hc.group_reasons(entries)
+    assert groups["loader_error"]["tasks"] == ["d"]
+    assert set(groups) == {
+        "oracle_not_shipped",
+        "noop_nonzero",
+        "build_apt_package_missing",
+        "loader_error",
+    }
+
+
+def _args(tasks_dir: Path, **kw: object) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    hc.add_arguments(parser)
+    args = parser.parse_args(["--tasks-dir", str(tasks_dir), "--backend", "null"])
+    for k, v in kw.items():
+        setattr(args, k, v)
+    return args
+
+
+async def test_whole_run_on_null_backend(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    root.mkdir()
+    shutil.copytree(FIXTURES / "harbor-legacy", root / "harbor-legacy")
+    (root / "not-a-task").mkdir()
+    (root / "not-a-task" / "README").write_text("x")
+    doc = await hc.run_compat(_args(root, source_repo="o/r", source_commit="abc"))
+    assert doc["source"]["repo"] == "o/r" and doc["source"]["commit"] == "abc"
+    by_id = {e["task_id"]: e for e in doc["tasks"]}
+    assert by_id["not-a-task"]["reasons"] == ["loader_error"]
+    t = by_id["harbor-legacy"]
+    assert t["oracle_shipped"] is True and t["env_builds"] is True
+    assert t["reasons"] == hc.verdict(t)
+    assert doc["summary"]["tasks"] == 2 and doc["summary"]["loaded"]["count"] == 1
