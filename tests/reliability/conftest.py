@@ -1,0 +1,117 @@
+"""Shared helpers of the reliability suite: a small task directory, Docker probes, and ways to
+count the containers one server process owns.
+
+The suite drives real servers: `ServerProcess` (`sandgym serve` as a child process, so it can be
+SIGKILLed and its RSS read) or `BackgroundServer` (in a thread, so tests can look inside). The
+task `rel-task` runs on `sandgym/terminal:latest` by name (no build), with small limits so the
+abuse tests hit them quickly: 256 MiB memory, 128 pids, 1 CPU, 64 MiB storage where supported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REL_TASK = "rel-task"
+IMAGE = "sandgym/terminal:latest"
+
+
+def write_rel_task(root: Path, name: str = REL_TASK) -> Path:
+    """A Harbor task on the terminal image: the reward is 1 iff /app/hello.txt holds `hello`."""
+    t = root / name
+    (t / "tests").mkdir(parents=True, exist_ok=True)
+    (t / "solution").mkdir(exist_ok=True)
+    (t / "task.toml").write_text(
+        textwrap.dedent(
+            f"""\
+            version = "1.0"
+            [verifier]
+            timeout_sec = 30
+            [environment]
+            docker_image = "{IMAGE}"
+            cpus = 1
+            memory_mb = 256
+            storage_mb = 64
+            """
+        )
+    )
+    (t / "instruction.md").write_text("Write hello to /app/hello.txt\n")
+    (t / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nmkdir -p /logs/verifier\n"
+        'if [ "$(cat /app/hello.txt 2>/dev/null)" = hello ]; then r=1; else r=0; fi\n'
+        "echo $r > /logs/verifier/reward.txt\n"
+    )
+    (t / "solution" / "solve.sh").write_text("#!/bin/bash\necho hello > /app/hello.txt\n")
+    return root
+
+
+@pytest.fixture(scope="session")
+def rel_tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_rel_task(tmp_path_factory.mktemp("reltasks"))
+
+
+def docker_ready() -> bool:
+    if shutil.which("docker") is None:
+        return False
+    try:
+        import docker
+
+        client = docker.from_env(timeout=5)
+        client.images.get(IMAGE)
+        client.close()
+        return True
+    except Exception:
+        return False
+
+
+def local_ready() -> bool:
+    return shutil.which("bwrap") is not None
+
+
+needs_docker = pytest.mark.skipif(not docker_ready(), reason=f"no Docker engine or no {IMAGE}")
+needs_local = pytest.mark.skipif(not local_ready(), reason="bubblewrap (bwrap) not installed")
+
+
+def containers_of_pid(pid: int) -> list[str]:
+    """Names of the sandgym containers (any state) whose owner label is process `pid`."""
+    out = subprocess.run(
+        [
+            "docker",
+            "ps",
+            "-a",
+            "-q",
+            "--filter",
+            "label=sandgym.managed=1",
+            "--filter",
+            f"label=sandgym.owner_pid={pid}",
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    return out.split()
+
+
+async def wait_until(
+    pred: Callable[[], Any], timeout_s: float, interval_s: float = 0.1, what: str = "condition"
+) -> float:
+    """Poll a (sync or async) predicate until true; returns the seconds it took."""
+    t0 = time.monotonic()
+    while True:
+        value = pred()
+        if asyncio.iscoroutine(value):
+            value = await value
+        if value:
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout_s:
+            raise AssertionError(f"{what} not reached within {timeout_s:g}s")
+        await asyncio.sleep(interval_s)
