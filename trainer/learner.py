@@ -230,7 +230,7 @@ class LearnerGroup:
         gpus = 1 if config.learner.device == "cuda" else 0
         actor = ray.remote(num_cpus=1, num_gpus=gpus)(LearnerWorker)
         cfg = config.model_dump()
-        self.workers = [actor.remote(cfg, rank, n) for rank in range(n)]
+        self.workers: list[Any] = [actor.remote(cfg, rank, n) for rank in range(n)]
         addr, port = ray.get(self.workers[0].address.remote())
         self.info = ray.get([w.setup.remote(addr, port) for w in self.workers])
         self.loss_settings = loss_settings(config)

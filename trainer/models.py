@@ -51,7 +51,7 @@ def smollm2_dir(cache_dir: str) -> Path:
     src = smollm2_gguf_dir()
     log.info("converting %s to a HF checkpoint in %s (once)", GGUF_NAME, out)
     model = AutoModelForCausalLM.from_pretrained(src, gguf_file=GGUF_NAME)
-    model.hf_quantizer = None  # the weights are dequantised; saving must not re-quantise
+    model.hf_quantizer = None  # type: ignore[assignment] # the weights are dequantised; saving must not re-quantise
     tok = AutoTokenizer.from_pretrained(src, gguf_file=GGUF_NAME)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp)

@@ -51,6 +51,7 @@ class Trainer:
         (self.run_dir / "config.yaml").write_text(
             yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
         )
+        self._prewarm_warned = False
 
     # -- setup ---------------------------------------------------------------------------------
     def _start(self) -> None:
@@ -76,7 +77,9 @@ class Trainer:
             num_gpus=cfg.rollout.num_gpus_per_worker,
             max_concurrency=cfg.rollout.concurrent_episodes + 8,
         )
-        self.rollouts = [actor.remote(cfg.model_dump(), i) for i in range(cfg.rollout.num_workers)]
+        self.rollouts: list[Any] = [
+            actor.remote(cfg.model_dump(), i) for i in range(cfg.rollout.num_workers)
+        ]
         self.version = self.start_version
         if self.start_version > 0:
             self._push_weights()
