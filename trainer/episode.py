@@ -94,7 +94,8 @@ class Episode:
 
     @property
     def min_policy_version(self) -> int:
-        versions = [s.policy_version for t in self.trajectories for s in t.steps]
+        # only model turns carry a version: an automatic submit generated nothing
+        versions = [s.policy_version for t in self.trajectories for s in t.steps if s.response_ids]
         return min(versions) if versions else 0
 
     def to_dict(self, with_tokens: bool = True) -> dict[str, Any]:

@@ -140,3 +140,9 @@ def test_entropy_bonus_and_kl_enter_the_loss() -> None:
     assert float(ent) < 0 and st["entropy_sum"] > 0
     kl, st = compute_loss(model, batch, LossSettings(kl_coef=0.1), 2.0, ref_model=ref)
     assert float(kl) > 0 and st["kl_sum"] > 0
+
+
+def test_policy_version_ignores_steps_the_model_did_not_generate() -> None:
+    # an automatic submit carries no tokens and no version; it must not make a group look stale
+    ep = _multi_turn_episode()
+    assert ep.min_policy_version == 3
