@@ -106,7 +106,8 @@ class LearnerWorker:
 
     # -- the update step ---------------------------------------------------------------------
     def train(self, samples: list[Sample], norm: float) -> dict[str, float]:
-        """One batch: `epochs_per_batch` optimizer steps over this rank's shard."""
+        """One batch: `epochs_per_batch` optimizer steps over this rank's shard (`norm` is the
+        global loss normalizer; 0 means the whole batch is empty and no step is taken)."""
         import torch
         import torch.distributed as dist
 
@@ -146,7 +147,10 @@ class LearnerWorker:
                     p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
                     offset += n
             grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            self.optimizer.step()
+            if norm > 0:
+                self.optimizer.step()
+            # else: the global batch is empty; stepping on zero gradients would still move the
+            # weights through Adam's momentum, so only the version advances
             totals["grad_norm"] = float(grad_norm)
         self.version += 1
         totals["version"] = float(self.version)
@@ -239,7 +243,8 @@ class LearnerGroup:
     def train(self, samples: list[Sample]) -> dict[str, float]:
         import ray
 
-        norm = aggregation_norm(samples, self.loss_settings)
+        # norm 0 tells the workers the global batch is empty (no optimizer step)
+        norm = aggregation_norm(samples, self.loss_settings) if samples else 0.0
         shards = shard_samples(samples, len(self.workers))
         results = ray.get(
             [w.train.remote(shard, norm) for w, shard in zip(self.workers, shards, strict=True)]
