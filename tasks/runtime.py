@@ -19,6 +19,7 @@ import logging
 import os
 import posixpath
 import random
+import re
 import shlex
 import shutil
 import time
@@ -88,6 +89,35 @@ def parse_image_map(items: list[str] | None) -> dict[str, str]:
     return out
 
 
+_ENV_TEMPLATE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def resolve_env_templates(
+    env: Mapping[str, str], where: str, host_env: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """Resolve Harbor's `${VAR}` / `${VAR:-default}` templates in a task's env table from the
+    host environment (Harbor does this at trial time, e.g. `OPENROUTER_API_KEY =
+    "${OPENROUTER_API_KEY}"`), so the sandbox never sees the literal template. A variable that
+    is unset on the host and has no default makes the task unrunnable here: a named error."""
+    host = os.environ if host_env is None else host_env
+    out: dict[str, str] = {}
+    for key, value in env.items():
+
+        def sub(m: re.Match[str], key: str = key) -> str:
+            name, default = m.group(1), m.group(2)
+            if name in host:
+                return host[name]
+            if default is not None:
+                return default
+            raise TaskUnsupportedError(
+                f"{where}.{key} is the template {m.group(0)!r}: expected host variable {name} "
+                "to be set (or a ${VAR:-default}), found it unset"
+            )
+
+        out[key] = _ENV_TEMPLATE.sub(sub, value)
+    return out
+
+
 def task_dockerfile(task: TaskSpec) -> Dockerfile | None:
     """The parsed Dockerfile of a task, or None when it runs on a prebuilt image."""
     env = task.environment
@@ -149,7 +179,8 @@ def sandbox_spec_for(
         if base in image_map and image_map[base] != base:
             build_context = _mapped_context(task, base, image_map[base])
     workdir = env.workdir or (df.workdir if df else None) or DEFAULT_WORKDIR
-    spec_env = {**(df.env if df else {}), **env.env}
+    task_env = resolve_env_templates(env.env, f"task {task.id}: environment.env")
+    spec_env = {**(df.env if df else {}), **task_env}
     return SandboxSpec(
         image=image,
         build_context=build_context,
@@ -352,7 +383,10 @@ async def run_verifier(task: TaskSpec, sandbox: Sandbox, setup: EpisodeSetup) ->
         ["bash", script],
         timeout_s=task.timeouts.verifier_timeout_s,
         cwd=setup.workdir,
-        env={**v.env, "TEST_DIR": TESTS_DIR},
+        env={
+            **resolve_env_templates(v.env, f"task {task.id}: verifier.env"),
+            "TEST_DIR": TESTS_DIR,
+        },
         user=task.verifier_user,
     )
     output = res.stdout + (("\n" + res.stderr) if res.stderr else "")
@@ -403,7 +437,7 @@ async def run_oracle(task: TaskSpec, sandbox: Sandbox, setup: EpisodeSetup) -> E
             ["bash", f"{SOLUTION_DIR}/{rel}"],
             timeout_s=task.timeouts.agent_timeout_s,
             cwd=setup.workdir,
-            env=sol.env or None,
+            env=resolve_env_templates(sol.env, f"task {task.id}: solution.env") or None,
             user=task.agent_user,
         )
     start = time.perf_counter()

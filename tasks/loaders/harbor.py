@@ -38,6 +38,7 @@ _KNOWN_TOP = {
     "environment",
     "solution",
     "source",
+    "task",  # schema 1.1: name, description, authors, keywords
 }
 
 
@@ -71,6 +72,15 @@ def load_harbor_dir(path: Path, source_format: SourceFormat = "harbor") -> TaskS
     env = _table(data, "environment", toml_path)
     solution = _table(data, "solution", toml_path)
 
+    if data.get("steps") or ((path / "steps").is_dir() and not (path / "instruction.md").exists()):
+        # Harbor multi-step tasks: each steps/<name>/ carries its own instruction, tests and
+        # solution, scored per `multi_step_reward_strategy`. One TaskSpec holds one of each.
+        raise TaskLoadError(
+            f"{path}: a multi-step Harbor task ([[steps]] in task.toml, steps/<name>/ folders) "
+            "is not supported: expected one instruction.md, tests/test.sh and solution at the "
+            "top level"
+        )
+    task_table = _table(data, "task", toml_path)
     instruction = read_text(path / "instruction.md", "instruction.md")
     if not instruction.strip():
         raise TaskLoadError(f"{path / 'instruction.md'}: the instruction is empty")
@@ -154,5 +164,9 @@ def load_harbor_dir(path: Path, source_format: SourceFormat = "harbor") -> TaskS
         generator=generator,
         source_format=source_format,
         source_dir=path,
-        metadata={"schema_version": version, **metadata},
+        metadata={
+            "schema_version": version,
+            **({"harbor_name": str(task_table["name"])} if task_table.get("name") else {}),
+            **metadata,
+        },
     )
