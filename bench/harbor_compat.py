@@ -74,6 +74,10 @@ REASONS: dict[str, str] = {
     "oracle_below_one": "the shipped oracle solution scored below 1.0",
     "task_timeout": "the whole check (build + two episodes) ran past the per-task timeout",
     "infra": "the sandbox layer failed (engine unavailable or restarted, sandbox lost)",
+    "task_unsupported": "the task cannot run here as configured (e.g. an env template whose host "
+    "variable is unset)",
+    "task_runtime_error": "a runtime step inside the sandbox failed (resetting /tests, COPY, "
+    "the generator): see the task's error",
 }
 
 _NET = (
@@ -108,11 +112,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tasks-dir",
         type=Path,
+        action="append",
         required=True,
         metavar="DIR",
-        help="a folder of Harbor task directories (a sample of a public dataset)",
+        help="a folder of Harbor task directories (a sample of a public dataset); repeatable, "
+        "one dataset each, the --source-* options pair with them in order",
     )
-    parser.add_argument("--limit", type=int, default=None, metavar="N", help="check N tasks")
+    parser.add_argument(
+        "--limit", type=int, default=None, metavar="N", help="check N tasks of each dataset"
+    )
     parser.add_argument(
         "--sample-seed",
         type=int,
@@ -140,14 +148,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=3,
         help="re-run a task whose check failed only in the sandbox layer (engine restarts)",
     )
-    parser.add_argument("--source-repo", default=None, help="owner/name the tasks come from")
-    parser.add_argument("--source-commit", default=None, help="the commit they were taken at")
-    parser.add_argument(
-        "--source-path", default=None, help="the folder of the dataset inside that repository"
-    )
-    parser.add_argument(
-        "--source-note", default=None, help="how the sample was drawn (recorded verbatim)"
-    )
+    for key, what in (
+        ("repo", "owner/name the tasks come from"),
+        ("commit", "the commit they were taken at"),
+        ("path", "the folder of the dataset inside that repository"),
+        ("note", "how the sample was drawn, what was mapped or set (recorded verbatim)"),
+    ):
+        parser.add_argument(
+            f"--source-{key}", action="append", default=[], help=f"{what} (one per --tasks-dir)"
+        )
     parser.add_argument(
         "--prune-images",
         action="store_true",
@@ -190,18 +199,20 @@ def classify_phase_error(text: str) -> str:
         return "verifier_other"
     if etype == "SandboxCreateError" and "building" in msg:
         return classify_build_error(msg)
-    if _INFRA_RE.search(etype) or _INFRA_RE.search(msg) or etype.startswith("Sandbox"):
+    if _INFRA_RE.search(etype) or etype.startswith("Sandbox") or etype.endswith("Timeout"):
         return "infra"
-    if etype in ("TaskError", "TaskLoadError"):
-        return "loader_error" if etype == "TaskLoadError" else "infra"
-    return "infra"
+    if etype == "TaskLoadError":
+        return "loader_error"
+    if etype == "TaskUnsupportedError":
+        return "task_unsupported"
+    return "task_runtime_error"
 
 
 def split_phase_errors(error: str | None) -> list[str]:
     """`check_task` joins its phases' errors with '; '; split them back at the phase tags."""
     if not error:
         return []
-    parts = re.split(r"(?:^|; )(?=(?:oracle|noop): )", error)
+    parts = re.split(r"(?:^|; )(?=(?:setup|oracle|noop): )", error)
     return [p for p in parts if p]
 
 
@@ -319,7 +330,13 @@ async def _check_one(
         "attempts": 0,
     }
     start = time.perf_counter()
-    spec = sandbox_spec_for(task, image_map)
+    try:
+        spec = sandbox_spec_for(task, image_map)
+    except TaskError as exc:  # reported like check_task reports it
+        entry["error"] = f"setup: {type(exc).__name__}: {exc}"
+        entry["duration_s"] = round(time.perf_counter() - start, 1)
+        entry["reasons"] = verdict(entry)
+        return entry
     image_for = getattr(backend, "image_for", None)
     for attempt in range(retries + 1):
         entry["attempts"] = attempt + 1
@@ -398,29 +415,34 @@ def _existing_ctx_tags() -> set[str]:
 
 
 def _ctx_tag(task: TaskSpec, image_map: dict[str, str]) -> str | None:
-    spec = sandbox_spec_for(task, image_map)
+    try:
+        spec = sandbox_spec_for(task, image_map)
+    except TaskError:
+        return None
     if spec.build_context is None:
         return None
     digest = spec.context_hash()
     return f"{CTX_REPO}:{digest[:16]}" if digest else None
 
 
-async def run_compat(args: argparse.Namespace) -> dict[str, Any]:
-    from sandboxes import get_backend
+def _nth(values: list[str], i: int) -> str | None:
+    return values[i] if i < len(values) else None
 
-    image_map = parse_image_map(args.image_map)
-    dirs = _task_dirs(args.tasks_dir, args.limit, args.sample_seed)
+
+async def run_dataset(
+    args: argparse.Namespace, index: int, backend: Any, image_map: dict[str, str]
+) -> dict[str, Any]:
+    """Check one dataset folder; its own summary, reasons and per-task entries."""
+    tasks_dir: Path = args.tasks_dir[index]
+    dirs = _task_dirs(tasks_dir, args.limit, args.sample_seed)
     loaded: list[TaskSpec] = []
     entries: list[dict[str, Any]] = []
     for d in dirs:
         task, err = _load(d)
         if task is None:
-            e = {"task_id": d.name, "load_error": err, "reasons": ["loader_error"]}
-            entries.append(e)
+            entries.append({"task_id": d.name, "load_error": err, "reasons": ["loader_error"]})
         else:
             loaded.append(task)
-    before = await asyncio.to_thread(_existing_ctx_tags) if args.prune_images else set()
-    backend = get_backend(args.backend)
     sem = asyncio.Semaphore(max(1, args.concurrency))
     done = 0
 
@@ -443,11 +465,44 @@ async def run_compat(args: argparse.Namespace) -> dict[str, Any]:
         return e
 
     start = time.perf_counter()
+    entries.extend(await asyncio.gather(*(one(t) for t in loaded)))
+    bases: dict[str, int] = {}
+    for t in loaded:
+        b = _base_image(t) or "?"
+        bases[b] = bases.get(b, 0) + 1
+    return {
+        "source": {
+            "repo": _nth(args.source_repo, index),
+            "commit": _nth(args.source_commit, index),
+            "path": _nth(args.source_path, index),
+            "sample": _nth(args.source_note, index),
+            "tasks_dir": str(tasks_dir),
+        },
+        "base_images": bases,
+        "wall_s": round(time.perf_counter() - start, 1),
+        "summary": summarize(entries),
+        "reasons": group_reasons(entries),
+        "tasks": sorted(entries, key=lambda e: e["task_id"]),
+        "_loaded": loaded,
+    }
+
+
+async def run_compat(args: argparse.Namespace) -> dict[str, Any]:
+    """Every dataset in turn on one backend; a combined summary over all their tasks."""
+    from sandboxes import get_backend
+
+    image_map = parse_image_map(args.image_map)
+    before = await asyncio.to_thread(_existing_ctx_tags) if args.prune_images else set()
+    backend = get_backend(args.backend)
+    start = time.perf_counter()
+    datasets: list[dict[str, Any]] = []
     try:
-        entries.extend(await asyncio.gather(*(one(t) for t in loaded)))
+        for i in range(len(args.tasks_dir)):
+            datasets.append(await run_dataset(args, i, backend, image_map))
     finally:
         await backend.aclose()
     wall_s = time.perf_counter() - start
+    loaded = [t for d in datasets for t in d.pop("_loaded")]
 
     pruned: list[str] = []
     if args.prune_images:
@@ -459,22 +514,11 @@ async def run_compat(args: argparse.Namespace) -> dict[str, Any]:
             if rc.returncode == 0:
                 pruned.append(tag)
 
-    bases: dict[str, int] = {}
-    for t in loaded:
-        b = _base_image(t) or "?"
-        bases[b] = bases.get(b, 0) + 1
+    entries = [e for d in datasets for e in d["tasks"]]
     return {
         "bench": "harbor_compat",
-        "source": {
-            "repo": args.source_repo,
-            "commit": args.source_commit,
-            "path": args.source_path,
-            "sample": args.source_note,
-            "tasks_dir": str(args.tasks_dir),
-        },
         "backend": args.backend,
         "image_map": image_map,
-        "base_images": bases,
         "concurrency": args.concurrency,
         "task_timeout_s": args.task_timeout_s,
         "wall_s": round(wall_s, 1),
@@ -483,7 +527,7 @@ async def run_compat(args: argparse.Namespace) -> dict[str, Any]:
         "reasons": group_reasons(entries),
         "reason_meanings": REASONS,
         "pruned_images": len(pruned),
-        "tasks": sorted(entries, key=lambda e: e["task_id"]),
+        "datasets": datasets,
     }
 
 
@@ -491,9 +535,10 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if not args.tasks_dir.is_dir():
-        print(f"sandgym bench harbor_compat: no directory at {args.tasks_dir}", file=sys.stderr)
-        return 2
+    for d in args.tasks_dir:
+        if not d.is_dir():
+            print(f"sandgym bench harbor_compat: no directory at {d}", file=sys.stderr)
+            return 2
     try:
         doc = asyncio.run(run_compat(args))
     except ValueError as exc:  # a malformed --image-map

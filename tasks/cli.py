@@ -124,7 +124,12 @@ async def check_task(
         "error": None,
     }
     errors: list[str] = []
-    spec = sandbox_spec_for(task, image_map, allow_run=allow_run)
+    try:
+        spec = sandbox_spec_for(task, image_map, allow_run=allow_run)
+    except TaskError as exc:  # e.g. an env template whose host variable is unset
+        log.warning("task %s: no sandbox spec: %s", task.id, exc)
+        entry["error"] = f"setup: {type(exc).__name__}: {exc}"
+        return entry
     for phase in ("oracle", "noop"):
         start = time.perf_counter()
         sandbox = None

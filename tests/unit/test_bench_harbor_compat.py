@@ -7,6 +7,8 @@ import argparse
 import shutil
 from pathlib import Path
 
+import pytest
+
 from bench import harbor_compat as hc
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tasks"
@@ -112,26 +114,47 @@ def test_verdict_and_summary() -> None:
     }
 
 
-def _args(tasks_dir: Path, **kw: object) -> argparse.Namespace:
+def _args(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     hc.add_arguments(parser)
-    args = parser.parse_args(["--tasks-dir", str(tasks_dir), "--backend", "null"])
-    for k, v in kw.items():
-        setattr(args, k, v)
-    return args
+    return parser.parse_args([*argv, "--backend", "null", "--infra-retries", "0"])
 
 
-async def test_whole_run_on_null_backend(tmp_path: Path) -> None:
+async def test_whole_run_on_null_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SANDGYM_FIXTURE_API_KEY", raising=False)
     root = tmp_path / "ds"
     root.mkdir()
     shutil.copytree(FIXTURES / "harbor-legacy", root / "harbor-legacy")
     (root / "not-a-task").mkdir()
     (root / "not-a-task" / "README").write_text("x")
-    doc = await hc.run_compat(_args(root, source_repo="o/r", source_commit="abc"))
-    assert doc["source"]["repo"] == "o/r" and doc["source"]["commit"] == "abc"
-    by_id = {e["task_id"]: e for e in doc["tasks"]}
+    other = tmp_path / "ds2"
+    shutil.copytree(FIXTURES / "harbor-compat", other)
+    args = _args(
+        "--tasks-dir",
+        str(root),
+        "--source-repo",
+        "o/r",
+        "--source-commit",
+        "abc",
+        "--tasks-dir",
+        str(other),
+        "--source-repo",
+        "o/r2",
+    )
+    doc = await hc.run_compat(args)
+    first, second = doc["datasets"]
+    assert first["source"]["repo"] == "o/r" and first["source"]["commit"] == "abc"
+    assert second["source"]["repo"] == "o/r2" and second["source"]["commit"] is None
+    by_id = {e["task_id"]: e for e in first["tasks"]}
     assert by_id["not-a-task"]["reasons"] == ["loader_error"]
     t = by_id["harbor-legacy"]
     assert t["oracle_shipped"] is True and t["env_builds"] is True
     assert t["reasons"] == hc.verdict(t)
-    assert doc["summary"]["tasks"] == 2 and doc["summary"]["loaded"]["count"] == 1
+    assert first["summary"]["tasks"] == 2 and first["summary"]["loaded"]["count"] == 1
+    # the multi-step fixture is a loader error; the env-template one needs its host variable
+    by_id2 = {e["task_id"]: e for e in second["tasks"]}
+    assert by_id2["harbor-multistep"]["reasons"] == ["loader_error"]
+    assert "multi-step" in by_id2["harbor-multistep"]["load_error"]
+    assert by_id2["harbor-env-template"]["reasons"] == ["task_unsupported"]
+    assert doc["summary"]["tasks"] == 4
+    assert doc["reasons"]["loader_error"]["count"] == 2

@@ -4,6 +4,7 @@ multi-step task is refused with a message that says so."""
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 from typing import Any
@@ -97,3 +98,19 @@ async def test_verifier_and_oracle_env_are_resolved(monkeypatch: pytest.MonkeyPa
 def test_multi_step_task_is_refused_by_name() -> None:
     with pytest.raises(TaskLoadError, match="multi-step Harbor task"):
         load_task_dir(FIXTURES / "harbor-multistep")
+
+
+def test_tasks_check_reports_an_unset_template_per_task(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from envserver.cli import main
+
+    monkeypatch.delenv("SANDGYM_FIXTURE_API_KEY", raising=False)
+    code = main(
+        ["tasks", "check", str(FIXTURES / "harbor-env-template"), "--backend", "null", "--json"]
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1
+    [entry] = doc["tasks"]
+    assert entry["oracle_reward"] is None and entry["noop_reward"] is None
+    assert "SANDGYM_FIXTURE_API_KEY" in entry["error"]
