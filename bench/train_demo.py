@@ -51,6 +51,44 @@ def _start_server() -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("sandgym serve did not answer /healthz within 120 s")
 
 
+def summarize(run_dir: Path, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The demo record, read from the run directory's files (so an interrupted run can be
+    summarised too: `updates` then says how far it got and `heldout_reward_after` is None)."""
+    from trainer.episode import read_episodes
+    from trainer.metrics import read_metrics
+
+    rows = read_metrics(run_dir)
+    train = [r for r in rows if "reward/mean" in r]
+    evals = [r for r in rows if "eval/reward_mean" in r]
+    before = [r for r in evals if r["step"] == 0]
+    after = [r for r in evals if train and r["step"] == train[-1]["step"] and r["step"] > 0]
+    episodes = read_episodes(run_dir / "episodes.jsonl")
+    terminations: dict[str, int] = {}
+    for e in episodes:
+        terminations[e["termination"]] = terminations.get(e["termination"], 0) + 1
+    t0 = min((e["started_at"] for e in episodes), default=0.0)
+    wall_s = (train[-1]["time"] - t0) if train and episodes else 0.0
+    gen_tokens = sum(int(e["metrics"].get("generated_tokens", 0)) for e in episodes)
+    learner_tps = [r["learner/tokens_per_s"] for r in train if r.get("learner/tokens_per_s")]
+    return {
+        "command": "python -m bench.train_demo " + " ".join(sys.argv[1:]),
+        "config": config,
+        "updates": train[-1]["step"] if train else 0,
+        "heldout_reward_before": before[0]["eval/reward_mean"] if before else None,
+        "heldout_reward_after": after[-1]["eval/reward_mean"] if after else None,
+        "heldout_episodes_each": before[0]["eval/episodes"] if before else None,
+        "train_reward_by_update": [r["reward/mean"] for r in train],
+        "groups_with_signal": sum(1 for r in train if r.get("batch/samples", 0) > 0),
+        "episodes": len(episodes),
+        "terminations": terminations,
+        "wall_s": wall_s,
+        "episodes_per_min": 60.0 * len(episodes) / wall_s if wall_s else None,
+        "generated_tokens_per_s": gen_tokens / wall_s if wall_s else None,
+        "learner_tokens_per_s_mean": sum(learner_tps) / len(learner_tps) if learner_tps else None,
+        "machine": {"cpus": os.cpu_count(), "platform": sys.platform},
+    }
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=str(REPO / "trainer/configs/demo.yaml"))
     parser.add_argument("--override", "-o", action="append", default=[], metavar="KEY=VALUE")
@@ -58,52 +96,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", default="runs/train_demo", help="run directory (fresh)")
     parser.add_argument("--out", help="write the JSON record here (and the PNG beside it)")
     parser.add_argument("--json", action="store_true", help="print the record as JSON")
+    parser.add_argument(
+        "--summarize-only", action="store_true", help="only summarise an existing --run-dir"
+    )
 
 
-def run(args: argparse.Namespace) -> int:
-    from trainer.config import load_config
-    from trainer.metrics import read_metrics
+def _write(record: dict[str, Any], run_dir: Path, args: argparse.Namespace) -> None:
     from trainer.plot_cli import plot_run
-    from trainer.train import Trainer
 
-    server = None
-    url = args.server_url
-    if url is None:
-        server, url = _start_server()
-    try:
-        overrides = [f'env.server_urls=["{url}"]', "run.eval_before=true", *args.override]
-        cfg = load_config(args.config, overrides)
-        run_dir = Path(args.run_dir)
-        if run_dir.exists():
-            shutil.rmtree(run_dir)  # a demo measures from scratch, never from a resume
-        trainer = Trainer(cfg, run_dir)
-        try:
-            summary = trainer.run()
-        finally:
-            trainer.shutdown()
-    finally:
-        if server is not None:
-            server.terminate()
-            server.wait(timeout=30)
-    rows = read_metrics(run_dir)
-    train = [r for r in rows if "reward/mean" in r]
-    learner_tps = [r["learner/tokens_per_s"] for r in train if r.get("learner/tokens_per_s")]
-    record: dict[str, Any] = {
-        "command": "python -m bench.train_demo " + " ".join(sys.argv[1:]),
-        "config": cfg.model_dump(mode="json"),
-        "updates": summary["version"],
-        "heldout_reward_before": summary.get("eval_before", {}).get("eval/reward_mean"),
-        "heldout_reward_after": summary.get("eval_after", {}).get("eval/reward_mean"),
-        "heldout_episodes_each": summary.get("eval_before", {}).get("eval/episodes"),
-        "train_reward_by_update": [r["reward/mean"] for r in train],
-        "episodes": summary["episodes"],
-        "terminations": summary["terminations"],
-        "wall_s": summary["wall_s"],
-        "episodes_per_min": 60.0 * summary["episodes"] / summary["wall_s"],
-        "generated_tokens_per_s": summary["generated_tokens"] / summary["wall_s"],
-        "learner_tokens_per_s_mean": sum(learner_tps) / len(learner_tps) if learner_tps else None,
-        "machine": {"cpus": os.cpu_count(), "platform": sys.platform},
-    }
     png = run_dir / "reward.png"
     plot_run(run_dir, png)
     if args.out:
@@ -112,6 +112,38 @@ def run(args: argparse.Namespace) -> int:
         out.write_text(json.dumps(record, indent=2) + "\n")
         shutil.copy(png, out.with_suffix(".png"))
     print(json.dumps(record) if args.json else json.dumps(record, indent=2))
+
+
+def run(args: argparse.Namespace) -> int:
+    import yaml
+
+    from trainer.config import load_config
+    from trainer.train import Trainer
+
+    run_dir = Path(args.run_dir)
+    if args.summarize_only:
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())
+        _write(summarize(run_dir, config), run_dir, args)
+        return 0
+    server = None
+    url = args.server_url
+    if url is None:
+        server, url = _start_server()
+    try:
+        overrides = [f'env.server_urls=["{url}"]', "run.eval_before=true", *args.override]
+        cfg = load_config(args.config, overrides)
+        if run_dir.exists():
+            shutil.rmtree(run_dir)  # a demo measures from scratch, never from a resume
+        trainer = Trainer(cfg, run_dir)
+        try:
+            trainer.run()
+        finally:
+            trainer.shutdown()
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=30)
+    _write(summarize(run_dir, cfg.model_dump(mode="json")), run_dir, args)
     return 0
 
 

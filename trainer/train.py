@@ -15,7 +15,8 @@ Loop (one screen, in `Trainer.run`):
   actor while the other episodes keep running.
 
 The run directory holds `config.yaml` (resolved), `metrics.jsonl`, `tensorboard/`,
-`episodes.jsonl`, `eval_episodes.jsonl`, `checkpoints/` and `summary.json`.
+`episodes.jsonl`, `eval_episodes.jsonl`, `checkpoints/` and `summary.json`. Creating
+`RUN_DIR/STOP` ends the run early and cleanly (checkpoint and final evaluation still happen).
 """
 
 from __future__ import annotations
@@ -189,7 +190,13 @@ class Trainer:
         )
         last_rewards: list[float] = []
         try:
+            stop_file = self.run_dir / "STOP"
+            stop_file.unlink(missing_ok=True)  # a leftover from an earlier stop
             while self.version < cfg.run.num_updates:
+                if stop_file.exists():  # `touch RUN_DIR/STOP`: end early, still checkpoint+eval
+                    log.info("%s exists: stopping after %d updates", stop_file, self.version)
+                    summary["stopped_early"] = True
+                    break
                 while len(in_flight) < capacity:
                     task_id, seed = self._group_task(next_group)
                     if next_member == 0:
