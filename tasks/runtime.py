@@ -34,6 +34,7 @@ from sandboxes import ExecResult, Sandbox, SandboxFileNotFoundError, SandboxSpec
 from sandboxes.desktop import start_task_desktop
 from tasks.dockerfile import CopyStep, Dockerfile, MkdirStep, RunStep, parse_dockerfile
 from tasks.errors import TaskError, TaskLoadError, TaskUnsupportedError, VerifierError
+from tasks.heredoc import has_heredoc, rewrite_heredocs
 from tasks.models import TaskSpec
 from tasks.verifier import answer_reward, reward_from_files, seta_reward, tbench_reward
 
@@ -131,17 +132,18 @@ def task_dockerfile(task: TaskSpec) -> Dockerfile | None:
     return parse_dockerfile(text)
 
 
-def _mapped_context(task: TaskSpec, base: str, mapped: str) -> Path:
-    """A copy of the build context whose Dockerfile starts FROM `mapped` (cached by content)."""
+def _mapped_context(task: TaskSpec, base: str, mapped: str | None) -> Path:
+    """A copy of the build context whose Dockerfile starts FROM `mapped` (when given) and has
+    its heredocs rewritten for the classic builder (`tasks.heredoc`); cached by content."""
     env = task.environment
     assert env.build_context is not None
     text = (env.build_context / env.dockerfile).read_text(encoding="utf-8")
     lines = text.splitlines()
     for i, line in enumerate(lines):
-        if line.strip().upper().startswith("FROM "):
+        if mapped is not None and line.strip().upper().startswith("FROM "):
             lines[i] = f"FROM {mapped}"
             break
-    new_text = "\n".join(lines) + "\n"
+    new_text = rewrite_heredocs("\n".join(lines) + "\n")
     from sandboxes.spec import hash_directory
 
     digest = hashlib.sha256((hash_directory(env.build_context) + new_text).encode()).hexdigest()[
@@ -176,8 +178,11 @@ def sandbox_spec_for(
         image = image_map.get(env.image or "", env.image)
     else:
         base = df.base_image or ""
-        if base in image_map and image_map[base] != base:
-            build_context = _mapped_context(task, base, image_map[base])
+        mapped = image_map.get(base) if image_map.get(base, base) != base else None
+        assert env.build_context is not None
+        text = (env.build_context / env.dockerfile).read_text(encoding="utf-8")
+        if mapped is not None or has_heredoc(text):
+            build_context = _mapped_context(task, base, mapped)
     workdir = env.workdir or (df.workdir if df else None) or DEFAULT_WORKDIR
     task_env = resolve_env_templates(env.env, f"task {task.id}: environment.env")
     spec_env = {**(df.env if df else {}), **task_env}

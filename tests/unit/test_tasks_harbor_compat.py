@@ -114,3 +114,68 @@ def test_tasks_check_reports_an_unset_template_per_task(
     [entry] = doc["tasks"]
     assert entry["oracle_reward"] is None and entry["noop_reward"] is None
     assert "SANDGYM_FIXTURE_API_KEY" in entry["error"]
+
+
+def test_heredocs_rewritten_for_the_classic_builder(tmp_path: Path) -> None:
+    from tasks.heredoc import has_heredoc, rewrite_heredocs
+
+    plain = "FROM x\nRUN echo hi > /a\n"
+    assert rewrite_heredocs(plain) == plain
+    root = tmp_path / "root"
+    df = (
+        "FROM x\n"
+        f"RUN mkdir -p {root}/bin && \\\n"
+        f"    cat > {root}/bin/greet <<'EOF'\n"
+        "#!/bin/sh\n"
+        'echo "hello $NAME"\n'
+        "EOF\n"
+        "RUN <<EOF\n"
+        "set -e\n"
+        f'echo "built for $NAME" > {root}/info.txt\n'
+        "EOF\n"
+        f"COPY --chmod=600 <<EOF {root}/etc/app.conf\n"
+        "key=value\n"
+        "EOF\n"
+        "RUN cat <<-EOT\n"
+        "\tindented\n"
+        "\tEOT\n"
+    )
+    out = rewrite_heredocs(df)
+    run_lines = [ln for ln in out.splitlines() if ln.startswith("RUN ")]
+    assert len(out.splitlines()) == 5 and len(run_lines) == 4
+    assert "EOF" not in out.splitlines() and "#!/bin/sh" not in out
+    # the classic builder runs each RUN line with `/bin/sh -c`: do the same here
+    import subprocess
+
+    outputs = []
+    for ln in run_lines:
+        res = subprocess.run(
+            ["/bin/sh", "-c", ln[4:]],
+            env={"NAME": "world", "PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        outputs.append(res.stdout)
+    assert (root / "bin" / "greet").read_text() == '#!/bin/sh\necho "hello $NAME"\n'
+    assert (root / "info.txt").read_text() == "built for world\n"
+    assert (root / "etc" / "app.conf").read_text() == "key=value\n"
+    assert oct((root / "etc" / "app.conf").stat().st_mode & 0o777) == "0o600"
+    assert outputs[-1] == "indented\n"
+    assert has_heredoc(df) and not has_heredoc(plain)
+
+
+def test_heredoc_task_builds_from_a_rewritten_context(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SANDGYM_CACHE", str(tmp_path))
+    task = load_task_dir(FIXTURES / "harbor-heredoc")
+    spec = sandbox_spec_for(task)
+    assert spec.build_context is not None and spec.build_context != task.environment.build_context
+    text = (spec.build_context / "Dockerfile").read_text()
+    assert text.startswith("FROM ubuntu:24.04\n") and "<<" not in text
+    mapped = sandbox_spec_for(task, {"ubuntu:24.04": "sandgym/base:bookworm"})
+    assert mapped.build_context is not None
+    assert (
+        (mapped.build_context / "Dockerfile").read_text().startswith("FROM sandgym/base:bookworm\n")
+    )

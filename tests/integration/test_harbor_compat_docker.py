@@ -1,0 +1,44 @@
+"""Public-Harbor-task features on the real Docker engine: a task whose Dockerfile uses
+heredocs builds with the classic builder (no BuildKit here) and passes `tasks check`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tasks import load_task_dir
+
+pytestmark = pytest.mark.docker
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "tasks" / "harbor-compat"
+
+
+def _engine_answers() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=5).ping()
+        return True
+    except Exception:
+        return False
+
+
+async def test_heredoc_task_oracle_and_noop_on_docker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not _engine_answers():
+        pytest.skip("no Docker engine answers")
+    import docker
+
+    if not docker.from_env().images.list(name="sandgym/base"):
+        pytest.skip("sandgym/base:bookworm missing (images/bootstrap-base.sh builds it)")
+    from tasks.cli import check_tasks
+
+    monkeypatch.setenv("SANDGYM_CACHE", str(tmp_path))
+    task = load_task_dir(FIXTURES / "harbor-heredoc")
+    [entry] = await check_tasks(
+        [task], "docker", {"ubuntu:24.04": "sandgym/base:bookworm"}, concurrency=1
+    )
+    assert entry["error"] is None
+    assert entry["oracle_reward"] == 1.0 and entry["noop_reward"] == 0.0
