@@ -26,6 +26,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, HTTPException, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import PydanticSerializationError
 from starlette.websockets import WebSocketDisconnect
 
 from envserver.errors import BusyError, MessageTooLargeError, to_wire_error
@@ -68,6 +69,19 @@ def _request_id_of(raw: bytes) -> str | None:
         return value if isinstance(value, str) else None
     except ValueError:
         return None
+
+
+def _reply_json(reply: BaseModel) -> str:
+    """A reply as JSON text. A string holding a lone surrogate (a client may send one as a
+    `\\udXXX` escape, e.g. in its request_id, and it is echoed back) cannot be encoded as UTF-8;
+    such a reply goes out with every non-ASCII character escaped instead of killing the
+    connection."""
+    try:
+        return reply.model_dump_json()
+    except PydanticSerializationError:
+        import json
+
+        return json.dumps(reply.model_dump(mode="json"), ensure_ascii=True)
 
 
 class Connection:
@@ -141,7 +155,7 @@ class Connection:
         except Exception as exc:
             await self._reply_error(msg.request_id, exc)
             return
-        await self._send(reply.model_dump_json())
+        await self._send(_reply_json(reply))
 
     async def _reply_error(self, request_id: str | None, exc: BaseException) -> None:
         err = to_wire_error(exc)
@@ -149,7 +163,7 @@ class Connection:
         reply = ErrorReply(
             request_id=request_id, code=err.code, message=err.message, retryable=err.retryable
         )
-        await self._send(reply.model_dump_json())
+        await self._send(_reply_json(reply))
 
     async def _send(self, text: str) -> None:
         if not self._open:
