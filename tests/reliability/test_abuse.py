@@ -1,0 +1,214 @@
+"""Abuse inside a sandbox, on `local` (bubblewrap) and `docker`, through a real server process.
+
+Each abuse runs as one episode's action while a neighbouring episode keeps stepping. What must
+hold: the abusive action comes back (a result or a named error, never a hang), the neighbour's
+steps all succeed, the server stays up, and the abuse is contained by a limit (pids, memory,
+file size, output cap, action timeout, no network, no Docker socket). Latency figures under
+abuse are measured by `bench/reliability.py`, never asserted here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from envserver.client import AsyncEnvClient, EnvError, StepResult
+from envserver.runner import ServerProcess
+from tests.reliability.conftest import REL_TASK, docker_ready, local_ready, wait_until
+
+BACKENDS = [
+    pytest.param(
+        "local", marks=pytest.mark.skipif(not local_ready(), reason="bubblewrap not installed")
+    ),
+    pytest.param(
+        "docker",
+        marks=[
+            pytest.mark.docker,
+            pytest.mark.skipif(not docker_ready(), reason="no Docker engine or image"),
+        ],
+    ),
+]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def abuse_server(request: pytest.FixtureRequest, rel_tasks: Path) -> Iterator[ServerProcess]:
+    env = {"SANDGYM_INCLUDE_BUILTIN": "false", "SANDGYM_MAX_OUTPUT_BYTES": "65536"}
+    with ServerProcess(
+        request.param, args=["--tasks", str(rel_tasks)], env=env, startup_timeout_s=120
+    ) as srv:
+        srv.backend_name = request.param  # type: ignore[attr-defined]
+        yield srv
+        assert srv.proc.poll() is None, "the server process died during the abuse tests"
+
+
+@contextlib.asynccontextmanager
+async def episode(url: str) -> AsyncIterator[AsyncEnvClient]:
+    c = AsyncEnvClient(url, request_timeout_s=180)
+    await c.reset(REL_TASK)
+    try:
+        yield c
+    finally:
+        with contextlib.suppress(EnvError, OSError):
+            await c.close()
+
+
+async def abuse_with_neighbour(
+    url: str, action: dict[str, Any] | str
+) -> tuple[StepResult | EnvError, AsyncEnvClient]:
+    """Run `action` in one episode while a neighbour episode steps; all neighbour steps must
+    succeed. Returns the abusive step's result (or its error) and the abuser's client (open)."""
+    abuser = AsyncEnvClient(url, request_timeout_s=180)
+    await abuser.reset(REL_TASK)
+    async with episode(url) as neighbour:
+        await neighbour.step("export N=1")
+        task = asyncio.create_task(abuser.step(action))
+        n = 0
+        while not task.done() or n < 3:
+            res = await neighbour.step("echo $N ok")
+            assert res.observation["output"] == "1 ok\n", res
+            n += 1
+            await asyncio.sleep(0.05)
+        try:
+            outcome: StepResult | EnvError = task.result()
+        except EnvError as exc:
+            outcome = exc
+    return outcome, abuser
+
+
+async def still_works(abuser: AsyncEnvClient) -> None:
+    """The abuser's own sandbox is usable again once the abusive action is over."""
+    res = await abuser.step({"kind": "command", "command": "echo alive", "timeout_s": 60})
+    assert res.observation["output"] == "alive\n", res
+    await abuser.close()
+
+
+def server_healthy(srv: ServerProcess) -> None:
+    assert srv.proc.poll() is None
+    assert httpx.get(f"{srv.http_url}/healthz", timeout=10).status_code == 200
+
+
+async def test_fork_bomb_is_contained(abuse_server: ServerProcess) -> None:
+    bomb = {"kind": "command", "command": "b(){ b|b& }; b; sleep 3", "timeout_s": 8}
+    outcome, abuser = await abuse_with_neighbour(abuse_server.url, bomb)
+    # Either the command ran into its timeout, or it ended by itself; both are fine, a hang is not.
+    assert isinstance(outcome, StepResult) or outcome.code == "action_timeout", outcome
+    await still_works(abuser)
+    server_healthy(abuse_server)
+
+
+async def test_memory_hog_is_killed_by_the_memory_limit(abuse_server: ServerProcess) -> None:
+    # `tail` holds its whole input: 2 GiB against a 256 MiB limit.
+    hog = {
+        "kind": "command",
+        "command": "head -c 2000m /dev/zero | tail >/dev/null; echo rc=$?",
+        "timeout_s": 60,
+    }
+    outcome, abuser = await abuse_with_neighbour(abuse_server.url, hog)
+    assert isinstance(outcome, StepResult), outcome
+    rc = outcome.observation["output"].strip().rpartition("rc=")[2]
+    assert rc.isdigit() and int(rc) != 0, outcome.observation
+    await still_works(abuser)
+    server_healthy(abuse_server)
+
+
+async def test_disk_fill_is_capped_by_the_storage_limit(abuse_server: ServerProcess) -> None:
+    # The task's storage_mb is 64: a 512 MiB file must not get written in full.
+    fill = {
+        "kind": "command",
+        "command": "dd if=/dev/zero of=/app/fill bs=1M count=512 status=none; echo rc=$?; "
+        "wc -c < /app/fill",
+        "timeout_s": 120,
+    }
+    outcome, abuser = await abuse_with_neighbour(abuse_server.url, fill)
+    assert isinstance(outcome, StepResult), outcome
+    lines = outcome.observation["output"].split()
+    rc = next(x for x in lines if x.startswith("rc="))
+    size = int(lines[-1])
+    assert rc != "rc=0" and size <= 64 * 2**20, outcome.observation
+    await still_works(abuser)
+    server_healthy(abuse_server)
+
+
+async def test_endless_output_is_capped(abuse_server: ServerProcess) -> None:
+    flood = {"kind": "command", "command": "yes sandgym-flood", "timeout_s": 3}
+    outcome, abuser = await abuse_with_neighbour(abuse_server.url, flood)
+    if isinstance(outcome, StepResult):
+        # SANDGYM_MAX_OUTPUT_BYTES=65536 (+ a truncation marker)
+        assert len(outcome.observation["output"].encode()) <= 65536 + 1024
+    else:
+        assert outcome.code == "action_timeout", outcome
+    await still_works(abuser)
+    server_healthy(abuse_server)
+
+
+async def test_sigterm_ignoring_process_is_killed(abuse_server: ServerProcess) -> None:
+    stubborn = {
+        "kind": "command",
+        "command": "trap '' TERM; while :; do sleep 0.2; done",
+        "timeout_s": 2,
+    }
+    outcome, abuser = await abuse_with_neighbour(abuse_server.url, stubborn)
+    assert isinstance(outcome, StepResult) or outcome.code == "action_timeout", outcome
+    await still_works(abuser)
+    server_healthy(abuse_server)
+
+
+def host_processes(pattern: str) -> list[str]:
+    out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
+    return out.split()
+
+
+async def test_daemon_left_behind_is_gone_after_close(abuse_server: ServerProcess) -> None:
+    # Sandbox processes are visible from the host (same kernel): find them by a unique argv.
+    marker = f"4{abuse_server.port}"
+    async with episode(abuse_server.url) as c:
+        await c.step(
+            f"(trap '' TERM HUP; setsid nohup sleep {marker} >/dev/null 2>&1 &); "
+            f"nohup sh -c 'trap \"\" TERM; exec sleep {marker}' >/dev/null 2>&1 &"
+        )
+        await c.step("sleep 0.5")
+        assert len(host_processes(f"sleep {marker}")) >= 2
+    await wait_until(
+        lambda: not host_processes(f"sleep {marker}"), 20.0, 0.2, "daemons gone after close"
+    )
+    server_healthy(abuse_server)
+
+
+def host_ip() -> str:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))
+            return str(s.getsockname()[0])
+        except OSError:
+            return "127.0.0.1"
+
+
+async def test_network_server_port_and_docker_socket_are_refused(
+    abuse_server: ServerProcess,
+) -> None:
+    port = abuse_server.port
+    targets = ["127.0.0.1", host_ip(), "172.17.0.1"]
+    probes = [
+        f"timeout 5 bash -c 'echo > /dev/tcp/{h}/{port}' 2>/dev/null && echo OPEN-{h} || "
+        f"echo refused-{h}"
+        for h in targets
+    ]
+    probes.append(
+        "for s in /var/run/docker.sock /run/docker.sock /run/containerd/containerd.sock; do "
+        "[ -e $s ] && echo SOCKET-$s; done; echo checked-sockets"
+    )
+    async with episode(abuse_server.url) as c:
+        for probe in probes:
+            res = await c.step({"kind": "command", "command": probe, "timeout_s": 20})
+            out = res.observation["output"]
+            assert "OPEN" not in out and "SOCKET" not in out, (probe, out)
+            assert "refused-" in out or "checked-sockets" in out, (probe, out)
+    server_healthy(abuse_server)
