@@ -129,21 +129,45 @@ def task_dockerfile(task: TaskSpec) -> Dockerfile | None:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise TaskLoadError(f"task {task.id}: cannot read {path}: {exc}") from None
-    return parse_dockerfile(text)
+    # heredoc bodies are not instructions: parse them as the one-line RUNs the build runs
+    return parse_dockerfile(rewrite_heredocs(text))
 
 
-def _mapped_context(task: TaskSpec, base: str, mapped: str | None) -> Path:
-    """A copy of the build context whose Dockerfile starts FROM `mapped` (when given) and has
+_COPY_FROM = re.compile(r"(--from=)(\S+)")
+
+
+def _map_images(text: str, image_map: Mapping[str, str]) -> str:
+    """Every stage's `FROM IMAGE` and every `COPY --from=IMAGE` named in `image_map`, replaced
+    (stage names, `AS` aliases and flags are kept)."""
+    out = []
+    for line in text.splitlines():
+        tokens = line.split()
+        if tokens and tokens[0].upper() == "FROM":
+            for j in range(1, len(tokens)):
+                if not tokens[j].startswith("--"):
+                    if tokens[j] in image_map:
+                        tokens[j] = image_map[tokens[j]]
+                        line = " ".join(tokens)
+                    break
+        elif tokens and tokens[0].upper() in ("COPY", "ADD") and "--from=" in line:
+            line = _COPY_FROM.sub(
+                lambda m: m.group(1) + image_map.get(m.group(2), m.group(2)), line
+            )
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def _needs_rewrite(text: str, image_map: Mapping[str, str]) -> bool:
+    return has_heredoc(text) or _map_images(text, image_map) != "\n".join(text.splitlines()) + "\n"
+
+
+def _mapped_context(task: TaskSpec, image_map: Mapping[str, str]) -> Path:
+    """A copy of the build context whose Dockerfile has its images mapped (`_map_images`) and
     its heredocs rewritten for the classic builder (`tasks.heredoc`); cached by content."""
     env = task.environment
     assert env.build_context is not None
     text = (env.build_context / env.dockerfile).read_text(encoding="utf-8")
-    lines = text.splitlines()
-    for i, line in enumerate(lines):
-        if mapped is not None and line.strip().upper().startswith("FROM "):
-            lines[i] = f"FROM {mapped}"
-            break
-    new_text = rewrite_heredocs("\n".join(lines) + "\n")
+    new_text = rewrite_heredocs(_map_images(text, image_map))
     from sandboxes.spec import hash_directory
 
     digest = hashlib.sha256((hash_directory(env.build_context) + new_text).encode()).hexdigest()[
@@ -159,8 +183,27 @@ def _mapped_context(task: TaskSpec, base: str, mapped: str | None) -> Path:
             tmp.rename(dest)
         except OSError:  # a concurrent caller won the race; theirs is identical
             shutil.rmtree(tmp, ignore_errors=True)
-    log.debug("task %s: base image %s mapped to %s (context %s)", task.id, base, mapped, dest)
+    log.debug("task %s: build context rewritten (images mapped, heredocs) at %s", task.id, dest)
     return dest
+
+
+def _spec_dockerfile(task: TaskSpec) -> Dockerfile | None:
+    """The Dockerfile as far as the spec needs it (WORKDIR, ENV). A multi-stage build or a
+    `COPY --from` cannot be applied without building, but an image-building backend builds it:
+    then the last stage, without its `--from` copies, still gives the WORKDIR and ENV."""
+    try:
+        return task_dockerfile(task)
+    except TaskUnsupportedError:
+        env = task.environment
+        assert env.build_context is not None
+        lines = (env.build_context / env.dockerfile).read_text(encoding="utf-8").splitlines()
+        froms = [i for i, ln in enumerate(lines) if ln.strip().upper().startswith("FROM ")]
+        last = lines[froms[-1] :] if froms else lines
+        kept = [ln for ln in last if "--from=" not in ln]
+        try:
+            return parse_dockerfile("\n".join(kept) + "\n")
+        except TaskError:
+            return None
 
 
 def sandbox_spec_for(
@@ -171,18 +214,15 @@ def sandbox_spec_for(
     `allow_run` opts in to executing Dockerfile RUN lines on backends that build no image."""
     image_map = dict(image_map or {})
     env = task.environment
-    df = task_dockerfile(task)
+    df = _spec_dockerfile(task)
     build_context = env.build_context
     image = None
-    if df is None:
+    if env.build_context is None:
         image = image_map.get(env.image or "", env.image)
     else:
-        base = df.base_image or ""
-        mapped = image_map.get(base) if image_map.get(base, base) != base else None
-        assert env.build_context is not None
         text = (env.build_context / env.dockerfile).read_text(encoding="utf-8")
-        if mapped is not None or has_heredoc(text):
-            build_context = _mapped_context(task, base, mapped)
+        if _needs_rewrite(text, image_map):
+            build_context = _mapped_context(task, image_map)
     workdir = env.workdir or (df.workdir if df else None) or DEFAULT_WORKDIR
     task_env = resolve_env_templates(env.env, f"task {task.id}: environment.env")
     spec_env = {**(df.env if df else {}), **task_env}

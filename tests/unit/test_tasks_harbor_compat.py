@@ -179,3 +179,41 @@ def test_heredoc_task_builds_from_a_rewritten_context(
     assert (
         (mapped.build_context / "Dockerfile").read_text().startswith("FROM sandgym/base:bookworm\n")
     )
+
+
+def test_image_map_reaches_every_stage_and_copy_from(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SANDGYM_CACHE", str(tmp_path))
+    task = load_task_dir(FIXTURES / "harbor-copy-from")
+    # a multi-stage Dockerfile: the spec still gets the last stage's WORKDIR and ENV
+    spec = sandbox_spec_for(task)
+    assert spec.workdir == "/workspace" and spec.env["PYTHONUNBUFFERED"] == "1"
+    assert spec.build_context == task.environment.build_context  # nothing to rewrite
+    image_map = {
+        "python:3.13-slim-bookworm": "sandgym/terminal:latest",
+        "ubuntu:24.04": "sandgym/base:bookworm",
+        "ghcr.io/astral-sh/uv:latest": "local/uv:1",
+    }
+    mapped = sandbox_spec_for(task, image_map)
+    assert mapped.build_context is not None
+    lines = (mapped.build_context / "Dockerfile").read_text().splitlines()
+    assert lines[0] == "FROM sandgym/terminal:latest AS builder"
+    assert "FROM sandgym/base:bookworm" in lines
+    assert "COPY --from=local/uv:1 /uv /uvx /bin/" in lines
+    assert "COPY --from=builder /wheels /wheels" in lines  # a stage name is not an image
+
+
+async def test_local_backends_still_refuse_what_needs_a_build() -> None:
+    task = load_task_dir(FIXTURES / "harbor-copy-from")
+    sb = await NullBackend().create(sandbox_spec_for(task))
+    with pytest.raises(TaskUnsupportedError, match="multi-stage"):
+        await prepare_episode(task, sb, seed=0)
+
+
+def test_heredoc_dockerfile_parses_for_local_backends() -> None:
+    from tasks.runtime import task_dockerfile
+
+    df = task_dockerfile(load_task_dir(FIXTURES / "harbor-heredoc"))
+    assert df is not None and df.workdir == "/app" and df.env["NAME"] == "world"
+    assert len(df.run_steps) == 4  # the three heredoc instructions + chmod, one RUN each
