@@ -895,6 +895,15 @@ class DockerBackend(SandboxBackend):
             host["memswap_limit"] = f"{spec.memory_mb}m"  # equal: no swap on top
         if spec.pids_limit:
             host["pids_limit"] = spec.pids_limit
+        if spec.storage_mb:
+            # A per-file size cap (RLIMIT_FSIZE, bytes; execs inherit it): the storage quota
+            # below works only on overlay over xfs with pquota, and without it one `dd` could
+            # fill the host's disk. The cap holds on any filesystem; many files can still add
+            # up past storage_mb where the quota is unsupported.
+            import docker.types
+
+            size = spec.storage_mb * 2**20
+            host["ulimits"] = [docker.types.Ulimit(name="fsize", soft=size, hard=size)]
         if self.runtime:
             host["runtime"] = self.runtime
         if spec.storage_mb and self._storage_opt_ok is not False:

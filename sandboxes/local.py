@@ -217,6 +217,10 @@ class LocalSandbox(Sandbox):
         """
         group = cg or self.cg
         steps = ["ulimit -c 0"]
+        if self.spec.storage_mb:
+            # No quota on the sandbox tree: a per-file size cap (sh counts 512-byte blocks) at
+            # least keeps one runaway file from filling the host's disk.
+            steps.append(f"ulimit -f {self.spec.storage_mb * 2048}")
         if group is not None:
             targets = " ".join(shlex.quote(p) for p in group.join_paths())
             steps.append(f"for f in {targets}; do echo $$ > \"$f\"; done")
