@@ -636,6 +636,13 @@ class DockerSandbox(Sandbox):
             )
         try:
             await asyncio.to_thread(put)
+        except docker.errors.NotFound as exc:
+            # `mkdir -p` worked but Docker cannot resolve the directory in the container's
+            # filesystem (e.g. a symlink into /proc): the agent's path, not a server fault.
+            raise SandboxPathError(
+                f"cannot write into {parent} in sandbox {self.id}: expected a directory of the "
+                f"container's filesystem, Docker found none ({exc.explanation})"
+            ) from exc
         except docker.errors.APIError as exc:
             raise SandboxError(f"writing into {parent} in sandbox {self.id} failed: {exc}") from exc
 
