@@ -190,7 +190,12 @@ def create_app(
         finally:
             await service.stop()
 
-    app = FastAPI(title="sandgym env server", version="1", lifespan=lifespan)
+    # With a token, the schema and docs pages are not served: FastAPI would serve them
+    # unauthenticated, and the contract says every endpoint but /healthz needs the token.
+    hidden: dict[str, Any] = (
+        {"openapi_url": None, "docs_url": None, "redoc_url": None} if settings.token else {}
+    )
+    app = FastAPI(title="sandgym env server", version="1", lifespan=lifespan, **hidden)
     app.state.service = service
     app.state.settings = settings
 
