@@ -1,17 +1,37 @@
-"""`sandgym bench sessions`: many concurrent sessions against one env server (null backend).
+"""`sandgym bench sessions`: many concurrent sessions against one env server, beside OpenEnv.
 
 For each level of `--levels 256,1024,2048` concurrent sessions, every session opens its own
-websocket, resets the `bench-echo` task and runs `--steps` steps of `echo hi`; all sessions then
-hold their episode open at a barrier, where the server's RSS is read, and close. Reported per
-level: success rate (sessions whose reset and steps all succeeded), error codes seen, p50/p99
-step latency (send to reply, as the client sees it), aggregate steps/s over the step phase, and
-server memory per session ((RSS at the barrier - RSS before the level) / live sessions).
+websocket and resets; once all have reset (a barrier), all run `--steps` echo steps at once; then
+they hold their episodes open at a second barrier (where the server's RSS is read) and close.
+Reported per level and per server: success rate (sessions whose reset and steps all succeeded,
+replies checked), error kinds seen, p50/p99 step latency (send to reply, as the client sees it),
+aggregate steps/s over the step phase, server CPU per step (step phase) and per connect + reset,
+CPU of the server's child processes per step, how many CPUs the whole machine was busy during the
+step phase, and server memory per session ((RSS at the barrier - RSS before the level) / live
+sessions).
 
-The null backend makes the sandbox free, so this measures the server itself: protocol,
-sessions, pool bookkeeping. The server runs as a child process (`sandgym serve`); the clients
-all run in this process, so on a small machine the client side shares the CPUs with the server
-and the figures are a lower bound of what the server alone sustains. `--json` prints one JSON
-document; `--out PATH` also writes it (committed: `bench/results/sessions.json`).
+`local` (in `--servers`) also runs `--local-sessions 64` sessions of `--local-steps 50` real
+commands (`echo hi` in each session's bash) on the local backend, and derives from the measured
+CPU per step (server + shells + clients) the steps/s this machine's CPUs allow when idle.
+
+Servers, each started as a child process and driven by the same load generator:
+
+- `sandgym`: `sandgym serve --backend null` (the sandbox is free, so this measures the server
+  itself) with the `bench-echo` task; a step is `{"kind":"command","command":"echo hi"}` and the
+  reply must carry `output == "hi\\n"`.
+- `openenv`: OpenEnv's own websocket server (`/ws`) running its `echo_env` (an MCP environment);
+  a step is `call_tool echo_message {"message":"hi"}` and the reply must echo `hi`. OpenEnv is
+  not a dependency of sandgym: point `--openenv-python` at a virtualenv where `openenv-core` is
+  installed and `--openenv-app-dir` at its `envs/echo_env` directory. If that is missing the
+  reason is recorded and the figures measured earlier on this machine are kept as a labelled
+  reference (`openenv_reference`).
+
+The load generator is a minimal websocket client (the `websockets` library, JSON in and out) run
+in `--client-procs` separate processes, so the clients do not run on the server's event loop and
+both servers face exactly the same client code. On a small machine the clients still share the
+CPUs with the server, so wall-clock figures are lower bounds of what a server alone sustains.
+`--json` prints one JSON document; `--out PATH` also writes it (committed:
+`bench/results/sessions.json`).
 """
 
 from __future__ import annotations
@@ -19,17 +39,32 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing as mp
 import os
 import platform
 import resource
+import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from bench.step import TASK_ID, percentile, write_bench_task
+
+#: OpenEnv measured on this machine before this bench drove it itself (2048 sessions, same
+#: workload). Kept only as a labelled reference for runs where OpenEnv cannot be started.
+OPENENV_REFERENCE = {
+    "sessions": 2048,
+    "success_rate": 1.0,
+    "step_p99_ms": 1560.0,
+    "steps_per_s": 2075.0,
+    "server_kb_per_session": 100.0,
+    "note": "measured earlier on this machine; not part of this run",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +75,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--steps", type=int, default=10, help="steps per session")
     parser.add_argument("--backend", default="null", help="backend of the server (default null)")
+    parser.add_argument(
+        "--client-procs", type=int, default=2, help="load-generator processes (sessions split)"
+    )
+    parser.add_argument(
+        "--servers",
+        default="sandgym,openenv,local",
+        help="what to drive: sandgym (--backend, --levels), openenv (--levels), local (sandgym "
+        "on the local backend: --local-sessions sessions of --local-steps real commands)",
+    )
+    parser.add_argument("--local-sessions", type=int, default=64, help="sessions of `local`")
+    parser.add_argument("--local-steps", type=int, default=50, help="steps per `local` session")
+    parser.add_argument(
+        "--openenv-python",
+        default=os.environ.get("SANDGYM_BENCH_OPENENV_PYTHON", "/tmp/openenv-venv/bin/python"),
+        help="python of a virtualenv with openenv-core installed",
+    )
+    parser.add_argument(
+        "--openenv-env",
+        choices=("plain", "mcp"),
+        default="plain",
+        help="OpenEnv environment: plain (an async echo env on its create_app, its fastest "
+        "path) or mcp (its shipped envs/echo_env, MCP tools; ~7 ms of server CPU per step)",
+    )
+    parser.add_argument(
+        "--openenv-app-dir",
+        default=os.environ.get("SANDGYM_BENCH_OPENENV_APP", "/tmp/openenv-src/envs/echo_env"),
+        help="OpenEnv's envs/echo_env directory (holds server/app.py)",
+    )
 
 
 def _raise_fd_limit(need: int) -> None:
@@ -48,58 +111,332 @@ def _raise_fd_limit(need: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(need, hard), hard))
 
 
-async def _level(url: str, n: int, steps: int, rss: Any, cpu: Any) -> dict[str, Any]:
-    from envserver.client import AsyncEnvClient, EnvError
+# -- wire dialects: the only difference between the two servers, as the client sees them -------
+class _Dialect:
+    """Frames of one server's protocol and the checks on its replies."""
+
+    name = ""
+    close_replies = False  # whether the server answers `close` before the socket is closed
+
+    def reset(self, i: int) -> str:
+        raise NotImplementedError
+
+    def step(self, i: int, k: int) -> str:
+        raise NotImplementedError
+
+    def close(self, i: int) -> str | None:
+        raise NotImplementedError
+
+    def check_reset(self, reply: dict[str, Any]) -> str | None:
+        """None when the reply is right, else an error kind."""
+        raise NotImplementedError
+
+    def check_step(self, reply: dict[str, Any]) -> str | None:
+        raise NotImplementedError
+
+
+class _Sandgym(_Dialect):
+    name = "sandgym"
+    close_replies = True  # else the episode waits resume_grace_s for a `resume`
+
+    def reset(self, i: int) -> str:
+        return json.dumps({"type": "reset", "request_id": "r", "task_id": TASK_ID})
+
+    def step(self, i: int, k: int) -> str:
+        return json.dumps(
+            {
+                "type": "step",
+                "request_id": str(k),
+                "action": {"kind": "command", "command": "echo hi"},
+            }
+        )
+
+    def close(self, i: int) -> str | None:
+        return json.dumps({"type": "close", "request_id": "c"})
+
+    def check_reset(self, reply: dict[str, Any]) -> str | None:
+        if reply.get("type") == "observation":
+            return None
+        return str(reply.get("code") or reply.get("type"))
+
+    def check_step(self, reply: dict[str, Any]) -> str | None:
+        if reply.get("type") != "step_result":
+            return str(reply.get("code") or reply.get("type"))
+        return None if reply["observation"]["output"] == "hi\n" else "wrong_output"
+
+
+class _OpenEnv(_Dialect):
+    name = "openenv"
+
+    def reset(self, i: int) -> str:
+        return json.dumps({"type": "reset", "data": {}})
+
+    def step(self, i: int, k: int) -> str:
+        action = {"type": "call_tool", "tool_name": "echo_message", "arguments": {"message": "hi"}}
+        return json.dumps({"type": "step", "data": action})
+
+    def close(self, i: int) -> str | None:
+        return json.dumps({"type": "close"})
+
+    def check_reset(self, reply: dict[str, Any]) -> str | None:
+        if reply.get("type") == "observation":
+            return None
+        return str((reply.get("data") or {}).get("code") or reply.get("type"))
+
+    def check_step(self, reply: dict[str, Any]) -> str | None:
+        if reply.get("type") != "observation":
+            return str((reply.get("data") or {}).get("code") or reply.get("type"))
+        # The echoed text sits in the tool result (its exact nesting varies across versions).
+        return None if '"hi"' in json.dumps(reply["data"]) else "wrong_output"
+
+
+class _OpenEnvPlain(_OpenEnv):
+    """OpenEnv's server hosting `_OPENENV_PLAIN_APP` (an `EchoAction(message)` environment)."""
+
+    def step(self, i: int, k: int) -> str:
+        return json.dumps({"type": "step", "data": {"message": "hi"}})
+
+
+DIALECTS: dict[str, type[_Dialect]] = {
+    "sandgym": _Sandgym,
+    "openenv": _OpenEnvPlain,
+    "openenv-mcp": _OpenEnv,
+}
+
+#: The plain echo environment the bench hosts on OpenEnv's server (`create_app`, its `/ws`):
+#: async reset/step, so the server awaits them on its loop (OpenEnv's fastest path, no executor
+#: thread per session). Written by this bench; OpenEnv itself only provides the server.
+_OPENENV_PLAIN_APP = """
+import os
+from typing import Any, Optional
+
+from openenv.core.env_server.http_server import create_app
+from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.types import Action, Observation, State
+
+
+class EchoAction(Action):
+    message: str
+
+
+class EchoObservation(Observation):
+    echoed_message: str = ""
+
+
+class PlainEcho(Environment):
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._state = State(step_count=0)
+
+    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kw: Any):
+        self._state = State(episode_id=episode_id, step_count=0)
+        return EchoObservation()
+
+    async def reset_async(self, seed=None, episode_id=None, **kw):
+        return self.reset(seed=seed, episode_id=episode_id, **kw)
+
+    def step(self, action: EchoAction, timeout_s: Optional[float] = None, **kw: Any):
+        self._state.step_count += 1
+        return EchoObservation(echoed_message=action.message)
+
+    async def step_async(self, action, timeout_s=None, **kw):
+        return self.step(action, timeout_s=timeout_s, **kw)
+
+    @property
+    def state(self) -> State:
+        return self._state
+
+
+app = create_app(
+    PlainEcho, EchoAction, EchoObservation, env_name="plain_echo",
+    max_concurrent_envs=int(os.environ["MAX_CONCURRENT_ENVS"]),
+)
+"""
+
+
+# -- load generator (runs in child processes) ---------------------------------------------------
+async def _drive(url: str, dialect: _Dialect, n: int, steps: int, ctl: Connection) -> None:
+    from websockets.asyncio.client import connect
 
     latencies: list[float] = []
     errors: Counter[str] = Counter()
+    window = [float("inf"), 0.0]
+    ok_sessions = 0
     done = 0
+    reset_done = 0
+    all_reset = asyncio.Event()
+    go = asyncio.Event()
     all_stepped = asyncio.Event()
     release = asyncio.Event()
-    step_window: list[float] = []  # first step start, last step end
-    ok_sessions = 0
 
-    async def session() -> None:
-        nonlocal done, ok_sessions
-        client = AsyncEnvClient(url, connect_timeout_s=120, request_timeout_s=120)
-        ok = False
+    def count_reset() -> None:
+        nonlocal reset_done
+        reset_done += 1
+        if reset_done == n:
+            all_reset.set()
+
+    async def session(i: int) -> None:
+        nonlocal ok_sessions, done
+        ws = None
+        counted = False
         try:
-            await client.connect()
-            await client.reset(TASK_ID)
-            for _ in range(steps):
-                t0 = time.perf_counter()
-                res = await client.step("echo hi")
-                t1 = time.perf_counter()
-                if res.observation["output"] != "hi\n":
-                    raise EnvError("internal", f"unexpected output {res.observation!r}")
+            ws = await connect(
+                url, open_timeout=300, ping_interval=None, close_timeout=5, max_size=None
+            )
+            await ws.send(dialect.reset(i))
+            bad = dialect.check_reset(json.loads(await ws.recv()))
+            if bad:
+                errors[f"reset:{bad}"] += 1
+                return
+            counted = True
+            count_reset()
+            await go.wait()  # every session steps at once: the step phase is measured alone
+            for k in range(steps):
+                t0 = time.monotonic()
+                await ws.send(dialect.step(i, k))
+                raw = await ws.recv()
+                t1 = time.monotonic()
+                bad = dialect.check_step(json.loads(raw))
+                if bad:
+                    errors[f"step:{bad}"] += 1
+                    return
                 latencies.append(t1 - t0)
-                step_window.append(t0)
-                step_window.append(t1)
-            ok = True
-        except EnvError as exc:
-            errors[exc.code] += 1
-        except Exception as exc:  # connection refused, timeouts: counted, never hidden
+                window[0] = min(window[0], t0)
+                window[1] = max(window[1], t1)
+            ok_sessions += 1
+        except Exception as exc:  # refused connections, drops, timeouts: counted, never hidden
             errors[type(exc).__name__] += 1
         finally:
+            if not counted:
+                count_reset()
             done += 1
-            if ok:
-                ok_sessions += 1
             if done == n:
                 all_stepped.set()
-            await release.wait()  # hold the episode open while memory is read
-            try:
-                await client.close()
-            except Exception:
-                pass
+            await release.wait()  # hold the episode open while the server's memory is read
+            if ws is not None:
+                try:
+                    frame = dialect.close(i)
+                    if frame is not None:
+                        await ws.send(frame)
+                        if dialect.close_replies:
+                            await ws.recv()  # the episode has ended before the socket goes
+                    await ws.close()
+                except Exception:
+                    pass
 
-    rss_before, cpu_before = rss(), cpu()
-    tasks = [asyncio.create_task(session()) for _ in range(n)]
+    loop = asyncio.get_running_loop()
+    tasks = [asyncio.create_task(session(i)) for i in range(n)]
+    await all_reset.wait()
+    ctl.send("reset")
+    await loop.run_in_executor(None, ctl.recv)
+    cpu0 = time.process_time()
+    go.set()
     await all_stepped.wait()
-    rss_peak, cpu_used = rss(), cpu() - cpu_before
+    cpu_used = time.process_time() - cpu0
+    ctl.send(
+        {
+            "latencies": latencies,
+            "errors": dict(errors),
+            "ok_sessions": ok_sessions,
+            "window": window,
+            "client_cpu_s": cpu_used,
+        }
+    )
+    await loop.run_in_executor(None, ctl.recv)
     release.set()
     await asyncio.gather(*tasks)
+    ctl.send("closed")
+
+
+def _client_main(url: str, dialect: str, n: int, steps: int, ctl: Connection) -> None:
+    _raise_fd_limit(n + 256)
+    asyncio.run(_drive(url, DIALECTS[dialect](), n, steps, ctl))
+
+
+def _proc_rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def _proc_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu_s(pid: int) -> float:
+    """CPU seconds of `pid`'s live descendants (the local backend's sandbox shells)."""
+    total, todo, seen = 0.0, [pid], set()
+    while todo:
+        p = todo.pop()
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    kids = [int(x) for x in f.read().split()]
+                todo.extend(k for k in kids if k not in seen)
+                seen.update(kids)
+        except OSError:
+            continue  # gone meanwhile
+    for p in seen:
+        try:
+            total += _proc_cpu_s(p)
+        except (OSError, IndexError):
+            pass
+    return total
+
+
+def _machine_busy_s() -> float:
+    """Seconds of CPU the whole machine has spent busy (all CPUs, /proc/stat)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def _level(url: str, pid: int, dialect: str, n: int, steps: int, procs: int) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    shares = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
+    shares = [s for s in shares if s > 0]
+    pipes: list[Connection] = []
+    children = []
+    for share in shares:
+        parent_end, child_end = ctx.Pipe()
+        p = ctx.Process(target=_client_main, args=(url, dialect, share, steps, child_end))
+        p.start()
+        pipes.append(parent_end)
+        children.append(p)
+    rss_before, cpu_before = _proc_rss_bytes(pid), _proc_cpu_s(pid)
+    for c in pipes:
+        c.recv()  # every child's sessions have connected and reset (or failed)
+    cpu_reset = _proc_cpu_s(pid) - cpu_before
+    machine0, cpu_step0, t_go = _machine_busy_s(), _proc_cpu_s(pid), time.monotonic()
+    kids0 = _children_cpu_s(pid)
+    for c in pipes:
+        c.send("go")
+    parts = [c.recv() for c in pipes]  # every child's sessions have stepped (or failed)
+    rss_peak, cpu_used = _proc_rss_bytes(pid), _proc_cpu_s(pid) - cpu_step0
+    kids_used = _children_cpu_s(pid) - kids0
+    machine_busy = (_machine_busy_s() - machine0) / max(1e-9, time.monotonic() - t_go)
+    for c in pipes:
+        c.send("release")
+    for c in pipes:
+        c.recv()
+    for p in children:
+        p.join(timeout=60)
+    latencies = [x for part in parts for x in part["latencies"]]
+    errors: Counter[str] = Counter()
+    for part in parts:
+        errors.update(part["errors"])
+    ok_sessions = sum(part["ok_sessions"] for part in parts)
+    starts = [part["window"][0] for part in parts if part["latencies"]]
+    ends = [part["window"][1] for part in parts if part["latencies"]]
+    span = (max(ends) - min(starts)) if starts else 0.0
     total_steps = len(latencies)
-    span = (max(step_window) - min(step_window)) if step_window else 0.0
     return {
         "sessions": n,
         "steps_per_session": steps,
@@ -110,50 +447,215 @@ async def _level(url: str, n: int, steps: int, rss: Any, cpu: Any) -> dict[str, 
         "step_p50_ms": round(percentile(latencies, 50) * 1000, 3) if latencies else None,
         "step_p99_ms": round(percentile(latencies, 99) * 1000, 3) if latencies else None,
         "steps_per_s": round(total_steps / span, 1) if span else None,
-        # Server CPU over connect + reset + steps, per step: the server's own cost, whatever
-        # the clients sharing the machine do to wall-clock figures.
+        # The server's own cost, whatever the clients sharing the machine do to wall clock:
+        # the step phase alone, and connect + reset per session before it.
         "server_cpu_us_per_step": round(cpu_used / max(1, total_steps) * 1e6, 1),
+        "server_cpu_us_per_connect_reset": round(cpu_reset / n * 1e6, 1),
+        # The server's child processes (sandbox shells on `local`; 0 on `null`).
+        "sandbox_cpu_us_per_step": round(kids_used / max(1, total_steps) * 1e6, 1),
+        # CPUs busy on the whole machine during the step phase (other work included).
+        "machine_cpus_busy_in_step_phase": round(machine_busy, 2),
+        "client_cpu_us_per_step": round(
+            sum(part["client_cpu_s"] for part in parts) / max(1, total_steps) * 1e6, 1
+        ),
         "server_rss_before_mb": round(rss_before / 2**20, 1),
         "server_rss_peak_mb": round(rss_peak / 2**20, 1),
         "server_kb_per_session": round((rss_peak - rss_before) / 1024 / max(1, ok_sessions), 1),
     }
 
 
-def run(args: argparse.Namespace) -> int:
-    # Other work on the machine skews latencies: the load is recorded beside the figures.
-    load_start = [round(x, 2) for x in os.getloadavg()]
-    from envserver.runner import ServerProcess
+# -- servers ------------------------------------------------------------------------------------
+def _wait_http(proc: subprocess.Popen[bytes], url: str, timeout_s: float) -> None:
+    import httpx
 
-    levels = [int(x) for x in args.levels.split(",") if x.strip()]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode} at startup")
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"server did not answer {url} within {timeout_s:g}s")
+
+
+def _run_levels(
+    name: str, url: str, pid: int, levels: list[int], args: argparse.Namespace
+) -> list[dict[str, Any]]:
+    out = []
+    for n in levels:
+        res = _level(url, pid, name, n, args.steps, args.client_procs)
+        out.append(res)
+        print(
+            f"bench sessions: {name} {n}: ok {res['success_rate']:.2%} "
+            f"p99 {res['step_p99_ms']} ms, {res['steps_per_s']} steps/s",
+            file=sys.stderr,
+        )
+        time.sleep(1.0)  # let the server finish the level's closes before the next RSS reading
+    return out
+
+
+def _bench_local(args: argparse.Namespace, levels: list[int]) -> dict[str, Any]:
+    """sandgym on the local backend: each step runs `echo hi` in the session's real shell."""
+    local = argparse.Namespace(**{**vars(args), "backend": "local", "steps": args.local_steps})
+    out = _bench_sandgym(local, [args.local_sessions])
+    r = out["results"][0]
+    # Derived, labelled as such: what the measured CPU per step (server + shells + clients)
+    # allows on this machine's CPUs when nothing else runs on them.
+    total_us = r["server_cpu_us_per_step"] + r["sandbox_cpu_us_per_step"]
+    total_us += r["client_cpu_us_per_step"]
+    out["cpu_us_per_step_all_processes"] = round(total_us, 1)
+    out["steps_per_s_cpu_bound_estimate"] = round((os.cpu_count() or 1) * 1e6 / total_us, 1)
+    return out
+
+
+def _bench_sandgym(args: argparse.Namespace, levels: list[int]) -> dict[str, Any]:
+    from envserver.runner import ServerProcess
+    from envserver.settings import ServerSettings
+
     top = max(levels)
-    _raise_fd_limit(top * 2 + 256)
     env = {
         "SANDGYM_MAX_SESSIONS": str(top),
+        "SANDGYM_POOL_SIZE": "0",
         "SANDGYM_MAX_STEPS": str(args.steps + 5),
         "SANDGYM_INCLUDE_BUILTIN": "false",
         "SANDGYM_POOL_MAX_TOTAL": str(top * 2),
     }
-    results = []
     with tempfile.TemporaryDirectory(prefix="sandgym-bench-sessions-") as tmp:
         root = write_bench_task(Path(tmp))
         with ServerProcess(args.backend, args=["--tasks", str(root)], env=env) as srv:
-            for n in levels:
-                res = asyncio.run(_level(srv.url, n, args.steps, srv.rss_bytes, srv.cpu_seconds))
-                results.append(res)
-                print(f"bench sessions: {n} sessions done", file=sys.stderr)
-                time.sleep(1.0)  # let the pool destroy the level's sandboxes
-    doc = {
-        "bench": "sessions",
+            results = _run_levels("sandgym", srv.url, srv.pid, levels, args)
+    return {
+        "server": "sandgym serve",
         "backend": args.backend,
+        "ws_impl": os.environ.get("SANDGYM_WS_IMPL", ServerSettings().ws_impl),
+        "results": results,
+    }
+
+
+def _openenv_version(python: str) -> str:
+    out = subprocess.run(
+        [python, "-c", "import importlib.metadata as m; print(m.version('openenv-core'))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"openenv-core is not importable by {python}: {out.stderr[-300:]}")
+    return out.stdout.strip()
+
+
+def _bench_openenv(args: argparse.Namespace, levels: list[int]) -> dict[str, Any]:
+    if not Path(args.openenv_python).exists():
+        raise RuntimeError(f"no python at --openenv-python {args.openenv_python}")
+    version = _openenv_version(args.openenv_python)
+    if args.openenv_env == "mcp":
+        app_dir = Path(args.openenv_app_dir)
+        if not (app_dir / "server" / "app.py").exists():
+            raise RuntimeError(f"no server/app.py under --openenv-app-dir {app_dir}")
+        return _serve_openenv(args, levels, app_dir, "openenv-mcp", version)
+    with tempfile.TemporaryDirectory(prefix="sandgym-bench-openenv-") as tmp:
+        (Path(tmp) / "server").mkdir()
+        (Path(tmp) / "server" / "__init__.py").write_text("")
+        (Path(tmp) / "server" / "app.py").write_text(_OPENENV_PLAIN_APP)
+        return _serve_openenv(args, levels, Path(tmp), "openenv", version)
+
+
+def _serve_openenv(
+    args: argparse.Namespace, levels: list[int], app_dir: Path, dialect: str, version: str
+) -> dict[str, Any]:
+    from envserver.runner import free_port
+
+    port = free_port()
+    # OpenEnv's server as it ships: uvicorn with its defaults (loop/ws "auto"), no access log.
+    cmd = [args.openenv_python, "-m", "uvicorn", "server.app:app", "--host", "127.0.0.1",
+           "--port", str(port), "--log-level", "warning", "--no-access-log"]  # fmt: skip
+    env = {**os.environ, "MAX_CONCURRENT_ENVS": str(max(levels) + 16)}
+    proc = subprocess.Popen(cmd, cwd=app_dir, env=env, stdout=subprocess.DEVNULL)
+    try:
+        _wait_http(proc, f"http://127.0.0.1:{port}/health", 120)
+        results = _run_levels(dialect, f"ws://127.0.0.1:{port}/ws", proc.pid, levels, args)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    what = {
+        "openenv": "OpenEnv create_app (its /ws endpoint) hosting a plain async echo "
+        "environment (EchoAction(message) -> EchoObservation(echoed_message)), under uvicorn",
+        "openenv-mcp": "OpenEnv envs/echo_env (MCP tools through FastMCP) under uvicorn",
+    }[dialect]
+    return {
+        "server": what,
+        "openenv_core_version": version,
+        "results": results,
+    }
+
+
+def _verdict(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per level: all sessions ok, p99 under half of OpenEnv's, steps/s at least twice."""
+    by_n = {r["sessions"]: r for r in theirs}
+    out = []
+    for r in ours:
+        o = by_n.get(r["sessions"])
+        if o is None or not o["step_p99_ms"] or not r["step_p99_ms"]:
+            continue
+        out.append(
+            {
+                "sessions": r["sessions"],
+                "all_ok": r["success_rate"] == 1.0,
+                "p99_ratio": round(r["step_p99_ms"] / o["step_p99_ms"], 3),
+                "steps_per_s_ratio": round(r["steps_per_s"] / o["steps_per_s"], 3),
+                "target_met": r["success_rate"] == 1.0
+                and r["step_p99_ms"] < 0.5 * o["step_p99_ms"]
+                and r["steps_per_s"] >= 2 * o["steps_per_s"],
+            }
+        )
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    # Other work on the machine skews latencies: the load is recorded beside the figures.
+    load_start = [round(x, 2) for x in os.getloadavg()]
+    levels = [int(x) for x in args.levels.split(",") if x.strip()]
+    servers = [s.strip() for s in args.servers.split(",") if s.strip()]
+    _raise_fd_limit(max(levels) * 2 + 256)
+    benches: dict[str, Callable[[argparse.Namespace, list[int]], dict[str, Any]]] = {
+        "sandgym": _bench_sandgym,
+        "openenv": _bench_openenv,
+        "local": _bench_local,
+    }
+    doc: dict[str, Any] = {
+        "bench": "sessions",
+        "workload": f"per session: connect, reset, {args.steps} echo steps, hold, close",
+        "client": f"websockets {_websockets_version()} in {args.client_procs} processes",
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "loadavg_at_start": load_start,
-            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
         },
-        "note": "clients and server share this machine's CPUs; figures are lower bounds",
-        "results": results,
+        "note": "clients and servers share this machine's CPUs; figures are lower bounds",
     }
+    failed = False
+    for name in servers:
+        try:
+            doc[name] = benches[name](args, levels)
+        except Exception as exc:
+            if name == "sandgym":
+                raise
+            doc[name] = {"skipped": f"{type(exc).__name__}: {exc}"}
+            if name == "openenv":
+                doc["openenv_reference"] = OPENENV_REFERENCE
+            print(f"bench sessions: {name} skipped: {exc}", file=sys.stderr)
+        if name in doc and "results" in doc[name]:
+            failed |= any(r["success_rate"] < 1.0 for r in doc[name]["results"])
+    if "results" in doc.get("sandgym", {}) and "results" in doc.get("openenv", {}):
+        doc["vs_openenv"] = _verdict(doc["sandgym"]["results"], doc["openenv"]["results"])
+    doc["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     text = json.dumps(doc, indent=2)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -162,12 +664,20 @@ def run(args: argparse.Namespace) -> int:
         print(text)
     else:
         print(
-            f"{'sessions':>8} {'ok':>7} {'p50 ms':>8} {'p99 ms':>8} {'steps/s':>9} {'KiB/ses':>8}"
+            f"{'server':8} {'sessions':>8} {'ok':>7} {'p50 ms':>8} {'p99 ms':>8} {'steps/s':>9} "
+            f"{'KiB/ses':>8} {'srv cpu us/step':>15}"
         )
-        for r in results:
-            print(
-                f"{r['sessions']:>8} {r['success_rate']:>7.2%} {r['step_p50_ms']:>8} "
-                f"{r['step_p99_ms']:>8} {r['steps_per_s']:>9} {r['server_kb_per_session']:>8} "
-                f"{r['server_cpu_us_per_step']:>15}"
-            )
-    return 0 if all(r["success_rate"] == 1.0 for r in results) else 1
+        for name in servers:
+            for r in doc.get(name, {}).get("results", []):
+                print(
+                    f"{name:8} {r['sessions']:>8} {r['success_rate']:>7.2%} "
+                    f"{r['step_p50_ms']:>8} {r['step_p99_ms']:>8} {r['steps_per_s']:>9} "
+                    f"{r['server_kb_per_session']:>8} {r['server_cpu_us_per_step']:>15}"
+                )
+    return 1 if failed else 0
+
+
+def _websockets_version() -> str:
+    import websockets
+
+    return str(websockets.__version__)
