@@ -16,6 +16,7 @@ BENCHES: dict[str, str] = {
     "step": "bench.step",
     "sessions": "bench.sessions",
     "harbor_compat": "bench.harbor_compat",
+    "reliability": "bench.reliability",
 }
 
 

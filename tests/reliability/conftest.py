@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
-import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -20,37 +19,9 @@ from typing import Any
 
 import pytest
 
-REL_TASK = "rel-task"
-IMAGE = "sandgym/terminal:latest"
+from bench.reliability import IMAGE, REL_TASK, write_rel_task
 
-
-def write_rel_task(root: Path, name: str = REL_TASK) -> Path:
-    """A Harbor task on the terminal image: the reward is 1 iff /app/hello.txt holds `hello`."""
-    t = root / name
-    (t / "tests").mkdir(parents=True, exist_ok=True)
-    (t / "solution").mkdir(exist_ok=True)
-    (t / "task.toml").write_text(
-        textwrap.dedent(
-            f"""\
-            version = "1.0"
-            [verifier]
-            timeout_sec = 30
-            [environment]
-            docker_image = "{IMAGE}"
-            cpus = 1
-            memory_mb = 256
-            storage_mb = 64
-            """
-        )
-    )
-    (t / "instruction.md").write_text("Write hello to /app/hello.txt\n")
-    (t / "tests" / "test.sh").write_text(
-        "#!/bin/bash\nmkdir -p /logs/verifier\n"
-        'if [ "$(cat /app/hello.txt 2>/dev/null)" = hello ]; then r=1; else r=0; fi\n'
-        "echo $r > /logs/verifier/reward.txt\n"
-    )
-    (t / "solution" / "solve.sh").write_text("#!/bin/bash\necho hello > /app/hello.txt\n")
-    return root
+__all__ = ["IMAGE", "REL_TASK", "write_rel_task"]
 
 
 @pytest.fixture(scope="session")
