@@ -8,8 +8,9 @@ Three parts, each reported in one JSON document (`--json`; `--out` writes it, co
   server's RSS after a warm-up, at checkpoints and at the end (flat = no leak).
 - `abuse` (per backend in `--backends`, default local,docker): p99 step latency of neighbour
   sessions stepping `echo` while one session runs a fork bomb, a memory hog, a disk fill,
-  endless output, a SIGTERM-ignoring loop, network probes; against the quiet p99 measured
-  just before. The ratio is reported as measured (the target is <= 2x); nothing is asserted.
+  endless output, a SIGTERM-ignoring loop, network probes (repeated for `--window-s`); against
+  the p99 of a quiet window measured just before each. The ratio is reported as measured (the
+  target is <= 2x); nothing is asserted.
 - `faults` (Docker): SIGKILL of a server with 20 live episodes, then a restart: orphans left,
   and seconds from the restart until none remain; a container killed mid-episode: the
   victim's error code, the neighbours' steps, seconds until the pool refilled; with
@@ -415,68 +416,87 @@ async def _neighbours(url: str, n: int, stop: asyncio.Event) -> tuple[list[float
     return lat, errors
 
 
-async def _abuse_backend(url: str, quiet_s: float, neighbours: int) -> dict[str, Any]:
-    from envserver.client import AsyncEnvClient, EnvError
-
+async def _window(url: str, neighbours: int, seconds: float) -> tuple[list[float], int]:
     stop = asyncio.Event()
     run = asyncio.create_task(_neighbours(url, neighbours, stop))
-    await asyncio.sleep(quiet_s)
+    await asyncio.sleep(seconds)
     stop.set()
-    quiet, quiet_err = await run
-    quiet_p99 = _pct(quiet, 99)
-    out: dict[str, Any] = {
-        "neighbours": neighbours,
-        "quiet": {
-            "n": len(quiet),
-            "p50_ms": _ms(_pct(quiet, 50)),
-            "p99_ms": _ms(quiet_p99),
-            "errors": quiet_err,
-        },  # fmt: skip
-        "abuses": {},
-    }
+    return await run
+
+
+async def _abuse_backend(url: str, window_s: float, neighbours: int) -> dict[str, Any]:
+    """Per abuse: a quiet window, then an abuse window of at least `window_s` (the abuse is
+    repeated in it, in a fresh episode whenever the last one's sandbox is unusable). Quiet and
+    abuse windows alternate so that the machine's other load, which drifts, hits both alike."""
+    from envserver.client import AsyncEnvClient, EnvError
+
+    out: dict[str, Any] = {"neighbours": neighbours, "window_s": window_s, "abuses": {}}
+    all_quiet: list[float] = []
     for name, action in ABUSES.items():
+        quiet, quiet_err = await _window(url, neighbours, window_s)
+        all_quiet += quiet
         stop = asyncio.Event()
         run = asyncio.create_task(_neighbours(url, neighbours, stop))
-        await asyncio.sleep(0.5)  # neighbours stepping before the abuse starts
+        await asyncio.sleep(0.3)  # neighbours stepping before the abuse starts
         t0 = time.perf_counter()
-        async with AsyncEnvClient(url, request_timeout_s=300) as abuser:
-            await abuser.reset(REL_TASK)
-            try:
-                res = await abuser.step({"kind": "command", **action})
-                outcome = f"exit {res.observation.get('exit_code')}"
-            except EnvError as exc:
-                outcome = exc.code
-            abuse_s = time.perf_counter() - t0
-            try:
-                after = (await abuser.step("echo alive")).observation["output"] == "alive\n"
-            except EnvError:
-                after = False
+        outcomes: list[str] = []
+        after: list[str] = []
+        while time.perf_counter() - t0 < window_s:
+            async with AsyncEnvClient(url, request_timeout_s=300) as abuser:
+                await abuser.reset(REL_TASK)
+                usable = True
+                while usable and time.perf_counter() - t0 < window_s:
+                    try:
+                        res = await abuser.step({"kind": "command", **action})
+                        outcomes.append(f"exit {res.observation.get('exit_code')}")
+                    except EnvError as exc:
+                        outcomes.append(exc.code)
+                    try:
+                        res = await abuser.step({"kind": "command", "command": "echo alive",
+                                                 "timeout_s": 20})  # fmt: skip
+                        usable = res.observation["output"] == "alive\n"
+                        after.append("ok" if usable else "wrong output")
+                    except EnvError as exc:
+                        usable = False
+                        after.append(exc.code)
+        abuse_s = time.perf_counter() - t0
         stop.set()
         lat, err = await run
-        p99 = _pct(lat, 99)
+        p99, quiet_p99 = _pct(lat, 99), _pct(quiet, 99)
         ratio = None if not (p99 and quiet_p99) else round(p99 / quiet_p99, 2)
         out["abuses"][name] = {
-            "outcome": outcome,
-            "abuse_s": round(abuse_s, 2),
-            "abuser_sandbox_usable_after": after,
-            "neighbour_steps": len(lat),
-            "neighbour_errors": err,
-            "p50_ms": _ms(_pct(lat, 50)),
-            "p99_ms": _ms(p99),
+            "runs": len(outcomes),
+            "outcomes": dict(Counter(outcomes)),
+            "abuser_sandbox_after": dict(Counter(after)),
+            "abuse_window_s": round(abuse_s, 2),
+            "quiet": {
+                "n": len(quiet),
+                "p50_ms": _ms(_pct(quiet, 50)),
+                "p99_ms": _ms(quiet_p99),
+                "errors": quiet_err,
+            },  # fmt: skip
+            "during": {
+                "n": len(lat),
+                "p50_ms": _ms(_pct(lat, 50)),
+                "p99_ms": _ms(p99),
+                "errors": err,
+            },  # fmt: skip
             "p99_ratio_to_quiet": ratio,
             "within_2x": None if ratio is None else ratio <= 2.0,
         }
+    out["quiet_all"] = {"n": len(all_quiet), "p50_ms": _ms(_pct(all_quiet, 50)),
+                        "p99_ms": _ms(_pct(all_quiet, 99))}  # fmt: skip
     return out
 
 
-def bench_abuse(task_root: Path, backend: str, quiet_s: float, neighbours: int) -> dict[str, Any]:
+def bench_abuse(task_root: Path, backend: str, window_s: float, neighbours: int) -> dict[str, Any]:
     from envserver.runner import ServerProcess
 
     env = {"SANDGYM_INCLUDE_BUILTIN": "false", "SANDGYM_MAX_OUTPUT_BYTES": "65536"}
     with ServerProcess(
         backend, args=["--tasks", str(task_root)], env=env, startup_timeout_s=120
     ) as srv:
-        result = asyncio.run(_abuse_backend(srv.url, quiet_s, neighbours))
+        result = asyncio.run(_abuse_backend(srv.url, window_s, neighbours))
         result["server_alive"] = srv.proc.poll() is None
     return result
 
@@ -674,7 +694,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backends", default="local,docker", help="backends of the abuse part (comma-separated)"
     )
-    parser.add_argument("--quiet-s", type=float, default=8.0, help="quiet baseline duration")
+    parser.add_argument(
+        "--window-s", type=float, default=8.0, help="length of each quiet and each abuse window"
+    )
     parser.add_argument("--neighbours", type=int, default=3, help="neighbour sessions stepping")
     parser.add_argument(
         "--dockerd-restart",
@@ -705,7 +727,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"bench reliability: abuse on {backend}", file=sys.stderr)
                 try:
                     doc["abuse"][backend] = bench_abuse(
-                        task_root, backend, args.quiet_s, args.neighbours
+                        task_root, backend, args.window_s, args.neighbours
                     )
                 except Exception as exc:  # a backend that cannot run here is reported
                     skipped[f"abuse/{backend}"] = f"{type(exc).__name__}: {exc}"
