@@ -66,10 +66,12 @@ REASONS: dict[str, str] = {
     "build_other": "the build failed for another reason (see the task's build_error)",
     "verifier_network": "the verifier failed while fetching something from the network",
     "verifier_timeout": "the verifier did not finish within its timeout_sec",
+    "verifier_tool_missing": "the verifier calls a program its image lacks (e.g. a grader "
+    "baked into a base image that had to be substituted)",
     "verifier_no_reward": "the verifier wrote no reward.txt/reward.json (its tests did not run)",
     "verifier_other": "the verifier's reward file was unusable for another reason",
-    "noop_nonzero": "the untouched environment already scores above 0 (the task's tests do not "
-    "discriminate, or the environment ships the answer)",
+    "noop_nonzero": "the untouched environment already scores above 0 (a graded partial-credit "
+    "rubric, tests that do not discriminate, or an environment that ships the answer)",
     "oracle_not_shipped": "the task ships no solution/solve.sh, so no oracle run is possible",
     "oracle_below_one": "the shipped oracle solution scored below 1.0",
     "task_timeout": "the whole check (build + two episodes) ran past the per-task timeout",
@@ -194,6 +196,8 @@ def classify_phase_error(text: str) -> str:
             return "verifier_timeout"
         if _NET_RE.search(msg):
             return "verifier_network"
+        if "command not found" in msg:
+            return "verifier_tool_missing"
         if "wrote no reward" in msg:
             return "verifier_no_reward"
         return "verifier_other"
@@ -368,7 +372,16 @@ async def _check_one(
                 entry["build_s"] = round(time.perf_counter() - t0, 1)
             entry["env_builds"] = True
             remaining = timeout_s - (time.perf_counter() - start)
-            res = await asyncio.wait_for(check_task(task, backend, image_map, 0), remaining)
+            try:
+                res = await asyncio.wait_for(check_task(task, backend, image_map, 0), remaining)
+            except TimeoutError:
+                raise
+            except Exception as exc:  # check_task reports per phase; anything else is infra
+                res = {
+                    "oracle_reward": None,
+                    "noop_reward": None,
+                    "error": f"noop: {type(exc).__name__}: {exc}",
+                }
             entry.update(
                 oracle_reward=res["oracle_reward"],
                 noop_reward=res["noop_reward"],
@@ -430,7 +443,11 @@ def _nth(values: list[str], i: int) -> str | None:
 
 
 async def run_dataset(
-    args: argparse.Namespace, index: int, backend: Any, image_map: dict[str, str]
+    args: argparse.Namespace,
+    index: int,
+    backend: Any,
+    image_map: dict[str, str],
+    progress: Any = None,
 ) -> dict[str, Any]:
     """Check one dataset folder; its own summary, reasons and per-task entries."""
     tasks_dir: Path = args.tasks_dir[index]
@@ -451,6 +468,8 @@ async def run_dataset(
         async with sem:
             e = await _check_one(t, backend, image_map, args.task_timeout_s, args.infra_retries)
         done += 1
+        if progress is not None:
+            progress(e)
         log.info(
             "[%d/%d] %s: build=%s oracle=%s noop=%s reasons=%s (%.0f s)",
             done,
@@ -496,9 +515,19 @@ async def run_compat(args: argparse.Namespace) -> dict[str, Any]:
     backend = get_backend(args.backend)
     start = time.perf_counter()
     datasets: list[dict[str, Any]] = []
+    finished: list[dict[str, Any]] = []
+
+    def progress(entry: dict[str, Any]) -> None:
+        # a partial document after every task: a run cut short still leaves its figures
+        finished.append(entry)
+        if args.out is not None:
+            partial = {"bench": "harbor_compat", "complete": False, "tasks_done": finished}
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text(json.dumps(partial, indent=1) + "\n", encoding="utf-8")
+
     try:
         for i in range(len(args.tasks_dir)):
-            datasets.append(await run_dataset(args, i, backend, image_map))
+            datasets.append(await run_dataset(args, i, backend, image_map, progress))
     finally:
         await backend.aclose()
     wall_s = time.perf_counter() - start
@@ -517,6 +546,7 @@ async def run_compat(args: argparse.Namespace) -> dict[str, Any]:
     entries = [e for d in datasets for e in d["tasks"]]
     return {
         "bench": "harbor_compat",
+        "complete": True,
         "backend": args.backend,
         "image_map": image_map,
         "concurrency": args.concurrency,

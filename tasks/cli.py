@@ -162,7 +162,11 @@ async def check_task(
             log.warning("task %s: %s failed: %s", task.id, phase, exc)
         finally:
             if sandbox is not None:
-                await asyncio.shield(sandbox.close())
+                try:
+                    await asyncio.shield(sandbox.close())
+                except Exception as exc:  # e.g. the engine restarted: report, keep checking
+                    errors.append(f"{phase}: close: {type(exc).__name__}: {exc}")
+                    log.warning("task %s: closing the %s sandbox failed: %s", task.id, phase, exc)
         log.info("task %s: %s done in %.1f s", task.id, phase, time.perf_counter() - start)
     entry["error"] = "; ".join(errors) or None
     return entry

@@ -52,8 +52,12 @@ def test_phase_errors_split_and_classify() -> None:
     assert [p.split(":")[0] for p in parts] == ["oracle", "noop"]
     assert [hc.classify_phase_error(p) for p in parts] == [
         "oracle_not_shipped",
-        "verifier_no_reward",
+        "verifier_tool_missing",
     ]
+    assert (
+        hc.classify_phase_error("noop: VerifierError: the verifier wrote no reward: expected x")
+        == "verifier_no_reward"
+    )
     assert (
         hc.classify_phase_error(
             "noop: VerifierError: task t: the verifier did not finish within 5 s"

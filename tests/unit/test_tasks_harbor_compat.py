@@ -217,3 +217,25 @@ def test_heredoc_dockerfile_parses_for_local_backends() -> None:
     df = task_dockerfile(load_task_dir(FIXTURES / "harbor-heredoc"))
     assert df is not None and df.workdir == "/app" and df.env["NAME"] == "world"
     assert len(df.run_steps) == 4  # the three heredoc instructions + chmod, one RUN each
+
+
+async def test_check_task_survives_a_close_that_fails() -> None:
+    """An engine restart mid-check makes `close()` raise: the task's entry says so and the
+    run goes on (it used to abort the whole `tasks check`)."""
+    from tasks.cli import check_task
+
+    class FailingClose(NullBackend):
+        async def create(self, spec: SandboxSpec) -> NullSandbox:  # type: ignore[override]
+            sb = await super().create(spec)
+
+            async def close() -> None:
+                raise ConnectionError("Connection aborted.")
+
+            sb.close = close  # type: ignore[method-assign]
+            return sb
+
+    task = load_task_dir(FIXTURES / "harbor-heredoc")
+    entry = await check_task(task, FailingClose(), {}, 0)
+    assert entry["error"] is not None
+    assert "oracle: close: ConnectionError" in entry["error"]
+    assert "noop: close: ConnectionError" in entry["error"]
