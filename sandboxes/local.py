@@ -164,15 +164,17 @@ class LocalSandbox(Sandbox):
             ) from exc
 
     def _make_tree(self) -> None:
-        self.fs.mkdir(parents=True)
+        # Labels first: a reaper (another server starting up) skips a directory without them,
+        # so a tree being created here is never taken for an orphan.
+        self.dir.mkdir(parents=True)
+        (self.dir / "labels.json").write_text(json.dumps(self.backend.labels_for(self.spec)))
+        self.fs.mkdir()
         for d in PRIVATE_DIRS:
             (self.fs / d).mkdir(parents=True, exist_ok=True)
         for d in ("tmp", "var/tmp"):
             os.chmod(self.fs / d, 0o1777)
         os.chmod(self.fs / "logs/verifier", 0o777)
         (self.fs / self.spec.workdir.lstrip("/")).mkdir(parents=True, exist_ok=True)
-        labels = self.backend.labels_for(self.spec)
-        (self.dir / "labels.json").write_text(json.dumps(labels))
 
     def _bwrap_argv(self, info_fd: int) -> list[str]:
         argv = ["bwrap", "--bind", str(self.fs), "/"]
@@ -541,7 +543,9 @@ class LocalBackend(SandboxBackend):
             try:
                 labels = json.loads((d / "labels.json").read_text())
             except (OSError, ValueError):
-                labels = {}
+                # No labels (yet): a tree another server is creating right now. Treating it
+                # as an orphan (no lease = expired) deleted live sandboxes of other servers.
+                continue
             mine = labels.get("sandgym.owner") == self.owner_id
             if d.name in self.live and mine:
                 continue
