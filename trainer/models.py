@@ -107,7 +107,13 @@ def load_model(settings: ModelSettings, dtype: Any = None) -> Any:
 
     dtype = dtype or torch.float32
     if settings.source == "smollm2":
-        return AutoModelForCausalLM.from_pretrained(smollm2_dir(settings.cache_dir), dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(smollm2_dir(settings.cache_dir), dtype=dtype)
+        # the converted config still names the GGUF quantizer, which would make save_pretrained
+        # (checkpoints) refuse; the weights are plain dequantised tensors
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        return model
     if settings.source == "hf":
         if not settings.path:
             raise ModelLoadError("model.source is hf but model.path is not set")
