@@ -1,14 +1,15 @@
 """`sandgym bench sessions`: many concurrent sessions against one env server, beside OpenEnv.
 
 For each level of `--levels 256,1024,2048` concurrent sessions, every session opens its own
-websocket and resets; once all have reset (a barrier), all run `--steps` echo steps at once; then
-they hold their episodes open at a second barrier (where the server's RSS is read) and close.
-Reported per level and per server: success rate (sessions whose reset and steps all succeeded,
-replies checked), error kinds seen, p50/p99 step latency (send to reply, as the client sees it),
-aggregate steps/s over the step phase, server CPU per step (step phase) and per connect + reset,
-CPU of the server's child processes per step, how many CPUs the whole machine was busy during the
-step phase, and server memory per session ((RSS at the barrier - RSS before the level) / live
-sessions).
+websocket, resets and runs `--steps` echo steps (with `--barrier`, all sessions reset before any
+steps, so the step phase is measured alone); then they hold their episodes open at a barrier
+(where the server's RSS is read) and close. Reported per level and per server: success rate
+(sessions whose reset and steps all succeeded, replies checked), error kinds seen, p50/p99 step
+latency (send to reply, as the client sees it), aggregate steps/s (first step sent to last reply),
+server CPU per step (with `--barrier`: the step phase alone, and per connect + reset apart;
+without: everything over the steps), CPU of the server's child processes per step, how many CPUs
+the whole machine was busy once every session had reset, and server memory per session ((RSS at
+the barrier - RSS before the level) / live sessions).
 
 `local` (in `--servers`) also runs `--local-sessions 64` sessions of `--local-steps 50` real
 commands (`echo hi` in each session's bash) on the local backend, and derives from the measured
@@ -83,6 +84,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="sandgym,openenv,local",
         help="what to drive: sandgym (--backend, --levels), openenv (--levels), local (sandgym "
         "on the local backend: --local-sessions sessions of --local-steps real commands)",
+    )
+    parser.add_argument(
+        "--barrier",
+        action="store_true",
+        help="all sessions reset before any steps (step phase measured alone); default: each "
+        "session steps right after its own reset, so resets and steps overlap",
     )
     parser.add_argument("--local-sessions", type=int, default=64, help="sessions of `local`")
     parser.add_argument("--local-steps", type=int, default=50, help="steps per `local` session")
@@ -257,7 +264,9 @@ app = create_app(
 
 
 # -- load generator (runs in child processes) ---------------------------------------------------
-async def _drive(url: str, dialect: _Dialect, n: int, steps: int, ctl: Connection) -> None:
+async def _drive(
+    url: str, dialect: _Dialect, n: int, steps: int, barrier: bool, ctl: Connection
+) -> None:
     from websockets.asyncio.client import connect
 
     latencies: list[float] = []
@@ -292,7 +301,8 @@ async def _drive(url: str, dialect: _Dialect, n: int, steps: int, ctl: Connectio
                 return
             counted = True
             count_reset()
-            await go.wait()  # every session steps at once: the step phase is measured alone
+            if barrier:
+                await go.wait()  # every session steps at once: the step phase measured alone
             for k in range(steps):
                 t0 = time.monotonic()
                 await ws.send(dialect.step(i, k))
@@ -328,10 +338,12 @@ async def _drive(url: str, dialect: _Dialect, n: int, steps: int, ctl: Connectio
 
     loop = asyncio.get_running_loop()
     tasks = [asyncio.create_task(session(i)) for i in range(n)]
+    cpu0 = time.process_time()
     await all_reset.wait()
     ctl.send("reset")
     await loop.run_in_executor(None, ctl.recv)
-    cpu0 = time.process_time()
+    if barrier:  # the step phase alone
+        cpu0 = time.process_time()
     go.set()
     await all_stepped.wait()
     cpu_used = time.process_time() - cpu0
@@ -350,9 +362,11 @@ async def _drive(url: str, dialect: _Dialect, n: int, steps: int, ctl: Connectio
     ctl.send("closed")
 
 
-def _client_main(url: str, dialect: str, n: int, steps: int, ctl: Connection) -> None:
+def _client_main(
+    url: str, dialect: str, n: int, steps: int, barrier: bool, ctl: Connection
+) -> None:
     _raise_fd_limit(n + 256)
-    asyncio.run(_drive(url, DIALECTS[dialect](), n, steps, ctl))
+    asyncio.run(_drive(url, DIALECTS[dialect](), n, steps, barrier, ctl))
 
 
 def _proc_rss_bytes(pid: int) -> int:
@@ -398,7 +412,9 @@ def _machine_busy_s() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def _level(url: str, pid: int, dialect: str, n: int, steps: int, procs: int) -> dict[str, Any]:
+def _level(
+    url: str, pid: int, dialect: str, n: int, steps: int, procs: int, barrier: bool
+) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     shares = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
     shares = [s for s in shares if s > 0]
@@ -406,7 +422,7 @@ def _level(url: str, pid: int, dialect: str, n: int, steps: int, procs: int) -> 
     children = []
     for share in shares:
         parent_end, child_end = ctx.Pipe()
-        p = ctx.Process(target=_client_main, args=(url, dialect, share, steps, child_end))
+        p = ctx.Process(target=_client_main, args=(url, dialect, share, steps, barrier, child_end))
         p.start()
         pipes.append(parent_end)
         children.append(p)
@@ -420,6 +436,8 @@ def _level(url: str, pid: int, dialect: str, n: int, steps: int, procs: int) -> 
         c.send("go")
     parts = [c.recv() for c in pipes]  # every child's sessions have stepped (or failed)
     rss_peak, cpu_used = _proc_rss_bytes(pid), _proc_cpu_s(pid) - cpu_step0
+    if not barrier:  # resets and steps overlap: one figure for all of it, per step
+        cpu_used, cpu_reset = cpu_used + cpu_reset, float("nan")
     kids_used = _children_cpu_s(pid) - kids0
     machine_busy = (_machine_busy_s() - machine0) / max(1e-9, time.monotonic() - t_go)
     for c in pipes:
@@ -450,7 +468,7 @@ def _level(url: str, pid: int, dialect: str, n: int, steps: int, procs: int) -> 
         # The server's own cost, whatever the clients sharing the machine do to wall clock:
         # the step phase alone, and connect + reset per session before it.
         "server_cpu_us_per_step": round(cpu_used / max(1, total_steps) * 1e6, 1),
-        "server_cpu_us_per_connect_reset": round(cpu_reset / n * 1e6, 1),
+        "server_cpu_us_per_connect_reset": round(cpu_reset / n * 1e6, 1) if barrier else None,
         # The server's child processes (sandbox shells on `local`; 0 on `null`).
         "sandbox_cpu_us_per_step": round(kids_used / max(1, total_steps) * 1e6, 1),
         # CPUs busy on the whole machine during the step phase (other work included).
@@ -486,7 +504,7 @@ def _run_levels(
 ) -> list[dict[str, Any]]:
     out = []
     for n in levels:
-        res = _level(url, pid, name, n, args.steps, args.client_procs)
+        res = _level(url, pid, name, n, args.steps, args.client_procs, args.barrier)
         out.append(res)
         print(
             f"bench sessions: {name} {n}: ok {res['success_rate']:.2%} "
@@ -573,9 +591,15 @@ def _serve_openenv(
     cmd = [args.openenv_python, "-m", "uvicorn", "server.app:app", "--host", "127.0.0.1",
            "--port", str(port), "--log-level", "warning", "--no-access-log"]  # fmt: skip
     env = {**os.environ, "MAX_CONCURRENT_ENVS": str(max(levels) + 16)}
-    proc = subprocess.Popen(cmd, cwd=app_dir, env=env, stdout=subprocess.DEVNULL)
+    # Its log (a traceback per closed websocket) goes to a file, shown only if it fails to start.
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, cwd=app_dir, env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        _wait_http(proc, f"http://127.0.0.1:{port}/health", 120)
+        try:
+            _wait_http(proc, f"http://127.0.0.1:{port}/health", 120)
+        except RuntimeError as exc:
+            log.seek(0)
+            raise RuntimeError(f"{exc}; its log ends: {log.read()[-1500:]!r}") from exc
         results = _run_levels(dialect, f"ws://127.0.0.1:{port}/ws", proc.pid, levels, args)
     finally:
         proc.terminate()
@@ -584,6 +608,7 @@ def _serve_openenv(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        log.close()
     what = {
         "openenv": "OpenEnv create_app (its /ws endpoint) hosting a plain async echo "
         "environment (EchoAction(message) -> EchoObservation(echoed_message)), under uvicorn",
@@ -631,7 +656,8 @@ def run(args: argparse.Namespace) -> int:
     }
     doc: dict[str, Any] = {
         "bench": "sessions",
-        "workload": f"per session: connect, reset, {args.steps} echo steps, hold, close",
+        "workload": f"per session: connect, reset, {args.steps} echo steps, hold, close"
+        + ("; all sessions reset before any steps" if args.barrier else ""),
         "client": f"websockets {_websockets_version()} in {args.client_procs} processes",
         "machine": {
             "cpus": os.cpu_count(),
