@@ -66,8 +66,9 @@ REASONS: dict[str, str] = {
     "build_other": "the build failed for another reason (see the task's build_error)",
     "verifier_network": "the verifier failed while fetching something from the network",
     "verifier_timeout": "the verifier did not finish within its timeout_sec",
-    "verifier_tool_missing": "the verifier calls a program its image lacks (e.g. a grader "
-    "baked into a base image that had to be substituted)",
+    "verifier_tool_missing": "the verifier calls a program its image lacks or cannot install "
+    "there (e.g. a grader baked into a base image that had to be substituted, or one needing a "
+    "newer Python than the offline Debian bookworm base's 3.11)",
     "verifier_no_reward": "the verifier wrote no reward.txt/reward.json (its tests did not run)",
     "verifier_other": "the verifier's reward file was unusable for another reason",
     "noop_nonzero": "the untouched environment already scores above 0 (a graded partial-credit "
@@ -102,6 +103,9 @@ _APT_MISSING_RE = re.compile(
 _PIP_RE = re.compile(
     r"No matching distribution found|Could not find a version that satisfies", re.IGNORECASE
 )
+_FAILED_STEP_RE = re.compile(r"The command '(.*?)' returned a non-zero code", re.DOTALL)
+_FETCH_RE = re.compile(r"\b(wget|curl|git clone)\b[^|;&]*https?://(?!deb\.debian\.org|pypi)")
+_PYVER_RE = re.compile(r"does not satisfy Python|Requires-Python|requires a different python")
 _INFRA_RE = re.compile(
     r"ProtocolError|ConnectionError|SandboxLostError|BackendUnavailableError|"
     r"Connection aborted|IncompleteRead|no Docker engine answers",
@@ -180,6 +184,9 @@ def classify_build_error(text: str) -> str:
         return "build_network" if _NET_RE.search(text) else "build_pip_unresolvable"
     if _NET_RE.search(text):
         return "build_network"
+    failed = _FAILED_STEP_RE.search(text)
+    if failed and _FETCH_RE.search(failed.group(1)):
+        return "build_network"  # a quiet download (wget -q, curl -s) from a host not reachable
     if _INFRA_RE.search(text):
         return "infra"
     return "build_other"
@@ -196,7 +203,7 @@ def classify_phase_error(text: str) -> str:
             return "verifier_timeout"
         if _NET_RE.search(msg):
             return "verifier_network"
-        if "command not found" in msg:
+        if "command not found" in msg or _PYVER_RE.search(msg):
             return "verifier_tool_missing"
         if "wrote no reward" in msg:
             return "verifier_no_reward"

@@ -37,6 +37,18 @@ def test_build_errors_are_grouped_by_cause() -> None:
     assert hc.classify_build_error("wget: unable to resolve host address 'github.com'") == (
         "build_network"
     )
+    quiet = (
+        "The command '/bin/sh -c wget -q https://github.com/a/b/archive/v2.tar.gz -O /tmp/x' "
+        "returned a non-zero code: 4"
+    )
+    assert hc.classify_build_error(quiet) == "build_network"
+    assert (
+        hc.classify_phase_error(
+            "noop: VerifierError: the verifier wrote no reward\ncause: Because the current "
+            "Python version (3.11.2) does not satisfy Python>=3.12"
+        )
+        == "verifier_tool_missing"
+    )
     assert hc.classify_build_error("returned a non-zero code: 2 (make: *** Error 1)") == (
         "build_other"
     )
