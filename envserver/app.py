@@ -234,7 +234,12 @@ def create_app(
     @app.get("/v1/tasks", dependencies=auth)
     async def list_tasks() -> dict[str, Any]:
         ids = service.task_ids()
-        return {"count": len(ids), "tasks": ids}
+        errors = getattr(service.tasks, "errors", {}) if service.tasks is not None else {}
+        return {
+            "count": len(ids),
+            "tasks": ids,
+            "errors": [{"path": p, "error": m} for p, m in errors.items()],
+        }
 
     @app.get("/v1/pool", dependencies=auth)
     async def pool() -> dict[str, Any]:

@@ -95,7 +95,8 @@ def _list(args: argparse.Namespace) -> int:
                     "family": t.metadata.get("category"),
                 }
                 for t in reg.list()
-            ]
+            ],
+            "errors": [{"path": p, "error": m} for p, m in reg.errors.items()],
         }
         print(json.dumps(doc))
     else:

@@ -13,12 +13,15 @@ Example:
 from __future__ import annotations
 
 import difflib
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 
 from tasks.errors import TaskLoadError, UnknownTaskError
 from tasks.loaders import load_dataset
 from tasks.models import TaskSpec
+
+log = logging.getLogger(__name__)
 
 CATALOG_DIR = Path(__file__).parent / "catalog"
 BUILTIN_PREFIX = "builtin/"
@@ -33,16 +36,28 @@ def load_builtin() -> list[TaskSpec]:
 
 
 class TaskRegistry:
-    """Task id -> `TaskSpec`, from the catalog and any number of task/dataset directories."""
+    """Task id -> `TaskSpec`, from the catalog and any number of task/dataset directories.
 
-    def __init__(self, dirs: Iterable[Path | str] = (), include_builtin: bool = True) -> None:
+    The built-in catalog is always loaded strictly. In a user's dataset, a task directory that
+    fails to load is skipped and recorded in `errors` (path -> message, also logged) unless
+    `strict=True`, so one malformed task among thousands does not stop a server."""
+
+    def __init__(
+        self,
+        dirs: Iterable[Path | str] = (),
+        include_builtin: bool = True,
+        strict: bool = False,
+    ) -> None:
         self._tasks: dict[str, TaskSpec] = {}
+        self.errors: dict[str, str] = {}
         if include_builtin:
             for t in load_builtin():
                 self._add(t)
         for d in dirs:
-            for t in load_dataset(Path(d)):
+            for t in load_dataset(Path(d), errors=None if strict else self.errors):
                 self._add(t)
+        for path, msg in self.errors.items():
+            log.warning("task directory %s skipped: %s", path, msg)
 
     def _add(self, task: TaskSpec) -> None:
         if task.id in self._tasks:
@@ -59,6 +74,9 @@ class TaskRegistry:
         except KeyError:
             close = difflib.get_close_matches(task_id, list(self._tasks), n=5, cutoff=0.5)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
+            broken = [m for p, m in self.errors.items() if Path(p).name == task_id]
+            if broken:
+                hint = f"; its directory failed to load: {broken[0]}"
             raise UnknownTaskError(
                 f"unknown task {task_id!r} ({len(self._tasks)} tasks registered){hint}"
             ) from None

@@ -57,9 +57,15 @@ def load_task_dir(path: Path | str) -> TaskSpec:
     return load_lis_dir(path)
 
 
-def load_dataset(path: Path | str) -> list[TaskSpec]:
+def load_dataset(
+    path: Path | str, errors: dict[str, str] | None = None
+) -> list[TaskSpec]:
     """Load every task below `path`: itself if it is a task dir or a JSONL file, else each
-    child task directory and `*.jsonl` file (sorted by name). Ids must be unique."""
+    child task directory and `*.jsonl` file (sorted by name). Ids must be unique.
+
+    With an `errors` dict, a child that fails to load is recorded there (path -> message) and
+    skipped, so one malformed task in a large dataset does not hide all the others; without
+    it, the first failure raises."""
     path = Path(path).absolute()
     if path.is_file():
         if path.suffix != ".jsonl":
@@ -73,11 +79,16 @@ def load_dataset(path: Path | str) -> list[TaskSpec]:
     for child in sorted(path.iterdir()):
         if child.name.startswith("."):
             continue
-        if child.is_dir() and is_task_dir(child):
-            tasks.append(load_task_dir(child))
-        elif child.is_file() and child.suffix == ".jsonl":
-            tasks.extend(load_lis_jsonl(child))
-    if not tasks:
+        try:
+            if child.is_dir() and is_task_dir(child):
+                tasks.append(load_task_dir(child))
+            elif child.is_file() and child.suffix == ".jsonl":
+                tasks.extend(load_lis_jsonl(child))
+        except TaskLoadError as exc:
+            if errors is None:
+                raise
+            errors[str(child)] = str(exc)
+    if not tasks and not errors:
         raise TaskLoadError(f"{path}: no task directories or .jsonl files found")
     seen: dict[str, Path | None] = {}
     for t in tasks:
