@@ -492,7 +492,12 @@ async def _abuse_backend(url: str, window_s: float, neighbours: int) -> dict[str
 def bench_abuse(task_root: Path, backend: str, window_s: float, neighbours: int) -> dict[str, Any]:
     from envserver.runner import ServerProcess
 
-    env = {"SANDGYM_INCLUDE_BUILTIN": "false", "SANDGYM_MAX_OUTPUT_BYTES": "65536"}
+    # Neighbours and the repeated abuse take thousands of steps: no max_steps truncation.
+    env = {
+        "SANDGYM_INCLUDE_BUILTIN": "false",
+        "SANDGYM_MAX_OUTPUT_BYTES": "65536",
+        "SANDGYM_MAX_STEPS": "1000000",
+    }
     with ServerProcess(
         backend, args=["--tasks", str(task_root)], env=env, startup_timeout_s=120
     ) as srv:
