@@ -83,6 +83,8 @@ class Episode:
     server_url: str = ""
     metrics: dict[str, float] = field(default_factory=dict)
     started_at: float = field(default_factory=time.time)
+    #: the task's instruction as the server sent it at reset (judges and harnesses read it)
+    instruction: str = ""
 
     @property
     def reward(self) -> float:

@@ -8,6 +8,12 @@ Episodes run concurrently in this process (no Ray): `noop`, `oracle` (solutions 
 terminal agent and the hf engine). Infrastructure failures are reported and left out of pass@k.
 pass@k is the unbiased estimator of Chen et al. (2021): 1 - C(n-c, k) / C(n, k) over the n valid
 attempts of which c succeeded (reward >= --success-threshold).
+
+Every episode is written to `--out` (JSONL, one record per episode). `--select pairwise` adds
+best-of-K selection by pairwise self-verification (`trainer.selection`): the model (`--model`,
+or `--judge-model` for the oracle/noop agents) compares candidates head to head in a knockout of
+K-1 comparisons (2(K-1) model calls with the order-swap check), and the report gives the
+selected candidate's success rate ("selected") beside pass@1 and pass@K.
 """
 
 from __future__ import annotations
@@ -16,9 +22,12 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from math import comb
 from pathlib import Path
 from typing import Any
+
+from trainer.episode import EpisodeWriter
 
 DEFAULT_CATALOG = Path(__file__).resolve().parents[1] / "tasks" / "catalog"
 
@@ -48,10 +57,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--solutions-dir", default=str(DEFAULT_CATALOG))
     parser.add_argument("--success-threshold", type=float, default=1.0)
+    parser.add_argument(
+        "--select",
+        choices=["none", "pairwise"],
+        default="none",
+        help="best-of-K selection: pairwise self-verification knockout over the K attempts",
+    )
+    parser.add_argument(
+        "--judge-model",
+        choices=["smollm2", "tiny"],
+        help="judge for --select pairwise (default: --model)",
+    )
+    parser.add_argument(
+        "--no-swap", action="store_true", help="judge each pair once (no order-swap check)"
+    )
+    parser.add_argument("--out", help="episodes JSONL (default runs/eval/episodes-<time>.jsonl)")
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 
-async def _evaluate(args: argparse.Namespace) -> list[Any]:
+def _load_hf(source: str) -> tuple[Any, Any]:
+    """(tokenizer, hf engine) for a model source."""
+    from trainer.config import ModelSettings
+    from trainer.engines import create_engine
+    from trainer.models import load_model, load_tokenizer
+
+    settings = ModelSettings(source=source)  # type: ignore[arg-type]
+    tok = load_tokenizer(settings)
+    engine = create_engine(
+        "hf",
+        model=load_model(settings),
+        eos_token_ids=[tok.eos_token_id],
+        pad_token_id=tok.pad_token_id,
+    )
+    return tok, engine
+
+
+async def _evaluate(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
     from tqdm import tqdm
 
     from trainer.agents import NoopAgent, OracleAgent, TerminalAgent, solutions_from_dir
@@ -73,14 +114,7 @@ async def _evaluate(args: argparse.Namespace) -> list[Any]:
     elif args.agent == "oracle":
         agent = OracleAgent(solutions_from_dir(args.solutions_dir))
     else:
-        from trainer.engines import create_engine
-        from trainer.models import load_model, load_tokenizer
-
-        tok = await asyncio.to_thread(load_tokenizer, cfg.model)
-        model = await asyncio.to_thread(load_model, cfg.model)
-        engine = create_engine(
-            "hf", model=model, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id
-        )
+        tok, engine = await asyncio.to_thread(_load_hf, args.model)
         agent = TerminalAgent(tok, cfg.agent, cfg.sampling.max_new_tokens)
     runner = EpisodeRunner(cfg, engine, agent)
     sem = asyncio.Semaphore(args.concurrency)
@@ -92,24 +126,76 @@ async def _evaluate(args: argparse.Namespace) -> list[Any]:
         bar.update(1)
         return ep
 
+    judge_engine = None
     try:
-        return list(
+        episodes = list(
             await asyncio.gather(
                 *(one(t, args.seed + i) for t in args.tasks for i in range(args.attempts))
             )
         )
+        bar.close()
+        selections: dict[str, Any] = {}
+        if args.select == "pairwise":
+            from trainer.selection import PairwiseJudge
+
+            judge_source = args.judge_model or args.model
+            if engine is not None and judge_source == args.model:
+                judge_tok, judge_engine = tok, engine
+            else:
+                judge_tok, judge_engine = await asyncio.to_thread(_load_hf, judge_source)
+            judge = PairwiseJudge(judge_engine, judge_tok, swap=not args.no_swap)
+            sbar = tqdm(total=len(args.tasks), desc="pairwise selection", file=sys.stderr)
+            for task_id in args.tasks:
+                cands = [e for e in episodes if e.task_id == task_id and not e.is_infra_failure]
+                if not cands:
+                    selections[task_id] = None
+                    continue
+                instruction = cands[0].instruction or task_id
+                calls0 = judge.calls
+                idx, comps = await judge.select(instruction, cands)
+                selections[task_id] = {
+                    "selected_seed": cands[idx].seed,
+                    "selected_reward": cands[idx].reward,
+                    "comparisons": len(comps),
+                    "judge_calls": judge.calls - calls0,
+                    "bracket": [
+                        {
+                            "a": cands[c.a].seed,
+                            "b": cands[c.b].seed,
+                            "winner": cands[c.winner].seed,
+                            "replies": c.replies,
+                        }
+                        for c in comps
+                    ],
+                }
+                sbar.update(1)
+            sbar.close()
+        return episodes, selections
     finally:
         bar.close()
         if engine is not None:
             await engine.aclose()
+        if judge_engine is not None and judge_engine is not engine:
+            await judge_engine.aclose()
 
 
 def run(args: argparse.Namespace) -> int:
     if args.attempts < 1:
         print("sandgym eval: --attempts must be at least 1", file=sys.stderr)
         return 2
-    episodes = asyncio.run(_evaluate(args))
-    ks = [k for k in (1, 2, 4, 8, 16) if k <= args.attempts]
+    if args.select == "pairwise" and args.agent != "llm" and not args.judge_model:
+        print(
+            "sandgym eval: --select pairwise with a non-llm agent needs --judge-model",
+            file=sys.stderr,
+        )
+        return 2
+    episodes, selections = asyncio.run(_evaluate(args))
+    out = Path(args.out) if args.out else Path("runs/eval") / f"episodes-{int(time.time())}.jsonl"
+    writer = EpisodeWriter(out, with_tokens=False)
+    for ep in episodes:
+        writer.write(ep, success=ep.reward >= args.success_threshold)
+    writer.close()
+    ks = sorted({k for k in (1, 2, 4, 8, 16) if k <= args.attempts} | {args.attempts})
     rows = []
     for task_id in args.tasks:
         eps = [e for e in episodes if e.task_id == task_id]
@@ -127,25 +213,43 @@ def run(args: argparse.Namespace) -> int:
                 **{f"pass@{k}": pass_at_k(len(valid), c, k) for k in ks},
             }
         )
+        if args.select == "pairwise":
+            sel = selections.get(task_id)
+            rows[-1]["selection"] = sel
+            rows[-1]["selected"] = (
+                None if sel is None else float(sel["selected_reward"] >= args.success_threshold)
+            )
     valid_rewards = [e.reward for e in episodes if not e.is_infra_failure]
     result = {
         "agent": args.agent,
         "tasks": rows,
         "mean_reward": sum(valid_rewards) / len(valid_rewards) if valid_rewards else None,
         "infra_failures": sum(1 for e in episodes if e.is_infra_failure),
+        "episodes_path": str(out),
+        "attempts": args.attempts,
+        "select": args.select,
     }
+    # macro averages over tasks (a task with no valid attempt has no pass@k and is left out)
+    for key in [f"pass@{k}" for k in ks] + (["selected"] if args.select == "pairwise" else []):
+        vals = [r[key] for r in rows if r.get(key) is not None]
+        result[key] = sum(vals) / len(vals) if vals else None
     if args.json:
         print(json.dumps(result))
     else:
-        head = f"{'task':40s} {'n':>3s} {'mean':>6s} " + " ".join(
-            f"{'pass@' + str(k):>7s}" for k in ks
-        )
+        cols = [f"pass@{k}" for k in ks] + (["selected"] if args.select == "pairwise" else [])
+        head = f"{'task':40s} {'n':>3s} {'mean':>6s} " + " ".join(f"{c:>8s}" for c in cols)
         print(head)
+
+        def cell(v: Any) -> str:
+            return f"{'-' if v is None else format(v, '.3f'):>8s}"
+
         for r in rows:
             mean = "-" if r["mean_reward"] is None else f"{r['mean_reward']:.3f}"
-            cells = " ".join(
-                f"{'-' if r[f'pass@{k}'] is None else format(r[f'pass@{k}'], '.3f'):>7s}"
-                for k in ks
-            )
+            cells = " ".join(cell(r.get(c)) for c in cols)
             print(f"{r['task_id']:40s} {r['valid']:>3d} {mean:>6s} {cells}")
+        print(
+            f"{'(mean over tasks)':40s} {'':>3s} {'':>6s} "
+            + " ".join(cell(result[c]) for c in cols)
+        )
+        print(f"episodes written to {out}", file=sys.stderr)
     return 0

@@ -145,6 +145,7 @@ class EpisodeRunner:
     ) -> None:
         obs, _info = await self._reset(client, episode.task_id, episode.seed)
         obs = _as_dict(obs)
+        episode.instruction = str(obs.get("output") or "")
         if isinstance(self.agent, OracleAgent):
             for action in self.agent.actions(episode.task_id):
                 t = time.monotonic()

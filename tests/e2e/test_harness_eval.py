@@ -1,0 +1,89 @@
+"""`sandgym eval` end to end on a real local-backend server: pass@k and pairwise selection.
+
+The CLI runs as a subprocess, as a user runs it; the server is the conftest's in-thread one.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from envserver.runner import BackgroundServer
+from tests.e2e.conftest import local_available
+
+REPO = Path(__file__).resolve().parents[2]
+TASKS = ["builtin/hello-file", "builtin/count-files"]
+
+pytestmark = pytest.mark.skipif(not local_available(), reason="bwrap missing")
+
+
+def _eval(server: BackgroundServer, out: Path, *extra: str) -> dict:
+    cmd = [sys.executable, "-m", "envserver.cli", "eval", "--server-url", server.url]
+    cmd += ["--tasks", *TASKS, "--concurrency", "4", "--json", "--out", str(out), *extra]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_eval_oracle_and_noop_pass_at_k(
+    make_server: Callable[..., BackgroundServer], tmp_path: Path
+) -> None:
+    srv = make_server("local")
+    oracle = _eval(srv, tmp_path / "o.jsonl", "--agent", "oracle", "--attempts", "3")
+    assert [r["task_id"] for r in oracle["tasks"]] == TASKS
+    for row in oracle["tasks"]:
+        assert row["successes"] == 3
+        assert row["pass@1"] == row["pass@2"] == row["pass@3"] == 1.0
+    assert oracle["pass@3"] == 1.0
+    lines = (tmp_path / "o.jsonl").read_text().splitlines()
+    assert len(lines) == 6 and all(json.loads(x)["success"] for x in lines)
+    noop = _eval(srv, tmp_path / "n.jsonl", "--agent", "noop", "--attempts", "2")
+    assert all(r["pass@1"] == 0.0 and r["pass@2"] == 0.0 for r in noop["tasks"])
+    assert noop["pass@2"] == 0.0
+
+
+def test_eval_llm_with_pairwise_selection_runs_end_to_end(
+    make_server: Callable[..., BackgroundServer], tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    srv = make_server("local")
+    res = _eval(
+        srv,
+        tmp_path / "l.jsonl",
+        "--agent",
+        "llm",
+        "--model",
+        "tiny",
+        "--attempts",
+        "3",
+        "--select",
+        "pairwise",
+        "--max-turns",
+        "1",
+        "--max-new-tokens",
+        "8",
+        "--temperature",
+        "1.0",
+    )
+    assert res["select"] == "pairwise" and res["infra_failures"] == 0
+    for row in res["tasks"]:
+        sel = row["selection"]
+        assert sel["comparisons"] == 2 and sel["judge_calls"] == 4  # K-1, two orders each
+        assert sel["selected_seed"] in (0, 1, 2)
+        assert row["selected"] == float(sel["selected_reward"] >= 1.0)
+        # the selected candidate is one of the attempts, so it cannot beat pass@K
+        assert row["selected"] <= row["pass@3"]
+    assert len((tmp_path / "l.jsonl").read_text().splitlines()) == 6
+
+
+def test_eval_refuses_pairwise_without_a_judge(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "envserver.cli", "eval", "--tasks", "x", "--agent", "oracle"]
+    proc = subprocess.run(
+        [*cmd, "--select", "pairwise"], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2 and "--judge-model" in proc.stderr
