@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import os
@@ -49,7 +50,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Iterator
+from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -499,20 +501,29 @@ def _wait_http(proc: subprocess.Popen[bytes], url: str, timeout_s: float) -> Non
     raise RuntimeError(f"server did not answer {url} within {timeout_s:g}s")
 
 
-def _run_levels(
-    name: str, url: str, pid: int, levels: list[int], args: argparse.Namespace
-) -> list[dict[str, Any]]:
-    out = []
-    for n in levels:
-        res = _level(url, pid, name, n, args.steps, args.client_procs, args.barrier)
-        out.append(res)
-        print(
-            f"bench sessions: {name} {n}: ok {res['success_rate']:.2%} "
-            f"p99 {res['step_p99_ms']} ms, {res['steps_per_s']} steps/s",
-            file=sys.stderr,
-        )
-        time.sleep(1.0)  # let the server finish the level's closes before the next RSS reading
-    return out
+@dataclass
+class _Target:
+    """A running server the load generator can drive."""
+
+    name: str
+    url: str
+    pid: int
+    meta: dict[str, Any]
+    dialect: str = ""
+
+    def __post_init__(self) -> None:
+        self.dialect = self.dialect or self.name
+
+
+def _run_level(t: _Target, n: int, args: argparse.Namespace) -> dict[str, Any]:
+    res = _level(t.url, t.pid, t.dialect, n, args.steps, args.client_procs, args.barrier)
+    print(
+        f"bench sessions: {t.name} {n}: ok {res['success_rate']:.2%} "
+        f"p99 {res['step_p99_ms']} ms, {res['steps_per_s']} steps/s",
+        file=sys.stderr,
+    )
+    time.sleep(1.0)  # let the server finish the level's closes before the next RSS reading
+    return res
 
 
 def _bench_local(args: argparse.Namespace, levels: list[int]) -> dict[str, Any]:
@@ -529,7 +540,9 @@ def _bench_local(args: argparse.Namespace, levels: list[int]) -> dict[str, Any]:
     return out
 
 
-def _bench_sandgym(args: argparse.Namespace, levels: list[int]) -> dict[str, Any]:
+@contextlib.contextmanager
+def _sandgym_server(args: argparse.Namespace, levels: list[int]) -> Iterator[_Target]:
+    """`sandgym serve` on `args.backend` with the bench-echo task, as a child process."""
     from envserver.runner import ServerProcess
     from envserver.settings import ServerSettings
 
@@ -544,13 +557,17 @@ def _bench_sandgym(args: argparse.Namespace, levels: list[int]) -> dict[str, Any
     with tempfile.TemporaryDirectory(prefix="sandgym-bench-sessions-") as tmp:
         root = write_bench_task(Path(tmp))
         with ServerProcess(args.backend, args=["--tasks", str(root)], env=env) as srv:
-            results = _run_levels("sandgym", srv.url, srv.pid, levels, args)
-    return {
-        "server": "sandgym serve",
-        "backend": args.backend,
-        "ws_impl": os.environ.get("SANDGYM_WS_IMPL", ServerSettings().ws_impl),
-        "results": results,
-    }
+            meta = {
+                "server": "sandgym serve",
+                "backend": args.backend,
+                "ws_impl": os.environ.get("SANDGYM_WS_IMPL", ServerSettings().ws_impl),
+            }
+            yield _Target("sandgym", srv.url, srv.pid, meta)
+
+
+def _bench_sandgym(args: argparse.Namespace, levels: list[int]) -> dict[str, Any]:
+    with _sandgym_server(args, levels) as t:
+        return {**t.meta, "results": [_run_level(t, n, args) for n in levels]}
 
 
 def _openenv_version(python: str) -> str:
@@ -565,7 +582,9 @@ def _openenv_version(python: str) -> str:
     return out.stdout.strip()
 
 
-def _bench_openenv(args: argparse.Namespace, levels: list[int]) -> dict[str, Any]:
+@contextlib.contextmanager
+def _openenv_server(args: argparse.Namespace, levels: list[int]) -> Iterator[_Target]:
+    """OpenEnv's server (`--openenv-env`) in its own virtualenv, as a child process."""
     if not Path(args.openenv_python).exists():
         raise RuntimeError(f"no python at --openenv-python {args.openenv_python}")
     version = _openenv_version(args.openenv_python)
@@ -573,17 +592,21 @@ def _bench_openenv(args: argparse.Namespace, levels: list[int]) -> dict[str, Any
         app_dir = Path(args.openenv_app_dir)
         if not (app_dir / "server" / "app.py").exists():
             raise RuntimeError(f"no server/app.py under --openenv-app-dir {app_dir}")
-        return _serve_openenv(args, levels, app_dir, "openenv-mcp", version)
+        with _serve_openenv(args, levels, app_dir, "openenv-mcp", version) as t:
+            yield t
+        return
     with tempfile.TemporaryDirectory(prefix="sandgym-bench-openenv-") as tmp:
         (Path(tmp) / "server").mkdir()
         (Path(tmp) / "server" / "__init__.py").write_text("")
         (Path(tmp) / "server" / "app.py").write_text(_OPENENV_PLAIN_APP)
-        return _serve_openenv(args, levels, Path(tmp), "openenv", version)
+        with _serve_openenv(args, levels, Path(tmp), "openenv", version) as t:
+            yield t
 
 
+@contextlib.contextmanager
 def _serve_openenv(
     args: argparse.Namespace, levels: list[int], app_dir: Path, dialect: str, version: str
-) -> dict[str, Any]:
+) -> Iterator[_Target]:
     from envserver.runner import free_port
 
     port = free_port()
@@ -600,7 +623,13 @@ def _serve_openenv(
         except RuntimeError as exc:
             log.seek(0)
             raise RuntimeError(f"{exc}; its log ends: {log.read()[-1500:]!r}") from exc
-        results = _run_levels(dialect, f"ws://127.0.0.1:{port}/ws", proc.pid, levels, args)
+        what = {
+            "openenv": "OpenEnv create_app (its /ws endpoint) hosting a plain async echo "
+            "environment (EchoAction(message) -> EchoObservation(echoed_message)), under uvicorn",
+            "openenv-mcp": "OpenEnv envs/echo_env (MCP tools through FastMCP) under uvicorn",
+        }[dialect]
+        meta = {"server": what, "openenv_core_version": version}
+        yield _Target("openenv", f"ws://127.0.0.1:{port}/ws", proc.pid, meta, dialect)
     finally:
         proc.terminate()
         try:
@@ -609,16 +638,6 @@ def _serve_openenv(
             proc.kill()
             proc.wait()
         log.close()
-    what = {
-        "openenv": "OpenEnv create_app (its /ws endpoint) hosting a plain async echo "
-        "environment (EchoAction(message) -> EchoObservation(echoed_message)), under uvicorn",
-        "openenv-mcp": "OpenEnv envs/echo_env (MCP tools through FastMCP) under uvicorn",
-    }[dialect]
-    return {
-        "server": what,
-        "openenv_core_version": version,
-        "results": results,
-    }
 
 
 def _verdict(ours: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -649,11 +668,6 @@ def run(args: argparse.Namespace) -> int:
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
     servers = [s.strip() for s in args.servers.split(",") if s.strip()]
     _raise_fd_limit(max(levels) * 2 + 256)
-    benches: dict[str, Callable[[argparse.Namespace, list[int]], dict[str, Any]]] = {
-        "sandgym": _bench_sandgym,
-        "openenv": _bench_openenv,
-        "local": _bench_local,
-    }
     doc: dict[str, Any] = {
         "bench": "sessions",
         "workload": f"per session: connect, reset, {args.steps} echo steps, hold, close"
@@ -666,19 +680,34 @@ def run(args: argparse.Namespace) -> int:
         },
         "note": "clients and servers share this machine's CPUs; figures are lower bounds",
     }
-    failed = False
-    for name in servers:
-        try:
-            doc[name] = benches[name](args, levels)
-        except Exception as exc:
-            if name == "sandgym":
-                raise
-            doc[name] = {"skipped": f"{type(exc).__name__}: {exc}"}
-            if name == "openenv":
+    # sandgym and OpenEnv run side by side, level by level (both servers up, idle when not
+    # driven), so both face the same background load on this shared machine.
+    with contextlib.ExitStack() as stack:
+        targets: list[_Target] = []
+        starters = {"sandgym": _sandgym_server, "openenv": _openenv_server}
+        for name in [s for s in servers if s in starters]:
+            try:
+                targets.append(stack.enter_context(starters[name](args, levels)))
+            except Exception as exc:
+                if name == "sandgym":
+                    raise
+                doc[name] = {"skipped": f"{type(exc).__name__}: {exc}"}
                 doc["openenv_reference"] = OPENENV_REFERENCE
-            print(f"bench sessions: {name} skipped: {exc}", file=sys.stderr)
-        if name in doc and "results" in doc[name]:
-            failed |= any(r["success_rate"] < 1.0 for r in doc[name]["results"])
+                print(f"bench sessions: {name} skipped: {exc}", file=sys.stderr)
+        for t in targets:
+            doc[t.name] = {**t.meta, "results": []}
+        for n in levels:
+            for t in targets:
+                doc[t.name]["results"].append(_run_level(t, n, args))
+    if "local" in servers:
+        try:
+            doc["local"] = _bench_local(args, levels)
+        except Exception as exc:
+            doc["local"] = {"skipped": f"{type(exc).__name__}: {exc}"}
+            print(f"bench sessions: local skipped: {exc}", file=sys.stderr)
+    failed = any(
+        r["success_rate"] < 1.0 for name in servers for r in doc.get(name, {}).get("results", [])
+    )
     if "results" in doc.get("sandgym", {}) and "results" in doc.get("openenv", {}):
         doc["vs_openenv"] = _verdict(doc["sandgym"]["results"], doc["openenv"]["results"])
     doc["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]

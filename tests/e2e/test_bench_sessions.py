@@ -24,7 +24,7 @@ def test_bench_sessions_small_run_reports_every_field(
     (r,) = doc["sandgym"]["results"]
     assert r["sessions"] == 3 and r["ok_sessions"] == 3 and r["errors"] == {}
     assert r["steps"] == 6 and r["step_p50_ms"] > 0 and r["steps_per_s"] > 0
-    assert r["server_cpu_us_per_step"] > 0
+    assert r["server_cpu_us_per_step"] >= 0  # /proc counts 10 ms ticks: 6 steps may read 0
     assert (r["server_cpu_us_per_connect_reset"] is not None) is barrier
     # This test's python has no openenv-core: skipped with the reason, reference kept.
     assert "openenv-core is not importable" in doc["openenv"]["skipped"]
