@@ -83,6 +83,11 @@ class AgentSettings(_Settings):
     )
     system_prompt: str | None = Field(None, description="override the default system prompt")
     command_timeout_s: float = Field(30.0, gt=0, description="timeout sent with each command")
+    workflow: Literal["single", "solver_judge"] = Field(
+        "single",
+        description="single (one agent trajectory) or solver_judge (a judge turn predicts the "
+        "solver's pass/fail; roles solver and judge, see trainer/roles.py)",
+    )
 
 
 class SamplingSettings(_Settings):
@@ -124,6 +129,12 @@ class AlgorithmSettings(_Settings):
 
     estimator: Literal["grpo", "rloo", "reinforce", "reinforce_pp"] = Field(
         "grpo", description="advantage estimator over each group"
+    )
+    roles: dict[str, Literal["grpo", "rloo", "reinforce", "reinforce_pp"]] = Field(
+        default_factory=dict,
+        description="per-role estimator of multi-role episodes, e.g. {solver: grpo, judge: "
+        "reinforce}; each role's advantages are computed over its own trajectories in the group; "
+        "roles not named use `estimator`",
     )
     group_size: int = Field(4, ge=1, description="samples per task and seed (N)")
     groups_per_update: int = Field(2, ge=1, description="complete groups consumed per update")

@@ -299,6 +299,13 @@ class RolloutWorker:
         # spread the first picks of different workers over different servers
         urls = self.runner.urls
         self.runner.urls = urls[worker_index % len(urls) :] + urls[: worker_index % len(urls)]
+        self.workflow: Any = self.runner
+        if cfg.agent.workflow == "solver_judge":
+            from trainer.roles import SolverJudgeWorkflow
+
+            if engine is None:
+                raise ValueError("agent.workflow solver_judge needs a model (agent.kind terminal)")
+            self.workflow = SolverJudgeWorkflow(self.runner, engine, self.tokenizer)
 
     async def run_episode(
         self, task_id: str, seed: int | None, group_id: str, greedy: bool = False
@@ -306,7 +313,7 @@ class RolloutWorker:
         params = None
         if greedy:
             params = SamplingParams(0.0, 1.0, self.config.sampling.max_new_tokens)
-        ep = await self.runner.run_episode(task_id, seed, group_id, params)
+        ep = await self.workflow.run_episode(task_id, seed, group_id, params)
         return ep.to_dict(with_tokens=True)
 
     async def update_weights(self, state_dict: dict[str, Any], version: int) -> int:

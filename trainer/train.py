@@ -310,13 +310,25 @@ class Trainer:
             if min(e.min_policy_version for e in g) >= self.version - alg.max_staleness
         ]
         counts["__dropped_groups_stale"] += len(batch) - len(fresh)
-        advs = batch_advantages(fresh, alg.estimator, std_normalize=alg.std_normalize)
         train_all = alg.entropy_coef > 0 or alg.kl_coef > 0
         samples: list[Sample] = []
-        for g, ga in zip(fresh, advs, strict=True):
-            for ep, a in zip(g, ga, strict=True):
-                if a != 0.0 or train_all:  # a zero advantage has a zero policy gradient
-                    samples += episode_to_samples(ep, a)
+        if alg.roles or any(len(e.trajectories) > 1 for g in fresh for e in g):
+            # multi-role episodes: per-role advantages over each role's own trajectories
+            from trainer.roles import role_samples
+
+            samples = role_samples(
+                fresh,
+                alg.roles,
+                alg.estimator,
+                std_normalize=alg.std_normalize,
+                keep_zero=train_all,
+            )
+        else:
+            advs = batch_advantages(fresh, alg.estimator, std_normalize=alg.std_normalize)
+            for g, ga in zip(fresh, advs, strict=True):
+                for ep, a in zip(g, ga, strict=True):
+                    if a != 0.0 or train_all:  # a zero advantage has a zero policy gradient
+                        samples += episode_to_samples(ep, a)
         rewards = [e.reward for g in batch for e in g]
         m: dict[str, float] = {
             "reward/mean": sum(rewards) / len(rewards),
