@@ -184,6 +184,10 @@ class LocalSandbox(Sandbox):
                 argv += ["--symlink", os.readlink(host), "/" + name]
             elif host.is_dir():
                 argv += ["--ro-bind", str(host), "/" + name]
+        # The host's /etc is shared read-only, but its secrets are not: sandbox root is host
+        # root (user namespace) when the server runs as root, and could read them.
+        for secret in _host_secret_files():
+            argv += ["--ro-bind", "/dev/null", secret]
         argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/dev/shm"]
         argv += [
             "--unshare-user",
@@ -443,6 +447,21 @@ class LocalSandbox(Sandbox):
                 raise SandboxFileNotFoundError(f"no such file or directory in sandbox: {src}")
 
         await asyncio.to_thread(_copy)
+
+
+#: Host files under the shared /etc that a sandbox must not read (hidden behind /dev/null).
+SECRET_GLOBS = (
+    "/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/ssh/ssh_host_*_key",
+    "/etc/ssl/private/*", "/etc/docker/key.json",
+)  # fmt: skip
+
+
+def _host_secret_files() -> list[str]:
+    import glob
+
+    return sorted(
+        p for pattern in SECRET_GLOBS for p in glob.glob(pattern) if os.path.isfile(p)
+    )
 
 
 def _resolve_in_root(root: Path, path: str, depth: int = 0) -> str | None:

@@ -317,3 +317,25 @@ def test_loading_task_dirs_runs_no_host_code(tmp_path: Path) -> None:
         assert "hostile" in httpx.get(f"{srv.http_url}/v1/tasks").json()["tasks"]
     assert not marker.exists(), "loading a task directory executed code on the host"
     assert shutil.which("sh") is not None and os.access(t / "tests" / "test.sh", os.R_OK)
+
+
+@pytest.mark.skipif(not local_ready(), reason="bubblewrap not installed")
+async def test_local_sandbox_cannot_read_host_secrets_in_shared_etc() -> None:
+    """The local backend shares the host's /etc read-only; its secret files read as empty
+    (sandbox root is host root in the user namespace when the server runs as root)."""
+    from sandboxes.local import _host_secret_files
+    from sandboxes.spec import SandboxSpec
+
+    secrets_here = _host_secret_files()
+    if not secrets_here:
+        pytest.skip("no host secret files here to hide")
+    backend = get_backend("local")
+    sb = await backend.create(SandboxSpec(memory_mb=128))
+    try:
+        for path in secrets_here:
+            r = await sb.exec(f"cat {path} 2>/dev/null | wc -c")
+            assert r.stdout.strip() == "0", (path, r)
+        assert (await sb.exec("test -r /etc/passwd && echo shared")).stdout == "shared\n"
+    finally:
+        await sb.close()
+        await backend.aclose()
