@@ -45,6 +45,7 @@ import multiprocessing as mp
 import os
 import platform
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -92,6 +93,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="all sessions reset before any steps (step phase measured alone); default: each "
         "session steps right after its own reset, so resets and steps overlap",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="runs of each level per server, alternating which goes first; the median is "
+        "reported (this machine is shared: single runs swing with the background load)",
     )
     parser.add_argument("--local-sessions", type=int, default=64, help="sessions of `local`")
     parser.add_argument("--local-steps", type=int, default=50, help="steps per `local` session")
@@ -515,6 +523,32 @@ class _Target:
         self.dialect = self.dialect or self.name
 
 
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One level's repeats folded into one record: the median of every figure (the worst
+    success rate), the repeats kept beside it under `runs`."""
+    if len(runs) == 1:
+        return runs[0]
+    out: dict[str, Any] = dict(runs[-1])
+    for key, value in runs[-1].items():
+        if key in ("sessions", "steps_per_session"):
+            continue
+        values = [r[key] for r in runs]
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            if all(isinstance(v, int | float) for v in values):
+                out[key] = statistics.median(values)
+    out["success_rate"] = min(r["success_rate"] for r in runs)
+    out["ok_sessions"] = min(r["ok_sessions"] for r in runs)
+    errors: Counter[str] = Counter()
+    for r in runs:
+        errors.update(r["errors"])
+    out["errors"] = dict(errors)
+    out["runs"] = [
+        {k: r[k] for k in ("step_p50_ms", "step_p99_ms", "steps_per_s", "server_cpu_us_per_step")}
+        for r in runs
+    ]
+    return out
+
+
 def _run_level(t: _Target, n: int, args: argparse.Namespace) -> dict[str, Any]:
     res = _level(t.url, t.pid, t.dialect, n, args.steps, args.client_procs, args.barrier)
     print(
@@ -673,6 +707,7 @@ def run(args: argparse.Namespace) -> int:
         "workload": f"per session: connect, reset, {args.steps} echo steps, hold, close"
         + ("; all sessions reset before any steps" if args.barrier else ""),
         "client": f"websockets {_websockets_version()} in {args.client_procs} processes",
+        "repeats": args.repeats,
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
@@ -697,8 +732,13 @@ def run(args: argparse.Namespace) -> int:
         for t in targets:
             doc[t.name] = {**t.meta, "results": []}
         for n in levels:
+            runs: dict[str, list[dict[str, Any]]] = {t.name: [] for t in targets}
+            for i in range(args.repeats):
+                # Alternate who goes first: neither server always meets the same drift.
+                for t in targets if i % 2 == 0 else targets[::-1]:
+                    runs[t.name].append(_run_level(t, n, args))
             for t in targets:
-                doc[t.name]["results"].append(_run_level(t, n, args))
+                doc[t.name]["results"].append(_median_run(runs[t.name]))
     if "local" in servers:
         try:
             doc["local"] = _bench_local(args, levels)
