@@ -1,0 +1,185 @@
+"""The model gateway over HTTP (in-process ASGI) with a scripted engine as the model's double:
+OpenAI wire shapes, tool calls, SSE, recording, the token rule, storage bounds and replicas."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from trainer.config import ModelSettings
+from trainer.engines.base import Generation, InferenceEngine, SamplingParams
+from trainer.gateway import (
+    CallStore,
+    MissingTokensError,
+    ModelGateway,
+    TokenAlignmentError,
+    UnknownSessionError,
+    calls_to_steps,
+)
+from trainer.models import load_tokenizer
+
+BASH = {
+    "type": "function",
+    "function": {
+        "name": "bash",
+        "description": "run a shell command",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}},
+    },
+}
+SUBMIT = {"type": "function", "function": {"name": "submit", "description": "finish"}}
+
+
+class ScriptedEngine(InferenceEngine):
+    """Test double for the model: fixed replies in order, + end token, logprob -0.25 each."""
+
+    def __init__(self, tok: Any, replies: list[str], version: int = 3) -> None:
+        super().__init__(batch_wait_s=0.0)
+        self.tok, self.replies, self.version = tok, list(replies), version
+        self.prompts: list[list[int]] = []
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        out = []
+        for p in prompts:
+            self.prompts.append(list(p))
+            ids = self.tok(self.replies.pop(0), add_special_tokens=False)["input_ids"]
+            ids = ids + [self.tok.eos_token_id]
+            out.append(Generation(ids, [-0.25] * len(ids), "stop"))
+        return out
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def tok() -> Any:
+    return load_tokenizer(ModelSettings(source="tiny"))
+
+
+def _client(gw: ModelGateway) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=gw.app()), base_url="http://gw")
+
+
+async def test_tool_calls_history_and_exact_steps(tok: Any, tmp_path: Path) -> None:
+    engine = ScriptedEngine(tok, ["```bash\nls /app\n```", "All done. <submit/>"])
+    gw = ModelGateway([engine], tok, CallStore(tmp_path / "calls.sqlite"))
+    msgs: list[dict[str, Any]] = [
+        {"role": "system", "content": "You solve tasks."},
+        {"role": "user", "content": "List /app."},
+    ]
+    async with _client(gw) as c:
+        models = (await c.get("/sessions/s1/v1/models")).json()
+        assert models["data"][0]["id"] == "sandgym-policy"
+        r = await c.post(
+            "/sessions/s1/v1/chat/completions", json={"messages": msgs, "tools": [BASH, SUBMIT]}
+        )
+        assert r.status_code == 200, r.text
+        choice = r.json()["choices"][0]
+        assert choice["finish_reason"] == "tool_calls"
+        (call,) = choice["message"]["tool_calls"]
+        assert call["function"]["name"] == "bash"
+        assert json.loads(call["function"]["arguments"]) == {"command": "ls /app"}
+        msgs += [
+            choice["message"],
+            {"role": "tool", "tool_call_id": call["id"], "name": "bash", "content": "a.txt\n"},
+        ]
+        r2 = await c.post(
+            "/sessions/s1/v1/chat/completions", json={"messages": msgs, "tools": [BASH, SUBMIT]}
+        )
+        assert [
+            t["function"]["name"] for t in r2.json()["choices"][0]["message"]["tool_calls"]
+        ] == ["submit"]
+    calls = gw.store.calls("s1")
+    assert [c.extends_previous for c in calls] == [False, True]
+    assert all(c.weight_version == 3 and c.replica == 0 for c in calls)
+    # what the engine saw is what was recorded, and the second prompt extends the first
+    assert [c.prompt_ids for c in calls] == engine.prompts
+    steps = gw.steps("s1")
+    assert len(steps) == 2 and steps[0].response_logprobs == [-0.25] * len(steps[0].response_ids)
+    head = steps[0].prompt_ids + steps[0].response_ids
+    assert steps[1].prompt_ids[: len(head)] == head
+    assert "a.txt" in tok.decode(steps[1].prompt_ids[len(head) :])
+    with pytest.raises(UnknownSessionError):
+        gw.steps("s1")  # consumed: removed from memory and SQLite
+
+
+async def test_stream_sends_sse_chunks(tok: Any, tmp_path: Path) -> None:
+    gw = ModelGateway(
+        [ScriptedEngine(tok, ["```bash\necho hi\n```"])], tok, CallStore(tmp_path / "c.db")
+    )
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": [BASH], "stream": True}
+    async with _client(gw) as c:
+        r = await c.post("/sessions/s/v1/chat/completions", json=body)
+    assert r.headers["content-type"].startswith("text/event-stream")
+    events = [line[6:] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(ch["object"] == "chat.completion.chunk" for ch in chunks)
+    assert "echo hi" in chunks[0]["choices"][0]["delta"]["content"]
+    assert chunks[1]["choices"][0]["delta"]["tool_calls"][0]["function"]["name"] == "bash"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+async def test_an_edited_reply_is_refused_not_retokenised(tok: Any, tmp_path: Path) -> None:
+    gw = ModelGateway(
+        [ScriptedEngine(tok, ["first answer", "second"])], tok, CallStore(tmp_path / "c.db")
+    )
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "q"}]
+    async with _client(gw) as c:
+        await c.post("/sessions/e/v1/chat/completions", json={"messages": msgs})
+        msgs += [
+            {"role": "assistant", "content": "an EDITED answer"},
+            {"role": "user", "content": "q2"},
+        ]
+        await c.post("/sessions/e/v1/chat/completions", json={"messages": msgs})
+        r = await c.post("/sessions/e/v1/chat/completions", json={"messages": "nope"})
+        assert r.status_code == 400
+    assert [c.extends_previous for c in gw.store.calls("e")] == [False, True]
+    with pytest.raises(TokenAlignmentError, match="does not extend call 0"):
+        gw.steps("e", consume=False)
+
+
+async def test_a_new_conversation_in_a_session_is_a_new_sequence(tok: Any, tmp_path: Path) -> None:
+    gw = ModelGateway([ScriptedEngine(tok, ["a", "b"])], tok, CallStore(tmp_path / "c.db"))
+    async with _client(gw) as c:
+        for q in ("one", "two"):
+            await c.post(
+                "/sessions/n/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": q}]},
+            )
+    assert len(gw.steps("n")) == 2
+
+
+def test_missing_tokens_are_named(tok: Any, tmp_path: Path) -> None:
+    from trainer.gateway import CallRecord
+
+    rec = CallRecord("s", 0, [1, 2], [], [], 0, 0.1, False, "", "stop", 0)
+    with pytest.raises(MissingTokensError, match="0 completion ids"):
+        calls_to_steps([rec])
+    rec2 = CallRecord("s", 0, [1, 2], [3], [], 0, 0.1, False, "", "stop", 0)
+    with pytest.raises(MissingTokensError, match="0 logprobs for 1"):
+        calls_to_steps([rec2])
+
+
+async def test_store_is_bounded_in_memory_durable_in_sqlite(tok: Any, tmp_path: Path) -> None:
+    store = CallStore(tmp_path / "run" / "gateway.sqlite", max_sessions_in_memory=2)
+    gw = ModelGateway([ScriptedEngine(tok, ["x"] * 4)], tok, store)
+    for sid in ("a", "b", "c", "d"):
+        await gw.chat(sid, {"messages": [{"role": "user", "content": sid}]})
+    assert store.in_memory() == 2
+    again = CallStore(tmp_path / "run" / "gateway.sqlite")  # a new process sees them all
+    assert [len(again.calls(s)) for s in "abcd"] == [1, 1, 1, 1]
+    assert len(store.calls("a")) == 1 and store.consume("a") and store.calls("a") == []
+
+
+async def test_sessions_stick_to_the_least_loaded_replica(tok: Any, tmp_path: Path) -> None:
+    engines = [ScriptedEngine(tok, ["x"] * 4), ScriptedEngine(tok, ["y"] * 4)]
+    gw = ModelGateway(engines, tok, CallStore(tmp_path / "c.db"))
+    for sid in ("s1", "s2", "s1", "s2"):
+        await gw.chat(sid, {"messages": [{"role": "user", "content": "q"}]})
+    assert {c.replica for c in gw.store.calls("s1")} == {0}
+    assert {c.replica for c in gw.store.calls("s2")} == {1}
+    assert len(engines[0].prompts) == len(engines[1].prompts) == 2
