@@ -57,9 +57,7 @@ def load_task_dir(path: Path | str) -> TaskSpec:
     return load_lis_dir(path)
 
 
-def load_dataset(
-    path: Path | str, errors: dict[str, str] | None = None
-) -> list[TaskSpec]:
+def load_dataset(path: Path | str, errors: dict[str, str] | None = None) -> list[TaskSpec]:
     """Load every task below `path`: itself if it is a task dir or a JSONL file, else each
     child task directory and `*.jsonl` file (sorted by name). Ids must be unique.
 
