@@ -229,7 +229,7 @@ class LocalSandbox(Sandbox):
             steps.append(f"ulimit -f {self.spec.storage_mb * 2048}")
         if group is not None:
             targets = " ".join(shlex.quote(p) for p in group.join_paths())
-            steps.append(f"for f in {targets}; do echo $$ > \"$f\"; done")
+            steps.append(f'for f in {targets}; do echo $$ > "$f"; done')
         elif self.spec.memory_mb:
             steps.append(f"ulimit -v {self.spec.memory_mb * 1024 * 4} 2>/dev/null")
         return ["sh", "-c", "; ".join(steps) + '; exec "$@"', "sh"]
@@ -459,9 +459,7 @@ SECRET_GLOBS = (
 def _host_secret_files() -> list[str]:
     import glob
 
-    return sorted(
-        p for pattern in SECRET_GLOBS for p in glob.glob(pattern) if os.path.isfile(p)
-    )
+    return sorted(p for pattern in SECRET_GLOBS for p in glob.glob(pattern) if os.path.isfile(p))
 
 
 def _resolve_in_root(root: Path, path: str, depth: int = 0) -> str | None:

@@ -105,18 +105,24 @@ class NullSandbox(Sandbox):
         if sleep:
             if sleep > timeout_s:
                 await asyncio.sleep(timeout_s)
-                return ExecResult(exit_code=None, timed_out=True,
-                                  duration_s=time.perf_counter() - start)
+                return ExecResult(
+                    exit_code=None, timed_out=True, duration_s=time.perf_counter() - start
+                )
             await asyncio.sleep(sleep)
         stderr = out if code not in (0, 1) or "not found" in out else ""
         stdout = "" if stderr else out
-        return ExecResult(exit_code=code, stdout=stdout, stderr=stderr,
-                          duration_s=time.perf_counter() - start)
+        return ExecResult(
+            exit_code=code, stdout=stdout, stderr=stderr, duration_s=time.perf_counter() - start
+        )
 
     async def run(self, command: str, timeout_s: float = 60.0) -> ShellResult:
         res = await self.exec(command, timeout_s=timeout_s)
-        return ShellResult(output=res.stdout + res.stderr, exit_code=res.exit_code,
-                           timed_out=res.timed_out, duration_s=res.duration_s)
+        return ShellResult(
+            output=res.stdout + res.stderr,
+            exit_code=res.exit_code,
+            timed_out=res.timed_out,
+            duration_s=res.duration_s,
+        )
 
     async def send_keys(self, keys: str) -> None:
         self._check_live()
@@ -175,8 +181,13 @@ class NullBackend(SandboxBackend):
 
     name = "null"
 
-    def __init__(self, owner_id: str | None = None, lease_s: float = 6 * 3600,
-                 create_delay_s: float = 0.0, fail_creates: int = 0) -> None:
+    def __init__(
+        self,
+        owner_id: str | None = None,
+        lease_s: float = 6 * 3600,
+        create_delay_s: float = 0.0,
+        fail_creates: int = 0,
+    ) -> None:
         super().__init__(owner_id, lease_s)
         self.create_delay_s = create_delay_s
         self.fail_creates = fail_creates
