@@ -228,6 +228,19 @@ def _pid_exhausted(result: ExecResult) -> bool:
     )
 
 
+def _proc_start_time(pid: int) -> str | None:
+    """Field 22 of /proc/PID/stat (start time in ticks), or None when there is no such pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    if len(fields) <= 19 or fields[0] in ("Z", "X"):  # a zombie init is a dead container
+        return None
+    return fields[19]
+
+
 class DockerSandbox(Sandbox):
     """One container. Create through `DockerBackend.create`."""
 
@@ -250,9 +263,24 @@ class DockerSandbox(Sandbox):
         return self._backend._client().api
 
     # -- lifecycle ---------------------------------------------------------------------------
+    def _watch_host_pid(self, pid: int | None) -> None:
+        """Remember the container's init as a host pid, when this process can see it (the
+        server runs beside dockerd, not in a container of its own), so `is_alive` can read
+        /proc instead of asking the engine: microseconds instead of milliseconds on the pool's
+        hot path. The start time guards against pid reuse."""
+        self._host_pid: int | None = None
+        self._host_start: str | None = None
+        if pid:
+            start = _proc_start_time(pid)
+            if start is not None:
+                self._host_pid, self._host_start = pid, start
+
     async def is_alive(self) -> bool:
         if self._closed:
             return False
+        pid = getattr(self, "_host_pid", None)
+        if pid is not None:
+            return _proc_start_time(pid) == self._host_start
         return await self._state() == "running"
 
     async def _state(self) -> str | None:
@@ -916,9 +944,10 @@ class DockerBackend(SandboxBackend):
         if spec.storage_mb and self._storage_opt_ok is not False:
             host["storage_opt"] = {"size": f"{spec.storage_mb}M"}
         api = self._client().api
+        pids: dict[str, int] = {}
 
         def create_and_start() -> str:
-            # Low-level calls: create + start, without the inspect `containers.run` adds.
+            # Low-level calls: create + start (+ one inspect, for the fast liveness check).
             resp = api.create_container(
                 image,
                 entrypoint=["/bin/sh", "-c", MAIN_BOOT, HELPER_SCRIPT],
@@ -932,6 +961,8 @@ class DockerBackend(SandboxBackend):
             )
             api.start(resp["Id"])
             container_id: str = resp["Id"]
+            with contextlib.suppress(Exception):
+                pids[container_id] = int(api.inspect_container(container_id)["State"]["Pid"])
             return container_id
 
         try:
@@ -956,7 +987,9 @@ class DockerBackend(SandboxBackend):
             raise
         if "storage_opt" in host:
             self._storage_opt_ok = True
-        return DockerSandbox(spec, self, container_id, sandbox_id)
+        sb = DockerSandbox(spec, self, container_id, sandbox_id)
+        sb._watch_host_pid(pids.get(container_id))
+        return sb
 
     async def _remove_container(self, ref: str) -> None:
         import docker.errors
