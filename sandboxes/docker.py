@@ -270,10 +270,17 @@ class DockerSandbox(Sandbox):
         hot path. The start time guards against pid reuse."""
         self._host_pid: int | None = None
         self._host_start: str | None = None
-        if pid:
-            start = _proc_start_time(pid)
-            if start is not None:
-                self._host_pid, self._host_start = pid, start
+        if not pid:
+            return
+        try:  # the pid must be *this* container's (not a same-numbered pid in our namespace)
+            with open(f"/proc/{pid}/cgroup") as f:
+                if self.container_id not in f.read():
+                    return
+        except OSError:
+            return
+        start = _proc_start_time(pid)
+        if start is not None:
+            self._host_pid, self._host_start = pid, start
 
     async def is_alive(self) -> bool:
         if self._closed:
