@@ -71,6 +71,7 @@ class Session:
     setup: Any
     seed: int | None
     desktop: Any = None  # sandboxes.desktop.Desktop of a desktop task, else None
+    bridge: Any = None  # envserver.gateway_bridge.GatewayBridge when reset asked for one
     started: float = field(default_factory=time.monotonic)
     last_active: float = field(default_factory=time.monotonic)
     steps: int = 0
@@ -215,6 +216,11 @@ class EnvService:
                 t1 = time.perf_counter()
                 setup = await prepare_episode(task, sandbox, msg.seed)
                 desktop = await start_task_desktop(sandbox, task.metadata, user=task.agent_user)
+                bridge = None
+                if "gateway_url" in msg.options:  # a harness in the sandbox calls a model gateway
+                    from envserver.gateway_bridge import GatewayBridge
+
+                    bridge = await GatewayBridge.open(sandbox, msg.options["gateway_url"])
                 prepare_s = time.perf_counter() - t1
             except BaseException:
                 await asyncio.shield(self.pool.release(sandbox))
@@ -230,6 +236,7 @@ class EnvService:
             setup=setup,
             seed=msg.seed,
             desktop=desktop,
+            bridge=bridge,
             conn=conn,
         )
         self.sessions[session.id] = session
@@ -257,6 +264,7 @@ class EnvService:
                 "backend": self.backend.name if self.backend else None,
                 "max_steps": self.settings.max_steps,
                 "time_limit_s": self.settings.episode_time_limit_s,
+                **({"gateway_socket": "/run/sandgym/gateway.sock"} if bridge else {}),
             },
         )
 
@@ -454,6 +462,9 @@ class EnvService:
         return True
 
     async def _release(self, s: Session) -> None:
+        if s.bridge is not None:
+            await s.bridge.close()
+            s.bridge = None
         if self.pool is None:
             return
         try:

@@ -1,0 +1,156 @@
+"""A harness agent (trainer/harness/react_agent.py) inside a local-backend sandbox, its model
+served by the gateway through the unix-socket bridge; the sandbox's network stays off.
+
+The first test drives it with a scripted engine (a test double for the *model* only: it returns
+a fixed correct tool call; the sandbox, the bridge, the gateway and the verifier are real). The
+second runs the real tiny model and checks the recorded calls become Steps whose token ids are
+exactly what the engine generated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envserver.client import AsyncEnvClient, EnvError
+from envserver.runner import BackgroundServer
+from tests.e2e.conftest import local_available
+from trainer.config import ModelSettings
+from trainer.engines.base import Generation, InferenceEngine, SamplingParams
+from trainer.gateway import CallStore, GatewayServer, ModelGateway
+from trainer.harness import HarnessRunner
+from trainer.models import load_tokenizer
+
+pytestmark = pytest.mark.skipif(not local_available(), reason="bwrap missing")
+
+SOLVE = (
+    '<tool_call>{"name": "bash", "arguments": {"command": '
+    "\"printf 'Hello, world!\\\\n' > /app/hello.txt && cat /app/hello.txt\"}}</tool_call>"
+)
+
+
+class ScriptedEngine(InferenceEngine):
+    """Test double for the model: replies in order (+ end token), logprob -0.5 per token."""
+
+    def __init__(self, tok: Any, replies: list[str]) -> None:
+        super().__init__(batch_wait_s=0.0)
+        self.tok, self.replies = tok, list(replies)
+        self.prompts: list[list[int]] = []
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        out = []
+        for p in prompts:
+            self.prompts.append(list(p))
+            ids = self.tok(self.replies.pop(0), add_special_tokens=False)["input_ids"]
+            ids.append(self.tok.eos_token_id)
+            out.append(Generation(ids, [-0.5] * len(ids), "stop"))
+        return out
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        pass
+
+
+class RecordingEngine(InferenceEngine):
+    """Wraps a real engine and keeps every (prompt, generation) it produced."""
+
+    def __init__(self, inner: InferenceEngine) -> None:
+        super().__init__(batch_wait_s=0.0)
+        self.inner = inner
+        self.seen: list[tuple[list[int], Generation]] = []
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        gens = self.inner.generate(prompts, params)
+        self.seen += [(list(p), g) for p, g in zip(prompts, gens, strict=True)]
+        return gens
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state_dict)
+
+
+@pytest.fixture(scope="module")
+def tok() -> Any:
+    return load_tokenizer(ModelSettings(source="tiny"))
+
+
+async def test_harness_in_sandbox_solves_hello_file_through_the_gateway(
+    make_server: Callable[..., BackgroundServer], tok: Any, tmp_path: Path
+) -> None:
+    srv = make_server("local")
+    check = "```bash\ncurl -s -m 3 http://example.com >/dev/null 2>&1 || " + (
+        "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 80), 2)\"\n```"
+    )
+    engine = ScriptedEngine(tok, [SOLVE, check, '<tool_call>{"name": "submit"}</tool_call>'])
+    gw = ModelGateway([engine], tok, CallStore(tmp_path / "gateway.sqlite"))
+    async with GatewayServer(gw) as gsrv:
+        runner = HarnessRunner(gw, gsrv.root, lambda: AsyncEnvClient(srv.url), max_turns=5)
+        ep = await runner.run_episode("builtin/hello-file", 0)
+    assert ep.error is None, ep.error
+    assert ep.termination == "submitted" and ep.reward == 1.0
+    steps = ep.trajectories[0].steps
+    assert len(steps) == 3
+    # the prompts the engine saw are the recorded ones; each extends the previous turn
+    assert [s.prompt_ids for s in steps] == engine.prompts
+    for prev, cur in zip(steps, steps[1:], strict=False):
+        head = prev.prompt_ids + prev.response_ids
+        assert cur.prompt_ids[: len(head)] == head
+    # the agent saw its command's output, and the sandbox could not reach the network
+    second_obs = tok.decode(steps[1].prompt_ids[len(steps[0].prompt_ids) :])
+    assert "Hello, world!" in second_obs
+    third_obs = tok.decode(steps[2].prompt_ids[len(steps[1].prompt_ids) :])
+    assert "[exit code 0]" not in third_obs.split("[bash result]")[-1]
+    assert gw.store.calls(gw.new_session()) == [] and not gw._sessions  # consumed
+
+
+async def test_bridge_refuses_a_non_loopback_target(
+    make_server: Callable[..., BackgroundServer],
+) -> None:
+    srv = make_server("local")
+    async with AsyncEnvClient(srv.url) as client:
+        with pytest.raises(EnvError) as info:
+            await client.reset("builtin/hello-file", options={"gateway_url": "http://10.0.0.1:80"})
+        assert info.value.code == "invalid_message" and "loopback" in info.value.message
+        # the connection stays usable, and a reset without the option has no socket
+        _obs, reset_info = await client.reset("builtin/hello-file")
+        assert "gateway_socket" not in reset_info
+
+
+async def test_real_tiny_model_calls_convert_to_matching_steps(
+    make_server: Callable[..., BackgroundServer], tok: Any, tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    from trainer.engines import create_engine
+    from trainer.models import load_model
+
+    settings = ModelSettings(source="tiny")
+    inner = create_engine(
+        "hf",
+        model=load_model(settings),
+        eos_token_ids=[tok.eos_token_id],
+        pad_token_id=tok.pad_token_id,
+    )
+    engine = RecordingEngine(inner)
+    srv = make_server("local")
+    gw = ModelGateway([engine], tok, CallStore(tmp_path / "g.sqlite"))
+    async with GatewayServer(gw) as gsrv:
+        runner = HarnessRunner(
+            gw,
+            gsrv.root,
+            lambda: AsyncEnvClient(srv.url),
+            max_turns=3,
+            max_tokens=12,
+            temperature=1.0,
+        )
+        ep = await runner.run_episode("builtin/hello-file", 0)
+    await engine.aclose()
+    assert ep.error is None, ep.error
+    assert ep.termination == "submitted" and ep.reward == 0.0  # random weights solve nothing
+    steps = ep.trajectories[0].steps
+    assert 1 <= len(steps) <= 3 and len(steps) == len(engine.seen)
+    for step, (prompt, gen) in zip(steps, engine.seen, strict=True):
+        assert step.prompt_ids == prompt
+        assert step.response_ids == gen.token_ids
+        assert step.response_logprobs == gen.logprobs
+        assert step.loss_mask == [1] * len(gen.token_ids)
