@@ -432,6 +432,8 @@ async def _abuse_backend(url: str, window_s: float, neighbours: int) -> dict[str
 
     out: dict[str, Any] = {"neighbours": neighbours, "window_s": window_s, "abuses": {}}
     all_quiet: list[float] = []
+    # Warm-up (discarded): the first episodes pay the image check, the pool's first creations.
+    await _window(url, neighbours, 3.0)
     for name, action in ABUSES.items():
         quiet, quiet_err = await _window(url, neighbours, window_s)
         all_quiet += quiet
