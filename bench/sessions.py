@@ -525,7 +525,7 @@ class _Target:
 
 def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """One level's repeats folded into one record: the median of every figure (the worst
-    success rate), the repeats kept beside it under `runs`."""
+    success rate, the largest memory growth), the repeats kept beside it under `runs`."""
     if len(runs) == 1:
         return runs[0]
     out: dict[str, Any] = dict(runs[-1])
@@ -536,6 +536,9 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
         if isinstance(value, int | float) and not isinstance(value, bool):
             if all(isinstance(v, int | float) for v in values):
                 out[key] = statistics.median(values)
+    # Memory: the run that grew the heap (later repeats reuse it, so their delta reads ~0).
+    for key in ("server_rss_peak_mb", "server_kb_per_session"):
+        out[key] = max(r[key] for r in runs)
     out["success_rate"] = min(r["success_rate"] for r in runs)
     out["ok_sessions"] = min(r["ok_sessions"] for r in runs)
     errors: Counter[str] = Counter()
@@ -543,7 +546,16 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
         errors.update(r["errors"])
     out["errors"] = dict(errors)
     out["runs"] = [
-        {k: r[k] for k in ("step_p50_ms", "step_p99_ms", "steps_per_s", "server_cpu_us_per_step")}
+        {
+            k: r[k]
+            for k in (
+                "step_p50_ms",
+                "step_p99_ms",
+                "steps_per_s",
+                "server_cpu_us_per_step",
+                "server_kb_per_session",
+            )  # fmt: skip
+        }
         for r in runs
     ]
     return out
