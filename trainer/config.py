@@ -168,6 +168,15 @@ class LearnerSettings(_Settings):
     micro_batch_size: int = Field(4, ge=1, description="sequences per forward/backward")
     epochs_per_batch: int = Field(1, ge=1, description="optimizer steps over each batch")
     gradient_checkpointing: bool = Field(False, description="trade compute for memory")
+    lora_rank: int = Field(
+        0, ge=0, description="LoRA adapter rank (0 = train the full weights); needs peft"
+    )
+    lora_alpha: float = Field(16.0, gt=0, description="LoRA scaling numerator (scale = alpha/rank)")
+    lora_dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the LoRA input")
+    lora_target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        description="module names that get adapters",
+    )
 
 
 class RunSettings(_Settings):

@@ -86,6 +86,10 @@ class LearnerWorker:
         torch.manual_seed(cfg.run.seed)
         self.tokenizer = load_tokenizer(cfg.model)
         self.model = load_model(cfg.model).to(self.device)
+        if cfg.learner.lora_rank > 0:  # adapters only: base weights frozen (trainer/lora.py)
+            from trainer.lora import apply_lora
+
+            self.model = apply_lora(self.model, cfg.learner)
         if cfg.learner.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
         self.model.train()
@@ -95,7 +99,9 @@ class LearnerWorker:
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=cfg.learner.lr, weight_decay=cfg.learner.weight_decay
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=cfg.learner.lr,
+            weight_decay=cfg.learner.weight_decay,
         )
         if self.world_size > 1:
             # identical start even if initialisation differed somewhere
@@ -158,6 +164,11 @@ class LearnerWorker:
 
     # -- weights, checkpoints ------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
+        """What rollout engines load: the full weights, or the adapters alone under LoRA."""
+        if self.config.learner.lora_rank > 0:
+            from trainer.lora import adapter_state_dict
+
+            return adapter_state_dict(self.model)
         return {k: v.detach().to("cpu").clone() for k, v in self.model.state_dict().items()}
 
     def weights_checksum(self) -> list[float]:
@@ -190,6 +201,14 @@ class LearnerWorker:
         from safetensors.torch import load_file
 
         p = Path(path)
+        if self.config.learner.lora_rank > 0:  # peft's save_pretrained wrote the adapter alone
+            from trainer.lora import load_adapter_state
+
+            load_adapter_state(self.model, load_file(str(p / "adapter_model.safetensors")))
+            state = torch.load(p / "trainer_state.pt", map_location=self.device, weights_only=False)
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.version = int(state["version"])
+            return self.version
         weights = load_file(str(p / "model.safetensors"))
         missing, unexpected = self.model.load_state_dict(weights, strict=False)
         # tied embeddings are saved once; anything else missing is a real mismatch

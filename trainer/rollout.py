@@ -262,6 +262,7 @@ class RolloutWorker:
                 device=cfg.engine.device,
                 max_batch_size=cfg.engine.max_batch_size,
                 batch_wait_s=cfg.engine.batch_wait_s,
+                lora=cfg.learner,
             )
         elif cfg.engine.kind == "vllm":
             from trainer.models import smollm2_dir

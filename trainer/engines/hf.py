@@ -18,15 +18,26 @@ class HFEngine(InferenceEngine):
         device: str = "cpu",
         max_batch_size: int = 16,
         batch_wait_s: float = 0.02,
+        lora: Any = None,
     ) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_wait_s=batch_wait_s)
+        if lora is not None and getattr(lora, "lora_rank", 0) > 0:
+            # the learner trains adapters: wrap identically so its adapter pushes load here
+            from trainer.lora import apply_lora
+
+            model = apply_lora(model, lora)
         self.model = model.to(device).eval()
         self.device = device
         self.eos_token_ids = list(eos_token_ids)
         self.pad_token_id = pad_token_id
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.model.load_state_dict(state_dict)
+        from trainer.lora import is_adapter_state, load_adapter_state
+
+        if is_adapter_state(state_dict):
+            load_adapter_state(self.model, state_dict)
+        else:
+            self.model.load_state_dict(state_dict)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         import torch
