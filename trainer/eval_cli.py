@@ -47,7 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tasks", nargs="+", required=True, metavar="TASK_ID", help="task ids to evaluate"
     )
-    parser.add_argument("--agent", choices=["noop", "oracle", "llm"], default="llm")
+    parser.add_argument(
+        "--agent",
+        choices=["noop", "oracle", "llm", "harness"],
+        default="llm",
+        help="harness: the ReAct CLI agent inside the sandbox, its model behind the gateway "
+        "(local backend, server on this host)",
+    )
     parser.add_argument("--attempts", type=int, default=1, help="episodes per task (k max)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the first attempt")
     parser.add_argument("--concurrency", type=int, default=4, help="episodes at the same time")
@@ -116,7 +122,25 @@ async def _evaluate(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]
     else:
         tok, engine = await asyncio.to_thread(_load_hf, args.model)
         agent = TerminalAgent(tok, cfg.agent, cfg.sampling.max_new_tokens)
-    runner = EpisodeRunner(cfg, engine, agent)
+    runner: Any = EpisodeRunner(cfg, engine, agent)
+    gateway_server = None
+    if args.agent == "harness":
+        from envserver.client import AsyncEnvClient
+        from trainer.gateway import CallStore, GatewayServer, ModelGateway
+        from trainer.harness import HarnessRunner
+
+        tok, engine = await asyncio.to_thread(_load_hf, args.model)
+        store_path = Path(args.out or "runs/eval/episodes.jsonl").with_suffix(".gateway.sqlite")
+        gateway = ModelGateway([engine], tok, CallStore(store_path))
+        gateway_server = await GatewayServer(gateway).__aenter__()
+        runner = HarnessRunner(
+            gateway,
+            gateway_server.root,
+            lambda: AsyncEnvClient(args.server_url, token=args.token),
+            max_turns=args.max_turns,
+            max_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+        )
     sem = asyncio.Semaphore(args.concurrency)
     bar = tqdm(total=len(args.tasks) * args.attempts, desc="episodes", file=sys.stderr)
 
@@ -173,6 +197,8 @@ async def _evaluate(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]
         return episodes, selections
     finally:
         bar.close()
+        if gateway_server is not None:
+            await gateway_server.__aexit__(None, None, None)
         if engine is not None:
             await engine.aclose()
         if judge_engine is not None and judge_engine is not engine:
@@ -183,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
     if args.attempts < 1:
         print("sandgym eval: --attempts must be at least 1", file=sys.stderr)
         return 2
-    if args.select == "pairwise" and args.agent != "llm" and not args.judge_model:
+    if args.select == "pairwise" and args.agent not in ("llm", "harness") and not args.judge_model:
         print(
             "sandgym eval: --select pairwise with a non-llm agent needs --judge-model",
             file=sys.stderr,

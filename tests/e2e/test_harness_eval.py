@@ -87,3 +87,30 @@ def test_eval_refuses_pairwise_without_a_judge(tmp_path: Path) -> None:
         [*cmd, "--select", "pairwise"], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 2 and "--judge-model" in proc.stderr
+
+
+def test_eval_harness_agent_through_the_gateway(
+    make_server: Callable[..., BackgroundServer], tmp_path: Path
+) -> None:
+    pytest.importorskip("torch")
+    srv = make_server("local")
+    res = _eval(
+        srv,
+        tmp_path / "h.jsonl",
+        "--agent",
+        "harness",
+        "--model",
+        "tiny",
+        "--attempts",
+        "1",
+        "--max-turns",
+        "1",
+        "--max-new-tokens",
+        "6",
+    )
+    assert res["infra_failures"] == 0
+    for row in res["tasks"]:
+        assert row["terminations"] == ["submitted"] and row["pass@1"] == 0.0
+    eps = [json.loads(x) for x in (tmp_path / "h.jsonl").read_text().splitlines()]
+    # one recorded model call per episode became its one step
+    assert [len(e["trajectories"][0]["steps"]) for e in eps] == [1, 1]
