@@ -250,7 +250,9 @@ class ModelGateway:
         self.model_name = model_name
         self.default_params = default_params or SamplingParams()
         self.max_new_tokens_cap = max_new_tokens_cap
-        self._sessions: dict[str, _SessionState] = {}
+        # per-session chat state, bounded like the store: a session evicted here (never
+        # consumed) starts a new sequence at its next call, which is still exact, only unmerged
+        self._sessions: OrderedDict[str, _SessionState] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
 
     # -- sessions --------------------------------------------------------------------------------
@@ -269,6 +271,10 @@ class ModelGateway:
                 load[s.replica] += 1
             st = _SessionState(replica=min(range(len(load)), key=lambda i: load[i]))
             self._sessions[sid] = st
+            while len(self._sessions) > self.store.max_sessions:
+                old, _ = self._sessions.popitem(last=False)
+                self._locks.pop(old, None)
+        self._sessions.move_to_end(sid)
         return st
 
     def consume(self, sid: str) -> list[CallRecord]:
