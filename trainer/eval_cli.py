@@ -119,9 +119,11 @@ async def _evaluate(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]
         agent = NoopAgent()
     elif args.agent == "oracle":
         agent = OracleAgent(solutions_from_dir(args.solutions_dir))
-    else:
+    elif args.agent == "llm":
         tok, engine = await asyncio.to_thread(_load_hf, args.model)
         agent = TerminalAgent(tok, cfg.agent, cfg.sampling.max_new_tokens)
+    else:
+        agent = NoopAgent()  # replaced by the harness runner below
     runner: Any = EpisodeRunner(cfg, engine, agent)
     gateway_server = None
     if args.agent == "harness":
@@ -169,19 +171,19 @@ async def _evaluate(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]
                 judge_tok, judge_engine = await asyncio.to_thread(_load_hf, judge_source)
             judge = PairwiseJudge(judge_engine, judge_tok, swap=not args.no_swap)
             sbar = tqdm(total=len(args.tasks), desc="pairwise selection", file=sys.stderr)
-            for task_id in args.tasks:
+
+            async def select(task_id: str) -> None:
                 cands = [e for e in episodes if e.task_id == task_id and not e.is_infra_failure]
                 if not cands:
                     selections[task_id] = None
-                    continue
+                    return
                 instruction = cands[0].instruction or task_id
-                calls0 = judge.calls
                 idx, comps = await judge.select(instruction, cands)
                 selections[task_id] = {
                     "selected_seed": cands[idx].seed,
                     "selected_reward": cands[idx].reward,
                     "comparisons": len(comps),
-                    "judge_calls": judge.calls - calls0,
+                    "judge_calls": sum(len(c.replies) for c in comps),
                     "bracket": [
                         {
                             "a": cands[c.a].seed,
@@ -193,6 +195,9 @@ async def _evaluate(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]
                     ],
                 }
                 sbar.update(1)
+
+            # tasks judged concurrently: the engine batches their comparisons together
+            await asyncio.gather(*(select(t) for t in args.tasks))
             sbar.close()
         return episodes, selections
     finally:

@@ -4,7 +4,8 @@ Best-of-K needs a way to choose one answer without the verifier. Here the policy
 is the judge: it is shown the task and two candidates' transcripts (the commands each ran and
 the output they got, i.e. the final state as the agent saw it) and asked which one solved the
 task. A single-elimination tournament (`knockout`) ranks K candidates with exactly K-1
-comparisons: each round pairs the survivors, an odd one out gets a bye.
+comparisons: each round pairs the survivors (a round's comparisons run concurrently, so the
+engine batches them), an odd one out gets a bye.
 
 Position bias is real for small models (they prefer "A" or "B" regardless); `PairwiseJudge`
 with `swap=True` asks twice with the order swapped and only lets the challenger win when both
@@ -15,6 +16,7 @@ judge that says nothing useful degrades to "pick candidate 0", i.e. pass@1.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -86,10 +88,12 @@ async def knockout(n: int, compare: CompareFn) -> tuple[int, list[Comparison]]:
     alive = list(range(n))
     played: list[Comparison] = []
     while len(alive) > 1:
+        pairs = [(alive[i], alive[i + 1]) for i in range(0, len(alive) - 1, 2)]
+        # a round's comparisons are independent: run them together (engines batch them)
+        results = await asyncio.gather(*(compare(a, b) for a, b in pairs))
         nxt: list[int] = []
-        for i in range(0, len(alive) - 1, 2):
-            c = await compare(alive[i], alive[i + 1])
-            if c.winner not in (alive[i], alive[i + 1]):
+        for (a, b), c in zip(pairs, results, strict=True):
+            if c.winner not in (a, b):
                 raise ValueError(f"comparison of {c.a} and {c.b} returned winner {c.winner}")
             played.append(c)
             nxt.append(c.winner)
@@ -139,10 +143,12 @@ class PairwiseJudge:
     async def compare(self, instruction: str, a: Episode, b: Episode) -> tuple[bool, list[str]]:
         """Whether b (the challenger) beats a (the incumbent), and the judge's replies."""
         ta, tb = transcript(a, self.max_chars), transcript(b, self.max_chars)
-        v1, r1 = await self._ask(instruction, ta, tb)
         if not self.swap:
+            v1, r1 = await self._ask(instruction, ta, tb)
             return v1 == 1, [r1]
-        v2, r2 = await self._ask(instruction, tb, ta)
+        (v1, r1), (v2, r2) = await asyncio.gather(
+            self._ask(instruction, ta, tb), self._ask(instruction, tb, ta)
+        )
         return (v1 == 1 and v2 == 0), [r1, r2]
 
     async def select(
