@@ -1,0 +1,4 @@
+#!/bin/bash
+# Oracle solution.
+set -euo pipefail
+cp /app/input.txt /app/backup.txt
