@@ -6,6 +6,13 @@ Starts `sandgym serve --backend local` on a free port (unless `--server-url` is 
 `trainer/configs/demo.yaml` through the real trainer (Ray rollout actor + learner), evaluates
 the greedy policy on the held-out seeds before the first and after the last update, and writes
 a JSON record (rewards, throughput, the exact command) plus the reward-curve PNG beside it.
+
+Greedy decoding of a task whose instruction is the same for every seed gives nearly the same
+reply on every seed, so the greedy figure is close to all-or-nothing. The headline figure is
+therefore a *sampled* held-out evaluation (`--eval-seeds` seeds disjoint from the training
+seeds, `--eval-samples` episodes each, at the training temperature, fixed torch seed), of the
+base model before training and of the final checkpoint after it, with its standard error and a
+95% interval (`heldout_sampled`; kept in RUN_DIR/sampled_eval.json).
 """
 
 from __future__ import annotations
@@ -74,6 +81,7 @@ def summarize(run_dir: Path, config: dict[str, Any] | None = None) -> dict[str, 
         "command": "python -m bench.train_demo " + " ".join(sys.argv[1:]),
         "config": config,
         "updates": train[-1]["step"] if train else 0,
+        "heldout_sampled": _read_sampled(run_dir),
         "heldout_reward_before": before[0]["eval/reward_mean"] if before else None,
         "heldout_reward_after": after[-1]["eval/reward_mean"] if after else None,
         "heldout_episodes_each": before[0]["eval/episodes"] if before else None,
@@ -89,6 +97,41 @@ def summarize(run_dir: Path, config: dict[str, Any] | None = None) -> dict[str, 
     }
 
 
+def sampled_eval(cfg: Any, model_dir: str | None, args: argparse.Namespace) -> dict[str, Any]:
+    """Held-out sampled evaluation of the base model (`model_dir` None) or a checkpoint."""
+    import asyncio
+
+    from bench.train_probe import play_episodes, reward_stats
+
+    if model_dir is not None:
+        cfg = cfg.model_copy(
+            update={"model": cfg.model.model_copy(update={"source": "hf", "path": model_dir})}
+        )
+    tasks = cfg.env.eval_task_ids or cfg.env.task_ids
+    jobs = [
+        (t, args.eval_seed_start + i)
+        for t in tasks
+        for i in range(args.eval_seeds)
+        for _ in range(args.eval_samples)
+    ]
+    t0 = time.monotonic()
+    eps = asyncio.run(play_episodes(cfg, jobs, sample_seed=args.eval_sample_seed))
+    return {
+        **reward_stats(eps),
+        "model": model_dir or cfg.model.source,
+        "temperature": cfg.sampling.temperature,
+        "seeds": [args.eval_seed_start, args.eval_seed_start + args.eval_seeds - 1],
+        "samples_per_seed": args.eval_samples,
+        "wall_s": time.monotonic() - t0,
+        "generated_tokens": sum(int(e.metrics.get("generated_tokens", 0)) for e in eps),
+    }
+
+
+def _read_sampled(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / "sampled_eval.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=str(REPO / "trainer/configs/demo.yaml"))
     parser.add_argument("--override", "-o", action="append", default=[], metavar="KEY=VALUE")
@@ -96,6 +139,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-dir", default="runs/train_demo", help="run directory (fresh)")
     parser.add_argument("--out", help="write the JSON record here (and the PNG beside it)")
     parser.add_argument("--json", action="store_true", help="print the record as JSON")
+    parser.add_argument("--eval-seeds", type=int, default=32, help="held-out seeds (sampled eval)")
+    parser.add_argument("--eval-seed-start", type=int, default=100_000, help="first held-out seed")
+    parser.add_argument("--eval-samples", type=int, default=2, help="sampled episodes per seed")
+    parser.add_argument("--eval-sample-seed", type=int, default=1234, help="torch sampling seed")
+    parser.add_argument("--no-sampled-eval", action="store_true", help="skip the sampled eval")
     parser.add_argument(
         "--summarize-only", action="store_true", help="only summarise an existing --run-dir"
     )
@@ -134,11 +182,23 @@ def run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, overrides)
         if run_dir.exists():
             shutil.rmtree(run_dir)  # a demo measures from scratch, never from a resume
+        if cfg.env.seed_start + 10_000 > args.eval_seed_start:
+            raise SystemExit("--eval-seed-start must lie well above the training seeds")
+        sampled: dict[str, Any] = {}
+        if not args.no_sampled_eval:
+            sampled["before"] = sampled_eval(cfg, None, args)
+            print(json.dumps({"sampled_eval_before": sampled["before"]}), file=sys.stderr)
+        run_dir.mkdir(parents=True)
         trainer = Trainer(cfg, run_dir)
         try:
             trainer.run()
         finally:
             trainer.shutdown()
+        if not args.no_sampled_eval:
+            latest = json.loads((run_dir / "checkpoints" / "latest.json").read_text())
+            sampled["after"] = sampled_eval(cfg, latest["path"], args)
+            sampled["delta"] = sampled["after"]["mean_reward"] - sampled["before"]["mean_reward"]
+            (run_dir / "sampled_eval.json").write_text(json.dumps(sampled, indent=2))
     finally:
         if server is not None:
             server.terminate()
