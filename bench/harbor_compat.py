@@ -40,6 +40,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from bench.report import save_json
 from tasks.errors import TaskError
 from tasks.loaders import is_task_dir, load_task_dir
 from tasks.models import TaskSpec
@@ -581,10 +582,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a malformed --image-map
         print(f"sandgym bench harbor_compat: {exc}", file=sys.stderr)
         return 2
-    text = json.dumps(doc, indent=1)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n", encoding="utf-8")
+    text = save_json(doc, args.out, indent=1)
     if args.json:
         print(text)
     else:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import math
 import os
@@ -30,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.report import save_json
 from sandboxes import SandboxBackend, SandboxSpec, get_backend
 from sandboxes.pool import PoolSettings, SandboxPool
 
@@ -96,10 +96,7 @@ def run(args: argparse.Namespace) -> int:
         )
         return 2
     doc = asyncio.run(_run_all(args, names))
-    text = json.dumps(doc, indent=2, sort_keys=False)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    text = save_json(doc, args.out)
     if args.json:
         print(text)
     else:

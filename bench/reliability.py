@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.report import save_json
 from envserver.protocol import ERROR_CODES
 
 REPLY_TYPES = frozenset({"observation", "step_result", "closed", "error"})
@@ -746,10 +747,7 @@ def run(args: argparse.Namespace) -> int:
                 skipped["faults"] = f"{type(exc).__name__}: {exc}"
     doc["skipped"] = skipped
     doc["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    text = json.dumps(doc, indent=2)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    text = save_json(doc, args.out)
     if args.json:
         print(text)
     else:

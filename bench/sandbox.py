@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import math
 import os
@@ -32,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.report import save_json
 from sandboxes import SandboxBackend, SandboxSpec, get_backend
 
 log = logging.getLogger("bench.sandbox")
@@ -208,10 +208,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     doc = asyncio.run(main(args))
-    text = json.dumps(doc, indent=2)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    text = save_json(doc, args.out)
     if args.json:
         print(text)
     else:

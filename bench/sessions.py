@@ -57,6 +57,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from bench.report import save_json
 from bench.step import TASK_ID, percentile, write_bench_task
 
 #: OpenEnv measured on this machine before this bench drove it itself (2048 sessions, same
@@ -763,10 +764,7 @@ def run(args: argparse.Namespace) -> int:
     if "results" in doc.get("sandgym", {}) and "results" in doc.get("openenv", {}):
         doc["vs_openenv"] = _verdict(doc["sandgym"]["results"], doc["openenv"]["results"])
     doc["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-    text = json.dumps(doc, indent=2)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    text = save_json(doc, args.out)
     if args.json:
         print(text)
     else:

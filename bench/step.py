@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import os
 import platform
@@ -28,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.report import save_json
 
 TASK_ID = "bench-echo"
 
@@ -162,10 +163,7 @@ def run(args: argparse.Namespace) -> int:
         "results": results,
         "skipped": skipped,
     }
-    text = json.dumps(doc, indent=2)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    text = save_json(doc, args.out)
     if args.json:
         print(text)
     else:
