@@ -1,0 +1,107 @@
+"""Harness eval result: SmolLM2-135M-Instruct on a few catalog tasks, pass@1, pass@K and the
+pairwise-selected accuracy over K candidates, side by side.
+
+    python -m bench.harness_eval --out bench/results/harness_eval.json
+
+Starts `sandgym serve --backend local` on a free port, runs the real `sandgym eval` CLI (K
+sampled attempts per task, then a pairwise self-verification knockout judged by the same model)
+and writes its JSON report with the command, the commit and the wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_TASKS = ["builtin/hello-file", "builtin/count-files"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="bench/results/harness_eval.json")
+    ap.add_argument("--tasks", nargs="+", default=DEFAULT_TASKS)
+    ap.add_argument("--attempts", type=int, default=8)
+    ap.add_argument("--max-turns", type=int, default=2)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--temperature", type=float, default=0.8)
+    ap.add_argument("--model", default="smollm2")
+    args = ap.parse_args()
+
+    import httpx
+
+    port = _free_port()
+    # a loaded CPU can take minutes per generation batch: do not let the server end idle episodes
+    env = dict(os.environ, SANDGYM_IDLE_TIMEOUT_S="7200", SANDGYM_EPISODE_TIME_LIMIT_S="7200")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "envserver.cli", "serve", "--backend", "local", "--port", str(port)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(200):
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        episodes = Path(args.out).with_suffix(".episodes.jsonl")
+        episodes.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "envserver.cli", "eval"]
+        cmd += ["--server-url", f"ws://127.0.0.1:{port}/v1/env", "--tasks", *args.tasks]
+        cmd += ["--agent", "llm", "--model", args.model, "--attempts", str(args.attempts)]
+        cmd += ["--max-turns", str(args.max_turns), "--max-new-tokens", str(args.max_new_tokens)]
+        # every episode at once: each turn is one batched generate call
+        concurrency = str(args.attempts * len(args.tasks))
+        cmd += ["--temperature", str(args.temperature), "--concurrency", concurrency]
+        cmd += ["--select", "pairwise", "--json", "--out", str(episodes)]
+        t0 = time.monotonic()
+        proc = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, text=True)  # progress: stderr
+        wall_s = time.monotonic() - t0
+        if proc.returncode != 0:
+            return proc.returncode
+        report = json.loads(proc.stdout)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    commit = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True
+    ).stdout.strip()
+    k = args.attempts
+    result = {
+        "model": "SmolLM2-135M-Instruct" if args.model == "smollm2" else args.model,
+        "backend": "local",
+        "tasks": args.tasks,
+        "attempts": k,
+        "summary": {
+            "pass@1": report.get("pass@1"),
+            f"pass@{k}": report.get(f"pass@{k}"),
+            f"pairwise_selected@{k}": report.get("selected"),
+        },
+        "report": report,
+        "command": " ".join(cmd[1:]),
+        "commit": commit,
+        "wall_s": round(wall_s, 1),
+        "machine": "2-core x86_64 CPU, no GPU",
+    }
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result["summary"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
