@@ -94,7 +94,23 @@ def summarize(run_dir: Path, config: dict[str, Any] | None = None) -> dict[str, 
         "generated_tokens_per_s": gen_tokens / wall_s if wall_s else None,
         "learner_tokens_per_s_mean": sum(learner_tps) / len(learner_tps) if learner_tps else None,
         "machine": {"cpus": os.cpu_count(), "platform": sys.platform},
+        # the commit the run started from (written by `run`), not the one summarising it
+        "code_commit": _read_text(run_dir / "code_commit.txt"),
     }
+
+
+def _read_text(path: Path) -> str | None:
+    return path.read_text().strip() if path.exists() else None
+
+
+def _git_head() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty"], cwd=REPO, capture_output=True, text=True
+        )
+    except OSError:
+        return None
+    return out.stdout.strip() or None
 
 
 def sampled_eval(cfg: Any, model_dir: str | None, args: argparse.Namespace) -> dict[str, Any]:
@@ -189,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
             sampled["before"] = sampled_eval(cfg, None, args)
             print(json.dumps({"sampled_eval_before": sampled["before"]}), file=sys.stderr)
         run_dir.mkdir(parents=True)
+        (run_dir / "code_commit.txt").write_text(f"{_git_head()}\n")
         trainer = Trainer(cfg, run_dir)
         try:
             trainer.run()
