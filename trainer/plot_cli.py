@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,6 +31,23 @@ def plot_run(run_dir: Path, out: Path) -> dict[str, int]:
         ax.plot(*zip(*train, strict=True), marker=".", label="training batch mean reward")
     if evals:
         ax.plot(*zip(*evals, strict=True), marker="o", linestyle="--", label="held-out (greedy)")
+    # bench.train_demo's sampled held-out evaluation (before and after), with +-1 standard error
+    sampled_path = Path(run_dir) / "sampled_eval.json"
+    sampled = json.loads(sampled_path.read_text()) if sampled_path.exists() else {}
+    last = train[-1][0] if train else 0
+    ends: list[tuple[int, dict[str, Any]]] = [
+        (x, e) for x, e in ((0, sampled.get("before")), (last, sampled.get("after"))) if e
+    ]
+    if ends:
+        ax.errorbar(
+            [x for x, _ in ends],
+            [e["mean_reward"] for _, e in ends],
+            yerr=[e.get("stderr") or 0.0 for _, e in ends],
+            marker="s",
+            linestyle=":",
+            capsize=4,
+            label=f"held-out (sampled, T={ends[0][1].get('temperature')}, +-1 se)",
+        )
     ax.set_xlabel("policy update")
     ax.set_ylabel("reward")
     ax.set_title(f"sandgym: {Path(run_dir).name}")
@@ -38,7 +56,7 @@ def plot_run(run_dir: Path, out: Path) -> dict[str, int]:
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
-    return {"train_points": len(train), "eval_points": len(evals)}
+    return {"train_points": len(train), "eval_points": len(evals), "sampled_points": len(ends)}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -84,3 +84,21 @@ def test_demo_summary_reads_the_run_dir(tmp_path: Path) -> None:
     assert rec["heldout_sampled"] == sampled and rec["code_commit"] == "abc1234"
     assert rec["groups_with_signal"] == 1 and rec["learner_tokens_per_s_mean"] == 40.0
     assert rec["episodes"] == 2 and math.isclose(rec["generated_tokens_per_s"], 60 / 20)
+
+
+def test_plot_shows_the_sampled_eval(tmp_path: Path) -> None:
+    from trainer.plot_cli import plot_run
+
+    rows = [
+        {"step": 1, "time": 1.0, "reward/mean": 0.5},
+        {"step": 2, "time": 2.0, "reward/mean": 1},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert plot_run(tmp_path, tmp_path / "a.png")["sampled_points"] == 0
+    sampled = {
+        "before": {"mean_reward": 0.1, "stderr": 0.04, "temperature": 0.5},
+        "after": {"mean_reward": 0.9, "stderr": 0.02, "temperature": 0.5},
+    }
+    (tmp_path / "sampled_eval.json").write_text(json.dumps(sampled))
+    assert plot_run(tmp_path, tmp_path / "b.png")["sampled_points"] == 2
+    assert (tmp_path / "b.png").stat().st_size > 0
