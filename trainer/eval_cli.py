@@ -55,7 +55,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(local backend, server on this host)",
     )
     parser.add_argument("--attempts", type=int, default=1, help="episodes per task (k max)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the first attempt")
+    parser.add_argument("--seed", type=int, default=0, help="task seed (of the first attempt)")
+    parser.add_argument(
+        "--seed-mode",
+        choices=["same", "distinct"],
+        default="same",
+        help="same: the K attempts of a task share --seed (one instance of a procedural task, "
+        "attempts differ by sampling: what pass@k assumes); distinct: attempt i uses seed+i",
+    )
     parser.add_argument("--concurrency", type=int, default=4, help="episodes at the same time")
     parser.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"])
     parser.add_argument("--max-turns", type=int, default=6)
@@ -146,18 +153,18 @@ async def _evaluate(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]
     sem = asyncio.Semaphore(args.concurrency)
     bar = tqdm(total=len(args.tasks) * args.attempts, desc="episodes", file=sys.stderr)
 
-    async def one(task_id: str, seed: int) -> Any:
+    async def one(task_id: str, attempt: int) -> Any:
+        seed = args.seed + (attempt if args.seed_mode == "distinct" else 0)
         async with sem:
-            ep = await runner.run_episode(task_id, seed, f"{task_id}/{seed}")
+            ep = await runner.run_episode(task_id, seed, f"{task_id}/{seed}/{attempt}")
+        ep.metrics["attempt"] = float(attempt)
         bar.update(1)
         return ep
 
     judge_engine = None
     try:
         episodes = list(
-            await asyncio.gather(
-                *(one(t, args.seed + i) for t in args.tasks for i in range(args.attempts))
-            )
+            await asyncio.gather(*(one(t, i) for t in args.tasks for i in range(args.attempts)))
         )
         bar.close()
         selections: dict[str, Any] = {}
@@ -180,15 +187,15 @@ async def _evaluate(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]
                 instruction = cands[0].instruction or task_id
                 idx, comps = await judge.select(instruction, cands)
                 selections[task_id] = {
-                    "selected_seed": cands[idx].seed,
+                    "selected_attempt": int(cands[idx].metrics["attempt"]),
                     "selected_reward": cands[idx].reward,
                     "comparisons": len(comps),
                     "judge_calls": sum(len(c.replies) for c in comps),
                     "bracket": [
                         {
-                            "a": cands[c.a].seed,
-                            "b": cands[c.b].seed,
-                            "winner": cands[c.winner].seed,
+                            "a": int(cands[c.a].metrics["attempt"]),
+                            "b": int(cands[c.b].metrics["attempt"]),
+                            "winner": int(cands[c.winner].metrics["attempt"]),
                             "replies": c.replies,
                         }
                         for c in comps

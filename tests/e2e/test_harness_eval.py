@@ -74,7 +74,7 @@ def test_eval_llm_with_pairwise_selection_runs_end_to_end(
     for row in res["tasks"]:
         sel = row["selection"]
         assert sel["comparisons"] == 2 and sel["judge_calls"] == 4  # K-1, two orders each
-        assert sel["selected_seed"] in (0, 1, 2)
+        assert sel["selected_attempt"] in (0, 1, 2)
         assert row["selected"] == float(sel["selected_reward"] >= 1.0)
         # the selected candidate is one of the attempts, so it cannot beat pass@K
         assert row["selected"] <= row["pass@3"]
