@@ -8,9 +8,10 @@ byte for byte, to that loopback address; the agent speaks plain HTTP over the so
 listener closes with the episode.
 
 Only loopback targets are accepted (the server must not become a proxy to arbitrary hosts), and
-only backends whose sandbox root is a host directory (`local`) can hold the socket. On Docker the
-equivalent is a per-sandbox network that reaches only the gateway, or a bind-mounted socket
-directory at container creation; neither is wired here, and such a reset is refused by name.
+only sandboxes that expose a host directory seen as `/run/sandgym` inside them
+(`Sandbox.bridge_dir`) can hold the socket: `local` (a directory of the sandbox's root tree) and
+`docker` (a per-container host directory bind-mounted read-only at `/run/sandgym`; the network
+stays `none`). Elsewhere (e2b) such a reset is refused by name.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import posixpath
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -63,17 +65,17 @@ class GatewayBridge:
     @classmethod
     async def open(cls, sandbox: Any, url: Any) -> GatewayBridge:
         target = parse_target(url)
-        root = getattr(sandbox, "fs", None)
+        root = getattr(sandbox, "bridge_dir", None)
         if not isinstance(root, Path):
             raise GatewayBridgeError(
                 f"backend of sandbox {getattr(sandbox, 'id', '?')} keeps no host directory for a "
-                "gateway socket (supported: local); give the harness a network route instead"
+                "gateway socket (supported: local, docker); give the harness a network route instead"
             )
-        path = root / SANDBOX_SOCKET.lstrip("/")
+        path = root / posixpath.basename(SANDBOX_SOCKET)
         if len(str(path)) > _MAX_UNIX_PATH:
             raise GatewayBridgeError(
                 f"gateway socket path {path} is {len(str(path))} bytes; unix sockets allow "
-                f"{_MAX_UNIX_PATH} (set a shorter local backend root)"
+                f"{_MAX_UNIX_PATH} (set a shorter backend root)"
             )
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):

@@ -78,6 +78,12 @@ class Sandbox(abc.ABC):
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def bridge_dir(self) -> Path | None:
+        """The host directory that appears as `/run/sandgym` inside this sandbox, where the env
+        server may put unix sockets (the gateway bridge); None when the backend has none."""
+        return None
+
     def _check_open(self) -> None:
         if self._closed:
             raise SandboxClosedError(f"sandbox {self.id} is closed; create a new one")

@@ -23,6 +23,16 @@ move as tar archives (`put_archive`/`get_archive`); symlinks resolve inside the 
 root, never on the host. Every SDK call goes through `asyncio.to_thread`. A container that
 vanished or stopped raises `SandboxLostError` from exec, shell and file calls.
 
+Gateway bridge: every container gets a host directory of its own, `<bridge_root>/<sandbox id>`
+(`bridge_root` is a backend option, default `$SANDGYM_DOCKER_BRIDGE_ROOT` or
+`/tmp/sandgym-bridge`), bind-mounted read-only at `/run/sandgym`. The env server puts unix
+sockets there (`Sandbox.bridge_dir`, used by `envserver.gateway_bridge`); a process in the
+container can connect to them (a socket on a read-only mount still accepts connections) while
+the container's network stays `none`, and cannot replace them. The directory is removed with its
+container (close, failed create, reap). When the server itself runs in a container (compose),
+Docker resolves the bind source on the *host*, so the same directory must be mounted into the
+server's container at the same path (`- /tmp/sandgym-bridge:/tmp/sandgym-bridge`).
+
 Reaping: `reap(only_expired=True)` removes containers of any owner whose lease expired or whose
 owning process on this host is dead; `reap(only_expired=False)` also removes every container this
 backend's owner created (what a server does when it shuts down or restarts under the same id).
@@ -36,6 +46,7 @@ import collections
 import contextlib
 import io
 import logging
+import os
 import posixpath
 import shutil
 import socket
@@ -71,6 +82,14 @@ log = logging.getLogger(__name__)
 DEFAULT_IMAGE = "sandgym/terminal:latest"
 CTX_REPO = "sandgym/ctx"
 EXEC_MARKER_ENV = "SANDGYM_EXEC_ID"
+#: where the per-container bridge directory appears inside the container
+BRIDGE_MOUNT = "/run/sandgym"
+DEFAULT_BRIDGE_ROOT = "/tmp/sandgym-bridge"
+#: label naming a container's host bridge directory (so any reaper can remove it)
+LABEL_BRIDGE_DIR = "sandgym.bridge_dir"
+#: the longest socket name the server puts in a bridge directory ("/gateway.sock" is 13 bytes)
+_BRIDGE_SOCKET_NAME_MAX = 16
+_MAX_UNIX_PATH = 107  # sun_path is 108 bytes with its terminating NUL
 
 #: What root inside the sandbox keeps: enough to own, chmod and chown its files, switch to an
 #: unprivileged user (apt's _apt, `su`-less `exec user=`), signal its processes, bind low ports.
@@ -88,6 +107,47 @@ CAP_ADD = [
     "NET_BIND_SERVICE",
     "SYS_CHROOT",
 ]
+
+
+def _make_bridge_dir(path: Path) -> None:
+    """(Thread) a fresh, empty bridge directory that any user in the container can traverse."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.mkdir(mode=0o755)
+    os.chmod(path, 0o755)  # mkdir's mode is masked by the umask
+
+
+def _remove_bridge_dir(path: Path) -> None:
+    """(Thread) remove a bridge directory (it holds only sockets the server made)."""
+    if path.is_symlink():
+        path.unlink()
+        return
+    shutil.rmtree(path, ignore_errors=True)
+    if path.exists():
+        log.warning("docker: could not remove bridge directory %s", path)
+
+
+#: a bridge directory without its container is left alone this long (it may be being created)
+BRIDGE_SWEEP_GRACE_S = 120.0
+
+
+def _sweep_bridge_root(root: Path, live: set[str]) -> None:
+    """(Thread) remove bridge directories under `root` whose container no longer exists, and
+    which are older than `BRIDGE_SWEEP_GRACE_S` (a create in flight makes its directory first)."""
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return
+    now = time.time()
+    for d in entries:
+        if not d.name.startswith("sg-") or d.name in live:
+            continue
+        try:
+            age = now - d.lstat().st_mtime
+        except OSError:
+            continue
+        if age > BRIDGE_SWEEP_GRACE_S:
+            _remove_bridge_dir(d)
+
 
 # Go's os.FileMode bits, as Docker reports them in the archive stat header.
 _GO_MODE_DIR = 1 << 31
@@ -252,6 +312,7 @@ class DockerSandbox(Sandbox):
         super().__init__(spec, sandbox_id)
         self._backend = backend
         self.container_id = container_id
+        self._bridge_dir: Path | None = None  # set by DockerBackend.create
         self.max_output_bytes = backend.max_output_bytes  # per stream, exec and shell
         self._shell: Any = None  # sandboxes.shell.PexpectShell, started on first use
         self._shell_lock = asyncio.Lock()
@@ -261,6 +322,11 @@ class DockerSandbox(Sandbox):
     @property
     def _api(self) -> Any:
         return self._backend._client().api
+
+    @property
+    def bridge_dir(self) -> Path | None:
+        """This container's host directory, bind-mounted read-only at `/run/sandgym`."""
+        return self._bridge_dir
 
     # -- lifecycle ---------------------------------------------------------------------------
     def _watch_host_pid(self, pid: int | None) -> None:
@@ -318,6 +384,8 @@ class DockerSandbox(Sandbox):
                 await shell.close()
         # Shielded: a cancelled episode must still not leak its container.
         await asyncio.shield(self._backend._remove_container(self.container_id))
+        if self._bridge_dir is not None:
+            await asyncio.to_thread(_remove_bridge_dir, self._bridge_dir)
 
     # -- exec --------------------------------------------------------------------------------
     async def exec(
@@ -812,9 +880,22 @@ class DockerBackend(SandboxBackend):
         docker_cli: str = "docker",
         client_timeout_s: float = 600.0,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        bridge_root: str | Path | None = None,
     ) -> None:
         super().__init__(owner_id, lease_s)
         self.max_output_bytes = max_output_bytes
+        root = Path(
+            bridge_root or os.environ.get("SANDGYM_DOCKER_BRIDGE_ROOT") or DEFAULT_BRIDGE_ROOT
+        )
+        if not root.is_absolute():
+            raise ValueError(f"bridge_root must be an absolute path, got {str(root)!r}")
+        longest = len(str(root / "sg-000000000000")) + 1 + _BRIDGE_SOCKET_NAME_MAX
+        if longest > _MAX_UNIX_PATH:
+            raise ValueError(
+                f"bridge_root {str(root)!r} is too long for unix sockets: sockets in it would "
+                f"need {longest} bytes, at most {_MAX_UNIX_PATH} fit; choose a shorter directory"
+            )
+        self.bridge_root = root
         self.default_image = default_image
         self.runtime = runtime
         self.docker_cli = docker_cli
@@ -923,12 +1004,15 @@ class DockerBackend(SandboxBackend):
         image = await self.image_for(spec)
         labels = await asyncio.to_thread(self.labels_for, spec)
         sandbox_id = "sg-" + uuid.uuid4().hex[:12]
+        bridge_dir = self.bridge_root / sandbox_id
+        labels[LABEL_BRIDGE_DIR] = str(bridge_dir)
         host: dict[str, Any] = dict(
             init=True,
             network_mode="bridge" if spec.network else "none",
             cap_drop=["ALL"],
             cap_add=CAP_ADD,
             security_opt=["no-new-privileges"],
+            binds={str(bridge_dir): {"bind": BRIDGE_MOUNT, "mode": "ro"}},
         )
         if spec.cpus:
             host["nano_cpus"] = int(spec.cpus * 1e9)
@@ -955,6 +1039,7 @@ class DockerBackend(SandboxBackend):
 
         def create_and_start() -> str:
             # Low-level calls: create + start (+ one inspect, for the fast liveness check).
+            _make_bridge_dir(bridge_dir)
             resp = api.create_container(
                 image,
                 entrypoint=["/bin/sh", "-c", MAIN_BOOT, HELPER_SCRIPT],
@@ -991,10 +1076,12 @@ class DockerBackend(SandboxBackend):
         except BaseException:
             # Cancelled or failed mid-create: the container may exist already; do not leak it.
             await asyncio.shield(self._remove_container(sandbox_id))
+            await asyncio.shield(asyncio.to_thread(_remove_bridge_dir, bridge_dir))
             raise
         if "storage_opt" in host:
             self._storage_opt_ok = True
         sb = DockerSandbox(spec, self, container_id, sandbox_id)
+        sb._bridge_dir = bridge_dir
         sb._watch_host_pid(pids.get(container_id))
         return sb
 
@@ -1030,7 +1117,8 @@ class DockerBackend(SandboxBackend):
 
         removed: list[str] = []
         errors: list[tuple[str, str]] = []
-        for c in await self.managed_containers():
+        containers = await self.managed_containers()
+        for c in containers:
             labels = c.get("Labels") or {}
             name = (c.get("Names") or [c["Id"]])[0].lstrip("/")
             if not should_reap(labels, owner_id=owner_id, everything=everything):
@@ -1041,6 +1129,11 @@ class DockerBackend(SandboxBackend):
                 errors.append((name, str(exc)))
             else:
                 removed.append(name)
+                bridge = labels.get(LABEL_BRIDGE_DIR)
+                if bridge and Path(bridge).name == name:  # only ever a directory named for it
+                    await asyncio.to_thread(_remove_bridge_dir, Path(bridge))
+        live = {(c.get("Names") or [c["Id"]])[0].lstrip("/") for c in containers} - set(removed)
+        await asyncio.to_thread(_sweep_bridge_root, self.bridge_root, live)
         return removed, errors
 
     async def reap(self, only_expired: bool = True) -> list[str]:

@@ -121,6 +121,11 @@ class LocalSandbox(Sandbox):
         self.env = {"PATH": DEFAULT_PATH, "HOME": "/root", "TERM": "xterm", "LANG": "C.UTF-8"}
         self.env.update(spec.env)
 
+    @property
+    def bridge_dir(self) -> Path:
+        """`/run/sandgym` of the sandbox's root tree (the root is a host directory)."""
+        return self.fs / "run" / "sandgym"
+
     # -- lifecycle ---------------------------------------------------------------------------
     async def _start(self) -> None:
         b = self.backend

@@ -38,7 +38,8 @@ async def test_bridge_forwards_both_ways_and_removes_its_socket(tmp_path: Path) 
     port = upstream.sockets[0].getsockname()[1]
     fs = tmp_path / "fs"
     fs.mkdir()
-    bridge = await GatewayBridge.open(SimpleNamespace(id="s", fs=fs), f"http://127.0.0.1:{port}")
+    sandbox = SimpleNamespace(id="s", bridge_dir=fs / "run" / "sandgym")
+    bridge = await GatewayBridge.open(sandbox, f"http://127.0.0.1:{port}")
     sock = fs / SANDBOX_SOCKET.lstrip("/")
     assert sock.exists() and (sock.stat().st_mode & 0o777) == 0o666
     r, w = await asyncio.open_unix_connection(str(sock))

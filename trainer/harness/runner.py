@@ -3,8 +3,8 @@
 One episode (`HarnessRunner.run_episode`):
 
 1. a gateway session id `sid`; reset with option `gateway_url` = the gateway's loopback address,
-   so the env server bridges `/run/sandgym/gateway.sock` inside the sandbox to it (local
-   backend; see `envserver.gateway_bridge`);
+   so the env server bridges `/run/sandgym/gateway.sock` inside the sandbox to it (local and
+   docker backends; see `envserver.gateway_bridge`);
 2. write the agent script and the instruction into the sandbox, run the agent with one
    `command` action (`OPENAI_BASE_URL=http://gateway/sessions/<sid>/v1`, the socket in
    `SANDGYM_GATEWAY_SOCKET`); the agent's own tool calls run as its subprocesses in the sandbox;

@@ -1,0 +1,50 @@
+"""The harness agent inside a *docker* sandbox (network `none`) solving a catalog task, its model
+served by the gateway on the host's loopback through the bind-mounted bridge directory.
+
+The engine is the scripted test double of test_harness_gateway.py (the model only); the server,
+the container, the bridge, the gateway and the verifier are real.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from envserver.client import AsyncEnvClient
+from envserver.runner import BackgroundServer
+from tests.e2e.conftest import docker_image_available
+from tests.e2e.test_harness_gateway import SOLVE, ScriptedEngine
+from trainer.config import ModelSettings
+from trainer.gateway import CallStore, GatewayServer, ModelGateway
+from trainer.harness import HarnessRunner
+from trainer.models import load_tokenizer
+
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.skipif(not docker_image_available(), reason="image sandgym/terminal not built"),
+]
+
+
+async def test_harness_in_docker_sandbox_solves_hello_file_through_the_gateway(
+    make_server: Callable[..., BackgroundServer], tmp_path: Path
+) -> None:
+    tok: Any = load_tokenizer(ModelSettings(source="tiny"))
+    srv = make_server("docker")
+    offline = (
+        "```bash\npython3 -c \"import socket; socket.create_connection(('1.1.1.1', 80), 2)\"\n```"
+    )
+    engine = ScriptedEngine(tok, [SOLVE, offline, '<tool_call>{"name": "submit"}</tool_call>'])
+    gw = ModelGateway([engine], tok, CallStore(tmp_path / "gateway.sqlite"))
+    async with GatewayServer(gw) as gsrv:
+        runner = HarnessRunner(gw, gsrv.root, lambda: AsyncEnvClient(srv.url), max_turns=5)
+        ep = await runner.run_episode("builtin/hello-file", 0)
+    assert ep.error is None, ep.error
+    assert ep.termination == "submitted" and ep.reward == 1.0
+    steps = ep.trajectories[0].steps
+    assert [s.prompt_ids for s in steps] == engine.prompts and len(steps) == 3
+    assert "Hello, world!" in tok.decode(steps[1].prompt_ids[len(steps[0].prompt_ids) :])
+    third_obs = tok.decode(steps[2].prompt_ids[len(steps[1].prompt_ids) :])
+    assert "[exit code 0]" not in third_obs.split("[bash result]")[-1]  # no network in there
