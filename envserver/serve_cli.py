@@ -42,6 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FROM=TO",
         help="use image TO wherever a task names FROM (repeatable)",
     )
+    parser.add_argument(
+        "--verifier-stop-agent-processes",
+        action="store_true",
+        default=None,
+        help="docker/e2b: kill what the agent left running before the tests (no daemon can race "
+        "the reward file; tasks whose tests need the agent's services then fail)",
+    )
 
 
 def settings_from_args(args: argparse.Namespace) -> Any:
@@ -55,6 +62,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         ("pool_size", "pool_size"),
         ("max_sessions", "max_sessions"),
         ("token", "token"),
+        ("verifier_stop_agent_processes", "verifier_stop_agent_processes"),
     ):
         value = getattr(args, flag, None)
         if value is not None:

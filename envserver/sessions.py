@@ -320,7 +320,12 @@ class EnvService:
             from tasks.runtime import run_verifier
 
             try:
-                result = await run_verifier(s.task, s.sandbox, s.setup)
+                result = await run_verifier(
+                    s.task,
+                    s.sandbox,
+                    s.setup,
+                    stop_agent_processes=self.settings.verifier_stop_agent_processes,
+                )
             finally:
                 verifier_s = time.perf_counter() - t0
                 await self._end(s, "submit")

@@ -49,6 +49,12 @@ class ServerSettings(BaseSettings):
     resume_grace_s: float = Field(
         60.0, ge=0, description="a dropped connection's episode is kept this long for `resume`"
     )
+    verifier_stop_agent_processes: bool = Field(
+        False,
+        description="on backends without a private verifier namespace (docker, e2b): kill "
+        "every process the agent left running before the tests run, so none can race the "
+        "reward file; breaks tasks whose tests need a service the agent started",
+    )
     max_message_bytes: int = Field(
         4 * 1024 * 1024, ge=1024, description="larger client frames get `invalid_message`"
     )

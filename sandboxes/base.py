@@ -25,7 +25,7 @@ import time
 import uuid
 from pathlib import Path
 
-from sandboxes.errors import SandboxClosedError, SandboxPathError
+from sandboxes.errors import SandboxClosedError, SandboxError, SandboxPathError
 from sandboxes.spec import ExecResult, SandboxSpec, ShellResult
 
 #: Label keys every sandgym sandbox carries (Docker labels, local marker file, E2B metadata).
@@ -83,6 +83,30 @@ class Sandbox(abc.ABC):
         """The host directory that appears as `/run/sandgym` inside this sandbox, where the env
         server may put unix sockets (the gateway bridge); None when the backend has none."""
         return None
+
+    @property
+    def supports_private_exec(self) -> bool:
+        """Whether `exec_private` works on this sandbox."""
+        return False
+
+    async def exec_private(
+        self,
+        cmd: list[str],
+        stdin: bytes,
+        timeout_s: float = 60.0,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult:
+        """Run `cmd` as root in a mount namespace of its own, allowed to mount (a tmpfs over a
+        directory) where no process the agent started can see, join or reach it, with `stdin`
+        as its input. What the verifier uses to keep tests and reward files away from anything
+        the agent left running. Backends without it raise SandboxError."""
+        raise SandboxError(f"the {self.backend_name} backend has no private exec")
+
+    async def kill_agent_processes(self) -> None:
+        """Kill whatever the agent left running (every process but the sandbox's own), before
+        a verifier that must not run beside it. Backends without a safe way raise SandboxError."""
+        raise SandboxError(f"the {self.backend_name} backend cannot kill the agent's processes")
 
     def _check_open(self) -> None:
         if self._closed:

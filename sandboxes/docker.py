@@ -168,6 +168,20 @@ def kill_marked_script(marker: str) -> str:
     ) % (EXEC_MARKER_ENV, marker)
 
 
+#: kills every process but pid 1, the oldest other process (the kill helper) and itself
+KILL_ALL_BUT_INIT_SCRIPT = r"""
+keep=$(for p in /proc/[0-9]*; do
+  st=$(sed 's/.*) //' "$p/stat" 2>/dev/null | cut -d' ' -f20)
+  [ -n "$st" ] && [ "${p#/proc/}" != 1 ] && echo "$st ${p#/proc/}"
+done | sort -n | head -n 1 | cut -d' ' -f2)
+for p in /proc/[0-9]*; do
+  pid=${p#/proc/}
+  [ "$pid" = 1 ] || [ "$pid" = "$keep" ] || [ "$pid" = $$ ] || kill -9 "$pid" 2>/dev/null
+done
+exit 0
+"""
+
+
 def kill_marked_bash_script(marker: str) -> str:
     """The same as `kill_marked_script` with bash builtins only: it forks nothing, so it still
     works when a fork bomb holds every pid the sandbox's pids limit allows (it needs one)."""
@@ -637,6 +651,14 @@ class DockerSandbox(Sandbox):
             return code, output
 
         return await asyncio.to_thread(go)
+
+    async def kill_agent_processes(self) -> None:
+        """Kill every process in the container but its init (pid 1), the kill helper and the
+        killer: what the agent left running. The helper is told apart as the oldest process
+        after pid 1 (it starts with the container; nothing the agent starts is older)."""
+        self._check_open()
+        for _ in range(3):  # a process forking while the list is made is caught next round
+            await self._raw_exec(["sh", "-c", KILL_ALL_BUT_INIT_SCRIPT], user="root")
 
     # -- the persistent shell ----------------------------------------------------------------
     async def _get_shell(self) -> Any:

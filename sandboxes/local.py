@@ -35,6 +35,7 @@ from sandboxes.base import Sandbox, SandboxBackend, normalize_sandbox_path, owne
 from sandboxes.errors import (
     BackendUnavailableError,
     SandboxCreateError,
+    SandboxError,
     SandboxFileNotFoundError,
     SandboxLostError,
     SandboxPathError,
@@ -64,6 +65,9 @@ PRIVATE_DIRS = (
     "srv",
     "mnt",
 )
+#: directories of the verifier (tests copied in at scoring time, its reward files): fixed mount
+#: points in the sandbox, see `LocalSandbox.exec_private`
+VERIFIER_MOUNTS = ("logs", "logs/verifier", "tests")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -94,6 +98,17 @@ class _Capture:
             await asyncio.wait_for(asyncio.shield(self.task), grace_s)
         self.task.cancel()
         return _limit_output(bytes(self.buf), self.dropped)
+
+
+async def _feed(pipe: asyncio.StreamWriter | None, data: bytes) -> None:
+    """Write `data` to a child's stdin and close it (a child that stops reading is fine)."""
+    if pipe is None:
+        return
+    with contextlib.suppress(ConnectionError, OSError):
+        pipe.write(data)
+        await pipe.drain()
+    with contextlib.suppress(Exception):
+        pipe.close()
 
 
 def _limit_output(data: bytes, dropped: int) -> tuple[str, bool]:
@@ -174,7 +189,7 @@ class LocalSandbox(Sandbox):
         self.dir.mkdir(parents=True)
         (self.dir / "labels.json").write_text(json.dumps(self.backend.labels_for(self.spec)))
         self.fs.mkdir()
-        for d in PRIVATE_DIRS:
+        for d in PRIVATE_DIRS + VERIFIER_MOUNTS:
             (self.fs / d).mkdir(parents=True, exist_ok=True)
         for d in ("tmp", "var/tmp"):
             os.chmod(self.fs / d, 0o1777)
@@ -193,6 +208,11 @@ class LocalSandbox(Sandbox):
         # root (user namespace) when the server runs as root, and could read them.
         for secret in _host_secret_files():
             argv += ["--ro-bind", "/dev/null", secret]
+        # The verifier's directories are mount points (bound onto themselves), so the agent
+        # can neither remove nor rename them (EBUSY): `exec_private` stacks private mounts on
+        # them, and a directory swapped underneath would detach those.
+        for d in VERIFIER_MOUNTS:
+            argv += ["--bind", str(self.fs / d), "/" + d]
         argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/dev/shm"]
         argv += [
             "--unshare-user",
@@ -275,42 +295,82 @@ class LocalSandbox(Sandbox):
             raise SandboxLostError(f"local sandbox {self.id} is gone (its init process died)")
 
     # -- commands ----------------------------------------------------------------------------
-    def _enter_argv(self, cwd: str, env: dict[str, str]) -> list[str]:
+    def _enter_argv(self, cwd: str, env: dict[str, str], caps: bool = False) -> list[str]:
+        """argv prefix entering the sandbox's namespaces. Entering its user namespace would give
+        every capability in it; unless `caps`, they are all dropped (the agent is root of the
+        sandbox without capabilities: it owns its files but cannot mount, join other mount
+        namespaces, or read /proc entries of processes that hold capabilities)."""
         envv = [f"{k}={v}" for k, v in env.items()]
         if self.init_pid is None:  # no-bwrap mode: a chdir into the tree, no isolation
             return ["env", "-i", *envv]
-        return [
-            "nsenter",
-            "-t",
-            str(self.init_pid),
-            "-a",
-            "-r",
-            f"--wdns={cwd}",
-            "env",
-            "-i",
-            *envv,
-        ]
+        argv = ["nsenter", "-t", str(self.init_pid), "-a", "-r", f"--wdns={cwd}"]
+        if not caps:
+            argv += [
+                "setpriv",
+                "--inh-caps=-all",
+                "--ambient-caps=-all",
+                "--bounding-set=-all",
+                "--",
+            ]
+        return [*argv, "env", "-i", *envv]
 
     async def exec(self, cmd, timeout_s=60.0, cwd=None, env=None, user=None) -> ExecResult:
+        argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        switch = user not in (None, "root", "0")
+        if switch:  # setpriv needs the capabilities to switch; the new uid has none after it
+            argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *argv]
+        return await self._exec(argv, timeout_s, cwd, env, caps=switch)
+
+    @property
+    def supports_private_exec(self) -> bool:  # type: ignore[override]
+        return self.init_pid is not None
+
+    async def exec_private(
+        self,
+        cmd: list[str],
+        stdin: bytes,
+        timeout_s: float = 60.0,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult:
+        """`cmd` in a mount namespace of its own (`unshare -m`, private propagation), as root
+        of the sandbox *with* its capabilities, so it may mount tmpfs over the fixed mount
+        points of VERIFIER_MOUNTS. The agent's processes have no capabilities: they can
+        neither join that namespace nor reach its files through /proc/PID/root, and cannot
+        detach its mounts by removing or renaming the directories under them."""
+        if not self.supports_private_exec:
+            raise SandboxError(f"local sandbox {self.id} runs without bwrap: no private exec")
+        argv = ["unshare", "-m", "--propagation", "private", *cmd]
+        return await self._exec(argv, timeout_s, cwd, env, caps=True, stdin=stdin)
+
+    async def _exec(
+        self,
+        argv: list[str],
+        timeout_s: float,
+        cwd: str | None,
+        env: dict[str, str] | None,
+        caps: bool,
+        stdin: bytes | None = None,
+    ) -> ExecResult:
         await self._check_live()
         start = time.perf_counter()
         workdir = normalize_sandbox_path(cwd or self.spec.workdir, self.spec.workdir)
         full_env = {**self.env, **(env or {})}
-        argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        if user not in (None, "root", "0"):
-            argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *argv]
         cg = self.cg.child("x" + uuid.uuid4().hex[:8]) if self.cg is not None else None
         host_cwd = None if self.init_pid is not None else str(self.fs / workdir.lstrip("/"))
         proc = await asyncio.create_subprocess_exec(
             *self._join_prefix(cg),
-            *self._enter_argv(workdir, full_env),
+            *self._enter_argv(workdir, full_env, caps=caps),
             *argv,
-            stdin=asyncio.subprocess.DEVNULL,
+            stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
             cwd=host_cwd,
         )
+        feeder = None
+        if stdin is not None:
+            feeder = asyncio.ensure_future(_feed(proc.stdin, stdin))
         limit = self.backend.max_output_bytes
         out, err = _Capture(proc.stdout, limit), _Capture(proc.stderr, limit)
         timed_out = False
@@ -328,6 +388,9 @@ class LocalSandbox(Sandbox):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             raise
+        finally:
+            if feeder is not None:
+                feeder.cancel()
         stdout, t1 = await out.finish(0.2)
         stderr, t2 = await err.finish(0.05)
         return ExecResult(

@@ -30,8 +30,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandboxes import ExecResult, Sandbox, SandboxFileNotFoundError, SandboxSpec
+from sandboxes import ExecResult, Sandbox, SandboxError, SandboxFileNotFoundError, SandboxSpec
 from sandboxes.desktop import start_task_desktop
+from tasks import private_verify
 from tasks.dockerfile import CopyStep, Dockerfile, MkdirStep, RunStep, parse_dockerfile
 from tasks.errors import TaskError, TaskLoadError, TaskUnsupportedError, VerifierError
 from tasks.heredoc import has_heredoc, rewrite_heredocs
@@ -391,10 +392,17 @@ async def _read_optional(sandbox: Sandbox, path: str) -> str | None:
         return None
 
 
-async def run_verifier(task: TaskSpec, sandbox: Sandbox, setup: EpisodeSetup) -> VerifierResult:
+async def run_verifier(
+    task: TaskSpec, sandbox: Sandbox, setup: EpisodeSetup, stop_agent_processes: bool = False
+) -> VerifierResult:
     """Score the episode. Runs after the agent has finished: tests and secrets are copied in
     only now, `/logs/verifier` is emptied first (a reward file the agent wrote counts for
-    nothing), and the script runs as the verifier user (root) under the verifier timeout."""
+    nothing), and the script runs as the verifier user (root) under the verifier timeout.
+
+    Where the sandbox has a private exec (local), tests and reward files live in the verifier's
+    own mount namespace (tasks/private_verify.py). Elsewhere they are shared with whatever the
+    agent left running; `stop_agent_processes` then kills all of it first (every process but
+    the sandbox's init), at the price of tasks whose tests need a service the agent started."""
     start = time.perf_counter()
     v = task.verifier
     if v.kind == "answer":
@@ -409,6 +417,21 @@ async def run_verifier(task: TaskSpec, sandbox: Sandbox, setup: EpisodeSetup) ->
         )
 
     assert v.script_path is not None
+    script = f"{TESTS_DIR}/{v.script or v.script_path.name}"
+    env = {**resolve_env_templates(v.env, f"task {task.id}: verifier.env"), "TEST_DIR": TESTS_DIR}
+    argv = ["bash", script]
+    if task.verifier_user not in (None, "root", "0"):
+        user = task.verifier_user
+        argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *argv]
+    if sandbox.supports_private_exec:
+        return await _run_private_verifier(task, sandbox, setup, argv, env, start)
+    # No private namespace on this backend: tests go into the shared file system and the
+    # script runs next to whatever the agent left running (see tasks/private_verify.py).
+    if stop_agent_processes:
+        try:
+            await sandbox.kill_agent_processes()
+        except SandboxError as exc:  # this backend has no safe way: say so, score anyway
+            log.warning("verifier: agent processes not stopped: %s", exc)
     # Anything the agent left at /tests or /logs/verifier (files, symlinks) is removed.
     await _check(
         sandbox,
@@ -423,33 +446,89 @@ async def run_verifier(task: TaskSpec, sandbox: Sandbox, setup: EpisodeSetup) ->
         await sandbox.upload(v.script_path, f"{TESTS_DIR}/{v.script_path.name}")
     for name, data in setup.secret.items():
         await sandbox.write_file(f"{SECRET_DIR}/{name}", data, mode=0o600)
-    script = f"{TESTS_DIR}/{v.script or v.script_path.name}"
     res = await sandbox.exec(
         ["bash", script],
         timeout_s=task.timeouts.verifier_timeout_s,
         cwd=setup.workdir,
-        env={
-            **resolve_env_templates(v.env, f"task {task.id}: verifier.env"),
-            "TEST_DIR": TESTS_DIR,
-        },
+        env=env,
         user=task.verifier_user,
     )
     output = res.stdout + (("\n" + res.stderr) if res.stderr else "")
+    _raise_on_timeout(task, res, output)
+    txt = js = None
+    if v.kind == "harbor":
+        txt = await _read_optional(sandbox, f"{VERIFIER_LOGS}/reward.txt")
+        js = await _read_optional(sandbox, f"{VERIFIER_LOGS}/reward.json")
+    return _score(task, output, res.exit_code, txt, js, start)
+
+
+async def _run_private_verifier(
+    task: TaskSpec,
+    sandbox: Sandbox,
+    setup: EpisodeSetup,
+    argv: list[str],
+    env: dict[str, str],
+    start: float,
+) -> VerifierResult:
+    """The test script in the sandbox's private verifier namespace (tasks/private_verify.py)."""
+    v = task.verifier
+    assert v.script_path is not None
+    extra = {f"secret/{name}": (data, 0o600) for name, data in setup.secret.items()}
+    if v.kind in ("tbench", "seta"):
+        extra[v.script_path.name] = (v.script_path.read_bytes(), 0o755)
+    nonce = private_verify.new_nonce()
+    payload = await asyncio.to_thread(private_verify.build_payload, nonce, v.tests_dir, extra)
+    res = await sandbox.exec_private(
+        private_verify.wrapper_argv(argv),
+        payload,
+        timeout_s=task.timeouts.verifier_timeout_s,
+        cwd=setup.workdir,
+        env=env,
+    )
+    output = res.stdout
+    _raise_on_timeout(task, res, output)
+    if res.exit_code in (private_verify.NO_PAYLOAD, private_verify.SETUP_FAILED):
+        raise VerifierError(
+            f"task {task.id}: the private verifier could not be set up in sandbox {sandbox.id} "
+            f"(exit {res.exit_code}): {res.stderr.strip()[-1500:]}",
+            output,
+        )
+    report = private_verify.parse_report(res.stderr, nonce, output)
+    return _score(
+        task,
+        output,
+        report.exit_code,
+        report.files.get("reward.txt"),
+        report.files.get("reward.json"),
+        start,
+    )
+
+
+def _raise_on_timeout(task: TaskSpec, res: ExecResult, output: str) -> None:
     if res.timed_out:
         raise VerifierError(
             f"task {task.id}: the verifier did not finish within {task.timeouts.verifier_timeout_s} s",
             output,
         )
+
+
+def _score(
+    task: TaskSpec,
+    output: str,
+    exit_code: int | None,
+    txt: str | None,
+    js: str | None,
+    start: float,
+) -> VerifierResult:
+    v = task.verifier
     if v.kind == "harbor":
-        txt = await _read_optional(sandbox, f"{VERIFIER_LOGS}/reward.txt")
-        js = await _read_optional(sandbox, f"{VERIFIER_LOGS}/reward.json")
         reward, details = reward_from_files(txt, js, output)
     elif v.kind == "seta":
         assert v.weights is not None
         reward, details = seta_reward(output, v.weights)
     else:
         reward, details = tbench_reward(output)
-    details["exit_code"] = res.exit_code
+    details["exit_code"] = exit_code
     return VerifierResult(
         reward=reward, output=output, duration_s=time.perf_counter() - start, details=details
     )

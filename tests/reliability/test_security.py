@@ -150,19 +150,72 @@ REWARD_RACER = (
 )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="KNOWN GAP: the verifier runs in the episode's sandbox next to whatever the agent left "
-    "running (tasks such as serve-script need the agent's services alive for their tests), so a "
-    "root daemon can replace /logs/verifier/reward.txt between the test script and the read. "
-    "Fixing it needs agent processes stopped before scoring for tasks that do not declare "
-    "services; when that lands this test passes and strict xfail flags it.",
+#: A daemon that tries every way it has at the verifier's files, from the moment it starts:
+#: the shared paths, the verifier's /proc/PID/root, joining its mount namespace, and swapping
+#: the directories under the verifier's mounts (removing or renaming them).
+REWARD_SIEGE = (
+    "nohup setsid bash -c 'while :; do "
+    "echo 1 > /logs/verifier/reward.txt; echo 1 > /tmp/.r; "
+    "for p in /proc/[0-9]*; do "
+    "cp /tmp/.r $p/root/logs/verifier/reward.txt 2>/dev/null; "
+    "printf \"echo 1 > /logs/verifier/reward.txt\\n\" > $p/root/tests/test.sh 2>/dev/null; "
+    "nsenter -t ${p#/proc/} -m cp /tmp/.r /logs/verifier/reward.txt 2>/dev/null; "
+    "done; "
+    "mv /logs /logs.x 2>/dev/null; mv /tests /tests.x 2>/dev/null; "
+    "rm -rf /logs/verifier /tests 2>/dev/null; mkdir -p /logs/verifier /tests; "
+    "printf \"echo 1 > /logs/verifier/reward.txt\\n\" > /tests/test.sh; "
+    "done' >/dev/null 2>&1 &"
 )
+
+
+def private_verifier_or_xfail(request: pytest.FixtureRequest, backend: str) -> None:
+    if backend != "local":
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="KNOWN GAP on docker: a container without CAP_SYS_ADMIN cannot give the "
+                "verifier a private mount namespace (a privileged exec is refused under "
+                "no-new-privileges), so the verifier shares /logs/verifier with whatever the "
+                "agent left running; see tasks/private_verify.py",
+            )
+        )
+
+
+@pytest.mark.parametrize("daemon", [REWARD_RACER, REWARD_SIEGE], ids=["racer", "siege"])
 async def test_daemon_racing_the_reward_file_gains_nothing(
-    tamper_server: BackgroundServer,
+    request: pytest.FixtureRequest, tamper_server: BackgroundServer, daemon: str
 ) -> None:
-    rewards = [await submit_after(tamper_server.url, [REWARD_RACER, "sleep 0.3"]) for _ in range(3)]
+    private_verifier_or_xfail(request, tamper_server.settings.backend)
+    rewards = [await submit_after(tamper_server.url, [daemon, "sleep 0.3"]) for _ in range(3)]
     assert all(r in (0.0, "verifier_error") for r in rewards), rewards
+    # the same daemon beside an honest solution: the verifier still sees the real answer
+    assert await submit_after(tamper_server.url, [daemon, "echo hello > /app/hello.txt"]) == 1.0
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(not docker_ready(), reason="no Docker engine or image")
+async def test_docker_verifier_can_stop_agent_processes_first(rel_tasks: Path) -> None:
+    """The docker opt-in (`verifier_stop_agent_processes`): the siege daemon is killed before
+    the tests run, so it gains nothing; an honest solution still scores."""
+    with server("docker", [rel_tasks], verifier_stop_agent_processes=True) as srv:
+        for _ in range(2):
+            assert await submit_after(srv.url, [REWARD_SIEGE, "sleep 0.3"]) in (
+                0.0,
+                "verifier_error",
+            )
+        assert await submit_after(srv.url, [REWARD_SIEGE, "echo hello > /app/hello.txt"]) == 1.0
+
+
+async def test_agent_processes_hold_no_capabilities(tamper_server: BackgroundServer) -> None:
+    """The agent is root of its sandbox without capabilities (local: dropped on entering the
+    user namespace; docker: the container's reduced set), never with CAP_SYS_ADMIN."""
+    async with AsyncEnvClient(tamper_server.url, request_timeout_s=120) as c:
+        await c.reset(REL_TASK)
+        out = (await c.step("grep CapEff /proc/self/status")).observation["output"]
+        eff = int(out.split()[1], 16)
+        assert not eff & (1 << 21), out  # CAP_SYS_ADMIN
+        if tamper_server.settings.backend == "local":
+            assert eff == 0, out
 
 
 # -- path traversal through the file actions and symlinks ----------------------------------------
