@@ -68,8 +68,11 @@ class EnvSettings(_Settings):
 class AgentSettings(_Settings):
     """How the model acts in the terminal."""
 
-    kind: Literal["terminal", "noop", "oracle"] = Field(
-        "terminal", description="terminal (the model), noop (submit at once), oracle (solve.sh)"
+    kind: Literal["terminal", "noop", "oracle", "harness"] = Field(
+        "terminal",
+        description="terminal (the model), noop (submit at once), oracle (solve.sh), harness "
+        "(the ReAct CLI agent runs inside the sandbox; its model calls go through a gateway on "
+        "the rollout worker's loopback, so the env servers must run on the workers' hosts)",
     )
     solutions_dir: str | None = Field(
         None, description="oracle: a catalog dir holding <name>/solution/solve.sh per task"
@@ -83,6 +86,9 @@ class AgentSettings(_Settings):
     )
     system_prompt: str | None = Field(None, description="override the default system prompt")
     command_timeout_s: float = Field(30.0, gt=0, description="timeout sent with each command")
+    harness_timeout_s: float = Field(
+        600.0, gt=0, description="harness: wall-clock limit of the whole agent program"
+    )
     workflow: Literal["single", "solver_judge"] = Field(
         "single",
         description="single (one agent trajectory) or solver_judge (a judge turn predicts the "
@@ -215,6 +221,11 @@ class TrainConfig(_Settings):
             raise ValueError("env.task_ids is empty: expected at least one training task id")
         if self.engine.kind == "openai" and not self.engine.base_url:
             raise ValueError("engine.kind is openai but engine.base_url is not set")
+        if self.agent.kind == "harness" and self.agent.workflow != "single":
+            raise ValueError(
+                f"agent.kind harness plays single-role episodes; agent.workflow is "
+                f"{self.agent.workflow!r}, expected 'single'"
+            )
         return self
 
 

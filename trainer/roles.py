@@ -109,6 +109,21 @@ def role_samples(
     return samples
 
 
+def role_metrics(groups: list[list[Episode]]) -> dict[str, float]:
+    """Per-role training metrics of a batch: `role/<role>/reward_mean` (the mean reward of that
+    role's trajectories) and `role/<role>/trajectories` (how many there were)."""
+    rewards: dict[str, list[float]] = {}
+    for group in groups:
+        for ep in group:
+            for t in ep.trajectories:
+                rewards.setdefault(t.role, []).append(t.reward)
+    out: dict[str, float] = {}
+    for role, rs in rewards.items():
+        out[f"role/{role}/reward_mean"] = sum(rs) / len(rs)
+        out[f"role/{role}/trajectories"] = float(len(rs))
+    return out
+
+
 def parse_judgement(text: str) -> bool | None:
     """True for PASS, False for FAIL, None when the reply says neither (first word found wins)."""
     m = _VERDICT.search(text)

@@ -10,7 +10,10 @@ a dropped connection) end the episode with that termination reason so the traine
 an async actor (`max_concurrency` = concurrent episodes): the driver calls `run_episode` once per
 episode and collects results with `ray.wait` as each finishes, so episodes stream to the learner
 instead of being gathered in lock-step batches. `update_weights` swaps in the learner's weights
-between generation batches and records their version on every later step.
+between generation batches and records their version on every later step. With
+`agent.kind: harness` the worker plays episodes through `trainer.harness.rollout.HarnessRollout`
+(the ReAct agent inside the sandbox, its calls served by a gateway in front of this engine and
+turned into Steps); they reach the learner like terminal-agent episodes.
 """
 
 from __future__ import annotations
@@ -237,7 +240,9 @@ def _env_step(prompt: list[int], action: dict[str, Any], res: Any, env_s: float)
 class RolloutWorker:
     """Ray actor: its own engine + weights, many concurrent episodes (see module docstring)."""
 
-    def __init__(self, config_dict: dict[str, Any], worker_index: int = 0) -> None:
+    def __init__(
+        self, config_dict: dict[str, Any], worker_index: int = 0, run_dir: str | None = None
+    ) -> None:
         from trainer.engines import create_engine
         from trainer.models import load_model, load_tokenizer
 
@@ -307,6 +312,17 @@ class RolloutWorker:
             if engine is None:
                 raise ValueError("agent.workflow solver_judge needs a model (agent.kind terminal)")
             self.workflow = SolverJudgeWorkflow(self.runner, engine, self.tokenizer)
+        if cfg.agent.kind == "harness":
+            import tempfile
+            from pathlib import Path
+
+            from trainer.harness.rollout import HarnessRollout
+
+            if engine is None:
+                raise ValueError("agent.kind harness needs an inference engine")
+            base = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="sandgym-gw-"))
+            store = base / "gateway" / f"rollout-{worker_index}.sqlite"
+            self.workflow = HarnessRollout(cfg, engine, self.tokenizer, store)
 
     async def run_episode(
         self, task_id: str, seed: int | None, group_id: str, greedy: bool = False

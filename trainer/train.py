@@ -79,7 +79,8 @@ class Trainer:
             max_concurrency=cfg.rollout.concurrent_episodes + 8,
         )
         self.rollouts: list[Any] = [
-            actor.remote(cfg.model_dump(), i) for i in range(cfg.rollout.num_workers)
+            actor.remote(cfg.model_dump(), i, str(self.run_dir.resolve()))
+            for i in range(cfg.rollout.num_workers)
         ]
         self.version = self.start_version
         if self.start_version > 0:
@@ -312,9 +313,12 @@ class Trainer:
         counts["__dropped_groups_stale"] += len(batch) - len(fresh)
         train_all = alg.entropy_coef > 0 or alg.kl_coef > 0
         samples: list[Sample] = []
+        per_role: dict[str, float] = {}
         if alg.roles or any(len(e.trajectories) > 1 for g in fresh for e in g):
             # multi-role episodes: per-role advantages over each role's own trajectories
-            from trainer.roles import role_samples
+            from trainer.roles import role_metrics, role_samples
+
+            per_role = role_metrics(fresh)
 
             samples = role_samples(
                 fresh,
@@ -342,6 +346,7 @@ class Trainer:
             / max(1, sum(len(g) for g in fresh)),
             "episode/turns_mean": sum(e.metrics.get("turns", 0.0) for g in batch for e in g)
             / len(rewards),
+            **per_role,
         }
         t = time.monotonic()
         # an empty batch still takes a (zero-gradient) step so that versions stay in step

@@ -110,3 +110,10 @@ def test_pass_at_k_unbiased_estimator() -> None:
     assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
     assert pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # 1 - C(3,2)/C(4,2)
     assert pass_at_k(2, 1, 4) is None
+
+
+def test_harness_agents_play_single_role_episodes_only() -> None:
+    cfg = load_config(CONFIGS / "smoke.yaml", ["agent.kind=harness"])
+    assert cfg.agent.kind == "harness" and cfg.agent.harness_timeout_s > 0
+    with pytest.raises(ConfigError, match="agent.kind harness plays single-role episodes"):
+        load_config(CONFIGS / "smoke.yaml", ["agent.kind=harness", "agent.workflow=solver_judge"])

@@ -63,3 +63,15 @@ def test_parse_judgement_and_config_roles() -> None:
         TrainConfig.model_validate(
             {"env": {"task_ids": ["t"]}, "algorithm": {"roles": {"judge": "ppo"}}}
         )
+
+
+def test_role_metrics_report_each_role_over_the_batch() -> None:
+    from trainer.roles import role_metrics
+
+    groups = [[_ep(1.0, 1.0, 0), _ep(0.0, 1.0, 1)], [_ep(0.0, 0.0, 2), _ep(1.0, None, 3)]]
+    assert role_metrics(groups) == {
+        "role/solver/reward_mean": 0.5,
+        "role/solver/trajectories": 4.0,
+        "role/judge/reward_mean": pytest.approx(2 / 3),
+        "role/judge/trajectories": 3.0,
+    }

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trainer.engines.base import SamplingParams
 from trainer.episode import Episode, Trajectory
 from trainer.gateway import GatewayError, ModelGateway, calls_to_steps
 from trainer.rollout import _as_dict, classify_failure
@@ -45,6 +46,7 @@ class HarnessRunner:
         max_tokens: int = 128,
         temperature: float | None = None,
         agent_timeout_s: float = 600.0,
+        command_timeout_s: float | None = None,
         python: str = "python3",
     ) -> None:
         self.gateway = gateway
@@ -54,21 +56,34 @@ class HarnessRunner:
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.agent_timeout_s = agent_timeout_s
+        self.command_timeout_s = command_timeout_s
         self.python = python
 
-    def agent_command(self, sid: str) -> str:
+    def agent_command(self, sid: str, params: SamplingParams | None = None) -> str:
+        """The shell command that runs the agent; `params` (temperature, max_new_tokens)
+        override the runner's own (greedy evaluation episodes of a training run)."""
         env = {
             "OPENAI_BASE_URL": f"http://gateway/sessions/{sid}/v1",
             "SANDGYM_GATEWAY_SOCKET": "/run/sandgym/gateway.sock",
         }
         argv = [self.python, AGENT_PATH, "--task", TASK_PATH, "--max-turns", str(self.max_turns)]
-        argv += ["--max-tokens", str(self.max_tokens)]
-        if self.temperature is not None:
-            argv += ["--temperature", str(self.temperature)]
+        max_tokens = params.max_new_tokens if params is not None else self.max_tokens
+        temperature = params.temperature if params is not None else self.temperature
+        argv += ["--max-tokens", str(max_tokens)]
+        if temperature is not None:
+            argv += ["--temperature", str(temperature)]
+        if self.command_timeout_s is not None:
+            argv += ["--command-timeout-s", str(self.command_timeout_s)]
         prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
         return f"{prefix} {' '.join(shlex.quote(a) for a in argv)}"
 
-    async def run_episode(self, task_id: str, seed: int | None, group_id: str = "") -> Episode:
+    async def run_episode(
+        self,
+        task_id: str,
+        seed: int | None,
+        group_id: str = "",
+        params: SamplingParams | None = None,
+    ) -> Episode:
         sid = self.gateway.new_session()
         episode = Episode(task_id=task_id, seed=seed, group_id=group_id)
         traj = Trajectory(role="agent")
@@ -76,6 +91,7 @@ class HarnessRunner:
         t0 = time.monotonic()
         try:
             async with self.client_factory() as client:
+                episode.server_url = str(getattr(client, "url", "") or "")
                 obs, _info = await client.reset(
                     task_id, seed=seed, options={"gateway_url": self.gateway_root}
                 )
@@ -88,7 +104,7 @@ class HarnessRunner:
                 run = await client.step(
                     {
                         "kind": "command",
-                        "command": self.agent_command(sid),
+                        "command": self.agent_command(sid, params),
                         "timeout_s": self.agent_timeout_s,
                     }
                 )
