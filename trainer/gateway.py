@@ -27,7 +27,11 @@ native tool template); the reply is parsed with `trainer.agents.parse_action` (a
 a JSON / <tool_call> call), and a command becomes a `tool_calls` entry for the first offered tool
 that takes a `command` argument; `submit` becomes a call of a tool named `submit` when offered.
 Assistant turns with `tool_calls` and `tool` results in the history are rendered back as text.
-Streaming sends the finished reply as SSE chunks (the engines generate whole replies).
+Streaming (`stream: true`) sends OpenAI `chat.completion.chunk` events: the role, then one
+content chunk per generated token that adds text (decoded incrementally; a token that ends in the
+middle of a UTF-8 character waits for the next), then the tool calls, then a final chunk with
+`finish_reason` and `usage`, then `[DONE]`. The engines generate whole replies, so the chunks
+follow the finished generation; their concatenated content equals the non-streamed content.
 """
 
 from __future__ import annotations
@@ -369,6 +373,31 @@ class ModelGateway:
     # -- the endpoint ----------------------------------------------------------------------------
     async def chat(self, sid: str, body: dict[str, Any]) -> dict[str, Any]:
         """One chat completion for session `sid` (an OpenAI request body); records the call."""
+        resp, _ids = await self._chat(sid, body)
+        return resp
+
+    def token_deltas(self, ids: list[int]) -> list[str]:
+        """The text each of `ids` adds to the decoded reply (special tokens skipped), in order;
+        joined, they are the whole decoded text. A token ending inside a multi-byte character
+        adds "" and its bytes arrive with a later token."""
+        deltas: list[str] = []
+        sent = ""
+        for i in range(len(ids)):
+            text = str(self.tokenizer.decode(ids[: i + 1], skip_special_tokens=True))
+            if text.endswith("\ufffd") or not text.startswith(sent):
+                deltas.append("")  # an incomplete character (or a merge): wait for more
+                continue
+            deltas.append(text[len(sent) :])
+            sent = text
+        full = str(self.tokenizer.decode(ids, skip_special_tokens=True))
+        if deltas and full.startswith(sent):
+            deltas[-1] += full[len(sent) :]
+        elif deltas:  # decoding was not prefix-stable: correct it in the last chunk
+            deltas = ["" for _ in deltas]
+            deltas[-1] = full
+        return deltas
+
+    async def _chat(self, sid: str, body: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
         lock = self._locks.setdefault(sid, asyncio.Lock())
         async with lock:  # one call at a time per session keeps the token chain well defined
             st = self._state(sid)
@@ -411,7 +440,7 @@ class ModelGateway:
             st.last_reply = {"role": "assistant", "content": self._assistant_text(message)}
             st.last_prompt, st.last_completion = prompt, list(gen.token_ids)
             st.last_finished = gen.finish_reason == "stop"
-        return {
+        resp = {
             "id": f"chatcmpl-{sid}-{rec.index}",
             "object": "chat.completion",
             "created": int(rec.created_at),
@@ -423,6 +452,7 @@ class ModelGateway:
                 "total_tokens": len(prompt) + len(gen.token_ids),
             },
         }
+        return resp, list(gen.token_ids)
 
     def _reply_message(
         self, text: str, tools: list[dict[str, Any]], engine_finish: str
@@ -482,18 +512,20 @@ class ModelGateway:
             if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
                 raise HTTPException(400, "expected a JSON object with a `messages` list")
             try:
-                resp = await self.chat(sid, body)
+                resp, ids = await self._chat(sid, body)
             except GatewayError as exc:
                 return JSONResponse({"error": {"message": str(exc), "type": "gateway"}}, 400)
             if not body.get("stream"):
                 return resp
-            return StreamingResponse(_sse(resp), media_type="text/event-stream")
+            deltas = await asyncio.to_thread(self.token_deltas, ids)
+            return StreamingResponse(_sse(resp, deltas), media_type="text/event-stream")
 
         return app
 
 
-def _sse(resp: dict[str, Any]) -> Any:
-    """A finished completion as OpenAI `chat.completion.chunk` events."""
+def _sse(resp: dict[str, Any], deltas: list[str]) -> Any:
+    """A finished completion as OpenAI `chat.completion.chunk` events, one content chunk per
+    token that adds text (`deltas`, see `ModelGateway.token_deltas`)."""
 
     async def events() -> Any:
         choice = resp["choices"][0]
@@ -501,11 +533,19 @@ def _sse(resp: dict[str, Any]) -> Any:
         base = {k: resp[k] for k in ("id", "created", "model")} | {
             "object": "chat.completion.chunk"
         }
-        first: dict[str, Any] = {"role": "assistant", "content": msg.get("content") or ""}
-        yield f"data: {json.dumps(base | {'choices': [{'index': 0, 'delta': first}]})}\n\n"
+
+        def chunk(delta: dict[str, Any]) -> str:
+            return f"data: {json.dumps(base | {'choices': [{'index': 0, 'delta': delta}]})}\n\n"
+
+        yield chunk({"role": "assistant", "content": ""})
+        content = msg.get("content") or ""
+        # the reply's text is the tokens' text (else, never expected, send it in one piece)
+        parts = deltas if "".join(deltas) == content else [content]
+        for d in parts:
+            if d:
+                yield chunk({"content": d})
         if msg.get("tool_calls"):
-            delta = {"tool_calls": [dict(c, index=i) for i, c in enumerate(msg["tool_calls"])]}
-            yield f"data: {json.dumps(base | {'choices': [{'index': 0, 'delta': delta}]})}\n\n"
+            yield chunk({"tool_calls": [dict(c, index=i) for i, c in enumerate(msg["tool_calls"])]})
         last = {"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}
         yield f"data: {json.dumps(base | {'choices': [last], 'usage': resp['usage']})}\n\n"
         yield "data: [DONE]\n\n"

@@ -118,9 +118,27 @@ async def test_stream_sends_sse_chunks(tok: Any, tmp_path: Path) -> None:
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert all(ch["object"] == "chat.completion.chunk" for ch in chunks)
-    assert "echo hi" in chunks[0]["choices"][0]["delta"]["content"]
-    assert chunks[1]["choices"][0]["delta"]["tool_calls"][0]["function"]["name"] == "bash"
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    # one content chunk per generated token that adds text (the end token adds none)
+    (rec,) = gw.store.calls("s")
+    texts = [c["choices"][0]["delta"].get("content") for c in chunks[1:]]
+    content = [t for t in texts if t is not None]
+    assert "".join(content) == rec.completion_text == "```bash\necho hi\n```"
+    assert len(content) == len(rec.completion_ids) - 1 and all(content)
+    assert chunks[-2]["choices"][0]["delta"]["tool_calls"][0]["function"]["name"] == "bash"
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert chunks[-1]["usage"]["completion_tokens"] == len(rec.completion_ids)
+
+
+def test_token_deltas_hold_back_split_characters(tok: Any, tmp_path: Path) -> None:
+    gw = ModelGateway([ScriptedEngine(tok, [])], tok, CallStore(tmp_path / "c.db"))
+    text = "héllo 🦩 wörld 龘"
+    ids = tok(text, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    deltas = gw.token_deltas(ids)
+    assert len(deltas) == len(ids) and "".join(deltas) == text
+    assert "\ufffd" not in "".join(deltas)
+    assert deltas.count("") >= 4 + 1  # two 3-token characters wait twice each; the end token
+    assert deltas[-1] == ""  # the end token adds no text
 
 
 async def test_an_edited_reply_is_refused_not_retokenised(tok: Any, tmp_path: Path) -> None:
