@@ -112,7 +112,7 @@ CAP_ADD = [
 def _make_bridge_dir(path: Path) -> None:
     """(Thread) a fresh, empty bridge directory that any user in the container can traverse."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.mkdir(mode=0o755)
+    path.mkdir(mode=0o755, exist_ok=True)  # exists on the retry without storage limits
     os.chmod(path, 0o755)  # mkdir's mode is masked by the umask
 
 
