@@ -20,13 +20,14 @@ import contextlib
 import logging
 import re
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import PydanticSerializationError
+from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocketDisconnect
 
 from envserver.errors import BusyError, MessageTooLargeError, to_wire_error
@@ -175,6 +176,28 @@ class Connection:
                 self._open = False  # the peer is gone; the reply is cached for a resend
 
 
+ENV_PATH = "/v1/env"
+
+
+class _EnvServerApp(FastAPI):
+    """The FastAPI app, with one shortcut: a websocket to ENV_PATH goes straight to its
+    endpoint instead of through a dozen middleware and routing layers (about a tenth of the
+    server's CPU per connection in the sessions benchmark). The route stays registered, so
+    schema, route listings and tests see it; lifespan and HTTP are FastAPI's as before."""
+
+    env_endpoint: Callable[[WebSocket], Awaitable[None]] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "websocket"
+            and scope["path"] == ENV_PATH
+            and self.env_endpoint is not None
+        ):
+            await self.env_endpoint(WebSocket(scope, receive, send))
+            return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(
     settings: ServerSettings | None = None, backend: SandboxBackend | None = None
 ) -> FastAPI:
@@ -195,7 +218,7 @@ def create_app(
     hidden: dict[str, Any] = (
         {"openapi_url": None, "docs_url": None, "redoc_url": None} if settings.token else {}
     )
-    app = FastAPI(title="sandgym env server", version="1", lifespan=lifespan, **hidden)
+    app = _EnvServerApp(title="sandgym env server", version="1", lifespan=lifespan, **hidden)
     app.state.service = service
     app.state.settings = settings
 
@@ -266,7 +289,7 @@ def create_app(
         await service.pool.prewarm(pairs)
         return JSONResponse({"scheduled": len(pairs), "count": body.count})
 
-    @app.websocket("/v1/env")
+    @app.websocket(ENV_PATH)
     async def env(ws: WebSocket) -> None:
         await ws.accept()
         if not _token_ok(ws.headers.get("authorization"), ws.query_params.get("token")):
@@ -279,4 +302,5 @@ def create_app(
         finally:
             service.connections -= 1
 
+    app.env_endpoint = env
     return app

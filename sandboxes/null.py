@@ -53,7 +53,9 @@ class NullSandbox(Sandbox):
     def _interpret(self, command: str) -> tuple[str, int, float]:
         """Return (output, exit_code, sleep_s) for a fake command line."""
         try:
-            argv = shlex.split(command)
+            # No quote or escape: shlex would only split on whitespace, 20x slower.
+            simple = not any(c in command for c in "'\"\\")
+            argv = command.split() if simple else shlex.split(command)
         except ValueError as exc:
             return f"bash: syntax error: {exc}\n", 2, 0.0
         if not argv:

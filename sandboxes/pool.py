@@ -336,8 +336,10 @@ class _Key:
         return now < self.failing_until
 
     def unserved(self) -> int:
-        """Waiters that no in-flight creation will serve."""
-        return max(0, sum(1 for w in self.waiters if not w.done()) - self.creating)
+        """Waiters that no in-flight creation will serve. Every future in `waiters` is
+        pending: a waiter is popped before it is handed a result, and removed when its
+        acquire gives up; so this is O(1), not a scan per dispatch."""
+        return max(0, len(self.waiters) - self.creating)
 
     def held(self) -> int:
         return len(self.ready) + self.creating + self.leased
@@ -464,8 +466,8 @@ class SandboxPool:
                 f"(pool holds {self.total()} of max_total {self.settings.max_total}; "
                 f"{k.creating} creating for this key)"
             )
-        with contextlib.suppress(ValueError):
-            k.waiters.remove(fut)
+        if fut in k.waiters:  # normally popped by whoever handed it over
+            k.waiters.remove(fut)  # (a failed deque.remove would format the future's repr)
         sb = fut.result()  # raises the creation error handed to this waiter
         if self._closing or sb.closed:
             # close() ran between the hand-off and now; it destroys leased sandboxes too.
@@ -621,7 +623,7 @@ class SandboxPool:
             raise PoolClosedError("pool is closed; it hands out no more sandboxes")
 
     async def _key_for(self, spec: SandboxSpec) -> _Key:
-        if spec.build_context is not None:
+        if spec.needs_hashing(self.backend.name):
             # Hashing a build context reads every file in it: keep that off the event loop.
             key = await asyncio.to_thread(spec.fingerprint, self.backend.name)
         else:
@@ -663,7 +665,7 @@ class SandboxPool:
     def _abandon_waiter(self, k: _Key, fut: asyncio.Future[Sandbox]) -> None:
         """The acquire gave up (timeout/cancel): drop its waiter; a sandbox already handed to
         it is unused and fresh, so it goes back to the ready queue."""
-        with contextlib.suppress(ValueError):
+        if fut in k.waiters:
             k.waiters.remove(fut)
         if fut.done():
             if not fut.cancelled() and fut.exception() is None:
@@ -752,7 +754,7 @@ class SandboxPool:
                 for k in self._keys.values():
                     if k.failing(now):
                         continue
-                    spare = max(0, k.creating - sum(1 for w in k.waiters if not w.done()))
+                    spare = max(0, k.creating - len(k.waiters))
                     deficit = self._target(k, now) - len(k.ready) - spare
                     if deficit <= 0:
                         continue

@@ -9,12 +9,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
+import weakref
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 #: Output beyond this many bytes per stream is cut and marked with `TRUNCATION_MARKER`.
 DEFAULT_MAX_OUTPUT_BYTES = 1_000_000
+#: how long a spec remembers its fingerprint (see `SandboxSpec.fingerprint`)
+FINGERPRINT_TTL_S = 2.0
 TRUNCATION_MARKER = "\n[sandgym: output truncated: {dropped} bytes dropped]\n"
 
 
@@ -59,12 +63,51 @@ class SandboxSpec(BaseModel):
         return hash_directory(self.build_context)
 
     def fingerprint(self, backend: str = "") -> str:
-        """Stable key for 'interchangeable fresh sandboxes' (excludes per-sandbox labels)."""
+        """Stable key for 'interchangeable fresh sandboxes' (excludes per-sandbox labels).
+
+        Remembered on this spec for FINGERPRINT_TTL_S: a server keeps one spec per task and
+        asks on every reset; walking the build context each time was a fifth of a reset's CPU.
+        An edited build context is still noticed, within that time."""
+        now = time.monotonic()
+        memo = _memo_of(self)
+        hit = memo.get(backend)
+        if hit is not None and now - hit[0] < FINGERPRINT_TTL_S:
+            return hit[1]
+        fp = self._fingerprint(backend)
+        memo[backend] = (now, fp)
+        return fp
+
+    def needs_hashing(self, backend: str = "") -> bool:
+        """Whether `fingerprint` would read the build context now (callers move it off the
+        event loop then)."""
+        hit = _memo_of(self).get(backend)
+        fresh = hit is not None and time.monotonic() - hit[0] < FINGERPRINT_TTL_S
+        return self.build_context is not None and not fresh
+
+    def _fingerprint(self, backend: str) -> str:
         data = self.model_dump(mode="json", exclude={"labels", "build_context"})
         data["context"] = self.context_hash()
         data["backend"] = backend
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+#: id(spec) -> (weak reference, {backend: (when, fingerprint)}); kept outside the model so
+#: that it takes no part in equality, removed when the spec is collected
+_FP_MEMO: dict[int, tuple[weakref.ref[SandboxSpec], dict[str, tuple[float, str]]]] = {}
+
+
+def _memo_of(spec: SandboxSpec) -> dict[str, tuple[float, str]]:
+    key = id(spec)
+    entry = _FP_MEMO.get(key)
+    if entry is None or entry[0]() is not spec:
+
+        def forget(_ref: weakref.ref[SandboxSpec], k: int = key) -> None:
+            _FP_MEMO.pop(k, None)
+
+        entry = (weakref.ref(spec, forget), {})
+        _FP_MEMO[key] = entry
+    return entry[1]
 
 
 _HASH_CACHE: dict[tuple[str, tuple[tuple[str, int, int, int], ...]], str] = {}
