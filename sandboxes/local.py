@@ -40,12 +40,12 @@ from sandboxes.errors import (
     SandboxLostError,
     SandboxPathError,
 )
+from sandboxes.reaper import local_root
 from sandboxes.shell import PexpectShell, count_children_script, kill_tree_script
 from sandboxes.spec import DEFAULT_MAX_OUTPUT_BYTES, ExecResult, SandboxSpec, ShellResult
 
 log = logging.getLogger(__name__)
 
-DEFAULT_ROOT = Path(os.environ.get("SANDGYM_LOCAL_ROOT", "/tmp/sandgym-local"))
 #: Host directories bound read-only into every sandbox (links like /bin -> usr/bin are copied).
 SYSTEM_DIRS = ("usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 #: Private writable directories every sandbox has.
@@ -574,7 +574,8 @@ def _rmtree(path: Path) -> None:
 
 
 class LocalBackend(SandboxBackend):
-    """bubblewrap sandboxes under `root` (default `$SANDGYM_LOCAL_ROOT` or /tmp/sandgym-local)."""
+    """bubblewrap sandboxes under `root` (default: `sandboxes.reaper.local_root()`, in memory
+    at /dev/shm/sandgym-local where possible)."""
 
     name = "local"
 
@@ -587,7 +588,7 @@ class LocalBackend(SandboxBackend):
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
     ) -> None:
         super().__init__(owner_id, lease_s)
-        self.root = Path(root) if root else DEFAULT_ROOT
+        self.root = Path(root) if root else local_root()
         self.root.mkdir(parents=True, exist_ok=True)
         self.max_output_bytes = max_output_bytes
         self.use_bwrap = shutil.which("bwrap") is not None and shutil.which("nsenter") is not None

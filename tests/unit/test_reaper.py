@@ -140,6 +140,8 @@ def test_local_root_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     monkeypatch.setenv("SANDGYM_LOCAL_ROOT", str(tmp_path))
     assert local_root() == tmp_path
     monkeypatch.delenv("SANDGYM_LOCAL_ROOT")
+    assert local_root() in (Path("/dev/shm/sandgym-local"), Path("/tmp/sandgym-local"))
+    monkeypatch.setattr("sandboxes.reaper._memory_root_usable", lambda: False)
     assert local_root() == Path("/tmp/sandgym-local")
 
 
