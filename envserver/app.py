@@ -94,6 +94,7 @@ class Connection:
         self.session: Session | None = None
         self._handler: asyncio.Task[None] | None = None
         self._send_lock = asyncio.Lock()
+        self._raw_send = ws._send  # the ASGI send callable under the Starlette wrapper
         self._open = True
 
     @property
@@ -169,9 +170,12 @@ class Connection:
     async def _send(self, text: str) -> None:
         if not self._open:
             return
+        # Straight to the ASGI send (Starlette's WebSocket.send only re-checks its state
+        # machine); the lock keeps replies whole and in order if the server's send waits.
+        message = {"type": "websocket.send", "text": text}
         async with self._send_lock:
             try:
-                await self.ws.send_text(text)
+                await self._raw_send(message)
             except (WebSocketDisconnect, RuntimeError, OSError):
                 self._open = False  # the peer is gone; the reply is cached for a resend
 
