@@ -23,6 +23,7 @@ import shutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sandboxes.base import LABEL_MANAGED, LABEL_OWNER, owner_is_gone
 
@@ -184,8 +185,46 @@ async def reap_local(
     )
 
 
+# -- e2b -------------------------------------------------------------------------------------
+async def reap_e2b(
+    report: ReapReport,
+    *,
+    everything: bool = False,
+    owner_id: str | None = None,
+    backend: Any = None,
+) -> None:
+    """Kill orphaned sandgym sandboxes in the E2B account of `$E2B_API_KEY` (metadata labels
+    select them; sandboxes of other programs in the account are never touched)."""
+    from sandboxes.e2b import E2BBackend
+    from sandboxes.errors import BackendUnavailableError
+
+    own = backend is None
+    be = E2BBackend() if own else backend
+    try:
+        try:
+            await be.ensure_available()
+            removed, errors = await be.reap_matching(everything=everything, owner_id=owner_id)
+        except BackendUnavailableError as exc:
+            report.errors.append({"backend": "e2b", "id": "", "error": str(exc)})
+            return
+        except Exception as exc:  # the service unreachable, an API error
+            report.errors.append({"backend": "e2b", "id": "", "error": f"E2B: {exc}"})
+            return
+        report.removed += [{"backend": "e2b", "id": i} for i in removed]
+        report.errors += [{"backend": "e2b", "id": i, "error": e} for i, e in errors]
+    finally:
+        if own:
+            await be.aclose()
+
+
 # -- all -------------------------------------------------------------------------------------
-BACKENDS = ("docker", "local")
+BACKENDS = ("docker", "local", "e2b")
+
+
+def default_backends() -> list[str]:
+    """What `sandgym reap` looks at by default: docker and local, and E2B when a key is set
+    (without one there is no E2B account to look in)."""
+    return [b for b in BACKENDS if b != "e2b" or os.environ.get("E2B_API_KEY")]
 
 
 async def reap(
@@ -202,6 +241,8 @@ async def reap(
             await reap_docker(report, everything=everything, owner_id=owner_id)
         elif name == "local":
             await reap_local(report, root=local_root_dir, everything=everything, owner_id=owner_id)
+        elif name == "e2b":
+            await reap_e2b(report, everything=everything, owner_id=owner_id)
         else:
             raise ValueError(f"expected a backend among {', '.join(BACKENDS)}, got {name!r}")
     return report

@@ -1,12 +1,13 @@
 """`sandgym reap`: remove sandboxes that a crashed or expired owner left behind.
 
-    sandgym reap [--backend all|docker|local] [--all] [--json]
+    sandgym reap [--backend all|docker|local|e2b] [--all] [--json]
 
 By default only orphans go (lease expired, or owner process on this host dead); `--all` removes
 every sandgym-managed sandbox, including those of live servers. With `--json` it prints
 `{"removed":[{"backend":..,"id":..}], "errors":[{"backend":..,"id":..,"error":..}]}`.
 Exit status: 0 when nothing failed, 1 when some removal failed or a backend was unreachable
 (a backend explicitly asked for), 0 with `--backend all` when a backend is merely not present.
+`all` covers E2B only when `E2B_API_KEY` is set.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import asyncio
 import json
 import sys
 
-from sandboxes.reaper import BACKENDS, reap
+from sandboxes.reaper import BACKENDS, default_backends, reap
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    backends = list(BACKENDS) if args.backend == "all" else [args.backend]
+    backends = default_backends() if args.backend == "all" else [args.backend]
     report = asyncio.run(reap(backends, everything=args.everything))
     doc = report.to_json()
     if args.json:

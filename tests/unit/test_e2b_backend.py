@@ -354,6 +354,30 @@ async def test_close_is_idempotent_and_kills_the_vm(cloud, backend):
 
 
 # -- reaping -----------------------------------------------------------------------------------
+async def test_sandgym_reap_covers_e2b(cloud, backend, monkeypatch):
+    from sandboxes.reaper import ReapReport, default_backends, reap_e2b
+
+    expired_backend = E2BBackend(api_key=cloud.api_key, sdk=cloud.sdk, lease_s=-10)
+    expired = await expired_backend.create(SandboxSpec())
+    live = await backend.create(SandboxSpec())
+    try:
+        report = ReapReport()
+        await reap_e2b(report, backend=backend)
+        assert report.removed == [{"backend": "e2b", "id": expired.id}]
+        assert live.e2b_id in cloud.running_ids()
+        # without a key: a named error entry, nothing touched
+        monkeypatch.delenv("E2B_API_KEY", raising=False)
+        report = ReapReport()
+        await reap_e2b(report, backend=E2BBackend(sdk=cloud.sdk))
+        assert report.removed == [] and "E2B_API_KEY" in report.errors[0]["error"]
+        assert "e2b" not in default_backends()
+        monkeypatch.setenv("E2B_API_KEY", "k")
+        assert "e2b" in default_backends()
+    finally:
+        await live.close()
+        await expired.close()
+
+
 async def test_reap_kills_expired_and_ownerless_only(cloud, backend):
     cloud.page_size = 1  # the reaper must walk every page
     live = await backend.create(SandboxSpec())
