@@ -135,6 +135,15 @@ class EnvService:
         )
         if self.backend is None:
             self.backend = get_backend(s.backend, **s.backend_options)
+        ensure = getattr(self.backend, "ensure_available", None)
+        if ensure is not None:
+            # A backend that cannot work (no E2B key or SDK, no Docker engine) stops the
+            # server at startup with the reason, instead of failing every reset later.
+            try:
+                await ensure()
+            except Exception as exc:
+                log.error("backend %s is not usable: %s", self.backend.name, exc)
+                raise
         if s.reap_on_start:
             await self._reap_orphans()
         self.pool = SandboxPool(

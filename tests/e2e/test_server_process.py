@@ -35,3 +35,21 @@ async def test_serve_cli_process(task_dir):
         assert srv.proc.returncode == 0
     finally:
         await asyncio.to_thread(srv.stop)
+
+
+def test_serve_refuses_a_backend_that_cannot_work() -> None:
+    """`sandgym serve --backend e2b` without a key stops at startup and says why."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "E2B_API_KEY"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "envserver.cli", "serve", "--backend", "e2b", "--port", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "E2B_API_KEY" in proc.stderr or "sandgym[e2b]" in proc.stderr  # no key / no SDK
