@@ -425,66 +425,96 @@ async def _window(url: str, neighbours: int, seconds: float) -> tuple[list[float
     return await run
 
 
-async def _abuse_backend(url: str, window_s: float, neighbours: int) -> dict[str, Any]:
+async def _abuse_backend(
+    url: str, window_s: float, neighbours: int, rounds: int = 1
+) -> dict[str, Any]:
     """Per abuse: a quiet window, then an abuse window of at least `window_s` (the abuse is
     repeated in it, in a fresh episode whenever the last one's sandbox is unusable). Quiet and
-    abuse windows alternate so that the machine's other load, which drifts, hits both alike."""
+    abuse windows alternate so that the machine's other load, which drifts, hits both alike.
+    With `rounds` > 1 the whole sequence runs again and each abuse's quiet and abuse samples
+    are pooled over its rounds (one window pair's p99 swings by 2x on this shared machine)."""
     from envserver.client import AsyncEnvClient, EnvError
 
-    out: dict[str, Any] = {"neighbours": neighbours, "window_s": window_s, "abuses": {}}
+    out: dict[str, Any] = {
+        "neighbours": neighbours,
+        "window_s": window_s,
+        "rounds": rounds,
+        "abuses": {},
+    }
     all_quiet: list[float] = []
+    acc: dict[str, dict[str, Any]] = {
+        name: {
+            "quiet": [],
+            "quiet_err": 0,
+            "lat": [],
+            "err": 0,
+            "outcomes": [],
+            "after": [],
+            "abuse_s": 0.0,
+            "ratios": [],
+        }  # fmt: skip
+        for name in ABUSES
+    }
     # Warm-up (discarded): the first episodes pay the image check, the pool's first creations.
     await _window(url, neighbours, 3.0)
-    for name, action in ABUSES.items():
-        quiet, quiet_err = await _window(url, neighbours, window_s)
-        all_quiet += quiet
-        stop = asyncio.Event()
-        run = asyncio.create_task(_neighbours(url, neighbours, stop))
-        await asyncio.sleep(0.3)  # neighbours stepping before the abuse starts
-        t0 = time.perf_counter()
-        outcomes: list[str] = []
-        after: list[str] = []
-        while time.perf_counter() - t0 < window_s:
-            async with AsyncEnvClient(url, request_timeout_s=300) as abuser:
-                await abuser.reset(REL_TASK)
-                usable = True
-                while usable and time.perf_counter() - t0 < window_s:
-                    try:
-                        res = await abuser.step({"kind": "command", **action})
-                        outcomes.append(f"exit {res.observation.get('exit_code')}")
-                    except EnvError as exc:
-                        outcomes.append(exc.code)
-                    try:
-                        res = await abuser.step({"kind": "command", "command": "echo alive",
-                                                 "timeout_s": 20})  # fmt: skip
-                        usable = res.observation["output"] == "alive\n"
-                        after.append("ok" if usable else "wrong output")
-                    except EnvError as exc:
-                        usable = False
-                        after.append(exc.code)
-        abuse_s = time.perf_counter() - t0
-        stop.set()
-        lat, err = await run
-        p99, quiet_p99 = _pct(lat, 99), _pct(quiet, 99)
+    for _round in range(rounds):
+        for name, action in ABUSES.items():
+            a = acc[name]
+            quiet, quiet_err = await _window(url, neighbours, window_s)
+            all_quiet += quiet
+            stop = asyncio.Event()
+            run = asyncio.create_task(_neighbours(url, neighbours, stop))
+            await asyncio.sleep(0.3)  # neighbours stepping before the abuse starts
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < window_s:
+                async with AsyncEnvClient(url, request_timeout_s=300) as abuser:
+                    await abuser.reset(REL_TASK)
+                    usable = True
+                    while usable and time.perf_counter() - t0 < window_s:
+                        try:
+                            res = await abuser.step({"kind": "command", **action})
+                            a["outcomes"].append(f"exit {res.observation.get('exit_code')}")
+                        except EnvError as exc:
+                            a["outcomes"].append(exc.code)
+                        try:
+                            res = await abuser.step({"kind": "command", "command": "echo alive",
+                                                     "timeout_s": 20})  # fmt: skip
+                            usable = res.observation["output"] == "alive\n"
+                            a["after"].append("ok" if usable else "wrong output")
+                        except EnvError as exc:
+                            usable = False
+                            a["after"].append(exc.code)
+            a["abuse_s"] += time.perf_counter() - t0
+            stop.set()
+            lat, err = await run
+            if _pct(lat, 99) and _pct(quiet, 99):
+                a["ratios"].append(round(_pct(lat, 99) / _pct(quiet, 99), 2))
+            a["quiet"] += quiet
+            a["quiet_err"] += quiet_err
+            a["lat"] += lat
+            a["err"] += err
+    for name, a in acc.items():
+        p99, quiet_p99 = _pct(a["lat"], 99), _pct(a["quiet"], 99)
         ratio = None if not (p99 and quiet_p99) else round(p99 / quiet_p99, 2)
         out["abuses"][name] = {
-            "runs": len(outcomes),
-            "outcomes": dict(Counter(outcomes)),
-            "abuser_sandbox_after": dict(Counter(after)),
-            "abuse_window_s": round(abuse_s, 2),
+            "runs": len(a["outcomes"]),
+            "outcomes": dict(Counter(a["outcomes"])),
+            "abuser_sandbox_after": dict(Counter(a["after"])),
+            "abuse_window_s": round(a["abuse_s"], 2),
             "quiet": {
-                "n": len(quiet),
-                "p50_ms": _ms(_pct(quiet, 50)),
+                "n": len(a["quiet"]),
+                "p50_ms": _ms(_pct(a["quiet"], 50)),
                 "p99_ms": _ms(quiet_p99),
-                "errors": quiet_err,
+                "errors": a["quiet_err"],
             },  # fmt: skip
             "during": {
-                "n": len(lat),
-                "p50_ms": _ms(_pct(lat, 50)),
+                "n": len(a["lat"]),
+                "p50_ms": _ms(_pct(a["lat"], 50)),
                 "p99_ms": _ms(p99),
-                "errors": err,
+                "errors": a["err"],
             },  # fmt: skip
             "p99_ratio_to_quiet": ratio,
+            "p99_ratio_per_round": a["ratios"],
             "within_2x": None if ratio is None else ratio <= 2.0,
         }
     out["quiet_all"] = {"n": len(all_quiet), "p50_ms": _ms(_pct(all_quiet, 50)),
@@ -492,7 +522,9 @@ async def _abuse_backend(url: str, window_s: float, neighbours: int) -> dict[str
     return out
 
 
-def bench_abuse(task_root: Path, backend: str, window_s: float, neighbours: int) -> dict[str, Any]:
+def bench_abuse(
+    task_root: Path, backend: str, window_s: float, neighbours: int, rounds: int = 1
+) -> dict[str, Any]:
     from envserver.runner import ServerProcess
 
     # Neighbours and the repeated abuse take thousands of steps: no max_steps truncation.
@@ -504,7 +536,7 @@ def bench_abuse(task_root: Path, backend: str, window_s: float, neighbours: int)
     with ServerProcess(
         backend, args=["--tasks", str(task_root)], env=env, startup_timeout_s=120
     ) as srv:
-        result = asyncio.run(_abuse_backend(srv.url, window_s, neighbours))
+        result = asyncio.run(_abuse_backend(srv.url, window_s, neighbours, rounds))
         result["server_alive"] = srv.proc.poll() is None
     return result
 
@@ -707,6 +739,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--neighbours", type=int, default=3, help="neighbour sessions stepping")
     parser.add_argument(
+        "--abuse-rounds",
+        type=int,
+        default=3,
+        help="rounds of all abuses; each abuse's quiet and abuse samples are pooled over them",
+    )
+    parser.add_argument(
         "--dockerd-restart",
         action="store_true",
         help="also kill and restart dockerd under load (disrupts every container on the engine)",
@@ -735,7 +773,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"bench reliability: abuse on {backend}", file=sys.stderr)
                 try:
                     doc["abuse"][backend] = bench_abuse(
-                        task_root, backend, args.window_s, args.neighbours
+                        task_root, backend, args.window_s, args.neighbours, args.abuse_rounds
                     )
                 except Exception as exc:  # a backend that cannot run here is reported
                     skipped[f"abuse/{backend}"] = f"{type(exc).__name__}: {exc}"

@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from sandboxes.base import LABEL_MANAGED, Sandbox, SandboxBackend, normalize_sandbox_path
+from sandboxes.cgroups import CPU_PERIOD_US
 from sandboxes.errors import (
     BackendUnavailableError,
     SandboxCreateError,
@@ -1037,7 +1038,9 @@ class DockerBackend(SandboxBackend):
             binds={str(bridge_dir): {"bind": BRIDGE_MOUNT, "mode": "ro"}},
         )
         if spec.cpus:
-            host["nano_cpus"] = int(spec.cpus * 1e9)
+            # A 10 ms CFS period (Docker's --cpus uses 100 ms): see cgroups.CPU_PERIOD_US.
+            host["cpu_period"] = CPU_PERIOD_US
+            host["cpu_quota"] = int(spec.cpus * CPU_PERIOD_US)
         if spec.memory_mb:
             host["mem_limit"] = f"{spec.memory_mb}m"
             host["memswap_limit"] = f"{spec.memory_mb}m"  # equal: no swap on top

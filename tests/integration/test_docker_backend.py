@@ -264,7 +264,7 @@ async def test_labels_limits_and_isolation_settings(backend) -> None:
         assert labels["sandgym.fingerprint"] == spec.fingerprint("docker")
         assert float(labels[LABEL_LEASE_EXPIRY]) > time.time()
         hc = info["HostConfig"]
-        assert hc["NanoCpus"] == 500_000_000
+        assert hc["CpuQuota"] / hc["CpuPeriod"] == 0.5 and hc["CpuPeriod"] == 10_000
         assert hc["Memory"] == hc["MemorySwap"] == 256 * 1024 * 1024
         assert hc["PidsLimit"] == 100
         assert hc["NetworkMode"] == "none"
