@@ -201,3 +201,48 @@ async def test_sessions_stick_to_the_least_loaded_replica(tok: Any, tmp_path: Pa
     assert {c.replica for c in gw.store.calls("s1")} == {0}
     assert {c.replica for c in gw.store.calls("s2")} == {1}
     assert len(engines[0].prompts) == len(engines[1].prompts) == 2
+
+
+async def test_the_official_openai_client_gets_tool_calls_and_streams(
+    tok: Any, tmp_path: Path
+) -> None:
+    """What a harness built on the `openai` SDK does: a tool call, then a streamed reply."""
+    openai = pytest.importorskip("openai")
+    engine = ScriptedEngine(tok, ["```bash\nls /app\n```", "Done, it holds a.txt."])
+    gw = ModelGateway([engine], tok, CallStore(tmp_path / "o.db"))
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=gw.app()), base_url="http://gw")
+    client = openai.AsyncOpenAI(
+        base_url="http://gw/sessions/sdk/v1", api_key="unused", http_client=http
+    )
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": "What is in /app?"}]
+    async with http:
+        first = await client.chat.completions.create(
+            model="sandgym-policy",
+            messages=msgs,
+            tools=[BASH, SUBMIT],  # type: ignore[arg-type]
+        )
+        (call,) = first.choices[0].message.tool_calls or []
+        assert first.choices[0].finish_reason == "tool_calls"
+        assert json.loads(call.function.arguments) == {"command": "ls /app"}
+        msgs += [
+            first.choices[0].message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "a.txt\n"},
+        ]
+        stream = await client.chat.completions.create(
+            model="sandgym-policy",
+            messages=msgs,  # type: ignore[arg-type]
+            tools=[BASH, SUBMIT],  # type: ignore[list-item]
+            stream=True,
+        )
+        pieces, finish = [], None
+        async for chunk in stream:
+            if chunk.choices and chunk.choices[0].delta.content:
+                pieces.append(chunk.choices[0].delta.content)
+            if chunk.choices and chunk.choices[0].finish_reason:
+                finish = chunk.choices[0].finish_reason
+    assert "".join(pieces) == "Done, it holds a.txt." and len(pieces) > 1
+    assert finish == "stop"
+    steps = gw.steps("sdk")  # both calls recorded, the second extending the first
+    assert len(steps) == 2
+    head = steps[0].prompt_ids + steps[0].response_ids
+    assert steps[1].prompt_ids[: len(head)] == head
