@@ -77,6 +77,15 @@ class GatewayBridge:
                 f"gateway socket path {path} is {len(str(path))} bytes; unix sockets allow "
                 f"{_MAX_UNIX_PATH} (set a shorter backend root)"
             )
+        # The local backend's bridge directory is inside the agent's tree: a symlink planted at
+        # run/ or run/sandgym would make the server create the socket wherever it points on
+        # the host. (At reset the sandbox is fresh; this holds for any later open too.)
+        for p in (root.parent, root):
+            if p.is_symlink():
+                raise GatewayBridgeError(
+                    f"gateway socket directory {p} is a symlink (to {os.readlink(p)!r}); "
+                    "expected a plain directory of the sandbox"
+                )
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()

@@ -50,3 +50,17 @@ async def test_bridge_forwards_both_ways_and_removes_its_socket(tmp_path: Path) 
     await bridge.close()
     assert not sock.exists() and bridge.connections == 1
     upstream.close()
+
+
+@pytest.mark.parametrize("planted", ["run", "run/sandgym"])
+async def test_a_symlinked_socket_directory_is_refused(tmp_path: Path, planted: str) -> None:
+    """A symlink in the sandbox's tree must not make the server put a socket on the host."""
+    host_dir = tmp_path / "host-etc"
+    host_dir.mkdir()
+    fs = tmp_path / "fs"
+    (fs / planted).parent.mkdir(parents=True, exist_ok=True)
+    (fs / planted).symlink_to(host_dir)
+    sandbox = SimpleNamespace(id="s", bridge_dir=fs / "run" / "sandgym")
+    with pytest.raises(GatewayBridgeError, match="symlink"):
+        await GatewayBridge.open(sandbox, "http://127.0.0.1:9")
+    assert list(host_dir.iterdir()) == []
