@@ -1131,6 +1131,33 @@ class DockerBackend(SandboxBackend):
         )
         return found
 
+    async def prune_context_images(self) -> tuple[list[str], list[tuple[str, str]]]:
+        """Remove the `sandgym/ctx:*` images (built from task build contexts) that no
+        container uses, running or stopped. They are rebuilt on the next episode that needs
+        them. Returns (removed tags, [(tag, error)])."""
+        await self.ensure_available()
+
+        def go() -> tuple[list[str], list[tuple[str, str]]]:
+            api = self._client().api
+            in_use = {c.get("ImageID") for c in api.containers(all=True)}
+            removed: list[str] = []
+            errors: list[tuple[str, str]] = []
+            for img in api.images(name=CTX_REPO):
+                if img["Id"] in in_use:
+                    continue
+                for tag in img.get("RepoTags") or []:
+                    if not tag.startswith(CTX_REPO + ":"):
+                        continue
+                    try:
+                        api.remove_image(tag, noprune=False)
+                    except Exception as exc:
+                        errors.append((tag, str(exc)))
+                    else:
+                        removed.append(tag)
+            return removed, errors
+
+        return await asyncio.to_thread(go)
+
     async def reap_matching(
         self, *, everything: bool = False, owner_id: str | None = None
     ) -> tuple[list[str], list[tuple[str, str]]]:

@@ -89,9 +89,14 @@ class ReapReport:
 
 # -- docker ----------------------------------------------------------------------------------
 async def reap_docker(
-    report: ReapReport, *, everything: bool = False, owner_id: str | None = None
+    report: ReapReport,
+    *,
+    everything: bool = False,
+    owner_id: str | None = None,
+    images: bool = False,
 ) -> None:
-    """Remove orphaned sandgym containers from the local Docker engine."""
+    """Remove orphaned sandgym containers from the local Docker engine; with `images`, then
+    the task-context images (`sandgym/ctx:*`) no container uses."""
     from sandboxes.docker import DockerBackend
     from sandboxes.errors import BackendUnavailableError
 
@@ -104,6 +109,10 @@ async def reap_docker(
             return
         report.removed += [{"backend": "docker", "id": i} for i in removed]
         report.errors += [{"backend": "docker", "id": i, "error": e} for i, e in errors]
+        if images:
+            tags, img_errors = await backend.prune_context_images()
+            report.removed += [{"backend": "docker", "id": t} for t in tags]
+            report.errors += [{"backend": "docker", "id": t, "error": e} for t, e in img_errors]
     finally:
         await backend.aclose()
 
@@ -233,12 +242,14 @@ async def reap(
     everything: bool = False,
     owner_id: str | None = None,
     local_root_dir: Path | None = None,
+    images: bool = False,
 ) -> ReapReport:
-    """Reap orphans on each named backend; a backend that cannot run is an error entry."""
+    """Reap orphans on each named backend; a backend that cannot run is an error entry.
+    `images`: on docker, also the task-context images no container uses."""
     report = ReapReport()
     for name in backends:
         if name == "docker":
-            await reap_docker(report, everything=everything, owner_id=owner_id)
+            await reap_docker(report, everything=everything, owner_id=owner_id, images=images)
         elif name == "local":
             await reap_local(report, root=local_root_dir, everything=everything, owner_id=owner_id)
         elif name == "e2b":

@@ -1,13 +1,14 @@
 """`sandgym reap`: remove sandboxes that a crashed or expired owner left behind.
 
-    sandgym reap [--backend all|docker|local|e2b] [--all] [--json]
+    sandgym reap [--backend all|docker|local|e2b] [--all] [--images] [--json]
 
 By default only orphans go (lease expired, or owner process on this host dead); `--all` removes
 every sandgym-managed sandbox, including those of live servers. With `--json` it prints
 `{"removed":[{"backend":..,"id":..}], "errors":[{"backend":..,"id":..,"error":..}]}`.
 Exit status: 0 when nothing failed, 1 when some removal failed or a backend was unreachable
 (a backend explicitly asked for), 0 with `--backend all` when a backend is merely not present.
-`all` covers E2B only when `E2B_API_KEY` is set.
+`all` covers E2B only when `E2B_API_KEY` is set. `--images` also removes the Docker images built
+from task build contexts (`sandgym/ctx:*`) that no container uses; they are rebuilt when needed.
 """
 
 from __future__ import annotations
@@ -33,12 +34,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="remove every sandgym sandbox, not only orphans (live servers lose theirs)",
     )
+    parser.add_argument(
+        "--images",
+        action="store_true",
+        help="docker: also remove task-context images (sandgym/ctx:*) no container uses",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 
 def run(args: argparse.Namespace) -> int:
     backends = default_backends() if args.backend == "all" else [args.backend]
-    report = asyncio.run(reap(backends, everything=args.everything))
+    report = asyncio.run(reap(backends, everything=args.everything, images=args.images))
     doc = report.to_json()
     if args.json:
         print(json.dumps(doc))

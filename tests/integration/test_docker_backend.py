@@ -204,6 +204,28 @@ async def test_build_context_and_cache(backend, tmp_path: Path) -> None:
         await docker_cli("rmi", "-f", f"sandgym/ctx:{digest[:16]}")
 
 
+async def test_unused_context_images_are_pruned_used_ones_kept(backend, tmp_path: Path) -> None:
+    specs = []
+    for name in ("used", "unused"):
+        ctx = tmp_path / name
+        ctx.mkdir()
+        (ctx / "f.txt").write_text(name + os.urandom(4).hex())
+        (ctx / "Dockerfile").write_text("FROM sandgym/terminal:latest\nCOPY f.txt /opt/f.txt\n")
+        specs.append(SandboxSpec(build_context=ctx))
+    live = await backend.create(specs[0])
+    gone = await backend.create(specs[1])
+    await gone.close()
+    tags = [f"sandgym/ctx:{s.context_hash()[:16]}" for s in specs]
+    try:
+        removed, errors = await backend.prune_context_images()
+        assert tags[1] in removed and tags[0] not in removed and not errors
+        assert await backend._image_exists(tags[0]) and not await backend._image_exists(tags[1])
+        assert (await live.exec("cat /opt/f.txt")).exit_code == 0
+    finally:
+        await live.close()
+        await docker_cli("rmi", "-f", *tags)
+
+
 async def test_broken_build_and_missing_image_are_create_errors(backend, tmp_path: Path) -> None:
     (tmp_path / "Dockerfile").write_text("FROM sandgym/terminal:latest\nRUN exit 3\n")
     with pytest.raises(SandboxCreateError, match="build"):
