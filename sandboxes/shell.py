@@ -1,4 +1,4 @@
-"""The persistent interactive shell of a sandbox: pexpect-spawned bash, sentinel-delimited output.
+"""The persistent interactive shell of a sandbox: bash on a pty, sentinel-delimited output.
 
 One `PexpectShell` lives for a whole episode, so a `command` step costs one write and one read
 on a pty instead of a new process, and the shell keeps its state (cwd, exported variables,
@@ -6,8 +6,11 @@ functions) between commands. Output is read from the pty fd by the event loop (n
 read). `send_keys` writes raw keys for full-screen programs, and `screen()` renders what the
 terminal shows with pyte.
 
-How a command runs: its text travels base64-encoded and is `eval`ed by the shell with stdin from
-/dev/null (so a command that reads stdin cannot hang the episode; interactive programs are driven
+The pty is made in the server and the shell spawned without forking the server (`setsid --ctty`,
+see `_PtyChild`; pexpect's fork is used only when a `preexec_fn` is given).
+
+How a command runs: its text travels as ANSI-C quoted chunks (no line over the tty's 4096-byte
+limit, no extra process) and is `eval`ed by the shell with stdin from /dev/null (so a command that reads stdin cannot hang the episode; interactive programs are driven
 with `send_keys`), then a sentinel carrying the exit status is printed. On timeout the shell is
 sent ^C, every descendant of the shell is killed through the backend's `kill_tree` hook, and a
 fresh sentinel re-synchronises the shell, which stays usable. If it does not answer, it is
