@@ -322,7 +322,7 @@ class LocalSandbox(Sandbox):
         return await self._exec(argv, timeout_s, cwd, env, caps=switch)
 
     @property
-    def supports_private_exec(self) -> bool:  # type: ignore[override]
+    def supports_private_exec(self) -> bool:
         return self.init_pid is not None
 
     async def exec_private(

@@ -68,21 +68,23 @@ class SandboxSpec(BaseModel):
         Remembered on this spec for FINGERPRINT_TTL_S: a server keeps one spec per task and
         asks on every reset; walking the build context each time was a fifth of a reset's CPU.
         An edited build context is still noticed, within that time."""
-        now = time.monotonic()
-        memo = _memo_of(self)
-        hit = memo.get(backend)
-        if hit is not None and now - hit[0] < FINGERPRINT_TTL_S:
-            return hit[1]
-        fp = self._fingerprint(backend)
-        memo[backend] = (now, fp)
+        fp = self._remembered(backend)
+        if fp is None:
+            fp = self._fingerprint(backend)
+            _memo_of(self)[backend] = (time.monotonic(), fp)
         return fp
 
     def needs_hashing(self, backend: str = "") -> bool:
         """Whether `fingerprint` would read the build context now (callers move it off the
         event loop then)."""
+        return self.build_context is not None and self._remembered(backend) is None
+
+    def _remembered(self, backend: str) -> str | None:
+        """The fingerprint remembered for `backend`, if younger than FINGERPRINT_TTL_S."""
         hit = _memo_of(self).get(backend)
-        fresh = hit is not None and time.monotonic() - hit[0] < FINGERPRINT_TTL_S
-        return self.build_context is not None and not fresh
+        if hit is not None and time.monotonic() - hit[0] < FINGERPRINT_TTL_S:
+            return hit[1]
+        return None
 
     def _fingerprint(self, backend: str) -> str:
         data = self.model_dump(mode="json", exclude={"labels", "build_context"})
