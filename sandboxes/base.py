@@ -186,6 +186,18 @@ class SandboxBackend(abc.ABC):
         """Destroy sandboxes whose owner is gone or whose lease expired; return their ids."""
         return []
 
+    async def owned_sandbox_ids(self) -> list[str] | None:
+        """Ids of every sandbox on this backend labelled with this backend's owner id, in any
+        state (running, stopped, half-made), including ones no `Sandbox` object stands for (a
+        creation whose answer was lost). None when the backend cannot list them; the pool's
+        sweep of untracked sandboxes then does nothing."""
+        return None
+
+    async def remove_sandbox(self, sandbox_id: str) -> None:
+        """Remove the sandbox `sandbox_id`, one `owned_sandbox_ids` listed, without a `Sandbox`
+        object for it (the pool's sweep of lost creations). One already gone is no error."""
+        raise SandboxError(f"the {self.name} backend cannot remove a sandbox by id")
+
     async def aclose(self) -> None:
         """Release backend-wide resources (clients, threads)."""
         return None

@@ -60,7 +60,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sandboxes.base import LABEL_MANAGED, Sandbox, SandboxBackend, normalize_sandbox_path
+from sandboxes.base import (
+    LABEL_MANAGED,
+    LABEL_OWNER,
+    Sandbox,
+    SandboxBackend,
+    normalize_sandbox_path,
+)
 from sandboxes.cgroups import CPU_PERIOD_US
 from sandboxes.errors import (
     BackendUnavailableError,
@@ -1020,22 +1026,15 @@ class DockerBackend(SandboxBackend):
             )
 
     # -- create / remove ---------------------------------------------------------------------
-    async def create(self, spec: SandboxSpec) -> DockerSandbox:
-        import docker.errors
-
-        await self.ensure_available()
-        image = await self.image_for(spec)
-        labels = await asyncio.to_thread(self.labels_for, spec)
-        sandbox_id = "sg-" + uuid.uuid4().hex[:12]
-        bridge_dir = self.bridge_root / sandbox_id
-        labels[LABEL_BRIDGE_DIR] = str(bridge_dir)
+    def _confinement(self, spec: SandboxSpec) -> dict[str, Any]:
+        """Host-config options every container of a sandbox gets (the sandbox's own and its
+        verifier's): Docker's init, the reduced capabilities, `no-new-privileges`, and the
+        spec's CPU, memory, pids and storage limits."""
         host: dict[str, Any] = dict(
             init=True,
-            network_mode="bridge" if spec.network else "none",
             cap_drop=["ALL"],
             cap_add=CAP_ADD,
             security_opt=["no-new-privileges"],
-            binds={str(bridge_dir): {"bind": BRIDGE_MOUNT, "mode": "ro"}},
         )
         if spec.cpus:
             # A 10 ms CFS period (Docker's --cpus uses 100 ms): see cgroups.CPU_PERIOD_US.
@@ -1059,6 +1058,22 @@ class DockerBackend(SandboxBackend):
             host["runtime"] = self.runtime
         if spec.storage_mb and self._storage_opt_ok is not False:
             host["storage_opt"] = {"size": f"{spec.storage_mb}M"}
+        return host
+
+    async def create(self, spec: SandboxSpec) -> DockerSandbox:
+        import docker.errors
+
+        await self.ensure_available()
+        image = await self.image_for(spec)
+        labels = await asyncio.to_thread(self.labels_for, spec)
+        sandbox_id = "sg-" + uuid.uuid4().hex[:12]
+        bridge_dir = self.bridge_root / sandbox_id
+        labels[LABEL_BRIDGE_DIR] = str(bridge_dir)
+        host: dict[str, Any] = dict(
+            network_mode="bridge" if spec.network else "none",
+            binds={str(bridge_dir): {"bind": BRIDGE_MOUNT, "mode": "ro"}},
+            **self._confinement(spec),
+        )
         api = self._client().api
         pids: dict[str, int] = {}
 
@@ -1130,6 +1145,38 @@ class DockerBackend(SandboxBackend):
             api.containers, all=True, filters={"label": f"{LABEL_MANAGED}=1"}
         )
         return found
+
+    async def owned_sandbox_ids(self) -> list[str]:
+        """Names (= sandbox ids) of every container, in any state, labelled with this backend's
+        owner id: one filtered list call."""
+        api = (await asyncio.to_thread(self._client)).api
+        found: list[dict[str, Any]] = await asyncio.to_thread(
+            api.containers,
+            all=True,
+            filters={"label": [f"{LABEL_MANAGED}=1", f"{LABEL_OWNER}={self.owner_id}"]},
+        )
+        return [(c.get("Names") or [c["Id"]])[0].lstrip("/") for c in found]
+
+    async def remove_sandbox(self, sandbox_id: str) -> None:
+        """Remove container `sandbox_id` and its bridge directory; only a container labelled
+        with this backend's owner id (SandboxError for any other), none when it is gone."""
+        import docker.errors
+
+        api = (await asyncio.to_thread(self._client)).api
+        try:
+            info = await asyncio.to_thread(api.inspect_container, sandbox_id)
+        except docker.errors.NotFound:
+            return
+        labels = (info.get("Config") or {}).get("Labels") or {}
+        if labels.get(LABEL_MANAGED) != "1" or labels.get(LABEL_OWNER) != self.owner_id:
+            raise SandboxError(
+                f"expected container {sandbox_id!r} to be labelled {LABEL_OWNER}={self.owner_id}"
+                f", found {LABEL_OWNER}={labels.get(LABEL_OWNER)!r}: not removing it"
+            )
+        await self._remove_container(info["Id"])
+        bridge = labels.get(LABEL_BRIDGE_DIR)
+        if bridge and Path(bridge).name == sandbox_id:  # only ever a directory named for it
+            await asyncio.to_thread(_remove_bridge_dir, Path(bridge))
 
     async def prune_context_images(self) -> tuple[list[str], list[tuple[str, str]]]:
         """Remove the `sandgym/ctx:*` images (built from task build contexts) that no
