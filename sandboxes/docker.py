@@ -94,6 +94,14 @@ BRIDGE_MOUNT = "/run/sandgym"
 DEFAULT_BRIDGE_ROOT = "/tmp/sandgym-bridge"
 #: label naming a container's host bridge directory (so any reaper can remove it)
 LABEL_BRIDGE_DIR = "sandgym.bridge_dir"
+#: label on a verifier's container and its snapshot image: the id of the sandbox it scores
+LABEL_VERIFIER_OF = "sandgym.verifier_of"
+#: repository of the snapshot images verifiers run from (tag: the verifier container's name)
+SNAPSHOT_REPO = "sandgym/verifier-snapshot"
+#: set in a verifier's own container, for tasks/private_verify.py's wrapper (no mounts needed)
+VERIFIER_OWN_CONTAINER_ENV = "SANDGYM_VERIFIER_OWN_CONTAINER"
+#: the verifier container's entrypoint: its stdin is a file put there before it started
+_STDIN_BOOT = 'exec 0<"$0" && rm -f "$0" && exec "$@"'
 #: the longest socket name the server puts in a bridge directory ("/gateway.sock" is 13 bytes)
 _BRIDGE_SOCKET_NAME_MAX = 16
 _MAX_UNIX_PATH = 107  # sun_path is 108 bytes with its terminating NUL
@@ -320,6 +328,42 @@ def _proc_start_time(pid: int) -> str | None:
     if len(fields) <= 19 or fields[0] in ("Z", "X"):  # a zombie init is a dead container
         return None
     return fields[19]
+
+
+def _demux(sock: Any, out: _CappedStream, err: _CappedStream) -> None:
+    """(Thread) read Docker's multiplexed stdout/stderr stream (exec or attach, no tty) into the
+    two capped buffers until it ends or the socket is shut down; then close the socket."""
+    try:
+        while True:
+            header = _read_exactly(sock, 8)
+            if len(header) < 8:
+                return
+            stream_type, size = struct.unpack(">BxxxL", header)
+            remaining = size
+            while remaining > 0:
+                chunk = _read_exactly(sock, min(remaining, 65536))
+                if not chunk:
+                    return
+                remaining -= len(chunk)
+                (err if stream_type == 2 else out).add(chunk)
+    except OSError:
+        return  # socket shut down by a timeout path
+    finally:
+        with contextlib.suppress(Exception):
+            sock.close()
+        raw = _raw_socket(sock)
+        if raw is not None:
+            with contextlib.suppress(Exception):
+                raw.close()
+
+
+def _one_file_tar(path: str, data: bytes, mode: int) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo(posixpath.basename(path))
+        info.size, info.mode, info.mtime = len(data), mode, int(time.time())
+        tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
 
 
 class DockerSandbox(Sandbox):
@@ -552,27 +596,8 @@ class DockerSandbox(Sandbox):
         sock = self._api.exec_start(exec_id, tty=False, socket=True)
         holder["sock"] = sock
         try:
-            while True:
-                header = _read_exactly(sock, 8)
-                if len(header) < 8:
-                    return
-                stream_type, size = struct.unpack(">BxxxL", header)
-                remaining = size
-                while remaining > 0:
-                    chunk = _read_exactly(sock, min(remaining, 65536))
-                    if not chunk:
-                        return
-                    remaining -= len(chunk)
-                    (err if stream_type == 2 else out).add(chunk)
-        except OSError:
-            return  # socket shut down by the timeout path
+            _demux(sock, out, err)
         finally:
-            with contextlib.suppress(Exception):
-                sock.close()
-            raw = _raw_socket(sock)
-            if raw is not None:
-                with contextlib.suppress(Exception):
-                    raw.close()
             done.set()
 
     async def _exit_code(self, exec_id: str) -> int | None:
@@ -666,6 +691,166 @@ class DockerSandbox(Sandbox):
         self._check_open()
         for _ in range(3):  # a process forking while the list is made is caught next round
             await self._raw_exec(["sh", "-c", KILL_ALL_BUT_INIT_SCRIPT], user="root")
+
+    # -- the private verifier ----------------------------------------------------------------
+    @property
+    def supports_private_exec(self) -> bool:
+        return True
+
+    async def exec_private(
+        self,
+        cmd: list[str],
+        stdin: bytes,
+        timeout_s: float = 60.0,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult:
+        """`cmd` as root in a *sibling container* of its own, where no process of the agent's
+        exists: what the verifier uses (tasks/private_verify.py), so that nothing the agent
+        left running can see, join or touch the tests or the reward files.
+
+        1. The sandbox's file system is snapshotted (`docker commit`, the container paused
+           meanwhile) into `sandgym/verifier-snapshot:<name>`;
+        2. a container `<sandbox id>-verifier-<hex>` starts from it with the sandbox's
+           confinement (init, reduced capabilities, `no-new-privileges`, the spec's CPU,
+           memory, pids and file-size limits), `VERIFIER_OWN_CONTAINER_ENV=1` set, and only
+           the sandbox's *network* namespace shared (`network_mode=container:<sandbox>`): a
+           test can still query a service the agent left listening on localhost, while pid,
+           mount, IPC and UTS namespaces are its own (the agent's processes can neither see it
+           nor reach its files through /proc);
+        3. `stdin` is put into that container as a file (mode 0600) before it starts, and the
+           entrypoint makes it the command's stdin and deletes it; stdout and stderr are read
+           from an attach made before the start, capped like `exec`'s. On timeout the container
+           is killed (every process in it: no marker hunt needed), `exit_code` is None;
+        4. the container and the image are removed in every case (shielded from cancellation,
+           after any Docker call still in flight). Both carry the sandbox's owner labels plus
+           `sandgym.verifier_of=<sandbox id>`, so a reap after a server died mid-verify removes
+           them (`DockerBackend.reap_matching`), and the pool's sweep of untracked sandboxes
+           leaves a live one alone (`owned_sandbox_ids` skips them).
+
+        What the verifier does not see: the contents of the sandbox's volumes (an image's
+        `VOLUME`s; the backend itself mounts only the read-only bridge directory at
+        /run/sandgym, which is left empty there) and tmpfs mounts (the backend makes none), and
+        the agent's processes: a test that looks for them with `ps` or /proc finds nothing,
+        while a service they run is reachable through the shared network (localhost, abstract
+        unix sockets). Files the agent changed are all there (a commit holds the whole writable
+        layer). Cost: a commit (grows with the bytes the agent changed), a container start and
+        two removals; the verifier's container counts against its own limits, beside the
+        sandbox's. The runtime must let a container join another's network namespace (runc
+        does; gVisor's runsc keeps the network inside its sandbox)."""
+        import docker.errors
+
+        self._check_open()
+        lost = await self._lost("private exec")
+        if lost is not None:
+            raise lost
+        backend = self._backend
+        api = self._api
+        name = f"{self.id}-verifier-{uuid.uuid4().hex[:8]}"
+        image = f"{SNAPSHOT_REPO}:{name}"
+        stdin_path = f"/.sandgym-verifier-stdin-{uuid.uuid4().hex}"
+        workdir = normalize_sandbox_path(cwd, self.spec.workdir) if cwd else self.spec.workdir
+        full_env = {**self.spec.env, **(env or {}), VERIFIER_OWN_CONTAINER_ENV: "1"}
+        host: dict[str, Any] = dict(
+            network_mode=f"container:{self.container_id}",
+            log_config={"type": "none"},  # output comes through the attach; none kept on disk
+            **backend._confinement(self.spec),
+        )
+        host.pop("storage_opt", None)  # the verifier writes little; its writes are discarded
+        start = time.perf_counter()
+        in_flight: list[asyncio.Future[Any]] = []
+
+        def thread(fn: Any, *args: Any, **kw: Any) -> asyncio.Future[Any]:
+            fut = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kw))
+            in_flight.append(fut)
+            return fut
+
+        def prepare() -> str:
+            labels = backend.labels_for(self.spec)
+            # The snapshot inherits the sandbox's labels; these mark it and its container as
+            # a verifier's (and drop the bridge directory, which is the sandbox's alone).
+            labels.update({LABEL_VERIFIER_OF: self.id, LABEL_BRIDGE_DIR: ""})
+            api.commit(
+                self.container_id, repository=SNAPSHOT_REPO, tag=name, conf={"Labels": labels}
+            )
+            cid: str = api.create_container(
+                image,
+                entrypoint=["/bin/sh", "-c", _STDIN_BOOT, stdin_path],
+                command=list(cmd),
+                name=name,
+                labels=labels,
+                environment=full_env,
+                working_dir=workdir,
+                user="0",
+                host_config=api.create_host_config(**host),
+            )["Id"]
+            api.put_archive(cid, "/", _one_file_tar(stdin_path, stdin, 0o600))
+            return cid
+
+        out, err = _CappedStream(self.max_output_bytes), _CappedStream(self.max_output_bytes)
+        timed_out = False
+        exit_code: int | None = None
+        try:
+            try:
+                cid = await asyncio.shield(thread(prepare))
+                params = {"stdout": 1, "stderr": 1, "stream": 1}  # attached before the start
+                sock = await asyncio.shield(thread(api.attach_socket, cid, params=params))
+                reader = thread(_demux, sock, out, err)
+                await asyncio.shield(thread(api.start, cid))
+            except docker.errors.APIError as exc:
+                lost = await self._lost("private exec")
+                if lost is not None:
+                    raise lost from exc
+                raise SandboxError(
+                    f"docker could not start the verifier container of sandbox {self.id}: {exc}"
+                ) from exc
+            try:
+                await asyncio.wait_for(asyncio.shield(reader), timeout_s)
+            except TimeoutError:
+                timed_out = True
+                with contextlib.suppress(docker.errors.APIError):
+                    await asyncio.shield(thread(api.kill, cid))
+                try:  # the stream ends with the container; never hang on it
+                    await asyncio.wait_for(asyncio.shield(reader), 5.0)
+                except TimeoutError:
+                    raw = _raw_socket(sock)
+                    if raw is not None:
+                        with contextlib.suppress(OSError):
+                            raw.shutdown(socket.SHUT_RDWR)
+            if not timed_out:
+                status = await asyncio.shield(thread(api.wait, cid, timeout=60))
+                exit_code = int(status.get("StatusCode", -1))
+        finally:
+            await asyncio.shield(self._drop_verifier(in_flight, name, image))
+        stdout, t1 = out.text()
+        stderr, t2 = err.text()
+        return ExecResult(
+            exit_code=exit_code,
+            stdout=stdout,
+            stderr=stderr,
+            timed_out=timed_out,
+            truncated=t1 or t2,
+            duration_s=time.perf_counter() - start,
+        )
+
+    async def _drop_verifier(
+        self, in_flight: list[asyncio.Future[Any]], name: str, image: str
+    ) -> None:
+        """Remove a verifier's container and snapshot image, once the Docker calls it still has
+        in flight returned (a commit or create finishing after the removal would leak)."""
+        import docker.errors
+
+        await self._backend._remove_container(name)  # ends the attach stream, if still open
+        for fut in in_flight:
+            with contextlib.suppress(BaseException):
+                await fut
+        await self._backend._remove_container(name)
+        try:
+            await asyncio.to_thread(self._api.remove_image, image, force=True)
+        except docker.errors.ImageNotFound:
+            pass
+        except docker.errors.APIError as exc:
+            log.warning("docker: could not remove verifier snapshot %s: %s", image, exc)
 
     # -- the persistent shell ----------------------------------------------------------------
     async def _get_shell(self) -> Any:
@@ -1155,7 +1340,11 @@ class DockerBackend(SandboxBackend):
             all=True,
             filters={"label": [f"{LABEL_MANAGED}=1", f"{LABEL_OWNER}={self.owner_id}"]},
         )
-        return [(c.get("Names") or [c["Id"]])[0].lstrip("/") for c in found]
+        return [
+            (c.get("Names") or [c["Id"]])[0].lstrip("/")
+            for c in found
+            if LABEL_VERIFIER_OF not in (c.get("Labels") or {})  # a verify's, removed by it
+        ]
 
     async def remove_sandbox(self, sandbox_id: str) -> None:
         """Remove container `sandbox_id` and its bridge directory; only a container labelled
@@ -1233,7 +1422,35 @@ class DockerBackend(SandboxBackend):
                     await asyncio.to_thread(_remove_bridge_dir, Path(bridge))
         live = {(c.get("Names") or [c["Id"]])[0].lstrip("/") for c in containers} - set(removed)
         await asyncio.to_thread(_sweep_bridge_root, self.bridge_root, live)
+        await self._reap_snapshots(removed, errors, owner_id=owner_id, everything=everything)
         return removed, errors
+
+    async def _reap_snapshots(
+        self,
+        removed: list[str],
+        errors: list[tuple[str, str]],
+        *,
+        everything: bool,
+        owner_id: str | None,
+    ) -> None:
+        """Remove the verifier snapshot images (`DockerSandbox.exec_private`) that
+        `reaper.should_reap` selects by their labels (those of the sandbox they were taken
+        of): what a server that died mid-verify left. Their containers went first."""
+        from sandboxes.reaper import should_reap
+
+        api = self._client().api
+        images = await asyncio.to_thread(api.images, filters={"label": LABEL_VERIFIER_OF})
+        for img in images:
+            labels = img.get("Labels") or {}
+            if not should_reap(labels, owner_id=owner_id, everything=everything):
+                continue
+            for tag in img.get("RepoTags") or [img["Id"]]:
+                try:
+                    await asyncio.to_thread(api.remove_image, tag)
+                except Exception as exc:
+                    errors.append((tag, str(exc)))
+                else:
+                    removed.append(tag)
 
     async def reap(self, only_expired: bool = True) -> list[str]:
         removed, errors = await self.reap_matching(owner_id=None if only_expired else self.owner_id)

@@ -12,12 +12,17 @@ for, or a loop that keeps writing `1` into /logs/verifier/reward.txt). When the 
 3. after the script the wrapper prints, on its own stderr, a block framed by the nonce with the
    reward files base64-encoded, read from its private /logs/verifier.
 
+On the docker backend the wrapper runs instead in a container of its own, started from a
+snapshot of the sandbox (`DockerSandbox.exec_private`): no process of the agent's exists there,
+so step 2 needs no mounts; the backend sets `SANDGYM_VERIFIER_OWN_CONTAINER=1` (`OWN_CONTAINER_ENV`)
+and the wrapper just replaces /tests and /logs/verifier by fresh, empty directories.
+
 A process the agent started sees its own, empty /tests and /logs/verifier: what it writes there
 is never read. It holds no capabilities, so it can neither join the verifier's namespace nor
 reach the verifier's files through /proc/PID/root; killing the verifier gives no reward block,
 hence a verifier error. What this does not stop: code of the agent's that the tests run
-themselves (it runs as the verifier), and, on backends without a private exec (docker, e2b),
-anything at all; see tasks/runtime.py.
+themselves (it runs as the verifier), and, on backends without a private exec (e2b), anything
+at all; see tasks/runtime.py.
 """
 
 from __future__ import annotations
@@ -31,18 +36,28 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandboxes.docker import VERIFIER_OWN_CONTAINER_ENV
 from tasks.errors import VerifierError
 
 log = logging.getLogger(__name__)
 
+#: set (to "1") by a backend whose private exec is a container of its own, where nothing of the
+#: agent's runs: the wrapper then makes plain directories instead of mounting tmpfs
+OWN_CONTAINER_ENV = VERIFIER_OWN_CONTAINER_ENV
 #: exit codes of the wrapper's own failures (before the test script ran)
 NO_PAYLOAD, SETUP_FAILED = 97, 98
 MAX_REWARD_FILE_BYTES = 1_000_000
 
 WRAPPER = r"""
 IFS= read -r nonce || { echo "sandgym: expected a nonce line on stdin, got nothing" >&2; exit 97; }
-mount -t tmpfs -o mode=0755 sandgym-tests /tests || exit 98
-mount -t tmpfs -o mode=0777 sandgym-verifier /logs/verifier || exit 98
+if [ "${SANDGYM_VERIFIER_OWN_CONTAINER:-}" = 1 ]; then
+  unset SANDGYM_VERIFIER_OWN_CONTAINER
+  rm -rf /tests /logs/verifier; [ -d /logs ] || rm -f /logs
+  mkdir -p /tests /logs/verifier && chmod 0755 /tests && chmod 0777 /logs/verifier || exit 98
+else
+  mount -t tmpfs -o mode=0755 sandgym-tests /tests || exit 98
+  mount -t tmpfs -o mode=0777 sandgym-verifier /logs/verifier || exit 98
+fi
 tar -x -o -C /tests -f - || { echo "sandgym: the tests did not unpack" >&2; exit 98; }
 exec 3>&2 2>&1
 "$@" 3>&-
@@ -141,5 +156,6 @@ def parse_report(stderr: str, nonce: str, output: str) -> PrivateRun:
 
 
 def wrapper_argv(script_argv: list[str]) -> list[str]:
-    """argv running `script_argv` under the wrapper (the backend adds `unshare -m`)."""
+    """argv running `script_argv` under the wrapper (the local backend adds `unshare -m`; the
+    docker backend runs it in a container of its own with `OWN_CONTAINER_ENV` set)."""
     return ["sh", "-c", WRAPPER, "sandgym-verifier", *script_argv]
