@@ -31,7 +31,13 @@ import uuid
 from pathlib import Path
 
 from sandboxes import cgroups
-from sandboxes.base import Sandbox, SandboxBackend, normalize_sandbox_path, owner_is_gone
+from sandboxes.base import (
+    LABEL_OWNER,
+    Sandbox,
+    SandboxBackend,
+    normalize_sandbox_path,
+    owner_is_gone,
+)
 from sandboxes.errors import (
     BackendUnavailableError,
     SandboxCreateError,
@@ -621,6 +627,47 @@ class LocalBackend(SandboxBackend):
             await asyncio.shield(sb.close())
             raise
         return sb
+
+    async def owned_sandbox_ids(self) -> list[str]:
+        """Names (= sandbox ids) of the trees under `root` whose labels.json names this
+        backend's owner id (a tree without labels yet is being created: not listed)."""
+
+        def scan() -> list[str]:
+            found = []
+            for d in self.root.glob("sg-*"):
+                try:
+                    labels = json.loads((d / "labels.json").read_text())
+                except (OSError, ValueError):
+                    continue
+                if isinstance(labels, dict) and labels.get(LABEL_OWNER) == self.owner_id:
+                    found.append(d.name)
+            return found
+
+        return await asyncio.to_thread(scan)
+
+    async def remove_sandbox(self, sandbox_id: str) -> None:
+        """Kill what runs in the tree `sandbox_id` under `root`, drop its cgroups, remove it;
+        only a tree labelled with this backend's owner id (SandboxError for any other)."""
+        if not sandbox_id.startswith("sg-") or "/" in sandbox_id or "\0" in sandbox_id:
+            raise SandboxError(f"expected a local sandbox id like sg-<hex>, got {sandbox_id!r}")
+        d = self.root / sandbox_id
+        try:
+            labels = json.loads(await asyncio.to_thread((d / "labels.json").read_text))
+        except FileNotFoundError:
+            return  # gone already (or never labelled: then not known to be ours either)
+        except (OSError, ValueError) as exc:
+            raise SandboxError(
+                f"local sandbox {sandbox_id}: unreadable labels.json: {exc}"
+            ) from exc
+        owner = labels.get(LABEL_OWNER) if isinstance(labels, dict) else None
+        if owner != self.owner_id:
+            raise SandboxError(
+                f"expected local sandbox {sandbox_id} to be labelled {LABEL_OWNER}="
+                f"{self.owner_id}, found {owner!r}: not removing it"
+            )
+        await asyncio.to_thread(cgroups.CgroupSet(sandbox_id).remove)
+        await asyncio.to_thread(_rmtree, d)
+        self.live.discard(sandbox_id)
 
     async def reap(self, only_expired: bool = True) -> list[str]:
         """Remove sandbox trees whose owner is gone (or all of ours with only_expired=False)."""

@@ -17,6 +17,11 @@ background. Rules it keeps:
   of another key is evicted for a starved one, and refill goes round-robin by deficit.
 - `close()` destroys everything, including sandboxes still being created, even when the task
   calling it is cancelled.
+- Every `sweep_interval_s` the live pool lists the sandboxes labelled with its owner id on the
+  backend and removes those it does not hold: what a creation left when its answer was lost
+  (the engine died or the call was cancelled mid-create) and what an abandoned destroy left.
+  A sandbox the pool tracks (any created and not yet destroyed) or one an in-flight creation
+  may still return is never touched (`sandboxes.reaper.sweep_untracked` decides).
 
 Example:
     >>> import asyncio
@@ -42,9 +47,11 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import itertools
 import logging
 import math
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -54,6 +61,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandboxes.base import Sandbox, SandboxBackend
 from sandboxes.errors import SandboxCreateError, SandboxError
+from sandboxes.reaper import Sighting, sweep_untracked
 from sandboxes.spec import SandboxSpec
 
 log = logging.getLogger(__name__)
@@ -163,6 +171,18 @@ class PoolSettings(BaseModel):
     latency_window: int = Field(
         default=10_000, ge=10, description="recent acquire latencies kept for the p50/p99 figures"
     )
+    sweep_interval_s: float | None = Field(
+        default=60.0,
+        gt=0,
+        description="period of the sweep that removes sandboxes labelled with this pool's owner "
+        "id that the pool does not hold (creations whose answer was lost); None = no sweep",
+    )
+    sweep_grace_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="an untracked sandbox is removed no sooner than this after a sweep first "
+        "saw it (and only once every creation in flight then has ended)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> PoolSettings:
@@ -259,6 +279,8 @@ class PoolStats:
     idle_recycled: int = 0
     evicted: int = 0  # ready sandboxes destroyed to give a starved key a slot
     reaped: int = 0  # the backend's expired leftovers removed by start()
+    swept: int = 0  # sandboxes of our owner id the pool did not hold, removed by the sweep
+    sweep_errors: int = 0  # failed sweep listings and removals (retried next round)
     peak_total: int = 0
     acquire_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
     hit_latency: LatencyHistogram = field(default_factory=LatencyHistogram)
@@ -279,6 +301,8 @@ class PoolStats:
             "idle_recycled": self.idle_recycled,
             "evicted": self.evicted,
             "reaped": self.reaped,
+            "swept": self.swept,
+            "sweep_errors": self.sweep_errors,
         }
 
 
@@ -345,6 +369,34 @@ class _Key:
         return len(self.ready) + self.creating + self.leased
 
 
+class _OwnerLedger:
+    """What the pools on one backend owner id know of its sandboxes, for the sweep: shared by
+    every pool of that (backend kind, owner id), so pools sharing it never sweep each other's."""
+
+    def __init__(self) -> None:
+        self.tracked: set[str] = set()  # created and not yet destroyed, by any of these pools
+        self.in_flight: set[int] = set()  # tokens of backend.create() calls running now
+        self.seen: dict[str, Sighting] = {}  # untracked ids a sweep saw, for the next round
+        self.sweeping = False  # one round at a time
+
+    def track(self, sandbox_id: str) -> None:
+        self.tracked.add(sandbox_id)
+        self.seen.pop(sandbox_id, None)
+
+
+#: (backend name, owner id) -> its ledger, while some pool holds it
+_LEDGERS: weakref.WeakValueDictionary[tuple[str, str], _OwnerLedger] = weakref.WeakValueDictionary()
+_CREATE_TOKENS = itertools.count(1)
+
+
+def _ledger_for(backend: SandboxBackend) -> _OwnerLedger:
+    key = (backend.name, backend.owner_id)
+    ledger = _LEDGERS.get(key)
+    if ledger is None:
+        ledger = _LEDGERS[key] = _OwnerLedger()
+    return ledger
+
+
 # ---------------------------------------------------------------------------------------------
 # the pool
 # ---------------------------------------------------------------------------------------------
@@ -379,6 +431,8 @@ class SandboxPool:
         self._seq = 0
         self._idle_event = asyncio.Event()
         self._idle_event.set()
+        self._ledger = _ledger_for(backend)
+        self._sweep_task: asyncio.Task[None] | None = None
 
     # -- public API ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -396,6 +450,8 @@ class SandboxPool:
             # A reap failure must not keep the server down; the next start or `sandgym reap` retries.
             log.warning("pool: reaping leftovers of backend %s failed: %s", self.backend.name, exc)
         self._loop_task = asyncio.create_task(self._maintenance_loop(), name="sandgym-pool-refill")
+        if self.settings.sweep_interval_s is not None:
+            self._sweep_task = asyncio.create_task(self._sweep_loop(), name="sandgym-pool-sweep")
 
     async def acquire(self, spec: SandboxSpec, timeout_s: float | None = None) -> Sandbox:
         """A fresh sandbox matching `spec`: a ready one when there is one, else a new one.
@@ -820,10 +876,15 @@ class SandboxPool:
                         me = asyncio.current_task()
                         if me is not None:
                             self._in_backend_create.add(me)
+                        # The sweep never removes what a creation in flight may return.
+                        token = next(_CREATE_TOKENS)
+                        self._ledger.in_flight.add(token)
                         try:
                             sb = await self.backend.create(k.spec)
+                            self._ledger.track(sb.id)
                         finally:
                             self._in_backend_create.discard(me)  # type: ignore[arg-type]
+                            self._ledger.in_flight.discard(token)
                     error = None
                     break
                 except asyncio.CancelledError:
@@ -908,6 +969,9 @@ class SandboxPool:
             self.stats.destroy_failures += 1
             log.warning("pool: destroying sandbox %s failed: %s", sb.id, _describe(exc))
         finally:
+            # Destroyed, or abandoned (failed, too slow): either way no longer ours to keep;
+            # what an abandoned destroy leaves is the sweep's to remove.
+            self._ledger.tracked.discard(sb.id)
             self._destroying -= 1
             self._dispatch()
 
@@ -926,6 +990,89 @@ class SandboxPool:
             except Exception:  # the loop must survive a bug in one round; it is logged
                 log.exception("pool: maintenance round failed")
             await asyncio.sleep(self.settings.maintenance_interval_s)
+
+    async def sweep_untracked(self) -> list[str]:
+        """One round of the sweep of untracked sandboxes (the background loop runs one every
+        `sweep_interval_s`): list the backend's sandboxes under our owner id and remove those
+        `sandboxes.reaper.sweep_untracked` selects. A leftover is removed on the first round at
+        least `sweep_grace_s` after the round that first saw it. Returns the removed ids
+        (empty when another pool of the same owner is sweeping, or the backend cannot list).
+        A failed listing raises; a failed removal is logged, counted and retried next round."""
+        return await self._sweep_round() or []
+
+    async def _sweep_round(self) -> list[str] | None:
+        """`sweep_untracked`, but None when the backend cannot list its sandboxes."""
+        self._check_open()
+        led = self._ledger
+        if led.sweeping:
+            return []
+        led.sweeping = True
+        try:
+            during = set(led.in_flight)
+            listed = await self.backend.owned_sandbox_ids()
+            if listed is None:
+                return None
+            during |= led.in_flight
+            before = led.seen
+            remove, led.seen = sweep_untracked(
+                listed,
+                led.tracked,
+                before,
+                in_flight_during=during,
+                in_flight_now=led.in_flight,
+                now=time.monotonic(),
+                grace_s=self.settings.sweep_grace_s,
+            )
+            removed: list[str] = []
+            for sid in remove:
+                try:
+                    await self.backend.remove_sandbox(sid)
+                except Exception as exc:
+                    self.stats.sweep_errors += 1
+                    led.seen[sid] = before[sid]  # still a leftover: retried next round
+                    log.warning("pool: sweep could not remove sandbox %s: %s", sid, _describe(exc))
+                else:
+                    removed.append(sid)
+            if removed:
+                self.stats.swept += len(removed)
+                log.info(
+                    "pool: swept %d sandboxes of owner %s on %s that the pool did not hold "
+                    "(creations whose answer was lost, abandoned destroys): %s",
+                    len(removed),
+                    self.backend.owner_id,
+                    self.backend.name,
+                    removed[:10],
+                )
+            return removed
+        finally:
+            led.sweeping = False
+
+    async def _sweep_loop(self) -> None:
+        interval = self.settings.sweep_interval_s
+        assert interval is not None
+        while not self._closing:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._close_event.wait(), interval)
+            if self._closing:
+                return
+            try:
+                removed = await self._sweep_round()
+            except asyncio.CancelledError:
+                raise
+            except PoolClosedError:
+                return
+            except Exception as exc:  # an engine away, an API error: next round retries
+                self.stats.sweep_errors += 1
+                log.warning(
+                    "pool: sweep of untracked sandboxes on %s failed (retrying in %.0f s): %s",
+                    self.backend.name,
+                    interval,
+                    _describe(exc),
+                )
+                continue
+            if removed is None:
+                log.debug("pool: backend %s cannot list its sandboxes: no sweep", self.backend.name)
+                return
 
     def _recycle_idle(self) -> None:
         now = time.monotonic()
@@ -953,10 +1100,11 @@ class SandboxPool:
 
     # -- close -----------------------------------------------------------------------------------
     async def _close_impl(self) -> None:
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._loop_task
+        for task in (self._loop_task, self._sweep_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         closed_err = PoolClosedError("pool closed while waiting for a sandbox")
         for k in self._keys.values():
             while k.waiters:

@@ -10,6 +10,11 @@ function, `should_reap`, says which ones go:
 - `everything=True` (`sandgym reap --all`): every sandgym-managed sandbox, live owner or not.
 
 Things without `sandgym.managed=1` are never removed, whatever the mode.
+
+A live owner's own leftovers (a creation whose answer was lost when the engine died or the
+call was cancelled: labelled with the live owner's id, so none of the above takes them) are the
+live pool's to remove: its periodic sweep lists the sandboxes under its owner id and
+`sweep_untracked` decides which the pool does not hold and no creation in flight may return.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import logging
 import os
 import shutil
 import stat
+from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +80,57 @@ def should_reap(
     if owner_id is not None and labels.get(LABEL_OWNER) == owner_id:
         return True
     return owner_is_gone(labels, now=now)
+
+
+@dataclass(frozen=True)
+class Sighting:
+    """An untracked sandbox of ours, as the live pool's sweep first saw it."""
+
+    first_seen: float  # monotonic time of the sweep round that first listed it
+    creates_in_flight: frozenset[int]  # the creations in flight during that round's listing
+
+
+def sweep_untracked(
+    listed: Iterable[str],
+    tracked: Set[str],
+    seen: Mapping[str, Sighting],
+    *,
+    in_flight_during: Set[int],
+    in_flight_now: Set[int],
+    now: float,
+    grace_s: float,
+) -> tuple[list[str], dict[str, Sighting]]:
+    """Decide which of a live owner's own sandboxes (`listed`: every one the backend holds
+    under our owner id) the owner itself no longer knows of and may remove: the leftovers of a
+    creation whose answer was lost (engine died, call cancelled) and of abandoned destroys.
+
+    A listed sandbox is removed only when all of these hold:
+    - it is not `tracked` (every sandbox a creation returned and whose close has not ended);
+    - a previous round saw it untracked too (`seen`); a creation that returns later drops its
+      id from `seen`, so it is never taken for a leftover;
+    - no creation that was in flight while that round listed it is still in flight: a
+      leftover can only come from a creation that began before it was listed, so once those
+      have all ended (and none returned it) nobody will ever claim it;
+    - at least `grace_s` passed since it was first seen (a margin on top).
+
+    Returns (ids to remove, the sightings to keep for the next round). No clock of the
+    backend is compared with ours: `now` and `first_seen` are the caller's monotonic time.
+    """
+    remove: list[str] = []
+    keep: dict[str, Sighting] = {}
+    for sid in dict.fromkeys(listed):
+        if sid in tracked:
+            continue
+        sighting = seen.get(sid)
+        if sighting is None:
+            keep[sid] = Sighting(now, frozenset(in_flight_during))
+        elif now - sighting.first_seen >= grace_s and not (
+            sighting.creates_in_flight & in_flight_now
+        ):
+            remove.append(sid)
+        else:
+            keep[sid] = sighting
+    return remove, keep
 
 
 @dataclass
