@@ -46,8 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--verifier-stop-agent-processes",
         action="store_true",
         default=None,
-        help="docker/e2b: kill what the agent left running before the tests (no daemon can race "
-        "the reward file; tasks whose tests need the agent's services then fail)",
+        help="e2b: kill what the agent left running before the tests (no daemon can race the "
+        "reward file; tasks whose tests need the agent's services then fail); local and docker "
+        "run the verifier out of the agent's reach and ignore it",
     )
 
 

@@ -51,9 +51,10 @@ class ServerSettings(BaseSettings):
     )
     verifier_stop_agent_processes: bool = Field(
         False,
-        description="on backends without a private verifier namespace (docker, e2b): kill "
-        "every process the agent left running before the tests run, so none can race the "
-        "reward file; breaks tasks whose tests need a service the agent started",
+        description="on backends without a private verifier (e2b; local and docker keep the "
+        "verifier out of the agent's reach and ignore this): kill every process the agent left "
+        "running before the tests run, so none can race the reward file; breaks tasks whose "
+        "tests need a service the agent started",
     )
     max_message_bytes: int = Field(
         4 * 1024 * 1024, ge=1024, description="larger client frames get `invalid_message`"

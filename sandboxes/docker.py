@@ -785,6 +785,15 @@ class DockerSandbox(Sandbox):
                 host_config=api.create_host_config(**host),
             )["Id"]
             api.put_archive(cid, "/", _one_file_tar(stdin_path, stdin, 0o600))
+            mounts = api.inspect_container(self.container_id).get("Mounts") or []
+            unseen = sorted(m.get("Destination", "?") for m in mounts if m.get("Type") == "volume")
+            if unseen:
+                log.warning(
+                    "docker: the verifier of sandbox %s sees the image's contents, not the "
+                    "agent's, at its volume(s) %s (a commit holds no volume)",
+                    self.id,
+                    ", ".join(unseen),
+                )
             return cid
 
         out, err = _CappedStream(self.max_output_bytes), _CappedStream(self.max_output_bytes)

@@ -408,10 +408,13 @@ async def run_verifier(
     only now, `/logs/verifier` is emptied first (a reward file the agent wrote counts for
     nothing), and the script runs as the verifier user (root) under the verifier timeout.
 
-    Where the sandbox has a private exec (local), tests and reward files live in the verifier's
-    own mount namespace (tasks/private_verify.py). Elsewhere they are shared with whatever the
-    agent left running; `stop_agent_processes` then kills all of it first (every process but
-    the sandbox's init), at the price of tasks whose tests need a service the agent started."""
+    Where the sandbox has a private exec, tests and reward files live where nothing the agent
+    left running can reach them (tasks/private_verify.py): local, the verifier's own mount
+    namespace; docker, a container of its own started from a snapshot of the sandbox, sharing
+    only its network (`DockerSandbox.exec_private`). `stop_agent_processes` is then ignored.
+    Elsewhere (e2b) they are shared with whatever the agent left running; `stop_agent_processes`
+    then kills all of it first (every process but the sandbox's init), at the price of tasks
+    whose tests need a service the agent started."""
     start = time.perf_counter()
     v = task.verifier
     if v.kind == "answer":
@@ -434,7 +437,7 @@ async def run_verifier(
         argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *argv]
     if sandbox.supports_private_exec:
         return await _run_private_verifier(task, sandbox, setup, argv, env, start)
-    # No private namespace on this backend: tests go into the shared file system and the
+    # No private exec on this backend (e2b): tests go into the shared file system and the
     # script runs next to whatever the agent left running (see tasks/private_verify.py).
     if stop_agent_processes:
         try:

@@ -168,42 +168,64 @@ REWARD_SIEGE = (
 )
 
 
-def private_verifier_or_xfail(request: pytest.FixtureRequest, backend: str) -> None:
-    if backend != "local":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="KNOWN GAP on docker: a container without CAP_SYS_ADMIN cannot give the "
-                "verifier a private mount namespace (a privileged exec is refused under "
-                "no-new-privileges), so the verifier shares /logs/verifier with whatever the "
-                "agent left running; see tasks/private_verify.py",
-            )
-        )
-
-
 @pytest.mark.parametrize("daemon", [REWARD_RACER, REWARD_SIEGE], ids=["racer", "siege"])
 async def test_daemon_racing_the_reward_file_gains_nothing(
-    request: pytest.FixtureRequest, tamper_server: BackgroundServer, daemon: str
+    tamper_server: BackgroundServer, daemon: str
 ) -> None:
-    private_verifier_or_xfail(request, tamper_server.settings.backend)
+    """Local: the verifier's private mount namespace; docker: its own container from a
+    snapshot of the sandbox (DockerSandbox.exec_private). The daemon reaches neither."""
     rewards = [await submit_after(tamper_server.url, [daemon, "sleep 0.3"]) for _ in range(3)]
     assert all(r in (0.0, "verifier_error") for r in rewards), rewards
     # the same daemon beside an honest solution: the verifier still sees the real answer
     assert await submit_after(tamper_server.url, [daemon, "echo hello > /app/hello.txt"]) == 1.0
 
 
-@pytest.mark.docker
-@pytest.mark.skipif(not docker_ready(), reason="no Docker engine or image")
-async def test_docker_verifier_can_stop_agent_processes_first(rel_tasks: Path) -> None:
-    """The docker opt-in (`verifier_stop_agent_processes`): the siege daemon is killed before
-    the tests run, so it gains nothing; an honest solution still scores."""
-    with server("docker", [rel_tasks], verifier_stop_agent_processes=True) as srv:
-        for _ in range(2):
-            assert await submit_after(srv.url, [REWARD_SIEGE, "sleep 0.3"]) in (
-                0.0,
-                "verifier_error",
-            )
-        assert await submit_after(srv.url, [REWARD_SIEGE, "echo hello > /app/hello.txt"]) == 1.0
+SERVICE_TASK = "svc-task"
+
+
+@pytest.fixture(scope="module")
+def service_tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A task whose tests query a service the agent must leave running on localhost."""
+    root = tmp_path_factory.mktemp("svctasks")
+    t = root / SERVICE_TASK
+    (t / "tests").mkdir(parents=True)
+    (t / "task.toml").write_text(
+        'version = "1.0"\n[verifier]\ntimeout_sec = 30\n[environment]\n'
+        'docker_image = "sandgym/terminal:latest"\ncpus = 1\nmemory_mb = 256\n'
+    )
+    (t / "instruction.md").write_text(
+        "Serve /app over HTTP on 127.0.0.1:8124; /app/answer.txt holds 42\n"
+    )
+    (t / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nmkdir -p /logs/verifier\n"
+        "got=$(python3 -c 'import urllib.request as u; "
+        'print(u.urlopen("http://127.0.0.1:8124/answer.txt", timeout=5).read().decode().strip())\' '
+        "2>/dev/null)\n"
+        'if [ "$got" = 42 ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n'
+    )
+    return root
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_tests_can_query_a_service_the_agent_left_running(
+    backend: str, service_tasks: Path
+) -> None:
+    """The private verifier still reaches the agent's services (docker: its own container
+    shares the sandbox's network namespace); without the service the task fails."""
+    serve = "cd /app && (nohup python3 -m http.server 8124 --bind 127.0.0.1 >/dev/null 2>&1 &)"
+    wait = (
+        "for i in $(seq 50); do python3 -c 'import socket; "
+        'socket.create_connection(("127.0.0.1", 8124))\' 2>/dev/null && break; sleep 0.1; done'
+    )
+    with server(backend, [service_tasks]) as srv:
+        async with AsyncEnvClient(srv.url, request_timeout_s=180) as c:
+            await c.reset(SERVICE_TASK)
+            await c.step(f"echo 42 > /app/answer.txt && {serve} && {wait}")
+            assert (await c.step({"kind": "submit"})).reward == 1.0
+        async with AsyncEnvClient(srv.url, request_timeout_s=180) as c:
+            await c.reset(SERVICE_TASK)
+            await c.step("echo 42 > /app/answer.txt")  # the file, but no service
+            assert (await c.step({"kind": "submit"})).reward == 0.0
 
 
 async def test_agent_processes_hold_no_capabilities(tamper_server: BackgroundServer) -> None:

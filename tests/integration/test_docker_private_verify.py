@@ -1,0 +1,184 @@
+"""The docker backend's private verifier (`DockerSandbox.exec_private`) against the real engine:
+a sibling container from a snapshot of the sandbox, sharing only its network namespace, and
+removed with its snapshot image whatever happens (done, timed out, cancelled, server killed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from sandboxes.docker import LABEL_VERIFIER_OF, DockerBackend, DockerSandbox
+from sandboxes.spec import SandboxSpec
+from tasks import private_verify
+from tests.reliability.conftest import IMAGE, docker_ready, wait_until
+
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.skipif(not docker_ready(), reason=f"no Docker engine or no {IMAGE}"),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+SPEC = SandboxSpec(image=IMAGE, workdir="/app", cpus=1, memory_mb=256, pids_limit=128)
+
+
+@pytest.fixture
+async def sandbox() -> AsyncIterator[DockerSandbox]:
+    b = DockerBackend(owner_id="test-pv-" + os.urandom(4).hex())
+    sb = await b.create(SPEC)
+    try:
+        yield sb
+    finally:
+        await sb.close()
+        await b.reap(only_expired=False)
+        await b.aclose()
+
+
+def leftovers(sandbox_id: str) -> tuple[list[str], list[str]]:
+    """(containers, images) a verifier of `sandbox_id` left, by its label."""
+
+    def ids(*args: str) -> list[str]:
+        cmd = ["docker", *args, "-q", "--filter", f"label={LABEL_VERIFIER_OF}={sandbox_id}"]
+        return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.split()
+
+    return ids("ps", "-a"), ids("images")
+
+
+TEST_SH = """#!/bin/bash
+echo "file: $(cat /app/changed.txt)"
+echo "service: $(python3 -c 'import urllib.request as u; print(u.urlopen("http://127.0.0.1:8123/changed.txt", timeout=5).read().decode().strip())')"
+echo "agent sleeper visible: $(ps -eo args | grep -c '^sleep 4242')"
+echo "stdin file left: $(ls -d /.sandgym-verifier-stdin-* 2>/dev/null | wc -l)"
+echo "secret: $(cat /tests/secret/s)"
+echo "uid: $(id -u)"
+echo 0.5 > /logs/verifier/reward.txt
+"""
+
+
+async def test_verifier_sees_the_agents_files_and_services_but_not_its_processes(
+    sandbox: DockerSandbox, tmp_path: Path
+) -> None:
+    # What an agent may leave: a changed file, a service on localhost, a sleeper, and a daemon
+    # that keeps writing a forged reward file and a forged test script.
+    await sandbox.exec(
+        "echo agent-was-here > /app/changed.txt && mkdir -p /logs/verifier /tests && "
+        "(cd /app && nohup python3 -m http.server 8123 --bind 127.0.0.1 >/dev/null 2>&1 &) && "
+        "(nohup sleep 4242 >/dev/null 2>&1 &) && "
+        "(nohup setsid bash -c 'while :; do echo 1 > /logs/verifier/reward.txt; "
+        'echo "echo 1 > /logs/verifier/reward.txt" > /tests/test.sh; sleep 0.01; done\' '
+        ">/dev/null 2>&1 &) && sleep 0.5"
+    )
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test.sh").write_text(TEST_SH)
+    nonce = private_verify.new_nonce()
+    payload = private_verify.build_payload(nonce, tests, {"secret/s": (b"hush", 0o600)})
+    res = await sandbox.exec_private(
+        private_verify.wrapper_argv(["bash", "/tests/test.sh"]),
+        payload,
+        timeout_s=60,
+        cwd="/app",
+    )
+    assert res.exit_code == 0 and not res.timed_out, res
+    assert "file: agent-was-here" in res.stdout
+    assert "service: agent-was-here" in res.stdout  # the shared network namespace
+    assert "agent sleeper visible: 0" in res.stdout  # a pid namespace of its own
+    assert "stdin file left: 0" in res.stdout
+    assert "secret: hush" in res.stdout and "uid: 0" in res.stdout
+    report = private_verify.parse_report(res.stderr, nonce, res.stdout)
+    assert report.files == {"reward.txt": "0.5\n"}, report
+    assert leftovers(sandbox.id) == ([], [])
+    # The tests and the secret never entered the agent's container; it still works.
+    check = await sandbox.exec("ls /tests; cat /tests/test.sh; ls -d /.sandgym-verifier-* || true")
+    assert "hush" not in check.stdout and "secret" not in check.stdout
+    assert ".sandgym-verifier" not in check.stdout
+    assert (await sandbox.exec("pgrep -c -f '^sleep 4242'")).stdout.strip() == "1"
+
+
+async def test_a_timed_out_verifier_leaves_nothing(sandbox: DockerSandbox) -> None:
+    res = await sandbox.exec_private(
+        ["sh", "-c", "echo started; (sleep 300 &); sleep 300"], b"", timeout_s=1.5
+    )
+    assert res.timed_out and res.exit_code is None, res
+    assert "started" in res.stdout
+    assert leftovers(sandbox.id) == ([], [])
+    assert (await sandbox.exec("echo alive")).stdout == "alive\n"
+
+
+async def test_a_cancelled_verifier_leaves_nothing(sandbox: DockerSandbox) -> None:
+    task = asyncio.ensure_future(sandbox.exec_private(["sleep", "300"], b"", timeout_s=600))
+    await wait_until(lambda: leftovers(sandbox.id)[0], 60, what="the verifier container")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert leftovers(sandbox.id) == ([], [])
+
+
+async def test_a_failing_verifier_exit_code_and_output_come_back(sandbox: DockerSandbox) -> None:
+    res = await sandbox.exec_private(
+        ["sh", "-c", "cat; echo to-err >&2; exit 7"], b"from stdin\n", timeout_s=60
+    )
+    assert (res.exit_code, res.stdout, res.stderr) == (7, "from stdin\n", "to-err\n")
+    assert leftovers(sandbox.id) == ([], [])
+
+
+CHILD = """
+import asyncio, sys
+from sandboxes.docker import DockerBackend
+from sandboxes.spec import SandboxSpec
+
+async def main():
+    b = DockerBackend(owner_id=sys.argv[1])
+    sb = await b.create(SandboxSpec(image=sys.argv[2], workdir="/app"))
+    print(sb.id, flush=True)
+    await sb.exec_private(["sleep", "300"], b"", timeout_s=600)
+
+asyncio.run(main())
+"""
+
+
+async def test_reap_removes_the_verifier_of_a_server_killed_mid_verify() -> None:
+    owner = "test-pv-killed-" + os.urandom(4).hex()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        textwrap.dedent(CHILD),
+        owner,
+        IMAGE,
+        stdout=asyncio.subprocess.PIPE,
+        cwd=REPO,
+    )
+    try:
+        assert proc.stdout is not None
+        sandbox_id = (await asyncio.wait_for(proc.stdout.readline(), 120)).decode().strip()
+        assert sandbox_id.startswith("sg-"), sandbox_id
+        await wait_until(lambda: leftovers(sandbox_id)[0], 60, what="the verifier container")
+        await wait_until(lambda: leftovers(sandbox_id)[1], 10, what="the snapshot image")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        await proc.wait()
+    b = DockerBackend()
+    try:
+        removed = await b.reap(only_expired=True)  # its owner process is dead: orphans
+    finally:
+        await b.aclose()
+    assert sandbox_id in removed
+    assert any(name.startswith(sandbox_id + "-verifier-") for name in removed), removed
+    assert leftovers(sandbox_id) == ([], [])
+
+
+async def test_kill_agent_processes_leaves_the_sandbox_working(sandbox: DockerSandbox) -> None:
+    """The docker opt-in of backends without a private exec, kept as a Sandbox method."""
+    await sandbox.exec("(nohup setsid sleep 4343 >/dev/null 2>&1 &)")
+    assert (await sandbox.exec("pgrep -c -f '^sleep 4343'")).stdout.strip() == "1"
+    await sandbox.kill_agent_processes()
+    assert (await sandbox.exec("pgrep -c -f '^sleep 4343'")).stdout.strip() == "0"
+    assert (await sandbox.exec("echo alive")).stdout == "alive\n"
