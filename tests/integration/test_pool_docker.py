@@ -11,6 +11,7 @@ Skipped, with the reason, when the docker backend module, the Docker engine or t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import shutil
 import subprocess
@@ -136,3 +137,66 @@ async def test_pool_on_docker_hits_replaces_caps_and_cleans_up(backend: Any) -> 
     snap = pool.snapshot()
     assert snap["totals"]["total"] == 0
     assert snap["failures"] == 0
+
+
+async def test_live_pool_sweeps_a_lost_creation_and_keeps_its_own(backend: Any) -> None:
+    """Issue 8: a container labelled with the live pool's owner id that the pool never learnt
+    of (made here straight through the Docker SDK, as a create whose answer was lost when the
+    engine died) is removed by the pool's sweep; the pool's ready and leased containers and a
+    live container of another owner are not."""
+    import docker
+
+    from sandboxes.docker import DockerBackend
+
+    spec = SandboxSpec(image=IMAGE, memory_mb=256)
+    client = docker.from_env()
+    other = DockerBackend(owner_id="pooltest-other-" + uuid.uuid4().hex[:8])
+    pool = SandboxPool(
+        backend,
+        PoolSettings(min_ready=1, max_total=4, sweep_interval_s=0.2, sweep_grace_s=0.0),
+    )
+    made: list[Any] = []
+    try:
+        await pool.start()
+        await pool.prewarm([spec], count=1)
+        await pool.wait_idle(timeout_s=120)
+        leased = await pool.acquire(spec)
+        await pool.wait_idle(timeout_s=120)  # the refill behind the hit
+        own = set(await _containers_of(backend.owner_id))
+        assert len(own) == 2
+
+        def lost_create(labels: dict[str, str]) -> Any:
+            c = client.containers.create(
+                IMAGE,
+                command=["sleep", "600"],
+                name="sg-" + uuid.uuid4().hex[:12],
+                labels=labels,
+                network_mode="none",
+            )
+            c.start()
+            return c
+
+        lost = await asyncio.to_thread(lost_create, backend.labels_for(spec))
+        foreign = await asyncio.to_thread(lost_create, other.labels_for(spec))
+        made += [lost, foreign]
+
+        deadline = asyncio.get_running_loop().time() + 60
+        while pool.stats.swept < 1:
+            assert asyncio.get_running_loop().time() < deadline, "the sweep never removed it"
+            await asyncio.sleep(0.1)
+        assert pool.stats.swept == 1 and pool.snapshot()["swept"] == 1
+        assert pool.stats.sweep_errors == 0
+        ids_now = set(await _containers_of(backend.owner_id))
+        assert lost.id[:12] not in ids_now and len(ids_now) == 2
+        assert ids_now == own  # the pool's own, untouched
+        assert (await leased.exec("echo alive")).stdout == "alive\n"
+        foreign_ids = await _docker("ps", "-q", "--filter", f"label={LABEL_OWNER}={other.owner_id}")
+        assert foreign_ids.split() == [foreign.id[:12]]
+        await pool.release(leased)
+    finally:
+        await pool.close()
+        for c in made:
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(c.remove, force=True)
+        await asyncio.to_thread(client.close)
+    assert await _containers_of(backend.owner_id) == []
