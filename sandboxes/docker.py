@@ -33,10 +33,17 @@ container (close, failed create, reap). When the server itself runs in a contain
 Docker resolves the bind source on the *host*, so the same directory must be mounted into the
 server's container at the same path (`- /tmp/sandgym-bridge:/tmp/sandgym-bridge`).
 
+Verifier: `exec_private` runs it in a sibling container started from a snapshot of the sandbox
+(`docker commit` into `sandgym/verifier-snapshot:<name>`), with the same confinement and only the
+sandbox's network namespace shared, so nothing the agent left running can reach the tests or the
+reward files while its services stay reachable on localhost; container and image are removed
+after every verify (see `DockerSandbox.exec_private` for what a snapshot lacks, and the cost).
+
 Reaping: `reap(only_expired=True)` removes containers of any owner whose lease expired or whose
 owning process on this host is dead; `reap(only_expired=False)` also removes every container this
 backend's owner created (what a server does when it shuts down or restarts under the same id).
-`sandboxes.reaper` holds the decision (`should_reap`) and the cross-backend `sandgym reap`.
+Verifier snapshot images go with their verifier containers, by the same labels. `sandboxes.reaper`
+holds the decision (`should_reap`) and the cross-backend `sandgym reap`.
 """
 
 from __future__ import annotations
@@ -734,10 +741,18 @@ class DockerSandbox(Sandbox):
         the agent's processes: a test that looks for them with `ps` or /proc finds nothing,
         while a service they run is reachable through the shared network (localhost, abstract
         unix sockets). Files the agent changed are all there (a commit holds the whole writable
-        layer). Cost: a commit (grows with the bytes the agent changed), a container start and
-        two removals; the verifier's container counts against its own limits, beside the
-        sandbox's. The runtime must let a container join another's network namespace (runc
-        does; gVisor's runsc keeps the network inside its sandbox)."""
+        layer). The programs the verifier runs (sh, bash, the tests' interpreters) come from
+        that snapshot too: an agent that replaces them still runs code as the verifier, as in
+        any design where the tests run in the agent's environment (tasks/private_verify.py).
+
+        Cost: a commit (grows with the bytes the agent changed), a container start and two
+        removals; the verifier's container counts against its own limits, beside the sandbox's.
+        Measured here (runc, overlay2, 2 cores), `run_verifier` on a small task: +46 ms per
+        verify over running the tests inside the sandbox (commit ~80 ms, create+start ~125 ms,
+        removals ~15 ms, minus the copy-in and read-back that path needed); after the agent
+        wrote 50 MB and 2,000 files: +0.9 s (commit ~0.5 s, image removal ~0.2 s). The runtime
+        must let a container join another's network namespace (runc does; gVisor's runsc
+        keeps the network inside its sandbox)."""
         import docker.errors
 
         self._check_open()
