@@ -747,10 +747,11 @@ class DockerSandbox(Sandbox):
 
         Cost: a commit (grows with the bytes the agent changed), a container start and two
         removals; the verifier's container counts against its own limits, beside the sandbox's.
-        Measured here (runc, overlay2, 2 cores), `run_verifier` on a small task: +46 ms per
-        verify over running the tests inside the sandbox (commit ~80 ms, create+start ~125 ms,
-        removals ~15 ms, minus the copy-in and read-back that path needed); after the agent
-        wrote 50 MB and 2,000 files: +0.9 s (commit ~0.5 s, image removal ~0.2 s). The runtime
+        Measured here (runc, overlay2, 2 cores; medians of 5 and of 8), `run_verifier` on a
+        small task: +1 to +46 ms per verify (~0.4 s either way) over running the tests inside
+        the sandbox (commit 80-100 ms, create+start 125-140 ms, removals ~15 ms, minus the
+        copy-in and read-back that path needed); after the agent wrote 50 MB and 2,000 files:
+        +0.9 to +1.1 s (commit ~0.5 s, image removal 0.2-0.25 s). The runtime
         must let a container join another's network namespace (runc does; gVisor's runsc
         keeps the network inside its sandbox)."""
         import docker.errors
