@@ -86,6 +86,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--client-procs", type=int, default=2, help="load-generator processes (sessions split)"
     )
     parser.add_argument(
+        "--client",
+        choices=("lean", "websockets"),
+        default="lean",
+        help="load generator's websocket client: lean (bench/wsclient.py, about half the CPU per "
+        "step of the other, so less is taken from the server it shares the CPUs with) or "
+        "websockets (its asyncio client)",
+    )
+    parser.add_argument(
         "--servers",
         default="sandgym,openenv,local",
         help="what to drive: sandgym (--backend, --levels), openenv (--levels), local (sandgym "
@@ -277,11 +285,20 @@ app = create_app(
 
 
 # -- load generator (runs in child processes) ---------------------------------------------------
-async def _drive(
-    url: str, dialect: _Dialect, n: int, steps: int, barrier: bool, ctl: Connection
-) -> None:
+async def _connect(url: str, client: str) -> Any:
+    """A connection of the load generator: `lean` (bench/wsclient.py) or `websockets`."""
+    if client == "lean":
+        from bench.wsclient import WsClient
+
+        return await WsClient.connect(url, timeout_s=300)
     from websockets.asyncio.client import connect
 
+    return await connect(url, open_timeout=300, ping_interval=None, close_timeout=5, max_size=None)
+
+
+async def _drive(
+    url: str, dialect: _Dialect, n: int, steps: int, barrier: bool, client: str, ctl: Connection
+) -> None:
     latencies: list[float] = []
     errors: Counter[str] = Counter()
     window = [float("inf"), 0.0]
@@ -304,9 +321,7 @@ async def _drive(
         ws = None
         counted = False
         try:
-            ws = await connect(
-                url, open_timeout=300, ping_interval=None, close_timeout=5, max_size=None
-            )
+            ws = await _connect(url, client)
             await ws.send(dialect.reset(i))
             bad = dialect.check_reset(json.loads(await ws.recv()))
             if bad:
@@ -376,10 +391,10 @@ async def _drive(
 
 
 def _client_main(
-    url: str, dialect: str, n: int, steps: int, barrier: bool, ctl: Connection
+    url: str, dialect: str, n: int, steps: int, barrier: bool, client: str, ctl: Connection
 ) -> None:
     _raise_fd_limit(n + 256)
-    asyncio.run(_drive(url, DIALECTS[dialect](), n, steps, barrier, ctl))
+    asyncio.run(_drive(url, DIALECTS[dialect](), n, steps, barrier, client, ctl))
 
 
 def _proc_rss_bytes(pid: int) -> int:
@@ -426,7 +441,14 @@ def _machine_busy_s() -> float:
 
 
 def _level(
-    url: str, pid: int, dialect: str, n: int, steps: int, procs: int, barrier: bool
+    url: str,
+    pid: int,
+    dialect: str,
+    n: int,
+    steps: int,
+    procs: int,
+    barrier: bool,
+    client: str = "lean",
 ) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     shares = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
@@ -435,7 +457,9 @@ def _level(
     children = []
     for share in shares:
         parent_end, child_end = ctx.Pipe()
-        p = ctx.Process(target=_client_main, args=(url, dialect, share, steps, barrier, child_end))
+        p = ctx.Process(
+            target=_client_main, args=(url, dialect, share, steps, barrier, client, child_end)
+        )
         p.start()
         pipes.append(parent_end)
         children.append(p)
@@ -565,7 +589,9 @@ def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _run_level(t: _Target, n: int, args: argparse.Namespace) -> dict[str, Any]:
-    res = _level(t.url, t.pid, t.dialect, n, args.steps, args.client_procs, args.barrier)
+    res = _level(
+        t.url, t.pid, t.dialect, n, args.steps, args.client_procs, args.barrier, args.client
+    )
     print(
         f"bench sessions: {t.name} {n}: ok {res['success_rate']:.2%} "
         f"p99 {res['step_p99_ms']} ms, {res['steps_per_s']} steps/s",
@@ -734,7 +760,11 @@ def run(args: argparse.Namespace) -> int:
         "bench": "sessions",
         "workload": f"per session: connect, reset, {args.steps} echo steps, hold, close"
         + ("; all sessions reset before any steps" if args.barrier else ""),
-        "client": f"websockets {_websockets_version()} in {args.client_procs} processes",
+        "client": (
+            f"bench/wsclient.py (lean) in {args.client_procs} processes"
+            if args.client == "lean"
+            else f"websockets {_websockets_version()} in {args.client_procs} processes"
+        ),
         "repeats": args.repeats,
         "machine": {
             "cpus": os.cpu_count(),

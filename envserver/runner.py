@@ -47,11 +47,20 @@ def new_event_loop(settings: ServerSettings) -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
+def _ws_protocol(name: str) -> Any:
+    """uvicorn's `ws` setting for `ServerSettings.ws_impl`: our protocol class, or uvicorn's name."""
+    if name == "sandgym":
+        from envserver.fastws import FastWebSocketProtocol
+
+        return FastWebSocketProtocol
+    return name
+
+
 def uvicorn_config(app: Any, settings: ServerSettings, **overrides: Any) -> uvicorn.Config:
     kwargs: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
-        "ws": settings.ws_impl,
+        "ws": _ws_protocol(settings.ws_impl),
         "ws_per_message_deflate": settings.ws_per_message_deflate,
         "http": "httptools" if _installed("httptools") else "h11",
         "loop": "uvloop" if _use_uvloop(settings) else "asyncio",

@@ -1,0 +1,180 @@
+"""uvicorn's websockets-sansio protocol with a short path for whole data frames.
+
+In the sessions benchmark about a third of the server's CPU per step went to the websocket
+layer: every frame was parsed by websockets' generator-based parser, queued as an event,
+dispatched, and every reply was serialised by it; after each message uvicorn also paused and
+resumed reading the socket (two epoll changes per message).
+
+`FastWebSocketProtocol` keeps uvicorn's protocol for everything but the common case:
+
+- the opening handshake, close, ping/pong, keepalive, denial responses, shutdown: uvicorn's
+  code, unchanged;
+- a whole, unfragmented, masked text or binary frame no larger than `ws_max_size` (what every
+  request of the env protocol is): parsed here with a few byte reads and unmasked by
+  websockets' C `apply_mask`, then queued for the app like uvicorn does;
+- control frames (ping, pong, close) are collected whole and handed to websockets' parser,
+  which therefore always sits at a frame boundary;
+- anything else (a fragmented message, reserved bits, an unmasked or oversized frame, a
+  reserved opcode) switches the connection to uvicorn's path for good, with every byte not yet
+  parsed handed over, so websockets answers it exactly as before (close 1002, 1009, ...);
+- a reply (`websocket.send`) on an open connection is framed here (server frames are unmasked:
+  a 2 to 10 byte header) and written in one call.
+
+Reading is paused only when the app falls behind by `PAUSE_AFTER` messages, not after each one.
+Selected by `ServerSettings.ws_impl = "sandgym"` (the default).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from uvicorn.protocols.utils import ClientDisconnected
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.protocol import State
+
+try:  # websockets' C extension; the pure-Python fallback is the same function, slower
+    from websockets.speedups import apply_mask
+except ImportError:  # pragma: no cover
+    from websockets.utils import apply_mask
+
+#: the app may fall this many messages behind before the socket stops being read
+PAUSE_AFTER = 16
+
+_TEXT, _BINARY, _CLOSE, _PING, _PONG = 0x1, 0x2, 0x8, 0x9, 0xA
+
+
+class FastWebSocketProtocol(WebSocketsSansIOProtocol):
+    """See the module docstring."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._buf = bytearray()
+        # None: not decided yet (handshake not done); True: our path; False: uvicorn's for good
+        self._fast: bool | None = None
+        self._max = self.config.ws_max_size
+
+    # -- incoming ---------------------------------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        fast = self._fast
+        if fast is None:
+            if not self.handshake_complete:
+                super().data_received(data)
+                return
+            # The client waited for our 101 as it must: websockets' parser holds nothing, so
+            # frames can be parsed here from a frame boundary. A client that sent frames
+            # before the handshake finished stays on uvicorn's path.
+            fast = self._fast = not self.conn.reader.buffer and not self.frames
+        if not fast:
+            super().data_received(data)
+            return
+        buf = self._buf
+        buf += data
+        self._parse(buf)
+
+    def _parse(self, buf: bytearray) -> None:
+        pos = 0
+        n = len(buf)
+        while n - pos >= 2:
+            b0 = buf[pos]
+            b1 = buf[pos + 1]
+            length = b1 & 0x7F
+            head = pos + 2
+            if length == 126:
+                if n - pos < 4:
+                    break
+                length = int.from_bytes(buf[head : head + 2], "big")
+                head += 2
+            elif length == 127:
+                if n - pos < 10:
+                    break
+                length = int.from_bytes(buf[head : head + 8], "big")
+                head += 8
+            opcode = b0 & 0x0F
+            # FIN set, no reserved bits, masked (b1's top bit): what a client must send.
+            ok = (b0 & 0xF0) == 0x80 and b1 & 0x80
+            if not ok or (opcode not in (_TEXT, _BINARY) and opcode < _CLOSE) or opcode > _PONG:
+                self._hand_over(buf, pos)
+                return
+            if self._max is not None and length > self._max and opcode <= _BINARY:
+                self._hand_over(buf, pos)  # websockets answers 1009 (message too big)
+                return
+            end = head + 4 + length
+            if end > n:
+                break
+            if opcode >= _CLOSE:
+                # Control frames (<= 125 bytes, checked by websockets) go to its parser whole.
+                self.conn.receive_data(bytes(buf[pos:end]))
+                pos = end
+                if self.conn.parser_exc is not None:
+                    del buf[:pos]
+                    self.handle_parser_exception()
+                    return
+                self.handle_events()
+                if self.conn.close_rcvd is not None:
+                    buf.clear()  # nothing after the peer's close frame counts
+                    return
+                continue
+            payload = apply_mask(buf[head + 4 : end], buf[head : head + 4])
+            pos = end
+            if not self._deliver(opcode, payload):
+                return
+        if pos:
+            del buf[:pos]
+
+    def _hand_over(self, buf: bytearray, pos: int) -> None:
+        """Give every byte from `pos` on to uvicorn's path, for the rest of the connection."""
+        self._fast = False
+        rest = bytes(buf[pos:])
+        buf.clear()
+        if rest:
+            super().data_received(rest)
+
+    def _deliver(self, opcode: int, payload: bytes) -> bool:
+        """Queue one message for the app; False when the connection failed instead."""
+        if self.close_sent:
+            return True  # past `websocket.close`: dropped, as uvicorn does
+        if opcode == _TEXT:
+            try:
+                text = payload.decode()
+            except UnicodeDecodeError:
+                self.logger.info("invalid UTF-8 in a text frame; closing with 1007")
+                self._buf.clear()
+                self.conn.send_close(1007)
+                self.handle_parser_exception()
+                return False
+            self.queue.put_nowait({"type": "websocket.receive", "text": text})
+        else:
+            self.queue.put_nowait({"type": "websocket.receive", "bytes": payload})
+        if not self.read_paused and self.queue.qsize() >= PAUSE_AFTER:
+            self.read_paused = True
+            self.transport.pause_reading()
+        return True
+
+    # -- outgoing ---------------------------------------------------------------------------
+    async def send(self, message: Any) -> None:
+        if (
+            message["type"] == "websocket.send"
+            and self.handshake_complete
+            and not self.close_sent
+            and self.initial_response is None
+            and self.conn.state is State.OPEN
+        ):
+            if not self.writable.is_set():
+                await self.writable.wait()
+            if self.disconnected:
+                raise ClientDisconnected()
+            text = message.get("text")
+            if text is not None:
+                payload, b0 = text.encode(), 0x81
+            else:
+                payload, b0 = message.get("bytes") or b"", 0x82
+            n = len(payload)
+            if n < 126:
+                header = bytes((b0, n))
+            elif n < 65536:
+                header = bytes((b0, 126)) + n.to_bytes(2, "big")
+            else:
+                header = bytes((b0, 127)) + n.to_bytes(8, "big")
+            self.transport.write(header + payload)
+            return
+        await super().send(message)

@@ -1,0 +1,204 @@
+"""The env websocket at the frame level, through a real uvicorn server and a raw TCP socket.
+
+Each test runs on the server's own protocol (`ws_impl="sandgym"`, envserver/fastws.py) and on
+uvicorn's websockets-sansio, which it shortcuts: both must answer every frame the same way
+(bytes split anywhere, several frames in one write, 16- and 64-bit lengths, binary frames,
+fragmented messages, pings, close, invalid UTF-8, oversized, unmasked or reserved-bit frames).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from envserver.runner import BackgroundServer
+
+NULL_TASK = "echo-task"  # served by the e2e conftest
+
+IMPLS = ["sandgym", "websockets-sansio"]
+
+
+def frame(
+    payload: bytes, opcode: int = 1, fin: bool = True, mask: bool = True, rsv: int = 0
+) -> bytes:
+    n = len(payload)
+    b0 = (0x80 if fin else 0) | rsv | opcode
+    mbit = 0x80 if mask else 0
+    if n < 126:
+        head = bytes((b0, mbit | n))
+    elif n < 65536:
+        head = bytes((b0, mbit | 126)) + n.to_bytes(2, "big")
+    else:
+        head = bytes((b0, mbit | 127)) + n.to_bytes(8, "big")
+    if not mask:
+        return head + payload
+    key = os.urandom(4)
+    return head + key + bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+
+
+class RawWs:
+    """A websocket client that writes whatever bytes the test gives it."""
+
+    def __init__(self, url: str) -> None:
+        u = urlsplit(url)
+        self.sock = socket.create_connection((u.hostname, u.port), timeout=10)
+        key = base64.b64encode(os.urandom(16)).decode()
+        self.sock.sendall(
+            f"GET {u.path} HTTP/1.1\r\nHost: {u.hostname}\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
+            "Sec-WebSocket-Version: 13\r\n\r\n".encode()
+        )
+        self.buf = b""
+        while b"\r\n\r\n" not in self.buf:
+            self.buf += self._recv()
+        head, self.buf = self.buf.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 101"), head
+
+    def _recv(self) -> bytes:
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("closed by the server")
+        return chunk
+
+    def _need(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            self.buf += self._recv()
+        out, self.buf = self.buf[:n], self.buf[n:]
+        return out
+
+    def read_frame(self) -> tuple[int, bytes]:
+        b0, b1 = self._need(2)
+        n = b1 & 0x7F
+        if n == 126:
+            n = int.from_bytes(self._need(2), "big")
+        elif n == 127:
+            n = int.from_bytes(self._need(8), "big")
+        return b0 & 0x0F, self._need(n)
+
+    def read_json(self) -> dict[str, Any]:
+        while True:
+            op, data = self.read_frame()
+            if op in (1, 2):
+                return json.loads(data)
+            assert op != 8, f"closed by the server: {data!r}"
+
+    def close_code(self) -> int:
+        """The code of the server's close frame (data frames before it are skipped)."""
+        while True:
+            op, data = self.read_frame()
+            if op == 8:
+                return int.from_bytes(data[:2], "big")
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def msg(**fields: Any) -> bytes:
+    return json.dumps(fields).encode()
+
+
+RESET = msg(type="reset", request_id="r", task_id=NULL_TASK)
+
+
+def step(rid: str, command: str) -> bytes:
+    return msg(type="step", request_id=rid, action={"kind": "command", "command": command})
+
+
+@pytest.fixture(params=IMPLS)
+def ws(request: pytest.FixtureRequest, make_server: Callable[..., BackgroundServer]) -> Any:
+    srv = make_server("null", ws_impl=request.param, max_message_bytes=1024 * 1024)
+    clients: list[RawWs] = []
+
+    def connect() -> RawWs:
+        c = RawWs(srv.url)
+        clients.append(c)
+        return c
+
+    yield connect
+    for c in clients:
+        c.close()
+
+
+def test_frames_split_byte_by_byte_and_batched(ws: Callable[[], RawWs]) -> None:
+    c = ws()
+    for b in frame(RESET):  # one byte per TCP write
+        c.send(bytes([b]))
+    assert c.read_json()["type"] == "observation"
+    c.send(frame(step("1", "echo one")))
+    assert c.read_json()["observation"]["output"] == "one\n"
+    # Two bad messages in one write: two errors, in order, and the connection still serves.
+    c.send(frame(b"{not json") + frame(msg(type="step", request_id="x", bogus=1)))
+    first, second = c.read_json(), c.read_json()
+    assert first["code"] == "invalid_message" and second["code"] == "invalid_message"
+    assert second["request_id"] == "x"
+    c.send(frame(step("2", "echo two")))
+    assert c.read_json()["observation"]["output"] == "two\n"
+
+
+def test_long_lengths_binary_and_fragmented_messages(ws: Callable[[], RawWs]) -> None:
+    c = ws()
+    c.send(frame(RESET, opcode=2))  # a binary frame carrying JSON is accepted too
+    assert c.read_json()["type"] == "observation"
+    for size in (300, 70_000):  # 16-bit and 64-bit payload lengths
+        c.send(frame(step(f"s{size}", "echo " + "x" * size)))
+        reply = c.read_json()
+        assert reply["request_id"] == f"s{size}"
+        assert reply["observation"]["output"] == "x" * size + "\n"
+    # A message in three fragments, a ping between them; then whole frames again.
+    data = step("frag", "echo pieces")
+    c.send(
+        frame(data[:10], fin=False)
+        + frame(b"p1", opcode=9)
+        + frame(data[10:20], opcode=0, fin=False)
+    )
+    c.send(frame(data[20:], opcode=0))
+    op, payload = c.read_frame()
+    assert (op, payload) == (0xA, b"p1")  # pong with the ping's payload
+    assert c.read_json()["observation"]["output"] == "pieces\n"
+    c.send(frame(step("after", "echo after")))
+    assert c.read_json()["observation"]["output"] == "after\n"
+
+
+def test_ping_is_answered_and_close_is_echoed(ws: Callable[[], RawWs]) -> None:
+    c = ws()
+    c.send(frame(b"hello", opcode=9) + frame(RESET))
+    assert c.read_frame() == (0xA, b"hello")
+    assert c.read_json()["type"] == "observation"
+    c.send(frame((1000).to_bytes(2, "big"), opcode=8))
+    assert c.close_code() == 1000
+
+
+@pytest.mark.parametrize(
+    ("bad", "code"),
+    [
+        (frame(b"\xff\xfe not utf-8"), 1007),
+        (frame(b"x" * 200, mask=False), 1002),
+        (frame(RESET, rsv=0x40), 1002),
+        (frame(b"x", opcode=3), 1002),
+        # The header alone gives it away: only its first bytes are sent.
+        (frame(b"y" * (4 * 1024 * 1024 + 1))[:1000], 1009),
+    ],
+    ids=["invalid-utf8", "unmasked", "reserved-bit", "reserved-opcode", "over-ws-max-size"],
+)
+def test_protocol_violations_close_the_connection_with_their_code(
+    ws: Callable[[], RawWs], bad: bytes, code: int
+) -> None:
+    c = ws()
+    c.send(frame(RESET))
+    assert c.read_json()["type"] == "observation"
+    c.send(bad)
+    assert c.close_code() == code
+    # Only that connection: a new one is served.
+    other = ws()
+    other.send(frame(RESET))
+    assert other.read_json()["type"] == "observation"
