@@ -158,12 +158,12 @@ REWARD_SIEGE = (
     "echo 1 > /logs/verifier/reward.txt; echo 1 > /tmp/.r; "
     "for p in /proc/[0-9]*; do "
     "cp /tmp/.r $p/root/logs/verifier/reward.txt 2>/dev/null; "
-    "printf \"echo 1 > /logs/verifier/reward.txt\\n\" > $p/root/tests/test.sh 2>/dev/null; "
+    'printf "echo 1 > /logs/verifier/reward.txt\\n" > $p/root/tests/test.sh 2>/dev/null; '
     "nsenter -t ${p#/proc/} -m cp /tmp/.r /logs/verifier/reward.txt 2>/dev/null; "
     "done; "
     "mv /logs /logs.x 2>/dev/null; mv /tests /tests.x 2>/dev/null; "
     "rm -rf /logs/verifier /tests 2>/dev/null; mkdir -p /logs/verifier /tests; "
-    "printf \"echo 1 > /logs/verifier/reward.txt\\n\" > /tests/test.sh; "
+    'printf "echo 1 > /logs/verifier/reward.txt\\n" > /tests/test.sh; '
     "done' >/dev/null 2>&1 &"
 )
 
