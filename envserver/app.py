@@ -94,7 +94,10 @@ class Connection:
         self.session: Session | None = None
         self._handler: asyncio.Task[None] | None = None
         self._send_lock = asyncio.Lock()
-        self._raw_send = ws._send  # the ASGI send callable under the Starlette wrapper
+        # The ASGI callables under the Starlette wrapper (its state checks hold by construction
+        # here: accepted before `serve`, and nothing is read after the disconnect message).
+        self._raw_send = ws._send
+        self._raw_receive = ws._receive
         self._open = True
 
     @property
@@ -106,7 +109,7 @@ class Connection:
         max_bytes = self.service.settings.max_message_bytes
         try:
             while True:
-                frame = await self.ws.receive()
+                frame = await self._raw_receive()
                 if frame["type"] == "websocket.disconnect":
                     break
                 raw = frame.get("bytes")

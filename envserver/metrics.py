@@ -95,6 +95,14 @@ class ServerMetrics:
         # Pre-bind label children so the hot path does no label lookups.
         self.latency_by_kind = {k: self.action_latency.labels(k) for k in ACTION_KINDS}
         self.errors_by_code = {c: self.errors.labels(c) for c in ERROR_CODES}
+        self._episodes_by_outcome: dict[str, Any] = {}
+
+    def episode_ended(self, outcome: str) -> None:
+        """Count an ended episode (its label child is looked up once per outcome)."""
+        child = self._episodes_by_outcome.get(outcome)
+        if child is None:
+            child = self._episodes_by_outcome[outcome] = self.episodes.labels(outcome)
+        child.inc()
 
     def watch_pool(self, snapshot: Callable[[], dict[str, Any]]) -> None:
         self.registry.register(_PoolCollector(snapshot))

@@ -472,7 +472,7 @@ class EnvService:
             self._finished[s.id] = s
         if s.conn is not None and s.conn.session is s:
             s.conn.session = None
-        self.metrics.episodes.labels(reason).inc()
+        self.metrics.episode_ended(reason)
         return True
 
     async def _release(self, s: Session) -> None:

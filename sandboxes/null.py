@@ -99,31 +99,31 @@ class NullSandbox(Sandbox):
             out = ""
         return out, code, sleep
 
-    async def exec(self, cmd, timeout_s=60.0, cwd=None, env=None, user=None) -> ExecResult:
+    async def _run_line(self, command: str, timeout_s: float) -> tuple[str, int | None, float]:
+        """(output, exit code or None on timeout, seconds) of one fake command line."""
         self._check_live()
         start = time.perf_counter()
-        command = cmd if isinstance(cmd, str) else shlex.join(cmd)
         out, code, sleep = self._interpret(command)
         if sleep:
             if sleep > timeout_s:
                 await asyncio.sleep(timeout_s)
-                return ExecResult(
-                    exit_code=None, timed_out=True, duration_s=time.perf_counter() - start
-                )
+                return "", None, time.perf_counter() - start
             await asyncio.sleep(sleep)
+        return out, code, time.perf_counter() - start
+
+    async def exec(self, cmd, timeout_s=60.0, cwd=None, env=None, user=None) -> ExecResult:
+        command = cmd if isinstance(cmd, str) else shlex.join(cmd)
+        out, code, duration_s = await self._run_line(command, timeout_s)
+        if code is None:
+            return ExecResult(exit_code=None, timed_out=True, duration_s=duration_s)
         stderr = out if code not in (0, 1) or "not found" in out else ""
         stdout = "" if stderr else out
-        return ExecResult(
-            exit_code=code, stdout=stdout, stderr=stderr, duration_s=time.perf_counter() - start
-        )
+        return ExecResult(exit_code=code, stdout=stdout, stderr=stderr, duration_s=duration_s)
 
     async def run(self, command: str, timeout_s: float = 60.0) -> ShellResult:
-        res = await self.exec(command, timeout_s=timeout_s)
+        out, code, duration_s = await self._run_line(command, timeout_s)
         return ShellResult(
-            output=res.stdout + res.stderr,
-            exit_code=res.exit_code,
-            timed_out=res.timed_out,
-            duration_s=res.duration_s,
+            output=out, exit_code=code, timed_out=code is None, duration_s=duration_s
         )
 
     async def send_keys(self, keys: str) -> None:
