@@ -26,11 +26,16 @@ Selected by `ServerSettings.ws_impl = "sandgym"` (the default).
 
 from __future__ import annotations
 
+import base64
+import binascii
+import hashlib
+import logging
 from typing import Any
+from urllib.parse import unquote
 
 from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
-from websockets.protocol import State
+from websockets.protocol import Protocol, Side, State
 
 try:  # websockets' C extension; the pure-Python fallback is the same function, slower
     from websockets.speedups import apply_mask
@@ -41,6 +46,12 @@ except ImportError:  # pragma: no cover
 PAUSE_AFTER = 16
 
 _TEXT, _BINARY, _CLOSE, _PING, _PONG = 0x1, 0x2, 0x8, 0x9, 0xA
+_GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+
+
+def _tokens(values: list[bytes]) -> list[bytes]:
+    """The comma-separated tokens of header values, stripped and lowercased."""
+    return [t.strip().lower() for v in values for t in v.split(b",") if t.strip()]
 
 
 class FastWebSocketProtocol(WebSocketsSansIOProtocol):
@@ -52,13 +63,122 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
         # None: not decided yet (handshake not done); True: our path; False: uvicorn's for good
         self._fast: bool | None = None
         self._max = self.config.ws_max_size
+        self._accept_key: bytes | None = None  # set when the handshake took the short path
+
+    # -- opening handshake ------------------------------------------------------------------
+    def _fast_connect(self, data: bytes) -> bool:
+        """Take the upgrade request (as uvicorn's HTTP protocol re-serialised it) the short way:
+        the checks websockets' `ServerProtocol.process_request` makes, then the ASGI scope
+        uvicorn builds. False (nothing done) for anything else, which then goes to websockets:
+        a bad or unusual request, extensions enabled, bytes after the request."""
+        if self.config.ws_per_message_deflate:
+            return False
+        head, sep, rest = data.partition(b"\r\n\r\n")
+        if not sep or rest:
+            return False
+        lines = head.split(b"\r\n")
+        method, _, target_version = lines[0].partition(b" ")
+        target, _, version = target_version.rpartition(b" ")
+        if method != b"GET" or version != b"HTTP/1.1":
+            return False
+        headers: list[tuple[bytes, bytes]] = []
+        found: dict[bytes, list[bytes]] = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(b": ")
+            if not sep:
+                return False
+            headers.append((name, value))
+            lname = name.lower()
+            if lname in (
+                b"connection",
+                b"upgrade",
+                b"sec-websocket-key",
+                b"sec-websocket-version",
+                b"sec-websocket-protocol",
+            ):
+                found.setdefault(lname, []).append(value)
+        keys = found.get(b"sec-websocket-key", [])
+        if (
+            b"upgrade" not in _tokens(found.get(b"connection", []))
+            or _tokens(found.get(b"upgrade", [])) != [b"websocket"]
+            or found.get(b"sec-websocket-version") != [b"13"]
+            or len(keys) != 1
+        ):
+            return False
+        try:
+            if len(base64.b64decode(keys[0], validate=True)) != 16:
+                return False
+            path = target.decode("ascii")
+        except (binascii.Error, UnicodeDecodeError):
+            return False
+        raw_path, _, query = path.partition("?")
+        subprotocols = [
+            t.decode("latin-1") for t in _tokens(found.get(b"sec-websocket-protocol", []))
+        ]
+        self._accept_key = base64.b64encode(hashlib.sha1(keys[0] + _GUID).digest())
+        self.handshake_initiated = True
+        self.scope = {
+            "type": "websocket",
+            "asgi": {"version": self.asgi_version, "spec_version": "2.4"},
+            "http_version": "1.1",
+            "scheme": self.scheme,
+            "server": self.server,
+            "client": self.client,
+            "root_path": self.root_path,
+            "path": self.root_path + unquote(raw_path),
+            "raw_path": self.root_path.encode("ascii") + raw_path.encode("ascii"),
+            "query_string": query.encode("ascii"),
+            "headers": headers,
+            "subprotocols": subprotocols,
+            "state": self.app_state.copy(),
+            "extensions": {"websocket.http.response": {}},
+        }
+        self.queue.put_nowait({"type": "websocket.connect"})
+        task = self.loop.create_task(self.run_asgi())
+        task.add_done_callback(self.on_task_complete)
+        self.tasks.add(task)
+        return True
+
+    def _fast_accept(self, message: Any) -> None:
+        """Answer 101 to a handshake taken the short way, and open the frame layer."""
+        assert self._accept_key is not None
+        out = [
+            b"HTTP/1.1 101 Switching Protocols",
+            b"Upgrade: websocket",
+            b"Connection: Upgrade",
+            b"Sec-WebSocket-Accept: " + self._accept_key,
+        ]
+        for name, value in (*self.default_headers, *message.get("headers", [])):
+            out.append(name + b": " + value)
+        subprotocol = message.get("subprotocol")
+        if subprotocol:
+            out.append(b"Sec-WebSocket-Protocol: " + subprotocol.encode())
+        if self.transport.is_closing():
+            return
+        self.handshake_complete = True
+        # websockets' frame layer from here on, as if its own handshake had just finished.
+        # (typed as uvicorn's ServerProtocol; only frame-layer methods are used from now on)
+        self.conn = Protocol(  # type: ignore[assignment]
+            Side.SERVER,
+            state=State.OPEN,
+            max_size=self.config.ws_max_size,
+            logger=logging.getLogger("uvicorn.error"),
+        )
+        self.transport.write(b"\r\n".join(out) + b"\r\n\r\n")
+        self.start_keepalive()
+        if self._buf:  # frames a client sent before our 101
+            self._fast = True
+            self._parse(self._buf)
 
     # -- incoming ---------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
         fast = self._fast
         if fast is None:
             if not self.handshake_complete:
-                super().data_received(data)
+                if self._accept_key is not None:
+                    self._buf += data  # early frames: parsed once the app has accepted
+                elif self.handshake_initiated or not self._fast_connect(data):
+                    super().data_received(data)
                 return
             # The client waited for our 101 as it must: websockets' parser holds nothing, so
             # frames can be parsed here from a frame boundary. A client that sent frames
@@ -152,6 +272,18 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
 
     # -- outgoing ---------------------------------------------------------------------------
     async def send(self, message: Any) -> None:
+        if (
+            self._accept_key is not None
+            and not self.handshake_complete
+            and message["type"] == "websocket.accept"
+            and self.initial_response is None
+        ):
+            if not self.writable.is_set():
+                await self.writable.wait()
+            if self.disconnected:
+                raise ClientDisconnected()
+            self._fast_accept(message)
+            return
         if (
             message["type"] == "websocket.send"
             and self.handshake_complete

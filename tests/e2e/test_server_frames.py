@@ -202,3 +202,52 @@ def test_protocol_violations_close_the_connection_with_their_code(
     other = ws()
     other.send(frame(RESET))
     assert other.read_json()["type"] == "observation"
+
+
+def _handshake_status(url: str, path: str, extra: str = "", key: str | None = None) -> bytes:
+    u = urlsplit(url)
+    key = key if key is not None else base64.b64encode(os.urandom(16)).decode()
+    with socket.create_connection((u.hostname, u.port), timeout=10) as sock:
+        sock.sendall(
+            f"GET {path} HTTP/1.1\r\nHost: {u.hostname}\r\nUpgrade: websocket\r\n"
+            f"Connection: keep-alive, Upgrade\r\nSec-WebSocket-Key: {key}\r\n{extra}\r\n".encode()
+        )
+        buf = b""
+        while b"\r\n" not in buf:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            buf += chunk
+    return buf.split(b"\r\n", 1)[0]
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(
+    ("path", "extra", "key", "status"),
+    [
+        ("/v1/env", "Sec-WebSocket-Version: 13\r\n", None, b"HTTP/1.1 101 Switching Protocols"),
+        # Offers the server does not take up: an extension, a subprotocol; still 101.
+        (
+            "/v1/env",
+            "Sec-WebSocket-Version: 13\r\nSec-WebSocket-Extensions: permessage-deflate\r\n"
+            "Sec-WebSocket-Protocol: chat, superchat\r\n",
+            None,
+            b"HTTP/1.1 101 Switching Protocols",
+        ),
+        ("/v1/env", "Sec-WebSocket-Version: 8\r\n", None, b"HTTP/1.1 400 Bad Request"),
+        ("/v1/env", "", None, b"HTTP/1.1 400 Bad Request"),
+        ("/v1/env", "Sec-WebSocket-Version: 13\r\n", "c2hvcnQ=", b"HTTP/1.1 400 Bad Request"),
+        ("/no-such-socket", "Sec-WebSocket-Version: 13\r\n", None, b"HTTP/1.1 403 Forbidden"),
+    ],
+    ids=["ok", "offers-ignored", "bad-version", "no-version", "short-key", "unknown-path"],
+)
+def test_handshakes_are_answered_alike(
+    make_server: Callable[..., BackgroundServer],
+    impl: str,
+    path: str,
+    extra: str,
+    key: str | None,
+    status: bytes,
+) -> None:
+    srv = make_server("null", ws_impl=impl)
+    assert _handshake_status(srv.url, path, extra, key) == status
