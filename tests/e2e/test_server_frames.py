@@ -251,3 +251,25 @@ def test_handshakes_are_answered_alike(
 ) -> None:
     srv = make_server("null", ws_impl=impl)
     assert _handshake_status(srv.url, path, extra, key) == status
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_keepalive_pings_answered_keep_the_connection_unanswered_end_it(
+    make_server: Callable[..., BackgroundServer], impl: str
+) -> None:
+    srv = make_server("null", ws_impl=impl, ping_interval_s=0.2, ping_timeout_s=0.5)
+    alive, silent = RawWs(srv.url), RawWs(srv.url)
+    try:
+        for c in (alive, silent):
+            c.send(frame(RESET))
+            assert c.read_json()["type"] == "observation"
+        for _ in range(3):  # three pings, each answered with its payload
+            op, payload = alive.read_frame()
+            assert op == 0x9
+            alive.send(frame(payload, opcode=0xA))
+        alive.send(frame(step("k", "echo still here")))
+        assert alive.read_json()["observation"]["output"] == "still here\n"
+        assert silent.close_code() == 1011  # keepalive ping timeout
+    finally:
+        alive.close()
+        silent.close()
