@@ -215,14 +215,17 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
             if not ok or (opcode not in (_TEXT, _BINARY) and opcode < _CLOSE) or opcode > _PONG:
                 self._hand_over(buf, pos)
                 return
-            if self._max is not None and length > self._max and opcode <= _BINARY:
-                self._hand_over(buf, pos)  # websockets answers 1009 (message too big)
+            # Never buffer what websockets refuses anyway: a control frame over 125 bytes (1002),
+            # a data frame over ws_max_size (1009).
+            limit = 125 if opcode >= _CLOSE else self._max
+            if limit is not None and length > limit:
+                self._hand_over(buf, pos)
                 return
             end = head + 4 + length
             if end > n:
                 break
             if opcode >= _CLOSE:
-                # Control frames (<= 125 bytes, checked by websockets) go to its parser whole.
+                # Control frames go to websockets' parser whole.
                 self.conn.receive_data(bytes(buf[pos:end]))
                 pos = end
                 if self.conn.parser_exc is not None:

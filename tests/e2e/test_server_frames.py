@@ -187,8 +187,20 @@ def test_ping_is_answered_and_close_is_echoed(ws: Callable[[], RawWs]) -> None:
         (frame(b"x", opcode=3), 1002),
         # The header alone gives it away: only its first bytes are sent.
         (frame(b"y" * (4 * 1024 * 1024 + 1))[:1000], 1009),
+        # A ping whose header claims 2**40 bytes: refused at the header (websockets checks the
+        # size first), nothing buffered.
+        (bytes((0x89, 0xFF)) + (2**40).to_bytes(8, "big") + os.urandom(4) + b"z" * 1000, 1009),
+        (frame(b"p" * 200, opcode=9), 1002),  # control frames carry at most 125 bytes
     ],
-    ids=["invalid-utf8", "unmasked", "reserved-bit", "reserved-opcode", "over-ws-max-size"],
+    ids=[
+        "invalid-utf8",
+        "unmasked",
+        "reserved-bit",
+        "reserved-opcode",
+        "over-ws-max-size",
+        "huge-control-frame",
+        "long-ping",
+    ],
 )
 def test_protocol_violations_close_the_connection_with_their_code(
     ws: Callable[[], RawWs], bad: bytes, code: int
