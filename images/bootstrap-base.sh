@@ -96,6 +96,9 @@ path-exclude /usr/share/man/*
 path-exclude /usr/share/info/*
 EOF
     rm -rf --one-file-system "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/*
+    # mktemp made the directory 0700, and the tar's "./" carries that mode: overlay2 hides it,
+    # the btrfs driver does not (then / is 0700 and no other user can run anything).
+    chmod 0755 "$rootfs"
     log "debootstrap done in $(echo "$(date +%s.%N) - $t0" | bc) s; importing"
     t0=$(date +%s.%N)
     tar --numeric-owner -C "$rootfs" -c . | docker import \

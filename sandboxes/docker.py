@@ -1143,6 +1143,7 @@ class DockerBackend(SandboxBackend):
         self._client_lock = threading.Lock()
         self._build_locks: dict[str, asyncio.Lock] = {}
         self._storage_opt_ok: bool | None = None
+        self._storage_driver: str | None = None  # `docker info` Driver, asked once
         self.builds = 0  # how many images this backend built (the rest were cache hits)
 
     # -- the client --------------------------------------------------------------------------
@@ -1236,10 +1237,11 @@ class DockerBackend(SandboxBackend):
             )
 
     # -- create / remove ---------------------------------------------------------------------
-    def _confinement(self, spec: SandboxSpec) -> dict[str, Any]:
+    def _confinement(self, spec: SandboxSpec, image_mb: int = 0) -> dict[str, Any]:
         """Host-config options every container of a sandbox gets (the sandbox's own and its
         verifier's): Docker's init, the reduced capabilities, `no-new-privileges`, and the
-        spec's CPU, memory, pids and storage limits."""
+        spec's CPU, memory, pids and storage limits. `image_mb`: what the storage quota must
+        leave for the image's own files on top of `storage_mb` (see `_quota_image_mb`)."""
         host: dict[str, Any] = dict(
             init=True,
             cap_drop=["ALL"],
@@ -1257,9 +1259,10 @@ class DockerBackend(SandboxBackend):
             host["pids_limit"] = spec.pids_limit
         if spec.storage_mb:
             # A per-file size cap (RLIMIT_FSIZE, bytes; execs inherit it): the storage quota
-            # below works only on overlay over xfs with pquota, and without it one `dd` could
-            # fill the host's disk. The cap holds on any filesystem; many files can still add
-            # up past storage_mb where the quota is unsupported.
+            # below works only on an engine that supports `--storage-opt size` (btrfs driver;
+            # overlay2 over xfs with pquota), and without it one `dd` could fill the host's
+            # disk. The cap holds on any filesystem; many files can still add up past
+            # storage_mb where the quota is unsupported.
             import docker.types
 
             size = spec.storage_mb * 2**20
@@ -1267,8 +1270,34 @@ class DockerBackend(SandboxBackend):
         if self.runtime:
             host["runtime"] = self.runtime
         if spec.storage_mb and self._storage_opt_ok is not False:
-            host["storage_opt"] = {"size": f"{spec.storage_mb}M"}
+            host["storage_opt"] = {"size": f"{spec.storage_mb + image_mb}M"}
         return host
+
+    def _driver(self) -> str:
+        """(Thread) the engine's storage driver (`docker info` Driver), asked once."""
+        if self._storage_driver is None:
+            try:
+                self._storage_driver = str(self._client().api.info().get("Driver") or "")
+            except Exception as exc:  # the create that follows reports an engine that is gone
+                log.debug("docker: could not read the storage driver: %s", exc)
+                return ""
+        return self._storage_driver
+
+    def _quota_image_mb(self, image: str) -> int:
+        """(Thread) MiB the storage quota leaves for the image's own files.
+
+        overlay2 (over xfs with pquota) limits only the container's upper dir: 0. The btrfs
+        driver limits the container's whole subvolume (a qgroup's referenced bytes), which
+        starts out holding the image: its size is added, by 8 % more than `docker image
+        inspect` says, since the subvolume counts the files in whole blocks (measured here:
+        1.07x the inspected size for the bookworm base image, 1.05x for sandgym/terminal,
+        0.95x for sandgym/desktop, whose layers overwrite files). So a sandbox gets at least
+        about `storage_mb` of room for new data, at most `storage_mb` plus ~13 % of its image;
+        deleting the image's files frees room for more."""
+        if self._driver() != "btrfs":
+            return 0
+        size = int(self._client().api.inspect_image(image).get("Size") or 0)
+        return -(-size * 108 // (100 * 2**20))
 
     async def create(self, spec: SandboxSpec) -> DockerSandbox:
         import docker.errors
@@ -1279,10 +1308,13 @@ class DockerBackend(SandboxBackend):
         sandbox_id = "sg-" + uuid.uuid4().hex[:12]
         bridge_dir = self.bridge_root / sandbox_id
         labels[LABEL_BRIDGE_DIR] = str(bridge_dir)
+        image_mb = 0
+        if spec.storage_mb and self._storage_opt_ok is not False:
+            image_mb = await asyncio.to_thread(self._quota_image_mb, image)
         host: dict[str, Any] = dict(
             network_mode="bridge" if spec.network else "none",
             binds={str(bridge_dir): {"bind": BRIDGE_MOUNT, "mode": "ro"}},
-            **self._confinement(spec),
+            **self._confinement(spec, image_mb),
         )
         api = self._client().api
         pids: dict[str, int] = {}
@@ -1312,11 +1344,27 @@ class DockerBackend(SandboxBackend):
                 container_id = await asyncio.to_thread(create_and_start)
             except docker.errors.APIError as exc:
                 await self._remove_container(sandbox_id)
+                if "storage_opt" in host and "qgroup" in str(exc).lower():
+                    # btrfs: the image alone already holds more than the quota allows
+                    raise SandboxCreateError(
+                        f"docker could not start {image}: its storage quota "
+                        f"({host['storage_opt']['size']}B, storage_mb={spec.storage_mb} plus "
+                        f"{image_mb} MiB for the image) is below what the image itself holds "
+                        f"on this btrfs engine; raise storage_mb ({exc})"
+                    ) from exc
                 if "storage_opt" not in host or "storage" not in str(exc).lower():
                     raise SandboxCreateError(f"docker could not start {image}: {exc}") from exc
-                # Only overlay2 on xfs with pquota (and a few others) support a size limit.
+                # Only the btrfs driver and overlay2 on xfs with pquota (and a few others)
+                # support a size limit.
                 self._storage_opt_ok = False
-                log.warning("docker: storage limits unsupported here (%s); running without", exc)
+                log.warning(
+                    "docker: storage bound in force: a per-file cap (RLIMIT_FSIZE) at storage_mb "
+                    "only; this engine (storage driver %r) refuses a total quota (%s), so many "
+                    "files can add up past storage_mb (scripts/setup.sh: "
+                    "SANDGYM_DOCKER_STORAGE=btrfs-quota makes an engine that has one)",
+                    self._storage_driver,
+                    exc,
+                )
                 host.pop("storage_opt")
                 try:
                     container_id = await asyncio.to_thread(create_and_start)
@@ -1328,8 +1376,16 @@ class DockerBackend(SandboxBackend):
             await asyncio.shield(self._remove_container(sandbox_id))
             await asyncio.shield(asyncio.to_thread(_remove_bridge_dir, bridge_dir))
             raise
-        if "storage_opt" in host:
+        if "storage_opt" in host and self._storage_opt_ok is None:
             self._storage_opt_ok = True
+            log.info(
+                "docker: storage bound in force: a total quota per sandbox (`--storage-opt "
+                "size`, storage driver %r: %s) and a per-file cap at storage_mb",
+                self._storage_driver,
+                "image + storage_mb, a btrfs qgroup"
+                if self._storage_driver == "btrfs"
+                else "storage_mb on the writable layer",
+            )
         sb = DockerSandbox(spec, self, container_id, sandbox_id)
         sb._bridge_dir = bridge_dir
         sb._watch_host_pid(pids.get(container_id))

@@ -2,6 +2,16 @@
 # Shared set-up for the README's commands: system packages, the virtualenv, the project.
 #   scripts/setup.sh [--docker] [--train] [--e2b]
 # Idempotent: every step is skipped when already done. Needs root (or sudo) for apt.
+# Docker storage (only when this script starts dockerd; a running engine is never switched):
+#   SANDGYM_DOCKER_STORAGE=overlay2 (default): per-file size cap only on ext4 hosts.
+#   SANDGYM_DOCKER_STORAGE=btrfs-quota: dockerd's data-root on a btrfs file system in a sparse
+#     loop file (SANDGYM_DOCKER_LOOP_FILE, default /var/lib/sandgym-docker.img, of
+#     SANDGYM_DOCKER_LOOP_GB, default 30, at most 80 % of the free space) mounted at
+#     SANDGYM_DOCKER_DATA_ROOT (default /var/lib/sandgym-docker), storage driver btrfs: every
+#     sandbox gets a total disk quota (a qgroup: its image + storage_mb). The images are then
+#     built into that engine (a few minutes on a fresh machine). SANDGYM_DOCKERD_ARGS: extra
+#     dockerd arguments (e.g. -H/--exec-root/--pidfile of a second engine; DOCKER_HOST as well);
+#     SANDGYM_DOCKERD_LOG: its log (default /tmp/sandgym-dockerd.log).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WANT_DOCKER=0; WANT_TRAIN=0; WANT_E2B=0
@@ -14,6 +24,11 @@ for a in "$@"; do
   esac
 done
 SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+DOCKER_STORAGE="${SANDGYM_DOCKER_STORAGE:-overlay2}"
+case "$DOCKER_STORAGE" in
+  overlay2|btrfs-quota) ;;
+  *) echo "setup.sh: SANDGYM_DOCKER_STORAGE=$DOCKER_STORAGE (expected overlay2 or btrfs-quota)" >&2; exit 2 ;;
+esac
 
 need_apt=()
 command -v bwrap >/dev/null || need_apt+=(bubblewrap)
@@ -38,6 +53,7 @@ if [ "$WANT_DOCKER" = 1 ]; then
   command -v dockerd >/dev/null || need_apt+=(docker.io)
   command -v debootstrap >/dev/null || need_apt+=(debootstrap)
   command -v docker-compose >/dev/null || need_apt+=(docker-compose)
+  if [ "$DOCKER_STORAGE" = btrfs-quota ]; then command -v mkfs.btrfs >/dev/null || need_apt+=(btrfs-progs); fi
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "setup: apt-get install ${need_apt[*]}" >&2
@@ -68,13 +84,53 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 
+# A btrfs file system in a sparse loop file for dockerd's data-root (mounted again after a
+# reboot; made only when the file does not exist). Prints the mount point.
+btrfs_data_root() {
+  local img="${SANDGYM_DOCKER_LOOP_FILE:-/var/lib/sandgym-docker.img}"
+  local root="${SANDGYM_DOCKER_DATA_ROOT:-/var/lib/sandgym-docker}"
+  local gb="${SANDGYM_DOCKER_LOOP_GB:-30}" avail_gb
+  grep -qw btrfs /proc/filesystems || $SUDO modprobe btrfs 2>/dev/null || true
+  grep -qw btrfs /proc/filesystems || { echo "setup: SANDGYM_DOCKER_STORAGE=btrfs-quota needs btrfs in the kernel; /proc/filesystems has none" >&2; return 1; }
+  [ -e /dev/loop-control ] || { echo "setup: SANDGYM_DOCKER_STORAGE=btrfs-quota needs loop devices; /dev/loop-control is missing" >&2; return 1; }
+  $SUDO mkdir -p "$root"
+  if mountpoint -q "$root"; then
+    [ "$(stat -f -c %T "$root")" = btrfs ] || { echo "setup: $root is mounted but is not btrfs ($(stat -f -c %T "$root")); expected the loop file $img" >&2; return 1; }
+  else
+    if [ ! -e "$img" ]; then
+      $SUDO mkdir -p "$(dirname "$img")"
+      avail_gb=$(( $(df -Pk "$(dirname "$img")" | awk 'NR==2 {print $4}') / 1048576 ))
+      [ "$gb" -le $(( avail_gb * 8 / 10 )) ] || gb=$(( avail_gb * 8 / 10 ))
+      [ "$gb" -ge 8 ] || { echo "setup: only ${avail_gb} GB free next to $img; btrfs-quota needs a loop file of at least 8 GB" >&2; return 1; }
+      echo "setup: making a ${gb} GB sparse btrfs loop file $img for dockerd" >&2
+      $SUDO truncate -s "${gb}G" "$img.tmp"
+      $SUDO mkfs.btrfs -q "$img.tmp" >/tmp/sandgym-mkfs.log 2>&1 || { cat /tmp/sandgym-mkfs.log >&2; echo "setup: mkfs.btrfs failed" >&2; return 1; }
+      $SUDO mv "$img.tmp" "$img"
+    fi
+    $SUDO mount -o loop,noatime "$img" "$root" >&2
+  fi
+  echo "$root"
+}
+
 if [ "$WANT_DOCKER" = 1 ]; then
   if ! docker info >/dev/null 2>&1; then
-    echo "setup: starting dockerd" >&2
+    dockerd_args=(--storage-driver=overlay2)
+    if [ "$DOCKER_STORAGE" = btrfs-quota ]; then
+      root="$(btrfs_data_root)" || exit 1
+      dockerd_args=(--storage-driver=btrfs "--data-root=$root")
+    fi
+    # shellcheck disable=SC2206  # word-split on purpose: a list of arguments
+    dockerd_args+=(${SANDGYM_DOCKERD_ARGS:-})
+    echo "setup: starting dockerd ${dockerd_args[*]}" >&2
     # The init script fails on these machines (it raises a ulimit that is not permitted).
-    nohup dockerd --storage-driver=overlay2 >/tmp/sandgym-dockerd.log 2>&1 &
+    dlog="${SANDGYM_DOCKERD_LOG:-/tmp/sandgym-dockerd.log}"
+    nohup dockerd "${dockerd_args[@]}" >"$dlog" 2>&1 &
     for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
-    docker info >/dev/null 2>&1 || { echo "setup: dockerd did not start; see /tmp/sandgym-dockerd.log" >&2; exit 1; }
+    docker info >/dev/null 2>&1 || { echo "setup: dockerd did not start; see $dlog" >&2; exit 1; }
+  fi
+  driver="$(docker info -f '{{.Driver}}' 2>/dev/null || true)"
+  if [ "$DOCKER_STORAGE" = btrfs-quota ] && [ "$driver" != btrfs ]; then
+    echo "setup: WARNING: SANDGYM_DOCKER_STORAGE=btrfs-quota, but a Docker engine already runs with storage driver '$driver'; it is left as it is (sandboxes get a per-file cap, no total disk quota). Stop that engine and re-run setup to switch (its images are then built again)." >&2
   fi
   # --desktop: sandgym/desktop:latest, the image of the desktop-* tasks (built once, ~3 min).
   bash images/bootstrap-base.sh --desktop >&2

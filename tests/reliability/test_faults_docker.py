@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shlex
 import signal
 import subprocess
 import time
@@ -183,21 +184,31 @@ def docker_info_ok() -> bool:
     return subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
 
 
-def start_dockerd(log_path: Path) -> None:
+def dockerd_argv() -> list[str]:
+    """The running engine's command line: a restart keeps its storage driver and data-root
+    (scripts/setup.sh's SANDGYM_DOCKER_STORAGE=btrfs-quota engine is not overlay2's default)."""
+    for pid in dockerd_pids():
+        with contextlib.suppress(OSError):
+            return Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+    return []
+
+
+def start_dockerd(log_path: Path, argv: list[str] | None = None) -> None:
+    cmd = shlex.join(argv) if argv else "dockerd --storage-driver=overlay2"
     subprocess.run(
-        f"nohup dockerd --storage-driver=overlay2 >{log_path} 2>&1 &",
+        f"nohup {cmd} >{log_path} 2>&1 &",
         shell=True,
         check=True,
         start_new_session=True,
     )
 
 
-def ensure_dockerd(log_path: Path) -> None:
+def ensure_dockerd(log_path: Path, argv: list[str] | None = None) -> None:
     """Leave a working Docker engine behind, whatever happened in the test."""
     if docker_info_ok():
         return
     if not dockerd_pids():
-        start_dockerd(log_path)
+        start_dockerd(log_path, argv)
     deadline = time.monotonic() + 60
     while not docker_info_ok():
         if time.monotonic() > deadline:
@@ -246,6 +257,7 @@ async def test_server_recovers_after_dockerd_restart(rel_tasks: Path, tmp_path: 
     if os.geteuid() != 0 or not dockerd_pids():
         pytest.skip("needs root and a dockerd started by hand on this machine")
     log_path = tmp_path / "dockerd.log"
+    argv: list[str] = []
     srv = await start_server(rel_tasks)
     stop_load = asyncio.Event()
     codes: list[str] = []
@@ -267,11 +279,12 @@ async def test_server_recovers_after_dockerd_restart(rel_tasks: Path, tmp_path: 
     loaders = [asyncio.create_task(load()) for _ in range(3)]
     try:
         await asyncio.sleep(2.0)
+        argv = dockerd_argv()
         for pid in dockerd_pids():
             os.kill(pid, signal.SIGKILL)
         await wait_until(lambda: not dockerd_pids(), 30.0, 0.1, "dockerd dead")
         await asyncio.sleep(1.0)  # the load meets a dead engine
-        await asyncio.to_thread(start_dockerd, log_path)
+        await asyncio.to_thread(start_dockerd, log_path, argv)
         await wait_until(docker_info_ok, 60.0, 0.5, "docker info answers again")
         stop_load.set()
         await asyncio.wait_for(asyncio.gather(*loaders, return_exceptions=True), 180)
@@ -300,7 +313,7 @@ async def test_server_recovers_after_dockerd_restart(rel_tasks: Path, tmp_path: 
         stop_load.set()
         for t in loaders:
             t.cancel()
-        await asyncio.to_thread(ensure_dockerd, log_path)
+        await asyncio.to_thread(ensure_dockerd, log_path, argv)
         await asyncio.to_thread(srv.stop)
         # Creations in flight when the engine died left containers the stopped server never
         # learnt of (its owner pid is dead now: `sandgym reap` takes them), and what the
