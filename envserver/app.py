@@ -31,6 +31,7 @@ from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocketDisconnect
 
 from envserver.errors import BusyError, MessageTooLargeError, to_wire_error
+from envserver.fastws import DIRECT_EXTENSION
 from envserver.protocol import (
     CLOSE_UNAUTHORIZED,
     CloseMsg,
@@ -99,6 +100,7 @@ class Connection:
         self._raw_send = ws._send
         self._raw_receive = ws._receive
         self._open = True
+        self._send_now: Callable[[str], bool] | None = None  # fastws: write a reply at once
 
     @property
     def open(self) -> bool:
@@ -106,45 +108,58 @@ class Connection:
         return self._open
 
     async def serve(self) -> None:
-        max_bytes = self.service.settings.max_message_bytes
+        # Under sandgym's own websocket protocol (envserver/fastws.py) whole messages are
+        # handed to `_on_direct_message` as they are parsed, without the ASGI receive queue;
+        # the queue then carries only the disconnect (and the messages of a connection that
+        # protocol handed back to uvicorn's code path).
+        direct = self.ws.scope.get("extensions", {}).get(DIRECT_EXTENSION)
+        if direct is not None:
+            self._send_now = direct["send_now"]
+            direct["set_receiver"](self._on_direct_message)
         try:
             while True:
                 frame = await self._raw_receive()
                 if frame["type"] == "websocket.disconnect":
                     break
                 raw = frame.get("bytes")
-                if raw is None:
-                    text = frame.get("text") or ""
-                    raw = text.encode()
-                if len(raw) > max_bytes:
-                    await self._reply_error(
-                        _request_id_of(raw[:4096]),
-                        MessageTooLargeError(
-                            f"message of {len(raw)} bytes exceeds max_message_bytes={max_bytes}"
-                        ),
-                    )
-                    continue
-                try:
-                    msg = parse_client_message(raw)
-                except ValidationError as exc:
-                    await self._reply_error(_request_id_of(raw), exc)
-                    continue
-                if self._handler is not None and not self._handler.done():
-                    await self._reply_error(
-                        msg.request_id,
-                        BusyError(
-                            "a request is already being handled on this connection; "
-                            "send one request at a time"
-                        ),
-                    )
-                    continue
-                self._handler = asyncio.create_task(self._handle(msg))
+                refused = self._on_message(frame.get("text") or "" if raw is None else raw)
+                if refused is not None:
+                    await self._reply_error(*refused)
         except WebSocketDisconnect:
             pass
         finally:
             self._open = False
             # The handler keeps running: its result is cached for a resend after `resume`.
             self.service.detach(self)
+
+    def _on_direct_message(self, data: str | bytes) -> None:
+        refused = self._on_message(data)
+        if refused is not None and self._open:
+            # At once, in order: the protocol stops reading while replies back up.
+            assert self._send_now is not None
+            if not self._send_now(_reply_json(self._error_reply(*refused))):
+                self._open = False
+
+    def _on_message(self, data: str | bytes) -> tuple[str | None, BaseException] | None:
+        """One whole client message: validated, then handled by a task of its own, so the
+        next message is read (and refused as busy) while a long command runs. Returns the
+        (request_id, error) to answer instead, when it is refused."""
+        raw = data.encode() if isinstance(data, str) else data
+        max_bytes = self.service.settings.max_message_bytes
+        if len(raw) > max_bytes:
+            return _request_id_of(raw[:4096]), MessageTooLargeError(
+                f"message of {len(raw)} bytes exceeds max_message_bytes={max_bytes}"
+            )
+        try:
+            msg = parse_client_message(raw)
+        except ValidationError as exc:
+            return _request_id_of(raw), exc
+        if self._handler is not None and not self._handler.done():
+            return msg.request_id, BusyError(
+                "a request is already being handled on this connection; send one request at a time"
+            )
+        self._handler = asyncio.create_task(self._handle(msg))
+        return None
 
     async def _handle(self, msg: ResetMsg | StepMsg | CloseMsg | ResumeMsg) -> None:
         svc = self.service
@@ -162,13 +177,15 @@ class Connection:
             return
         await self._send(_reply_json(reply))
 
-    async def _reply_error(self, request_id: str | None, exc: BaseException) -> None:
+    def _error_reply(self, request_id: str | None, exc: BaseException) -> ErrorReply:
         err = to_wire_error(exc)
         self.service.metrics.errors_by_code[err.code].inc()
-        reply = ErrorReply(
+        return ErrorReply(
             request_id=request_id, code=err.code, message=err.message, retryable=err.retryable
         )
-        await self._send(_reply_json(reply))
+
+    async def _reply_error(self, request_id: str | None, exc: BaseException) -> None:
+        await self._send(_reply_json(self._error_reply(request_id, exc)))
 
     async def _send(self, text: str) -> None:
         if not self._open:

@@ -20,7 +20,11 @@ resumed reading the socket (two epoll changes per message).
 - a reply (`websocket.send`) on an open connection is framed here (server frames are unmasked:
   a 2 to 10 byte header) and written in one call.
 
-Reading is paused only when the app falls behind by `PAUSE_AFTER` messages, not after each one.
+The opening handshake of a plain request (no extensions taken up) is answered here too, with
+the checks websockets makes. An app that asks for it through the `DIRECT_EXTENSION` scope
+extension (envserver/app.py does) gets whole messages by a synchronous call instead of the
+ASGI receive queue, and can write error replies at once; without it, reading is paused only
+when the app falls behind by `PAUSE_AFTER` messages, not after each one.
 Selected by `ServerSettings.ws_impl = "sandgym"` (the default).
 """
 
@@ -30,6 +34,7 @@ import base64
 import binascii
 import hashlib
 import logging
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
@@ -44,9 +49,28 @@ except ImportError:  # pragma: no cover
 
 #: the app may fall this many messages behind before the socket stops being read
 PAUSE_AFTER = 16
+#: ASGI scope extension: `scope["extensions"][DIRECT_EXTENSION]["set_receiver"](fn)` makes
+#: the protocol call `fn(text_or_bytes)` for each whole message instead of queueing a
+#: `websocket.receive` event (the disconnect still comes through `receive`), and
+#: `["send_now"](text) -> bool` writes a text message at once (False: the connection is gone).
+#: Direct delivery has no queue to bound it; instead the protocol stops reading while its
+#: replies back up, and hands over at most `BATCH` messages per turn of the event loop (the
+#: rest of a big read waits for the next turn), so one flooding peer cannot starve the others.
+DIRECT_EXTENSION = "sandgym.direct_messages"
+BATCH = 32
 
 _TEXT, _BINARY, _CLOSE, _PING, _PONG = 0x1, 0x2, 0x8, 0x9, 0xA
 _GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+
+
+def _data_frame(payload: bytes, b0: int) -> bytes:
+    """A server frame (unmasked) of `payload`; `b0` = FIN + opcode."""
+    n = len(payload)
+    if n < 126:
+        return bytes((b0, n)) + payload
+    if n < 65536:
+        return bytes((b0, 126)) + n.to_bytes(2, "big") + payload
+    return bytes((b0, 127)) + n.to_bytes(8, "big") + payload
 
 
 def _tokens(values: list[bytes]) -> list[bytes]:
@@ -64,6 +88,30 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
         self._fast: bool | None = None
         self._max = self.config.ws_max_size
         self._accept_key: bytes | None = None  # set when the handshake took the short path
+        self._receiver: Callable[[str | bytes], None] | None = None
+        # Reading, under direct delivery: stopped while replies back up (`_write_paused`) or
+        # while a big read is handed over in batches (`_batching`).
+        self._write_paused = False
+        self._batching = False
+        self._reading = True
+
+    def _set_receiver(self, receiver: Callable[[str | bytes], None]) -> None:
+        self._receiver = receiver
+
+    def _sync_reading(self) -> None:
+        want = not (self._write_paused or self._batching)
+        if want != self._reading and not self.transport.is_closing():
+            self._reading = want
+            if want:
+                self.transport.resume_reading()
+            else:
+                self.transport.pause_reading()
+
+    def _send_now(self, text: str) -> bool:
+        if self.close_sent or self.disconnected or self.conn.state is not State.OPEN:
+            return False
+        self.transport.write(_data_frame(text.encode(), 0x81))
+        return True
 
     # -- opening handshake ------------------------------------------------------------------
     def _fast_connect(self, data: bytes) -> bool:
@@ -131,7 +179,13 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
             "headers": headers,
             "subprotocols": subprotocols,
             "state": self.app_state.copy(),
-            "extensions": {"websocket.http.response": {}},
+            "extensions": {
+                "websocket.http.response": {},
+                DIRECT_EXTENSION: {
+                    "set_receiver": self._set_receiver,
+                    "send_now": self._send_now,
+                },
+            },
         }
         self.queue.put_nowait({"type": "websocket.connect"})
         task = self.loop.create_task(self.run_asgi())
@@ -194,7 +248,15 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
     def _parse(self, buf: bytearray) -> None:
         pos = 0
         n = len(buf)
+        left = BATCH if self._receiver is not None else -1
         while n - pos >= 2:
+            if left == 0:  # the rest on the next turn of the loop, after everyone else's
+                del buf[:pos]
+                if not self._batching:
+                    self._batching = True
+                    self._sync_reading()
+                self.loop.call_soon(self._next_batch)
+                return
             b0 = buf[pos]
             b1 = buf[pos + 1]
             length = b1 & 0x7F
@@ -239,10 +301,18 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
                 continue
             payload = apply_mask(buf[head + 4 : end], buf[head : head + 4])
             pos = end
+            left -= 1
             if not self._deliver(opcode, payload):
                 return
         if pos:
             del buf[:pos]
+        if self._batching:
+            self._batching = False
+            self._sync_reading()
+
+    def _next_batch(self) -> None:
+        if self._fast and not self.transport.is_closing():
+            self._parse(self._buf)
 
     def _hand_over(self, buf: bytearray, pos: int) -> None:
         """Give every byte from `pos` on to uvicorn's path, for the rest of the connection."""
@@ -265,15 +335,40 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
                 self.conn.send_close(1007)
                 self.handle_parser_exception()
                 return False
-            self.queue.put_nowait({"type": "websocket.receive", "text": text})
+            data: str | bytes = text
         else:
-            self.queue.put_nowait({"type": "websocket.receive", "bytes": payload})
+            data = payload
+        receiver = self._receiver
+        if receiver is not None:
+            try:
+                receiver(data)
+            except Exception:  # the app's bug must not kill the protocol's read loop
+                self.logger.exception("message receiver failed")
+            return True
+        if isinstance(data, str):
+            self.queue.put_nowait({"type": "websocket.receive", "text": data})
+        else:
+            self.queue.put_nowait({"type": "websocket.receive", "bytes": data})
         if not self.read_paused and self.queue.qsize() >= PAUSE_AFTER:
             self.read_paused = True
             self.transport.pause_reading()
         return True
 
     # -- outgoing ---------------------------------------------------------------------------
+    def pause_writing(self) -> None:
+        """The peer reads slower than we reply: stop reading its requests until it catches
+        up (messages delivered directly have no queue to bound them)."""
+        super().pause_writing()
+        if self._receiver is not None:
+            self._write_paused = True
+            self._sync_reading()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._write_paused:
+            self._write_paused = False
+            self._sync_reading()
+
     async def send(self, message: Any) -> None:
         if (
             self._accept_key is not None
@@ -300,16 +395,8 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
                 raise ClientDisconnected()
             text = message.get("text")
             if text is not None:
-                payload, b0 = text.encode(), 0x81
+                self.transport.write(_data_frame(text.encode(), 0x81))
             else:
-                payload, b0 = message.get("bytes") or b"", 0x82
-            n = len(payload)
-            if n < 126:
-                header = bytes((b0, n))
-            elif n < 65536:
-                header = bytes((b0, 126)) + n.to_bytes(2, "big")
-            else:
-                header = bytes((b0, 127)) + n.to_bytes(8, "big")
-            self.transport.write(header + payload)
+                self.transport.write(_data_frame(message.get("bytes") or b"", 0x82))
             return
         await super().send(message)

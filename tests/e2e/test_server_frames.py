@@ -285,3 +285,90 @@ def test_keepalive_pings_answered_keep_the_connection_unanswered_end_it(
     finally:
         alive.close()
         silent.close()
+
+
+def test_a_client_that_never_reads_is_not_read_either(
+    make_server: Callable[..., BackgroundServer],
+) -> None:
+    """Messages go to the app without a queue on the short path, so the protocol itself stops
+    reading while its replies to that peer back up; a reading peer then gets served again."""
+    import time
+
+    from envserver.fastws import FastWebSocketProtocol
+
+    srv = make_server("null", ws_impl="sandgym")
+    c = RawWs(srv.url)
+    try:
+        c.send(frame(RESET))
+        assert c.read_json()["type"] == "observation"
+        (proto,) = [
+            p for p in srv._server.server_state.connections if isinstance(p, FastWebSocketProtocol)
+        ]
+        junk = frame(b"{bad json") * 2000
+        c.sock.setblocking(False)
+        deadline = time.monotonic() + 120
+        out = b""
+        while not proto._write_paused and time.monotonic() < deadline:
+            out = out or junk
+            try:
+                out = out[c.sock.send(out) :]  # whole frames only: a partial send continues
+            except BlockingIOError:
+                time.sleep(0.01)
+        assert proto._write_paused, "the replies never backed up"
+        time.sleep(0.2)
+        assert not proto.transport.is_reading()
+        # Another client is served meanwhile.
+        other = RawWs(srv.url)
+        other.send(frame(RESET))
+        assert other.read_json()["type"] == "observation"
+        other.close()
+        # Reading the backlog lets the server read again: the last request gets its answer.
+        deadline = time.monotonic() + 120
+        pending = out + frame(step("last", "echo done"))
+        while pending and time.monotonic() < deadline:
+            try:
+                pending = pending[c.sock.send(pending) :]
+            except BlockingIOError:
+                pass
+            try:
+                c.buf += c.sock.recv(1 << 20)
+            except BlockingIOError:
+                time.sleep(0.01)
+        c.sock.settimeout(30)
+        while True:
+            reply = c.read_json()
+            if reply.get("request_id") == "last":
+                break
+            assert reply["code"] == "invalid_message"
+        assert reply["observation"]["output"] == "done\n"
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_flooding_client_does_not_starve_the_others(
+    make_server: Callable[..., BackgroundServer], impl: str
+) -> None:
+    import time
+
+    srv = make_server("null", ws_impl=impl)
+    flood = RawWs(srv.url)
+    try:
+        junk = frame(b"{bad json") * 2000
+        flood.sock.setblocking(False)
+        out, until = b"", time.monotonic() + 3
+        while time.monotonic() < until:  # 3 s of requests, never reading a reply
+            out = out or junk
+            try:
+                out = out[flood.sock.send(out) :]
+            except BlockingIOError:
+                time.sleep(0.01)
+        other = RawWs(srv.url)
+        other.sock.settimeout(5)
+        other.send(frame(RESET))
+        assert other.read_json()["type"] == "observation"
+        other.send(frame(step("1", "echo served")))
+        assert other.read_json()["observation"]["output"] == "served\n"
+        other.close()
+    finally:
+        flood.close()
