@@ -190,6 +190,12 @@ class Connection:
     async def _send(self, text: str) -> None:
         if not self._open:
             return
+        if self._send_now is not None:
+            # fastws writes whole frames at once, in call order (it stops reading while
+            # replies back up, so nothing piles up behind a slow reader).
+            if not self._send_now(text):
+                self._open = False
+            return
         # Straight to the ASGI send (Starlette's WebSocket.send only re-checks its state
         # machine); the lock keeps replies whole and in order if the server's send waits.
         message = {"type": "websocket.send", "text": text}
