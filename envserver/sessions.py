@@ -202,7 +202,6 @@ class EnvService:
 
     # -- the four requests ---------------------------------------------------------------------
     async def reset(self, conn: Connection, msg: ResetMsg) -> ObservationReply:
-        from sandboxes.desktop import start_task_desktop
         from tasks.runtime import prepare_episode
 
         if conn.session is not None:
@@ -224,7 +223,7 @@ class EnvService:
             try:
                 t1 = time.perf_counter()
                 setup = await prepare_episode(task, sandbox, msg.seed)
-                desktop = await start_task_desktop(sandbox, task.metadata, user=task.agent_user)
+                desktop = setup.desktop  # brought up by prepare_episode for a desktop task
                 bridge = None
                 if "gateway_url" in msg.options:  # a harness in the sandbox calls a model gateway
                     from envserver.gateway_bridge import GatewayBridge
