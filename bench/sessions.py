@@ -771,7 +771,16 @@ def run(args: argparse.Namespace) -> int:
             "python": platform.python_version(),
             "loadavg_at_start": load_start,
         },
-        "note": "clients and servers share this machine's CPUs; figures are lower bounds",
+        "note": (
+            "clients and servers share this machine's CPUs; figures are lower bounds. The lean "
+            "client offers no websocket extension, so neither server compresses; the websockets "
+            "client used before offered permessage-deflate, which OpenEnv's uvicorn (deflate on "
+            "by default) took up, costing its server CPU that sandgym (deflate off) did not spend"
+            if args.client == "lean"
+            else "clients and servers share this machine's CPUs; figures are lower bounds. The "
+            "websockets client offers permessage-deflate: OpenEnv's uvicorn takes it up (its "
+            "default), sandgym's server does not"
+        ),
     }
     # sandgym and OpenEnv run side by side, level by level (both servers up, idle when not
     # driven), so both face the same background load on this shared machine.

@@ -12,12 +12,13 @@ import pytest
 from envserver.cli import main
 
 
-@pytest.mark.parametrize("barrier", [False, True])
+@pytest.mark.parametrize(("barrier", "client"), [(False, "lean"), (True, "websockets")])
 def test_bench_sessions_small_run_reports_every_field(
-    barrier: bool, capsys: pytest.CaptureFixture[str]
+    barrier: bool, client: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     argv = ["bench", "sessions", "--json", "--levels", "3", "--steps", "2", "--client-procs", "1",
-            "--servers", "sandgym,openenv", "--openenv-python", sys.executable]  # fmt: skip
+            "--servers", "sandgym,openenv", "--openenv-python", sys.executable,
+            "--client", client]  # fmt: skip
     rc = main(argv + (["--barrier"] if barrier else []))
     doc = json.loads(capsys.readouterr().out)
     assert rc == 0, doc
@@ -26,6 +27,7 @@ def test_bench_sessions_small_run_reports_every_field(
     assert r["steps"] == 6 and r["step_p50_ms"] > 0 and r["steps_per_s"] > 0
     assert r["server_cpu_us_per_step"] >= 0  # /proc counts 10 ms ticks: 6 steps may read 0
     assert (r["server_cpu_us_per_connect_reset"] is not None) is barrier
+    assert doc["client"].startswith("bench/wsclient.py" if client == "lean" else "websockets")
     # This test's python has no openenv-core: skipped with the reason, reference kept.
     assert "openenv-core is not importable" in doc["openenv"]["skipped"]
     assert doc["openenv_reference"]["sessions"] == 2048
