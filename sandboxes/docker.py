@@ -1144,6 +1144,7 @@ class DockerBackend(SandboxBackend):
         self._build_locks: dict[str, asyncio.Lock] = {}
         self._storage_opt_ok: bool | None = None
         self._storage_driver: str | None = None  # `docker info` Driver, asked once
+        self._storage_quota_label = ""  # the engine's sandgym.storage-quota label (setup.sh)
         self.builds = 0  # how many images this backend built (the rest were cache hits)
 
     # -- the client --------------------------------------------------------------------------
@@ -1274,27 +1275,41 @@ class DockerBackend(SandboxBackend):
         return host
 
     def _driver(self) -> str:
-        """(Thread) the engine's storage driver (`docker info` Driver), asked once."""
+        """(Thread) the engine's storage driver (`docker info` Driver), asked once, with the
+        engine label `sandgym.storage-quota` (`simple`/`full`) that scripts/setup.sh sets on
+        the btrfs engine it makes."""
         if self._storage_driver is None:
             try:
-                self._storage_driver = str(self._client().api.info().get("Driver") or "")
+                info = self._client().api.info()
             except Exception as exc:  # the create that follows reports an engine that is gone
                 log.debug("docker: could not read the storage driver: %s", exc)
                 return ""
+            for label in info.get("Labels") or []:
+                key, _, value = str(label).partition("=")
+                if key == "sandgym.storage-quota":
+                    self._storage_quota_label = value
+            self._storage_driver = str(info.get("Driver") or "")
         return self._storage_driver
+
+    def _quota_counts_image(self) -> bool:
+        """Whether the engine's storage quota also counts the image's own files: the btrfs
+        driver under full qgroups (a snapshot references its image's data), not under simple
+        quotas (kernel >= 6.7; usage counts only what the container writes)."""
+        return self._driver() == "btrfs" and self._storage_quota_label != "simple"
 
     def _quota_image_mb(self, image: str) -> int:
         """(Thread) MiB the storage quota leaves for the image's own files.
 
-        overlay2 (over xfs with pquota) limits only the container's upper dir: 0. The btrfs
-        driver limits the container's whole subvolume (a qgroup's referenced bytes), which
-        starts out holding the image: its size is added, by 8 % more than `docker image
-        inspect` says, since the subvolume counts the files in whole blocks (measured here:
+        overlay2 (over xfs with pquota) limits only the container's upper dir, and the btrfs
+        driver under simple quotas counts only what the container writes: 0. Under full
+        qgroups the btrfs driver limits the container's whole subvolume (a qgroup's
+        referenced bytes), which starts out holding the image: its size is added, by 8 % more
+        than `docker image inspect` says, since the subvolume counts whole blocks (measured:
         1.07x the inspected size for the bookworm base image, 1.05x for sandgym/terminal,
         0.95x for sandgym/desktop, whose layers overwrite files). So a sandbox gets at least
         about `storage_mb` of room for new data, at most `storage_mb` plus ~13 % of its image;
         deleting the image's files frees room for more."""
-        if self._driver() != "btrfs":
+        if not self._quota_counts_image():
             return 0
         size = int(self._client().api.inspect_image(image).get("Size") or 0)
         return -(-size * 108 // (100 * 2**20))
@@ -1383,8 +1398,8 @@ class DockerBackend(SandboxBackend):
                 "size`, storage driver %r: %s) and a per-file cap at storage_mb",
                 self._storage_driver,
                 "image + storage_mb, a btrfs qgroup"
-                if self._storage_driver == "btrfs"
-                else "storage_mb on the writable layer",
+                if self._quota_counts_image()
+                else "storage_mb of the sandbox's own writes",
             )
         sb = DockerSandbox(spec, self, container_id, sandbox_id)
         sb._bridge_dir = bridge_dir

@@ -8,7 +8,8 @@
 #     loop file (SANDGYM_DOCKER_LOOP_FILE, default /var/lib/sandgym-docker.img, of
 #     SANDGYM_DOCKER_LOOP_GB, default 30, at most 80 % of the free space) mounted at
 #     SANDGYM_DOCKER_DATA_ROOT (default /var/lib/sandgym-docker), storage driver btrfs: every
-#     sandbox gets a total disk quota (a qgroup: its image + storage_mb). The images are then
+#     sandbox gets a total disk quota (a btrfs qgroup; simple quotas where the kernel has them,
+#     kernel >= 6.7: storage_mb of new data, else image + storage_mb). The images are then
 #     built into that engine (a few minutes on a fresh machine). SANDGYM_DOCKERD_ARGS: extra
 #     dockerd arguments (e.g. -H/--exec-root/--pidfile of a second engine; DOCKER_HOST as well);
 #     SANDGYM_DOCKERD_LOG: its log (default /tmp/sandgym-dockerd.log).
@@ -109,7 +110,26 @@ btrfs_data_root() {
     fi
     $SUDO mount -o loop,noatime "$img" "$root" >&2
   fi
+  # Simple quotas (kernel >= 6.7): a snapshot's usage starts at zero and counts only what is
+  # written into it, so a container's qgroup limit is storage_mb itself, and no backrefs are
+  # walked. btrfs-progs here (6.2) has no `quota enable -s`: BTRFS_IOC_QUOTA_CTL, cmd 4. On
+  # an older kernel this fails and Docker turns on full qgroups itself at the first create.
+  local uuid
+  uuid="$(findmnt -no UUID "$root")"
+  if [ ! -d "/sys/fs/btrfs/$uuid/qgroups" ]; then  # quotas not on yet (a fresh file system)
+    $SUDO python3 -c 'import fcntl, os, struct, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+fcntl.ioctl(fd, 0xC0109428, bytearray(struct.pack("QQ", 4, 0)))' "$root" 2>/dev/null \
+      || echo "setup: simple btrfs quotas unavailable (kernel $(uname -r)); Docker uses full qgroups" >&2
+  fi
   echo "$root"
+}
+
+# The btrfs quota mode of dockerd's data-root, for the engine label the docker backend reads.
+btrfs_quota_mode() {
+  local uuid
+  uuid="$(findmnt -no UUID "$1")"
+  if [ "$(cat "/sys/fs/btrfs/$uuid/qgroups/mode" 2>/dev/null)" = squota ]; then echo simple; else echo full; fi
 }
 
 if [ "$WANT_DOCKER" = 1 ]; then
@@ -117,7 +137,9 @@ if [ "$WANT_DOCKER" = 1 ]; then
     dockerd_args=(--storage-driver=overlay2)
     if [ "$DOCKER_STORAGE" = btrfs-quota ]; then
       root="$(btrfs_data_root)" || exit 1
-      dockerd_args=(--storage-driver=btrfs "--data-root=$root")
+      # sandgym.storage-quota: `simple` (the quota counts only a sandbox's writes) or `full`
+      # (it counts the image too); sandboxes/docker.py sizes `--storage-opt size` by it.
+      dockerd_args=(--storage-driver=btrfs "--data-root=$root" --label "sandgym.storage-quota=$(btrfs_quota_mode "$root")")
     fi
     # shellcheck disable=SC2206  # word-split on purpose: a list of arguments
     dockerd_args+=(${SANDGYM_DOCKERD_ARGS:-})

@@ -4,7 +4,8 @@ Real engine, real writes: a sandbox writes many small files until the kernel ref
 another sandbox keeps working. The total bound needs an engine that accepts `--storage-opt
 size` (the btrfs storage driver, which `SANDGYM_DOCKER_STORAGE=btrfs-quota scripts/setup.sh
 --docker` sets up on a fresh machine; or overlay2 over xfs with pquota); on any other engine the
-test is skipped, saying so. Point DOCKER_HOST at such an engine to run it here.
+test is skipped, saying so. Point DOCKER_HOST at such an engine to run it on a machine whose
+main engine has none (see scripts/setup.sh: SANDGYM_DOCKERD_ARGS makes a second one).
 """
 
 from __future__ import annotations
@@ -98,14 +99,14 @@ async def test_many_small_files_stop_near_storage_mb_and_other_sandboxes_keep_wo
         written_mb = int(written) / 2**20
         # The kernel refused a write: over quota (EDQUOT), or out of space (ENOSPC).
         assert err in ("EDQUOT", "ENOSPC"), r.stdout
-        # Stopped near the limit: at least ~storage_mb, at most storage_mb plus the error of
-        # the allowance the quota makes for the image's own files (btrfs: up to ~14 % of the
-        # image; see DockerBackend._quota_image_mb).
-        image_mb = int(backend._client().api.inspect_image(IMAGE)["Size"]) / 2**20
-        assert STORAGE_MB * 0.9 <= written_mb <= STORAGE_MB + 0.15 * image_mb + 8, (
-            written_mb,
-            r,
-        )
+        # Stopped near the limit: at least ~storage_mb; at most storage_mb where the quota
+        # counts only the sandbox's writes (btrfs simple quotas, overlay2 over xfs), else plus
+        # the error of the allowance it makes for the image's own files (btrfs full qgroups:
+        # up to ~14 % of the image; see DockerBackend._quota_image_mb).
+        slack = 1.0
+        if backend._quota_counts_image():
+            slack = 0.15 * int(backend._client().api.inspect_image(IMAGE)["Size"]) / 2**20 + 8
+        assert STORAGE_MB * 0.9 <= written_mb <= STORAGE_MB + slack, (written_mb, r)
         # The full sandbox is still alive (its commands run), and frees room by deleting.
         assert (await filler.exec("echo alive")).stdout == "alive\n"
         r = await filler.exec("rm -rf /fill && head -c 4194304 /dev/zero > /after && echo ok")
