@@ -205,7 +205,7 @@ def serve_forever(settings: ServerSettings, backend: SandboxBackend | None = Non
     if settings.gc_gen0_threshold is not None:
         # Fewer collections: every request allocates pydantic models, dicts, futures and a
         # task, so the default threshold (700) ran the collector every few requests.
-        gc.set_threshold(settings.gc_gen0_threshold, 50, 100)
+        gc.set_threshold(settings.gc_gen0_threshold, 10, 10)
     stop = threading.Event()
     previous = {
         sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
