@@ -132,7 +132,7 @@ class Connection:
             # The handler keeps running: its result is cached for a resend after `resume`.
             self.service.detach(self)
 
-    def _on_direct_message(self, data: str | bytes) -> None:
+    def _on_direct_message(self, data: bytes) -> None:
         refused = self._on_message(data)
         if refused is not None and self._open:
             # At once, in order: the protocol stops reading while replies back up.

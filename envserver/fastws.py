@@ -50,8 +50,9 @@ except ImportError:  # pragma: no cover
 #: the app may fall this many messages behind before the socket stops being read
 PAUSE_AFTER = 16
 #: ASGI scope extension: `scope["extensions"][DIRECT_EXTENSION]["set_receiver"](fn)` makes
-#: the protocol call `fn(text_or_bytes)` for each whole message instead of queueing a
-#: `websocket.receive` event (the disconnect still comes through `receive`), and
+#: the protocol call `fn(payload)` for each whole message (bytes; a text frame's checked as
+#: UTF-8) instead of queueing a `websocket.receive` event (the disconnect still comes through
+#: `receive`), and
 #: `["send_now"](text) -> bool` writes a text message at once (False: the connection is gone).
 #: Direct delivery has no queue to bound it; instead the protocol stops reading while its
 #: replies back up, and hands over at most `BATCH` messages per turn of the event loop (the
@@ -88,14 +89,14 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
         self._fast: bool | None = None
         self._max = self.config.ws_max_size
         self._accept_key: bytes | None = None  # set when the handshake took the short path
-        self._receiver: Callable[[str | bytes], None] | None = None
+        self._receiver: Callable[[bytes], None] | None = None
         # Reading, under direct delivery: stopped while replies back up (`_write_paused`) or
         # while a big read is handed over in batches (`_batching`).
         self._write_paused = False
         self._batching = False
         self._reading = True
 
-    def _set_receiver(self, receiver: Callable[[str | bytes], None]) -> None:
+    def _set_receiver(self, receiver: Callable[[bytes], None]) -> None:
         self._receiver = receiver
 
     def _sync_reading(self) -> None:
@@ -323,9 +324,10 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
             super().data_received(rest)
 
     def _deliver(self, opcode: int, payload: bytes) -> bool:
-        """Queue one message for the app; False when the connection failed instead."""
+        """Hand one message to the app; False when the connection failed instead."""
         if self.close_sent:
             return True  # past `websocket.close`: dropped, as uvicorn does
+        text = None
         if opcode == _TEXT:
             try:
                 text = payload.decode()
@@ -335,20 +337,17 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
                 self.conn.send_close(1007)
                 self.handle_parser_exception()
                 return False
-            data: str | bytes = text
-        else:
-            data = payload
         receiver = self._receiver
         if receiver is not None:
             try:
-                receiver(data)
+                receiver(payload)  # a text frame's bytes, checked as UTF-8 above
             except Exception:  # the app's bug must not kill the protocol's read loop
                 self.logger.exception("message receiver failed")
             return True
-        if isinstance(data, str):
-            self.queue.put_nowait({"type": "websocket.receive", "text": data})
+        if text is not None:
+            self.queue.put_nowait({"type": "websocket.receive", "text": text})
         else:
-            self.queue.put_nowait({"type": "websocket.receive", "bytes": data})
+            self.queue.put_nowait({"type": "websocket.receive", "bytes": payload})
         if not self.read_paused and self.queue.qsize() >= PAUSE_AFTER:
             self.read_paused = True
             self.transport.pause_reading()
