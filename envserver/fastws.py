@@ -38,6 +38,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.protocol import Protocol, Side, State
@@ -74,9 +75,27 @@ def _data_frame(payload: bytes, b0: int) -> bytes:
     return bytes((b0, 127)) + n.to_bytes(8, "big") + payload
 
 
+def _drop_parser(conn: Protocol) -> None:
+    """Break the cycle between a websockets protocol object and its parser generator (which
+    holds the object): closing the generator lets reference counting free both."""
+    parser = getattr(conn, "parser", None)
+    if parser is not None:
+        conn.parser = None  # type: ignore[assignment]
+        parser.close()
+
+
 def _tokens(values: list[bytes]) -> list[bytes]:
     """The comma-separated tokens of header values, stripped and lowercased."""
     return [t.strip().lower() for v in values for t in v.split(b",") if t.strip()]
+
+
+class FastHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, which after handing a connection to the websocket
+    protocol drops its parser (the parser holds the protocol: a cycle per connection)."""
+
+    def handle_websocket_upgrade(self) -> None:
+        super().handle_websocket_upgrade()
+        self.parser = None  # type: ignore[assignment]
 
 
 class FastWebSocketProtocol(WebSocketsSansIOProtocol):
@@ -95,9 +114,34 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
         self._write_paused = False
         self._batching = False
         self._reading = True
+        self._app_done = False
 
     def _set_receiver(self, receiver: Callable[[bytes], None]) -> None:
         self._receiver = receiver
+
+    # -- teardown: no reference cycles left for the garbage collector --------------------------
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._release_if_done()
+
+    def on_task_complete(self, task: Any) -> None:
+        super().on_task_complete(task)
+        self._app_done = True
+        self._release_if_done()
+
+    def _release_if_done(self) -> None:
+        """Once the peer is gone and the app has returned, nothing calls into this protocol
+        again: drop the references that tie it, the app's connection and websockets' parser
+        into cycles, so all of it is freed at once by reference counting. Left to the cyclic
+        collector, each connection's ~50 objects reached the oldest generation, whose full
+        collections (a few hundred ms with thousands of sessions) then paid to free them."""
+        if not (self.disconnected and self._app_done):
+            return
+        self._receiver = None
+        scope = getattr(self, "scope", None)
+        if scope is not None:
+            scope.get("extensions", {}).pop(DIRECT_EXTENSION, None)
+        _drop_parser(self.conn)
 
     def _sync_reading(self) -> None:
         want = not (self._write_paused or self._batching)
@@ -211,6 +255,7 @@ class FastWebSocketProtocol(WebSocketsSansIOProtocol):
         if self.transport.is_closing():
             return
         self.handshake_complete = True
+        _drop_parser(self.conn)  # the handshake's protocol object, never used again
         # websockets' frame layer from here on, as if its own handshake had just finished.
         # (typed as uvicorn's ServerProtocol; only frame-layer methods are used from now on)
         self.conn = Protocol(  # type: ignore[assignment]

@@ -47,6 +47,17 @@ def new_event_loop(settings: ServerSettings) -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
+def _http_protocol(ws_impl: str) -> Any:
+    """uvicorn's `http` setting: httptools when installed (ours under `ws_impl = "sandgym"`)."""
+    if not _installed("httptools"):
+        return "h11"
+    if ws_impl == "sandgym":
+        from envserver.fastws import FastHttpToolsProtocol
+
+        return FastHttpToolsProtocol
+    return "httptools"
+
+
 def _ws_protocol(name: str) -> Any:
     """uvicorn's `ws` setting for `ServerSettings.ws_impl`: our protocol class, or uvicorn's name."""
     if name == "sandgym":
@@ -62,7 +73,7 @@ def uvicorn_config(app: Any, settings: ServerSettings, **overrides: Any) -> uvic
         "port": settings.port,
         "ws": _ws_protocol(settings.ws_impl),
         "ws_per_message_deflate": settings.ws_per_message_deflate,
-        "http": "httptools" if _installed("httptools") else "h11",
+        "http": _http_protocol(settings.ws_impl),
         "loop": "uvloop" if _use_uvloop(settings) else "asyncio",
         "lifespan": "on",
         "access_log": False,

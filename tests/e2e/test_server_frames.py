@@ -372,3 +372,59 @@ def test_a_flooding_client_does_not_starve_the_others(
         other.close()
     finally:
         flood.close()
+
+
+@pytest.mark.parametrize("goodbye", ["close", "drop"])
+def test_a_finished_connection_is_freed_without_the_cyclic_collector(
+    make_server: Callable[..., BackgroundServer], goodbye: str
+) -> None:
+    """Once its peer is gone and the app has returned, a connection's protocol objects (HTTP,
+    websocket, websockets' parser) hold no reference cycles: reference counting frees them
+    at once. Left in cycles, thousands of sessions' objects reach the oldest generation and
+    the server pays for long full collections."""
+    import gc
+    import time
+    import weakref
+
+    from envserver import fastws
+
+    srv = make_server("null", ws_impl="sandgym", resume_grace_s=0)
+    born: list[weakref.ref[Any]] = []
+    inits = {
+        cls: cls.__init__ for cls in (fastws.FastWebSocketProtocol, fastws.FastHttpToolsProtocol)
+    }
+
+    def recording(cls: type) -> Callable[..., None]:
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            inits[cls](self, *args, **kwargs)
+            born.append(weakref.ref(self))
+
+        return __init__
+
+    gc.collect()
+    gc.disable()
+    try:
+        for cls in inits:
+            cls.__init__ = recording(cls)  # type: ignore[misc]
+        try:
+            c = RawWs(srv.url)
+            c.send(frame(RESET))
+            assert c.read_json()["type"] == "observation"
+            c.send(frame(step("1", "echo hi")))
+            assert c.read_json()["observation"]["output"] == "hi\n"
+            if goodbye == "close":
+                c.send(frame((1000).to_bytes(2, "big"), opcode=0x8))
+                assert c.read_frame()[0] == 0x8
+            c.close()
+            del c
+        finally:
+            for cls, init in inits.items():
+                cls.__init__ = init  # type: ignore[misc]
+        assert len(born) == 2, "expected one HTTP and one websocket protocol"
+        deadline = time.monotonic() + 10
+        while any(r() is not None for r in born) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        alive = [type(r()).__name__ for r in born if r() is not None]
+        assert not alive, f"still alive without a cyclic collection: {alive}"
+    finally:
+        gc.enable()
