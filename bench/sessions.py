@@ -372,6 +372,10 @@ async def _drive(
                     pass
 
     loop = asyncio.get_running_loop()
+    # Every load generator starts at once: spawned processes finish importing at different
+    # times, and a late one would stretch the measured span by its delay.
+    ctl.send("ready")
+    await loop.run_in_executor(None, ctl.recv)
     tasks = [asyncio.create_task(session(i)) for i in range(n)]
     cpu0 = time.process_time()
     await all_reset.wait()
@@ -492,7 +496,11 @@ def _level(
         p.start()
         pipes.append(parent_end)
         children.append(p)
+    for c in pipes:
+        c.recv()  # every child is ready to connect
     rss_before, cpu_before = _proc_rss_bytes(pid), _proc_cpu_s(pid)
+    for c in pipes:
+        c.send("start")
     for c in pipes:
         c.recv()  # every child's sessions have connected and reset (or failed)
     cpu_reset = _proc_cpu_s(pid) - cpu_before
@@ -634,8 +642,22 @@ def _run_level(t: _Target, n: int, args: argparse.Namespace) -> dict[str, Any]:
         f"p99 {res['step_p99_ms']} ms, {res['steps_per_s']} steps/s",
         file=sys.stderr,
     )
-    time.sleep(1.0)  # let the server finish the level's closes before the next RSS reading
     return res
+
+
+def _wait_quiet(pids: list[int], timeout_s: float = 60.0) -> float:
+    """Wait until every server is idle (under 5 % of a CPU over a quarter second): a server
+    still closing the last level's sessions (2048 closes take OpenEnv seconds) would take CPU
+    from the next run, and its memory reading would not be a baseline. Returns seconds waited."""
+    start = time.monotonic()
+    window = 0.25
+    while True:
+        before = [_proc_cpu_s(p) for p in pids]
+        time.sleep(window)
+        used = max(_proc_cpu_s(p) - b for p, b in zip(pids, before, strict=True))
+        waited = time.monotonic() - start
+        if (used < 0.05 * window and waited >= 0.5) or waited > timeout_s:
+            return waited
 
 
 def _bench_local(args: argparse.Namespace, levels: list[int]) -> dict[str, Any]:
@@ -692,7 +714,11 @@ def _sandgym_server(args: argparse.Namespace, levels: list[int]) -> Iterator[_Ta
 
 def _bench_sandgym(args: argparse.Namespace, levels: list[int]) -> dict[str, Any]:
     with _sandgym_server(args, levels) as t:
-        return {**t.meta, "results": [_run_level(t, n, args) for n in levels]}
+        results = []
+        for n in levels:
+            _wait_quiet([t.pid])
+            results.append(_run_level(t, n, args))
+        return {**t.meta, "results": results}
 
 
 def _openenv_version(python: str) -> str:
@@ -841,6 +867,12 @@ def run(args: argparse.Namespace) -> int:
             for i in range(args.repeats):
                 # Alternate who goes first: neither server always meets the same drift.
                 for t in targets if i % 2 == 0 else targets[::-1]:
+                    waited = _wait_quiet([x.pid for x in targets])
+                    if waited > 2:
+                        print(
+                            f"bench sessions: {waited:.1f}s until the servers idled",
+                            file=sys.stderr,
+                        )
                     runs[t.name].append(_run_level(t, n, args))
             for t in targets:
                 doc[t.name]["results"].append(_median_run(runs[t.name]))

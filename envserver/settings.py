@@ -79,10 +79,11 @@ class ServerSettings(BaseSettings):
         ge=700,
         description="`sandgym serve` only: the cyclic garbage collector's first threshold, "
         "raised from Python's 700 (every request allocates models, dicts, futures and a task; "
-        "with 700 the collector ran every few requests), with startup objects frozen. 50000 "
-        "(with rarer full collections) measured ~12 % less server CPU per step but let the RSS "
-        "grow by 42-45 MiB over the 10k hostile frames of the fuzz test; 10000 keeps it flat "
-        "(-0.5 to 13 MiB over 5 runs). None leaves the collector as Python sets it",
+        "with 700 the collector ran every few requests), with startup objects frozen. Since "
+        "connections and refused messages leave no reference cycles, 50000 and 100000 keep the "
+        "fuzz test's RSS flat too (0.4-7 MiB) but were no faster than 10000 (server CPU per "
+        "step 81-89 us against 84-86 in 4 alternating runs). None leaves the collector as "
+        "Python sets it",
     )
     ping_interval_s: float | None = Field(
         20.0, description="websocket keepalive ping interval (None = no pings)"

@@ -412,6 +412,8 @@ def test_a_finished_connection_is_freed_without_the_cyclic_collector(
             assert c.read_json()["type"] == "observation"
             c.send(frame(step("1", "echo hi")))
             assert c.read_json()["observation"]["output"] == "hi\n"
+            c.send(frame(b'{"type": "step", "request_id": "x", "bogus": 1}'))  # refused
+            assert c.read_json()["code"] == "invalid_message"
             if goodbye == "close":
                 c.send(frame((1000).to_bytes(2, "big"), opcode=0x8))
                 assert c.read_frame()[0] == 0x8
@@ -426,5 +428,12 @@ def test_a_finished_connection_is_freed_without_the_cyclic_collector(
             time.sleep(0.05)
         alive = [type(r()).__name__ for r in born if r() is not None]
         assert not alive, f"still alive without a cyclic collection: {alive}"
+        # Nor did the refused message leave its error in a cycle with the frame that caught it.
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        cyclic = {type(o).__name__ for o in gc.garbage if isinstance(o, BaseException)}
+        assert "ValidationError" not in cyclic, cyclic
     finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
         gc.enable()
