@@ -22,17 +22,22 @@ Servers, each started as a child process and driven by the same load generator:
 - `sandgym`: `sandgym serve --backend null` (the sandbox is free, so this measures the server
   itself) with the `bench-echo` task; a step is `{"kind":"command","command":"echo hi"}` and the
   reply must carry `output == "hi\\n"`.
-- `openenv`: OpenEnv's own websocket server (`/ws`) running its `echo_env` (an MCP environment);
-  a step is `call_tool echo_message {"message":"hi"}` and the reply must echo `hi`. OpenEnv is
-  not a dependency of sandgym: point `--openenv-python` at a virtualenv where `openenv-core` is
-  installed and `--openenv-app-dir` at its `envs/echo_env` directory. If that is missing the
+- `openenv`: OpenEnv's own websocket server (`create_app`, its `/ws` endpoint, uvicorn with
+  its defaults) hosting a plain async echo environment written by this bench (`--openenv-env
+  plain`, the default: OpenEnv's fastest path); a step is `{"type": "step", "data": {"message":
+  "hi"}}` and the reply must
+  echo `hi`. `--openenv-env mcp` runs OpenEnv's shipped `envs/echo_env` (MCP tools, `call_tool
+  echo_message`) from `--openenv-app-dir` instead. OpenEnv is not a dependency of sandgym: point
+  `--openenv-python` at a virtualenv where `openenv-core` is installed. If that is missing the
   reason is recorded and the figures measured earlier on this machine are kept as a labelled
   reference (`openenv_reference`).
 
-The load generator is a minimal websocket client (the `websockets` library, JSON in and out) run
-in `--client-procs` separate processes, so the clients do not run on the server's event loop and
-both servers face exactly the same client code. On a small machine the clients still share the
-CPUs with the server, so wall-clock figures are lower bounds of what a server alone sustains.
+The load generator (`--client lean`, the default: `bench/wsclient.py`, a minimal RFC 6455 client;
+or `--client websockets`, that library's asyncio client) runs in `--client-procs` separate
+processes, started together, so the clients do not run on the server's event loop and both
+servers face exactly the same client code. Each run starts once every server is idle (the last
+level's closes done). On a small machine the clients still share the CPUs with the server, so
+wall-clock figures are lower bounds of what a server alone sustains.
 `--json` prints one JSON document; `--out PATH` also writes it (committed:
 `bench/results/sessions.json`).
 """
