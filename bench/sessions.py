@@ -26,10 +26,10 @@ Servers, each started as a child process and driven by the same load generator:
   its defaults) hosting a plain async echo environment written by this bench (`--openenv-env
   plain`, the default: OpenEnv's fastest path); a step is `{"type": "step", "data": {"message":
   "hi"}}` and the reply must echo `hi`. `--openenv-env mcp` runs OpenEnv's shipped
-  `envs/echo_env` (MCP tools, `call_tool echo_message`) from `--openenv-app-dir` instead. OpenEnv is not a dependency of sandgym: point
-  `--openenv-python` at a virtualenv where `openenv-core` is installed. If that is missing the
-  reason is recorded and the figures measured earlier on this machine are kept as a labelled
-  reference (`openenv_reference`).
+  `envs/echo_env` (MCP tools, `call_tool echo_message`) from `--openenv-app-dir` instead.
+  OpenEnv is not a dependency of sandgym: point `--openenv-python` at a virtualenv where
+  `openenv-core` is installed. If that is missing the reason is recorded and the figures
+  measured earlier on this machine are kept as a labelled reference (`openenv_reference`).
 
 The load generator (`--client lean`, the default: `bench/wsclient.py`, a minimal RFC 6455 client;
 or `--client websockets`, that library's asyncio client) runs in `--client-procs` separate
