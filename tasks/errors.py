@@ -26,18 +26,50 @@ class VerifierError(TaskError, RuntimeError):
     """The verifier produced no usable reward (missing, empty or unparseable reward file).
 
     `output` carries the verifier's own output so the cause can be read, never a silent 0.
+    `cause` names what went wrong (`VERIFIER_CAUSES`); it leads the message, so the wire's
+    `verifier_error` message and the trainer's episode record keep it. The trainer scores every
+    verifier error 0 and never masks it: the verifier runs on the file system the agent left,
+    so the agent can cause any of them (trainer/episode.py).
     """
 
-    def __init__(self, message: str, output: str = "") -> None:
+    def __init__(self, message: str, output: str = "", cause: str = "failed") -> None:
         super().__init__(message)
         self.output = output
+        self.cause = cause
 
     def __str__(self) -> str:
-        base = super().__str__()
+        base = f"[{self.cause}] {super().__str__()}"
         if not self.output:
             return base
         tail = self.output[-2000:]
         return f"{base}\n--- verifier output (last {len(tail)} chars) ---\n{tail}"
+
+
+#: `VerifierError.cause` values: `timeout` (past the verifier timeout: a FIFO, a hung service),
+#: `no_reward` (the test script ended without a reward: it crashed, or a checker could not run),
+#: `bad_reward` (a reward file that is not one finite number), `reward_out_of_range`,
+#: `no_results` / `bad_report` (no pytest results; an unreadable pytest report),
+#: `weights_mismatch` (SETA weights and tests that do not match), `setup` (the private verifier
+#: could not start or report), `task` (the task's own scoring data is unusable), `failed`.
+VERIFIER_CAUSES = (
+    "timeout",
+    "no_reward",
+    "bad_reward",
+    "reward_out_of_range",
+    "no_results",
+    "bad_report",
+    "weights_mismatch",
+    "setup",
+    "task",
+    "failed",
+)
+
+
+class RewardOutOfRangeError(VerifierError):
+    """A reward outside the task's declared range ([0, 1] unless `metadata.reward_range`)."""
+
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(message, output, cause="reward_out_of_range")
 
 
 class TaskUnsupportedError(TaskError, RuntimeError):

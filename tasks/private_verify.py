@@ -10,7 +10,8 @@ for, or a loop that keeps writing `1` into /logs/verifier/reward.txt). When the 
    /logs/verifier (fixed mount points the agent cannot remove or rename), unpacks the tests and
    runs the test script there, its stderr merged into its stdout;
 3. after the script the wrapper prints, on its own stderr, a block framed by the nonce with the
-   reward files base64-encoded, read from its private /logs/verifier.
+   reward files (and pytest's JUnit report, `JUNIT_FILE`, which the runtime asks pytest to write
+   there for Terminal-Bench and SETA tasks) base64-encoded, read from its private /logs/verifier.
 
 On the docker backend the wrapper runs instead in a container of its own, started from a
 snapshot of the sandbox (`DockerSandbox.exec_private`): no process of the agent's exists there,
@@ -47,6 +48,9 @@ OWN_CONTAINER_ENV = VERIFIER_OWN_CONTAINER_ENV
 #: exit codes of the wrapper's own failures (before the test script ran)
 NO_PAYLOAD, SETUP_FAILED = 97, 98
 MAX_REWARD_FILE_BYTES = 1_000_000
+#: pytest's JUnit report, written by pytest itself into the private /logs/verifier
+JUNIT_FILE = "sandgym-pytest-junit.xml"
+REPORTED_FILES = ("reward.txt", "reward.json", JUNIT_FILE)
 
 WRAPPER = r"""
 IFS= read -r nonce || { echo "sandgym: expected a nonce line on stdin, got nothing" >&2; exit 97; }
@@ -64,7 +68,7 @@ exec 3>&2 2>&1
 rc=$?
 {
   printf '\n%s begin\n' "$nonce"
-  for f in reward.txt reward.json; do
+  for f in reward.txt reward.json sandgym-pytest-junit.xml; do
     if [ -f "/logs/verifier/$f" ]; then
       printf '%s ' "$f"; head -c 1000000 "/logs/verifier/$f" | base64 -w0; printf '\n'
     fi
@@ -138,7 +142,7 @@ def parse_report(stderr: str, nonce: str, output: str) -> PrivateRun:
         if not line.strip():
             continue
         name, _, b64 = line.partition(" ")
-        if name not in ("reward.txt", "reward.json"):
+        if name not in REPORTED_FILES:
             raise VerifierError(f"verifier report names an unexpected file {name!r}", output)
         try:
             files[name] = base64.b64decode(b64, validate=True).decode("utf-8", "replace")

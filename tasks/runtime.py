@@ -17,6 +17,7 @@ import asyncio
 import functools
 import hashlib
 import logging
+import math
 import os
 import posixpath
 import random
@@ -38,7 +39,13 @@ from tasks.dockerfile import CopyStep, Dockerfile, MkdirStep, RunStep, parse_doc
 from tasks.errors import TaskError, TaskLoadError, TaskUnsupportedError, VerifierError
 from tasks.heredoc import has_heredoc, rewrite_heredocs
 from tasks.models import TaskSpec
-from tasks.verifier import answer_reward, reward_from_files, seta_reward, tbench_reward
+from tasks.verifier import (
+    DEFAULT_REWARD_RANGE,
+    answer_reward,
+    reward_from_files,
+    seta_reward,
+    tbench_reward,
+)
 
 log = logging.getLogger(__name__)
 
@@ -431,6 +438,13 @@ async def run_verifier(
     assert v.script_path is not None
     script = f"{TESTS_DIR}/{v.script or v.script_path.name}"
     env = {**resolve_env_templates(v.env, f"task {task.id}: verifier.env"), "TEST_DIR": TESTS_DIR}
+    if v.kind in ("tbench", "seta"):
+        # pytest's own report, written into the verifier's private /logs/verifier: scored
+        # instead of the printed summary, which code the tests import can forge
+        opt = f"--junitxml={VERIFIER_LOGS}/{private_verify.JUNIT_FILE}"
+        env["PYTEST_ADDOPTS"] = (
+            f"{env['PYTEST_ADDOPTS']} {opt}" if env.get("PYTEST_ADDOPTS") else opt
+        )
     argv = ["bash", script]
     if task.verifier_user not in (None, "root", "0"):
         user = task.verifier_user
@@ -467,11 +481,13 @@ async def run_verifier(
     )
     output = res.stdout + (("\n" + res.stderr) if res.stderr else "")
     _raise_on_timeout(task, res, output)
-    txt = js = None
+    txt = js = junit = None
     if v.kind == "harbor":
         txt = await _read_optional(sandbox, f"{VERIFIER_LOGS}/reward.txt")
         js = await _read_optional(sandbox, f"{VERIFIER_LOGS}/reward.json")
-    return _score(task, output, res.exit_code, txt, js, start)
+    else:
+        junit = await _read_optional(sandbox, f"{VERIFIER_LOGS}/{private_verify.JUNIT_FILE}")
+    return _score(task, output, res.exit_code, txt, js, start, junit)
 
 
 async def _run_private_verifier(
@@ -504,6 +520,7 @@ async def _run_private_verifier(
             f"task {task.id}: the private verifier could not be set up in sandbox {sandbox.id} "
             f"(exit {res.exit_code}): {res.stderr.strip()[-1500:]}",
             output,
+            cause="setup",
         )
     report = private_verify.parse_report(res.stderr, nonce, output)
     return _score(
@@ -513,15 +530,40 @@ async def _run_private_verifier(
         report.files.get("reward.txt"),
         report.files.get("reward.json"),
         start,
+        report.files.get(private_verify.JUNIT_FILE),
     )
 
 
 def _raise_on_timeout(task: TaskSpec, res: ExecResult, output: str) -> None:
+    """A verifier past its timeout is a `VerifierError` (cause `timeout`); the agent can cause it
+    (a FIFO where the tests read, a service that hangs), so it is scored 0, never masked."""
     if res.timed_out:
         raise VerifierError(
             f"task {task.id}: the verifier did not finish within {task.timeouts.verifier_timeout_s} s",
             output,
+            cause="timeout",
         )
+
+
+def reward_range(task: TaskSpec) -> tuple[float, float]:
+    """The rewards the task's verifier may give: [0, 1] unless `metadata.reward_range = [lo, hi]`."""
+    declared = task.metadata.get("reward_range")
+    if declared is None:
+        return DEFAULT_REWARD_RANGE
+    ok = (
+        isinstance(declared, list | tuple)
+        and len(declared) == 2
+        and all(isinstance(x, int | float) and not isinstance(x, bool) for x in declared)
+        and all(math.isfinite(x) for x in declared)
+        and declared[0] < declared[1]
+    )
+    if not ok:
+        raise VerifierError(
+            f"task {task.id}: metadata.reward_range must be [low, high] with finite low < high, "
+            f"found {declared!r}",
+            cause="task",
+        )
+    return float(declared[0]), float(declared[1])
 
 
 def _score(
@@ -531,15 +573,23 @@ def _score(
     txt: str | None,
     js: str | None,
     start: float,
+    junit: str | None = None,
 ) -> VerifierResult:
     v = task.verifier
     if v.kind == "harbor":
-        reward, details = reward_from_files(txt, js, output)
+        if txt is None and js is None and exit_code not in (None, 0):
+            raise VerifierError(
+                f"task {task.id}: the test script exited {exit_code} without writing a reward "
+                "(it crashed, or its checker could not run)",
+                output,
+                cause="no_reward",
+            )
+        reward, details = reward_from_files(txt, js, output, reward_range(task))
     elif v.kind == "seta":
         assert v.weights is not None
-        reward, details = seta_reward(output, v.weights)
+        reward, details = seta_reward(output, v.weights, junit, exit_code)
     else:
-        reward, details = tbench_reward(output)
+        reward, details = tbench_reward(output, junit, exit_code)
     details["exit_code"] = exit_code
     return VerifierResult(
         reward=reward, output=output, duration_s=time.perf_counter() - start, details=details

@@ -5,11 +5,23 @@ holds either a number or an object. For an object the rule is: its `"reward"` ke
 otherwise, when it has exactly one numeric value, that value; anything else (several metrics,
 none numeric) is refused with `VerifierError`, because picking one silently would be a guess.
 When both files exist, `reward.txt` wins (Harbor reads it first). A missing, empty,
-unparseable or non-finite reward is a `VerifierError` carrying the test output, never a 0.
+unparseable or non-finite reward is a `VerifierError` carrying the test output, never a 0; a
+reward outside [0, 1] (or the range the task declares in `metadata.reward_range`) is a
+`RewardOutOfRangeError`.
 
-pytest summaries (Terminal-Bench, SETA): the `short test summary info` section of
-`pytest -rA` (or `-v` result lines) gives each test's status. Terminal-Bench is all-or-nothing;
-SETA is the weighted share of passed tests.
+pytest results (Terminal-Bench, SETA): pytest's own machine-readable report, a JUnit XML file
+the runtime asks for (`PYTEST_ADDOPTS=--junitxml=...` pointing into the verifier's private
+/logs/verifier, tasks/runtime.py), is the source when it exists. Only when no report was written
+is the text read instead: the `short test summary info` section of `pytest -rA` (or `-v` result
+lines); the details then say `result_source: "text"`, because code the tests import from the
+agent's files can print a fake summary. A pass also needs the test script's exit code to be 0
+(when it is known). Terminal-Bench is all-or-nothing; SETA is the weighted share of passed tests.
+
+SETA weights: a weight key names a test by its function name (`test_x`), and matches every
+parametrisation of it (`test_x[1]`, `test_x[2]`), which share its weight in proportion to how
+many of them passed; a key with parameters (`test_x[1]`) matches that one test. A weight that
+matches no test, or a test that matches no weight, is a `VerifierError` (`weights_mismatch`):
+the reward would otherwise be silently partial.
 
 Answers (LLM-in-Sandbox): exact match after normalisation, or numeric match with tolerance.
 """
@@ -19,9 +31,10 @@ from __future__ import annotations
 import json
 import math
 import re
+import xml.etree.ElementTree as ET
 from fractions import Fraction
 
-from tasks.errors import VerifierError
+from tasks.errors import RewardOutOfRangeError, VerifierError
 from tasks.models import AnswerSpec
 
 PASS_STATUSES = {"PASSED", "XFAIL"}
@@ -30,33 +43,65 @@ FAIL_STATUSES = {"FAILED", "ERROR", "XPASS"}
 
 def _finite(value: float, where: str, output: str) -> float:
     if not math.isfinite(value):
-        raise VerifierError(f"{where}: expected a finite reward, found {value!r}", output)
+        raise VerifierError(
+            f"{where}: expected a finite reward, found {value!r}", output, cause="bad_reward"
+        )
     return float(value)
 
 
-def reward_from_files(txt: str | None, js: str | None, output: str = "") -> tuple[float, dict]:
-    """Apply the reward-file rule above. `None` means the file does not exist."""
+#: the reward range a task gets unless it declares another (`metadata.reward_range`)
+DEFAULT_REWARD_RANGE = (0.0, 1.0)
+
+
+def reward_from_files(
+    txt: str | None,
+    js: str | None,
+    output: str = "",
+    reward_range: tuple[float, float] = DEFAULT_REWARD_RANGE,
+) -> tuple[float, dict]:
+    """Apply the reward-file rule above. `None` means the file does not exist. A reward outside
+    `reward_range` (inclusive) is refused with `RewardOutOfRangeError`."""
+    value, details = _reward_from_files(txt, js, output)
+    lo, hi = reward_range
+    if not lo <= value <= hi:
+        raise RewardOutOfRangeError(
+            f"{details['reward_file']}: reward {value!r} is outside the task's range "
+            f"[{lo:g}, {hi:g}] (a task may declare another with metadata.reward_range)",
+            output,
+        )
+    return value, details
+
+
+def _reward_from_files(txt: str | None, js: str | None, output: str) -> tuple[float, dict]:
     if txt is not None:
         text = txt.strip()
         if not text:
-            raise VerifierError("reward.txt is empty; expected one float", output)
+            raise VerifierError(
+                "reward.txt is empty; expected one float", output, cause="bad_reward"
+            )
         try:
             value = float(text.split()[0]) if len(text.split()) == 1 else float(text)
         except ValueError:
             raise VerifierError(
-                f"reward.txt: expected one float, found {text[:80]!r}", output
+                f"reward.txt: expected one float, found {text[:80]!r}", output, cause="bad_reward"
             ) from None
         return _finite(value, "reward.txt", output), {"reward_file": "reward.txt"}
     if js is not None:
         if not js.strip():
-            raise VerifierError("reward.json is empty; expected a number or an object", output)
+            raise VerifierError(
+                "reward.json is empty; expected a number or an object", output, cause="bad_reward"
+            )
         try:
             data = json.loads(js)
         except json.JSONDecodeError as exc:
-            raise VerifierError(f"reward.json is not valid JSON: {exc}", output) from None
+            raise VerifierError(
+                f"reward.json is not valid JSON: {exc}", output, cause="bad_reward"
+            ) from None
         details: dict = {"reward_file": "reward.json"}
         if isinstance(data, bool):
-            raise VerifierError(f"reward.json: expected a number, found {data!r}", output)
+            raise VerifierError(
+                f"reward.json: expected a number, found {data!r}", output, cause="bad_reward"
+            )
         if isinstance(data, int | float):
             return _finite(float(data), "reward.json", output), details
         if isinstance(data, dict):
@@ -65,7 +110,9 @@ def reward_from_files(txt: str | None, js: str | None, output: str = "") -> tupl
                 value = data["reward"]
                 if isinstance(value, bool) or not isinstance(value, int | float):
                     raise VerifierError(
-                        f"reward.json: 'reward' must be a number, found {value!r}", output
+                        f"reward.json: 'reward' must be a number, found {value!r}",
+                        output,
+                        cause="bad_reward",
                     )
                 return _finite(float(value), "reward.json", output), details
             numeric = [
@@ -77,10 +124,15 @@ def reward_from_files(txt: str | None, js: str | None, output: str = "") -> tupl
                 "reward.json: expected a 'reward' key or exactly one numeric value, "
                 f"found keys {sorted(data)}",
                 output,
+                cause="bad_reward",
             )
-        raise VerifierError(f"reward.json: expected a number or object, found {data!r}", output)
+        raise VerifierError(
+            f"reward.json: expected a number or object, found {data!r}", output, cause="bad_reward"
+        )
     raise VerifierError(
-        "the verifier wrote no reward: expected /logs/verifier/reward.txt or reward.json", output
+        "the verifier wrote no reward: expected /logs/verifier/reward.txt or reward.json",
+        output,
+        cause="no_reward",
     )
 
 
@@ -89,7 +141,14 @@ _VERBOSE_LINE = re.compile(r"^(\S+::\S+)\s+(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIP
 
 
 def _test_name(node: str) -> str:
-    return node.split("::")[-1]
+    """`tests/t.py::TestC::test_x[a::b]` -> `test_x[a::b]` (parameters may hold `::`)."""
+    head, bracket, params = node.partition("[")
+    return head.split("::")[-1] + bracket + params
+
+
+def base_test_name(node: str) -> str:
+    """A test id without its path, class and parameters: `t.py::TestC::test_x[1]` -> `test_x`."""
+    return node.partition("[")[0].split("::")[-1]
 
 
 def parse_pytest_results(output: str) -> dict[str, str]:
@@ -110,29 +169,131 @@ def parse_pytest_results(output: str) -> dict[str, str]:
     return results
 
 
-def tbench_reward(output: str) -> tuple[float, dict]:
-    """1.0 when every test in the summary passed, else 0.0; no summary is a VerifierError."""
-    results = parse_pytest_results(output)
-    if not results:
+def parse_junit_xml(xml: str, output: str = "") -> dict[str, str]:
+    """Test id (`classname::name`) -> status, from pytest's `--junitxml` report. Statuses as in
+    the text summary: PASSED, FAILED, ERROR (also a collection error), XFAIL, SKIPPED; a strict
+    XPASS is reported by pytest as a failure. An unreadable report is a `VerifierError`."""
+    try:
+        root = ET.fromstring(xml)
+    except ET.ParseError as exc:
         raise VerifierError(
-            "no pytest results in the test output: expected a 'short test summary info' "
+            f"the pytest JUnit report is not valid XML: {exc}", output, cause="bad_report"
+        ) from None
+    if root.tag not in ("testsuites", "testsuite"):
+        raise VerifierError(
+            f"the pytest JUnit report has root <{root.tag}>, expected <testsuites>",
+            output,
+            cause="bad_report",
+        )
+    results: dict[str, str] = {}
+    for case in root.iter("testcase"):
+        name = case.get("name") or ""
+        classname = case.get("classname") or ""
+        node = f"{classname}::{name}" if classname else name
+        tags = {child.tag: child for child in case}
+        if "error" in tags:
+            status = "ERROR"
+        elif "failure" in tags:
+            status = "FAILED"
+        elif "skipped" in tags:
+            status = "XFAIL" if tags["skipped"].get("type") == "pytest.xfail" else "SKIPPED"
+        else:
+            status = "PASSED"
+        # a test that passed and then failed its teardown appears twice: the worse one counts
+        if results.get(node) in FAIL_STATUSES and status not in FAIL_STATUSES:
+            continue
+        results[node] = status
+    return results
+
+
+def _pytest_results(output: str, junit: str | None) -> tuple[dict[str, str], dict[str, object]]:
+    """The results and how they were read (`result_source`: junit, or text as a fallback)."""
+    if junit is not None:
+        return parse_junit_xml(junit, output), {"result_source": "junit"}
+    return parse_pytest_results(output), {
+        "result_source": "text",
+        "result_warning": "no pytest JUnit report was written; scored from the printed "
+        "summary, which code under test can forge",
+    }
+
+
+def _exit_code_vetoes(passed: bool, exit_code: int | None, details: dict) -> bool:
+    """A pass needs the test script to have exited 0 (when its exit code is known)."""
+    if passed and exit_code not in (None, 0):
+        details["exit_code_mismatch"] = (
+            f"pytest reported every test passed but the test script exited {exit_code}: not a pass"
+        )
+        return True
+    return False
+
+
+def tbench_reward(
+    output: str, junit: str | None = None, exit_code: int | None = None
+) -> tuple[float, dict]:
+    """1.0 when every test pytest ran passed (and the script exited 0), else 0.0; no results is
+    a VerifierError. `junit` is pytest's JUnit report when one was written (see module doc)."""
+    results, details = _pytest_results(output, junit)
+    scored = {k: v for k, v in results.items() if v != "SKIPPED"}
+    if not scored:
+        raise VerifierError(
+            "no pytest results: expected a JUnit report, a 'short test summary info' "
             "section (pytest -rA) or verbose result lines",
             output,
+            cause="no_results",
         )
-    passed = all(s in PASS_STATUSES for s in results.values())
-    return (1.0 if passed else 0.0), {"tests": results}
+    passed = all(s in PASS_STATUSES for s in scored.values())
+    if _exit_code_vetoes(passed, exit_code, details):
+        passed = False
+    return (1.0 if passed else 0.0), {"tests": results, **details}
 
 
-def seta_reward(output: str, weights: dict[str, float]) -> tuple[float, dict]:
-    """Weighted share of passed tests. Weighted tests missing from the output count as failed
-    (a test file that did not even import must not score)."""
-    results = parse_pytest_results(output)
+def _weight_key_for(node: str, weights: dict[str, float]) -> str | None:
+    """The weight key a test id matches: the id itself, its name with parameters, or its base
+    name (parameters stripped), most specific first."""
+    for key in (node, _test_name(node), base_test_name(node)):
+        if key in weights:
+            return key
+    return None
+
+
+def seta_reward(
+    output: str,
+    weights: dict[str, float],
+    junit: str | None = None,
+    exit_code: int | None = None,
+) -> tuple[float, dict]:
+    """Weighted share of passed tests (see module doc for the matching rule). A weight that
+    matches no test that ran (a test file that did not even import) or a test that matches no
+    weight is a `VerifierError`, never a silently partial reward."""
+    results, details = _pytest_results(output, junit)
     if not results:
-        raise VerifierError("no pytest results in the test output (SETA task)", output)
+        raise VerifierError(
+            "no pytest results in the test output (SETA task)", output, cause="no_results"
+        )
+    by_key: dict[str, list[str]] = {}
+    unweighted: list[str] = []
+    for node, status in results.items():
+        key = _weight_key_for(node, weights)
+        if key is None:
+            unweighted.append(node)
+        else:
+            by_key.setdefault(key, []).append(status)
+    unmatched = sorted(k for k in weights if k not in by_key)
+    if unmatched or unweighted:
+        raise VerifierError(
+            "SETA weights and tests do not match: weights matching no test "
+            f"{unmatched[:20]}, tests matching no weight {sorted(unweighted)[:20]}",
+            output,
+            cause="weights_mismatch",
+        )
     total = sum(weights.values())
-    got = sum(w for name, w in weights.items() if results.get(name) in PASS_STATUSES)
-    unweighted = sorted(set(results) - set(weights))
-    return got / total, {"tests": results, "weights": weights, "unweighted_tests": unweighted}
+    got = 0.0
+    for key, statuses in by_key.items():
+        got += weights[key] * sum(s in PASS_STATUSES for s in statuses) / len(statuses)
+    reward = got / total
+    if _exit_code_vetoes(reward >= 1.0, exit_code, details):
+        reward = 0.0
+    return reward, {"tests": results, "weights": weights, **details}
 
 
 _BOXED = re.compile(r"\\boxed\{(.*)\}", re.DOTALL)

@@ -21,6 +21,7 @@ from tasks import (
     run_verifier,
     sandbox_spec_for,
 )
+from tasks.errors import RewardOutOfRangeError
 from tasks.runtime import parse_image_map
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "tasks"
@@ -130,9 +131,10 @@ async def test_verifier_without_reward_file_is_an_error() -> None:
         sandbox_spec_for(task), lambda sb, env: ExecResult(exit_code=2, stdout="boom: syntax error")
     )
     setup = await prepare_episode(task, sb, seed=0)
-    with pytest.raises(VerifierError, match="wrote no reward") as info:
+    with pytest.raises(VerifierError, match="exited 2 without writing a reward") as info:
         await run_verifier(task, sb, setup)
     assert "boom: syntax error" in info.value.output
+    assert info.value.cause == "no_reward"
 
 
 async def test_verifier_timeout_is_an_error() -> None:
@@ -141,8 +143,63 @@ async def test_verifier_timeout_is_an_error() -> None:
         sandbox_spec_for(task), lambda sb, env: ExecResult(exit_code=None, timed_out=True)
     )
     setup = await prepare_episode(task, sb, seed=0)
-    with pytest.raises(VerifierError, match="did not finish"):
+    with pytest.raises(VerifierError, match="did not finish") as info:
         await run_verifier(task, sb, setup)
+    assert info.value.cause == "timeout" and str(info.value).startswith("[timeout] ")
+
+
+async def test_harbor_reward_range_default_and_declared() -> None:
+    base = load_task_dir(FIXTURES / "harbor-image")
+
+    def writes(value: str) -> Any:
+        def test_sh(sb: ScriptedSandbox, env: dict[str, str]) -> ExecResult:
+            sb.files["/logs/verifier/reward.txt"] = value.encode()
+            return ExecResult(exit_code=0)
+
+        return test_sh
+
+    sb = ScriptedSandbox(sandbox_spec_for(base), writes("1.5"))
+    setup = await prepare_episode(base, sb, seed=0)
+    with pytest.raises(RewardOutOfRangeError, match=r"outside the task's range \[0, 1\]"):
+        await run_verifier(base, sb, setup)
+    declared = base.model_copy(update={"metadata": {**base.metadata, "reward_range": [-1, 2]}})
+    sb = ScriptedSandbox(sandbox_spec_for(declared), writes("1.5"))
+    assert (await run_verifier(declared, sb, setup)).reward == 1.5
+    broken = base.model_copy(update={"metadata": {**base.metadata, "reward_range": [1, 0]}})
+    sb = ScriptedSandbox(sandbox_spec_for(broken), writes("0.5"))
+    with pytest.raises(VerifierError, match="reward_range") as info:
+        await run_verifier(broken, sb, setup)
+    assert info.value.cause == "task"
+
+
+async def test_pytest_tasks_score_from_the_junit_report() -> None:
+    """pytest is asked for a JUnit report in /logs/verifier; a forged summary in the output is
+    then ignored, and the details say which source was used."""
+    task = load_task_dir(FIXTURES / "seta-task")
+    forged = (
+        "short test summary info\nPASSED t.py::test_config_exists\n"
+        "PASSED t.py::test_config_values\nPASSED t.py::test_readme_mentions_port\n"
+    )
+    junit = (
+        '<testsuites><testsuite name="pytest">'
+        '<testcase classname="test_outputs" name="test_config_exists"/>'
+        '<testcase classname="test_outputs" name="test_config_values"><failure/></testcase>'
+        '<testcase classname="test_outputs" name="test_readme_mentions_port"/>'
+        "</testsuite></testsuites>"
+    )
+    seen: dict[str, str] = {}
+
+    def test_sh(sb: ScriptedSandbox, env: dict[str, str]) -> ExecResult:
+        seen.update(env)
+        sb.files["/logs/verifier/sandgym-pytest-junit.xml"] = junit.encode()
+        return ExecResult(exit_code=0, stdout=forged)
+
+    sb = ScriptedSandbox(sandbox_spec_for(task), test_sh)
+    setup = await prepare_episode(task, sb, seed=0)
+    result = await run_verifier(task, sb, setup)
+    assert seen["PYTEST_ADDOPTS"] == "--junitxml=/logs/verifier/sandgym-pytest-junit.xml"
+    assert result.reward == pytest.approx(0.5)
+    assert result.details["result_source"] == "junit"
 
 
 async def test_seta_verifier_weights() -> None:
