@@ -9,8 +9,11 @@ Read top to bottom:
    extends the previous prompt + response are merged into one sequence, so a multi-turn episode
    is usually one sequence where only generated tokens carry loss (observations and chat markup
    have mask 0). Every token of a trajectory carries that trajectory's advantage.
-3. `compute_loss` is the update step's loss: token logprobs under the current policy, the
-   PPO-style clipped ratio against the behaviour logprobs recorded at sampling time, an optional
+3. `compute_loss` is the update step's loss: token logprobs under the current policy's
+   *sampling* distribution (temperature, top-k, top-p, as the engine sampled:
+   `trainer/engines/sampling.py`), the PPO-style clipped ratio against the behaviour logprobs
+   recorded at sampling time (or, with truncated importance sampling on, against the learner's
+   own pre-update logprobs, each token weighted by min(exp(learner - engine), C)), an optional
    k3 KL to a frozen reference model, an optional entropy bonus, aggregated over tokens by one of
    `LOSS_AGGREGATIONS` with a normalizer that is *global* to the data-parallel batch, so that
    summing gradients across workers gives exactly the single-worker gradient.
@@ -28,6 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from trainer.engines.sampling import SamplingRule, entropy_of, processed_logprobs
 from trainer.episode import Episode
 
 Estimator = Literal["grpo", "rloo", "reinforce", "reinforce_pp"]
@@ -173,6 +177,19 @@ class LossSettings:
     entropy_coef: float = 0.0
     aggregation: str = "token-mean"
     max_tokens: int = 1024  # the constant of seq-mean-token-sum-norm
+    #: the distribution the samples were drawn from (`trainer/engines/sampling.py`); the learner's
+    #: logprobs are taken under it, as the engine's are
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    #: truncated importance sampling on the engine/learner token ratio (see `compute_loss`)
+    tis: bool = False
+    #: its cap C; also the threshold of the `tis/capped_frac` metric when `tis` is off
+    tis_cap: float = 2.0
+
+    @property
+    def rule(self) -> SamplingRule:
+        return SamplingRule(self.temperature, self.top_p, self.top_k)
 
 
 def aggregation_norm(samples: list[Sample], settings: LossSettings) -> float:
@@ -201,20 +218,57 @@ def clipped_policy_loss(
 
 
 def token_logprobs_and_entropy(
-    model: Any, input_ids: Any, attention_mask: Any, entropy_grad: bool = True
+    model: Any,
+    input_ids: Any,
+    attention_mask: Any,
+    entropy_grad: bool = True,
+    rule: SamplingRule | None = None,
+    loss_mask: Any = None,
 ) -> tuple[Any, Any]:
-    """log p(token t | tokens < t) for t >= 1 (position 0 gets 0), and the entropy there.
+    """log p(token t | tokens < t) for t >= 1 (position 0 gets 0), and the entropy there, under
+    the sampler's processed distribution `rule` (temperature, top-k, top-p; default: the
+    unmodified policy).
 
-    With `entropy_grad=False` the entropy is a statistic only (no graph over the vocabulary)."""
+    Top-k/top-p masking needs a sort over the vocabulary, so it is applied only where
+    `loss_mask` is set (the generated tokens; every position when it is None), in chunks;
+    elsewhere the logprobs are temperature-scaled only (they carry no loss). The sampled token
+    itself is never masked (see `sampling.processed_logits`). With `entropy_grad=False` the
+    entropy is a statistic only (no graph over the vocabulary)."""
     import torch
 
+    rule = rule or SamplingRule()
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    logp_all = torch.log_softmax(logits, dim=-1)
-    lp = torch.gather(logp_all, -1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    targets = input_ids[:, 1:]
+    scaled = logits / rule.temperature if not rule.greedy and rule.temperature != 1.0 else logits
+    logp_all = torch.log_softmax(scaled, dim=-1)
+    lp = torch.gather(logp_all, -1, targets.unsqueeze(-1)).squeeze(-1)
     with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        ent = -(logp_all.exp() * logp_all).sum(-1)
+        ent = entropy_of(logp_all)
+    if rule.truncates:
+        sel = (
+            loss_mask[:, 1:] > 0
+            if loss_mask is not None
+            else torch.ones_like(targets, dtype=torch.bool)
+        )
+        where = sel.nonzero(as_tuple=True)
+        rows, toks = logits[where], targets[where]
+        lps, ents = [], []
+        for i in range(0, rows.shape[0], _TRUNCATION_CHUNK):
+            chunk = processed_logprobs(
+                rows[i : i + _TRUNCATION_CHUNK], rule, keep=toks[i : i + _TRUNCATION_CHUNK]
+            )
+            lps.append(chunk.gather(-1, toks[i : i + _TRUNCATION_CHUNK, None]).squeeze(-1))
+            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+                ents.append(entropy_of(chunk))
+        if lps:
+            lp = lp.index_put(where, torch.cat(lps))
+            ent = ent.index_put(where, torch.cat(ents))
     pad = torch.zeros_like(lp[:, :1])
     return torch.cat([pad, lp], dim=1), torch.cat([pad, ent], dim=1)
+
+
+#: rows of [vocab] logits sorted at once for top-p (bounds the sort's memory)
+_TRUNCATION_CHUNK = 256
 
 
 def collate(samples: list[Sample], pad_id: int, device: Any) -> dict[str, Any]:
@@ -245,22 +299,53 @@ def compute_loss(
     ref_model: Any = None,
 ) -> tuple[Any, dict[str, float]]:
     """The loss of one micro-batch, already divided by the global `norm` (so micro-batch and
-    worker contributions simply add up). Returns the loss tensor and summed statistics."""
+    worker contributions simply add up). Returns the loss tensor and summed statistics.
+
+    Engine/learner mismatch. The first call on a `batch` dict stores the learner's logprobs
+    (detached) as `batch["learner_old_logprobs"]`: the learner steps once per epoch, so that
+    first pass is under the weights that are about to be updated, and later epochs reuse it.
+    Against the engine's recorded logprobs `old_logprobs` it gives the per-token ratio
+    rho = exp(learner_old - engine) (1 when the two agree, as the in-process hf engine does up to
+    float rounding). With `settings.tis` (truncated importance sampling, as verl and SkyRL do it):
+    the PPO ratio is taken against `learner_old`, and each token's policy-gradient loss is
+    weighted by min(rho, tis_cap), detached. Without it the PPO ratio is taken against the
+    engine's logprobs (the behaviour policy). Either way the first pass reports the ratio's
+    statistics (`mismatch_*`; `mismatch_metrics` turns them into `tis/*` metrics).
+    """
     import torch
 
     mask = batch["loss_mask"]
     logprobs, entropy = token_logprobs_and_entropy(
-        model, batch["input_ids"], batch["attention_mask"], settings.entropy_coef > 0
+        model,
+        batch["input_ids"],
+        batch["attention_mask"],
+        settings.entropy_coef > 0,
+        settings.rule,
+        mask,
     )
+    engine_lp = batch["old_logprobs"]
+    first_pass = "learner_old_logprobs" not in batch
+    if first_pass:
+        batch["learner_old_logprobs"] = logprobs.detach()
+    learner_old = batch["learner_old_logprobs"]
+    log_rho = (learner_old - engine_lp) * mask  # 0 where no loss: weight 1 there
+    log_cap = math.log(settings.tis_cap)
+    if settings.tis:
+        old = learner_old
+        weight = torch.exp(torch.clamp(log_rho, max=log_cap))
+    else:
+        old = engine_lp
+        weight = torch.ones_like(log_rho)
     pg, clipped = clipped_policy_loss(
-        logprobs, batch["old_logprobs"], batch["advantages"], settings.clip_low, settings.clip_high
+        logprobs, old, batch["advantages"], settings.clip_low, settings.clip_high
     )
+    pg = pg * weight
     per_token = pg - settings.entropy_coef * entropy
     kl = torch.zeros_like(pg)
     if ref_model is not None and settings.kl_coef > 0:
         with torch.no_grad():
             ref_lp, _ = token_logprobs_and_entropy(
-                ref_model, batch["input_ids"], batch["attention_mask"]
+                ref_model, batch["input_ids"], batch["attention_mask"], False, settings.rule, mask
             )
         # k3 estimator (Schulman): unbiased, always >= 0
         log_ratio = ref_lp - logprobs
@@ -278,6 +363,41 @@ def compute_loss(
             "entropy_sum": float((entropy * mask).sum()),
             "kl_sum": float((kl * mask).sum()),
             "clip_frac_sum": float((clipped * mask).sum()),
-            "logprob_diff_sum": float(((logprobs - batch["old_logprobs"]).abs() * mask).sum()),
+            "logprob_diff_sum": float(((logprobs - old).abs() * mask).sum()),
         }
+        if first_pass:
+            diff = (learner_old - engine_lp).abs() * mask
+            stats.update(
+                mismatch_tokens=float(mask.sum()),
+                # exp of a clamped log: a wild token cannot make the mean inf
+                mismatch_ratio_sum=float((torch.exp(log_rho.clamp(max=20.0)) * mask).sum()),
+                mismatch_capped_sum=float(((log_rho > log_cap).float() * mask).sum()),
+                mismatch_abs_sum=float(diff.sum()),
+                mismatch_abs_max=float(diff.max()) if diff.numel() else 0.0,
+            )
     return loss, stats
+
+
+def merge_stats(into: dict[str, float], stats: dict[str, float]) -> None:
+    """Accumulate learner statistics: `*_max` keys take the maximum, the rest add up."""
+    for k, v in stats.items():
+        if k.endswith("_max"):
+            into[k] = max(into.get(k, v), v)
+        else:
+            into[k] = into.get(k, 0.0) + v
+
+
+def mismatch_metrics(stats: dict[str, float], tis: bool) -> dict[str, float]:
+    """Engine/learner mismatch of an update (summed learner stats -> `tis/*` metrics): the mean
+    ratio exp(learner_logp - engine_logp) over generated tokens, the share above the cap, the
+    mean and max |learner_logp - engine_logp|, and whether the correction was applied."""
+    n = stats.get("mismatch_tokens", 0.0)
+    if not n:
+        return {}
+    return {
+        "tis/on": 1.0 if tis else 0.0,
+        "tis/ratio_mean": stats["mismatch_ratio_sum"] / n,
+        "tis/capped_frac": stats["mismatch_capped_sum"] / n,
+        "tis/logprob_diff_mean": stats["mismatch_abs_sum"] / n,
+        "tis/logprob_diff_max": stats["mismatch_abs_max"],
+    }

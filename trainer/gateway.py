@@ -414,6 +414,7 @@ class ModelGateway:
                 temperature=float(body.get("temperature", d.temperature)),
                 top_p=float(body.get("top_p", d.top_p)),
                 max_new_tokens=min(int(max_new), self.max_new_tokens_cap),
+                top_k=int(body.get("top_k", d.top_k)),
             )
             engine = self.engines[st.replica]
             t0 = time.monotonic()

@@ -26,7 +26,14 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from trainer.algorithms import LossSettings, Sample, aggregation_norm, collate, compute_loss
+from trainer.algorithms import (
+    LossSettings,
+    Sample,
+    aggregation_norm,
+    collate,
+    compute_loss,
+    merge_stats,
+)
 from trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -41,6 +48,11 @@ def loss_settings(cfg: TrainConfig) -> LossSettings:
         entropy_coef=a.entropy_coef,
         aggregation=a.loss_aggregation,
         max_tokens=a.max_tokens_norm,
+        temperature=cfg.sampling.temperature,
+        top_p=cfg.sampling.top_p,
+        top_k=cfg.sampling.top_k,
+        tis=cfg.tis_enabled,
+        tis_cap=a.tis_cap,
     )
 
 
@@ -128,17 +140,20 @@ class LearnerWorker:
         )
         # longest first: micro-batches of similar length waste less padding
         samples = sorted(samples, key=lambda s: -len(s.input_ids))
+        # collated once: the first epoch's pass stores the learner's pre-update logprobs in each
+        # micro-batch (compute_loss), which later epochs reuse as the TIS / mismatch reference
+        batches = [
+            collate(samples[i : i + mb], pad, self.device) for i in range(0, len(samples), mb)
+        ]
         for _epoch in range(cfg.epochs_per_batch):
             self.optimizer.zero_grad(set_to_none=False)
-            for i in range(0, len(samples), mb):
-                batch = collate(samples[i : i + mb], pad, self.device)
+            for batch in batches:
                 with autocast:
                     loss, stats = compute_loss(
                         self.model, batch, self.loss_settings, norm, self.ref_model
                     )
                 loss.backward()
-                for k, v in stats.items():
-                    totals[k] = totals.get(k, 0.0) + v
+                merge_stats(totals, stats)
                 totals["loss_sum"] = totals.get("loss_sum", 0.0) + float(loss.detach())
             params = [p for p in self.model.parameters() if p.requires_grad]
             for p in params:
@@ -270,8 +285,7 @@ class LearnerGroup:
         )
         out: dict[str, float] = {}
         for r in results:
-            for k, v in r.items():
-                out[k] = out.get(k, 0.0) + v
+            merge_stats(out, r)
         out["grad_norm"] = results[0]["grad_norm"]
         out["version"] = results[0]["version"]
         self.version = int(results[0]["version"])

@@ -174,7 +174,9 @@ class SolverJudgeWorkflow:
         passed = solver.reward >= self.success_threshold
         prompt = self.judge_prompt_ids(ep.instruction or task_id, ep)
         base = params or self.runner.params
-        jparams = SamplingParams(base.temperature, base.top_p, self.judge_max_new_tokens)
+        jparams = SamplingParams(
+            base.temperature, base.top_p, self.judge_max_new_tokens, base.top_k
+        )
         t0 = time.monotonic()
         gen = await self.engine.agenerate(prompt, jparams)
         text = str(self.tokenizer.decode(gen.token_ids, skip_special_tokens=True))

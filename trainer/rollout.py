@@ -3,8 +3,10 @@
 `EpisodeRunner` is plain asyncio: it plays one episode on an `AsyncEnvClient` (reset, then one
 model turn per step until submit or the turn limit) and records every turn as a `Step`. Many
 episodes run concurrently on one event loop; their generation requests are micro-batched by the
-engine. Infrastructure failures (wire codes `sandbox_lost`, `action_timeout`, `verifier_error`,
-a dropped connection) end the episode with that termination reason so the trainer can mask it.
+engine. A failure ends the episode with a termination reason named after its wire code; the
+infrastructure ones (`sandbox_lost`, a dropped connection, server errors) are masked by the
+trainer, while `verifier_error` and `action_timeout`, which the agent can cause (a FIFO where the
+tests read makes the verifier time out), score 0 (trainer/episode.py has the table).
 
 `RolloutWorker` is the Ray actor wrapping a runner, an engine and its copy of the weights. It is
 an async actor (`max_concurrency` = concurrent episodes): the driver calls `run_episode` once per
@@ -39,7 +41,8 @@ from trainer.episode import Episode, Step, Trajectory
 
 log = logging.getLogger(__name__)
 
-#: wire error codes that end an episode as an infrastructure failure of that name
+#: wire error codes that end an episode with a termination reason of that name (whether it is
+#: masked or scored 0 is `Episode.is_infra_failure`)
 INFRA_CODES = frozenset({"sandbox_lost", "action_timeout", "verifier_error"})
 
 
@@ -84,7 +87,7 @@ class EpisodeRunner:
         self._in_flight = dict.fromkeys(self.urls, 0)
         self._client_factory = client_factory or self._default_client
         s = config.sampling
-        self.params = SamplingParams(s.temperature, s.top_p, s.max_new_tokens)
+        self.params = SamplingParams(s.temperature, s.top_p, s.max_new_tokens, s.top_k)
 
     def _default_client(self, url: str) -> Any:
         from envserver.client import AsyncEnvClient
@@ -114,9 +117,16 @@ class EpisodeRunner:
         except Exception as exc:  # recorded, never raised: one bad episode must not stop a run
             episode.termination = classify_failure(exc)  # type: ignore[assignment]
             episode.error = f"{type(exc).__name__}: {exc}"[:500]
-            traj.reward = 0.0
+            # every trajectory: a multi-role workflow must not keep a partial score either
+            for t in episode.trajectories:
+                t.reward = 0.0
             log.warning(
-                "episode %s seed %s ended by %s: %s", task_id, seed, episode.termination, exc
+                "episode %s seed %s ended by %s (%s): %s",
+                task_id,
+                seed,
+                episode.termination,
+                "masked" if episode.is_infra_failure else "scored 0",
+                exc,
             )
         finally:
             self._in_flight[url] -= 1

@@ -9,7 +9,8 @@ Loop (one screen, in `Trainer.run`):
   `episodes.jsonl`, and file it under its group;
 - a finished group drops its infrastructure failures (they are not scored 0); it is kept if
   enough valid samples remain and its weights are at most `algorithm.max_staleness` updates
-  old;
+  old. Only what the agent cannot cause is masked (sandbox lost, connection, server errors): a
+  `verifier_error` or `action_timeout` is a failed episode scored 0 (trainer/episode.py);
 - every `algorithm.groups_per_update` kept groups make one update: advantages, samples, a
   data-parallel learner step, then the new weights (with their version) go to every rollout
   actor while the other episodes keep running.
@@ -31,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from trainer.algorithms import Sample, batch_advantages, episode_to_samples
+from trainer.algorithms import Sample, batch_advantages, episode_to_samples, mismatch_metrics
 from trainer.config import TrainConfig
 from trainer.episode import Episode, EpisodeWriter
 from trainer.metrics import MetricsLogger
@@ -290,7 +291,8 @@ class Trainer:
         return summary
 
     def _admit_group(self, members: list[Episode], counts: Counter[str]) -> list[Episode] | None:
-        """Mask infrastructure failures; drop groups that carry no usable signal."""
+        """Mask infrastructure failures (`Episode.is_infra_failure`: never a failure the agent
+        can cause, such as a verifier it made time out); drop groups without usable signal."""
         alg = self.config.algorithm
         valid = [e for e in members if not e.is_infra_failure]
         need = 1 if alg.estimator == "reinforce" else 2
@@ -360,6 +362,8 @@ class Trainer:
                 m[f"loss/{key}"] = stats[f"{key}_sum"] / tokens
             m["loss/total"] = stats["loss_sum"]
             m["loss/grad_norm"] = stats["grad_norm"]
+        # engine/learner mismatch of the sampled tokens (tis/ratio_mean, capped_frac, ...)
+        m.update(mismatch_metrics(stats, self.config.tis_enabled))
         m["learner/update_s"] = update_s
         m["learner/tokens_per_s"] = seq_tokens / update_s if update_s > 0 else 0.0
         m["learner/loss_tokens"] = tokens

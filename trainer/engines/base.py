@@ -1,8 +1,12 @@
 """The inference-engine interface, and a micro-batcher that serves many concurrent episodes.
 
 An engine takes prompts as token ids and returns, per prompt, the generated token ids with the
-logprob of each under the *unmodified* policy (temperature 1, no top-p), which is what the
-learner's ratio compares against. `agenerate` is what agents call: engines that generate in
+logprob of each under the distribution it was *sampled* from: the logits after temperature, top-k
+and top-p (`trainer/engines/sampling.py` defines it; greedy decoding reports the unmodified
+policy's logprobs). The learner computes its logprobs under the same processed distribution, so
+the PPO ratio is on-policy; what still differs between engine and learner (numerics, a remote
+server) is measured in every update's `mismatch/*` metrics and corrected by truncated importance
+sampling when `algorithm.tis` is on. `agenerate` is what agents call: engines that generate in
 batches (hf, vllm) collect concurrent requests for up to `batch_wait_s` and run them together
 in a worker thread, so the event loop that drives the episodes never blocks.
 """
@@ -15,6 +19,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainer.engines.sampling import SamplingRule
+
 
 class EngineError(RuntimeError):
     """An inference engine failed or was misconfigured."""
@@ -25,6 +31,13 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     max_new_tokens: int = 128
+    #: 0 = no top-k masking
+    top_k: int = 0
+
+    @property
+    def rule(self) -> SamplingRule:
+        """The processed distribution these parameters sample from."""
+        return SamplingRule(self.temperature, self.top_p, self.top_k)
 
 
 @dataclass
@@ -106,9 +119,10 @@ class InferenceEngine(ABC):
                 except TimeoutError:
                     break
             # one generate call per distinct sampling setting
-            by_params: dict[tuple[float, float, int], list[_Request]] = {}
+            by_params: dict[tuple[float, float, int, int], list[_Request]] = {}
             for r in batch:
-                key = (r.params.temperature, r.params.top_p, r.params.max_new_tokens)
+                p = r.params
+                key = (p.temperature, p.top_p, p.max_new_tokens, p.top_k)
                 by_params.setdefault(key, []).append(r)
             for reqs in by_params.values():
                 try:

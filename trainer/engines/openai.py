@@ -5,6 +5,13 @@ logprobs. vLLM returns them with `logprobs: 0` plus either `return_token_ids: tr
 `token_ids` list per choice) or `return_tokens_as_token_ids: true` (tokens spelled
 `token_id:N`); both are understood. Weights cannot be pushed over this API: the server keeps
 whatever it serves, so `supports_weight_sync` is False and the trainer's staleness bound applies.
+
+The logprobs must be those of the distribution the server sampled from (after temperature,
+top-k, top-p), which is what the learner recomputes (`trainer/engines/sampling.py`). vLLM reports
+the raw model's by default: start it with `--logprobs-mode processed_logprobs`. Whatever remains
+(another kernel, another precision, another server) shows in the `tis/*` metrics and is corrected
+by truncated importance sampling, on by default for this engine (`algorithm.tis: auto`).
+`trainer.engines.server` serves an hf engine behind this same API.
 """
 
 from __future__ import annotations
@@ -73,6 +80,8 @@ class OpenAIEngine(InferenceEngine):
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,
         }
+        if params.top_k > 0:
+            body["top_k"] = params.top_k
         if self.eos_token_ids:
             body["stop_token_ids"] = self.eos_token_ids
         return body

@@ -4,13 +4,21 @@ It cannot be exercised on the CPU machines this project is tested on: the code f
 offline `LLM.generate` API with token-id prompts and sample logprobs, and reloads weights by
 handing the learner's state dict to the model's own `load_weights` inside the worker, which is
 how vLLM's RLHF examples push weights when the engine runs in the same process.
+
+The engine asks for `logprobs_mode="processed_logprobs"` (vLLM >= 0.10.2), so the recorded
+logprobs are of the distribution after temperature, top-k and top-p, which the learner recomputes;
+an older vLLM reports the raw model's (a warning says so) and the learner's truncated importance
+sampling (`algorithm.tis`, on by default for this engine) is then all that corrects the update.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from trainer.engines.base import EngineError, Generation, InferenceEngine, SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 class VLLMEngine(InferenceEngine):
@@ -31,16 +39,25 @@ class VLLMEngine(InferenceEngine):
             ) from exc
         self._vllm = vllm
         self.eos_token_ids = list(eos_token_ids)
-        self.llm = vllm.LLM(
-            model=model_path,
-            gpu_memory_utilization=gpu_memory_utilization,
-            enable_prefix_caching=True,
-        )
+        kwargs: dict[str, Any] = {
+            "model": model_path,
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "enable_prefix_caching": True,
+        }
+        try:
+            self.llm = vllm.LLM(**kwargs, logprobs_mode="processed_logprobs")
+        except TypeError:  # vLLM before logprobs_mode
+            log.warning(
+                "this vLLM has no logprobs_mode: its logprobs are the raw model's, not the "
+                "sampled (temperature/top-p) distribution's; keep algorithm.tis on"
+            )
+            self.llm = vllm.LLM(**kwargs)
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         sp = self._vllm.SamplingParams(
             temperature=params.temperature,
             top_p=params.top_p,
+            top_k=params.top_k if params.top_k > 0 else -1,
             max_tokens=params.max_new_tokens,
             stop_token_ids=self.eos_token_ids,
             logprobs=0,  # the sampled token's logprob

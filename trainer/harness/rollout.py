@@ -40,7 +40,7 @@ class HarnessRollout:
             CallStore(
                 store_path, max_sessions_in_memory=max(64, 4 * config.rollout.concurrent_episodes)
             ),
-            default_params=SamplingParams(s.temperature, s.top_p, s.max_new_tokens),
+            default_params=SamplingParams(s.temperature, s.top_p, s.max_new_tokens, s.top_k),
             max_new_tokens_cap=s.max_new_tokens,
         )
         self._urls = itertools.cycle(config.env.server_urls)
