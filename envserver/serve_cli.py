@@ -43,6 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="use image TO wherever a task names FROM (repeatable)",
     )
     parser.add_argument(
+        "--network-ceiling",
+        metavar="POLICY",
+        help="the most open network any episode gets, whatever its task says: 'no-network', "
+        "'allowlist:HOST,...' or 'public' (default: each task's own; see info.network)",
+    )
+    parser.add_argument(
         "--verifier-stop-agent-processes",
         action="store_true",
         default=None,
@@ -63,6 +69,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         ("pool_size", "pool_size"),
         ("max_sessions", "max_sessions"),
         ("token", "token"),
+        ("network_ceiling", "network_ceiling"),
         ("verifier_stop_agent_processes", "verifier_stop_agent_processes"),
     ):
         value = getattr(args, flag, None)

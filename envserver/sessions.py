@@ -119,6 +119,7 @@ class EnvService:
         self._finished: dict[str, Session] = {}
         # task id -> (task object, its SandboxSpec): building a spec reads the task's files.
         self._specs: dict[str, tuple[Any, Any]] = {}
+        self._network_ceiling = settings.network_ceiling_policy()
         self.metrics.sessions_active.set_function(lambda: len(self.sessions))
         self.metrics.sessions_detached.set_function(
             lambda: sum(1 for s in self.sessions.values() if s.conn is None)
@@ -196,7 +197,12 @@ class EnvService:
         cached = self._specs.get(task.id)
         if cached is not None and cached[0] is task:
             return cached[1]
-        spec = sandbox_spec_for(task, self.settings.image_map)
+        spec = sandbox_spec_for(
+            task, self.settings.image_map, network_ceiling=self._network_ceiling
+        )
+        # A network this backend cannot enforce refuses the task here, before any sandbox.
+        if self.backend is not None:
+            self.backend.check_network(spec)
         self._specs[task.id] = (task, spec)
         return spec
 
@@ -222,7 +228,9 @@ class EnvService:
             self.metrics.acquire_latency.observe(acquire_s)
             try:
                 t1 = time.perf_counter()
-                setup = await prepare_episode(task, sandbox, msg.seed)
+                setup = await prepare_episode(
+                    task, sandbox, msg.seed, network_ceiling=self._network_ceiling
+                )
                 desktop = setup.desktop  # brought up by prepare_episode for a desktop task
                 bridge = None
                 if "gateway_url" in msg.options:  # a harness in the sandbox calls a model gateway
@@ -273,6 +281,7 @@ class EnvService:
                 "max_steps": self.settings.max_steps,
                 "time_limit_s": self.settings.episode_time_limit_s,
                 **({"gateway_socket": "/run/sandgym/gateway.sock"} if bridge else {}),
+                **({"network": setup.network.describe()} if setup.network is not None else {}),
             },
         )
 

@@ -8,9 +8,13 @@ or passed to the constructor; `sandgym serve` flags override both.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+if TYPE_CHECKING:
+    from sandboxes.network import NetworkPolicy
 
 
 class ServerSettings(BaseSettings):
@@ -36,6 +40,11 @@ class ServerSettings(BaseSettings):
         default_factory=dict, description="task image name -> image to use instead"
     )
     token: str | None = Field(None, description="bearer token required on all but /healthz")
+    network_ceiling: str | None = Field(
+        None,
+        description="the most open network any episode phase gets: 'no-network', "
+        "'allowlist:HOST,...' or 'public' (None: each task's own policy); reported in info.network",
+    )
     max_sessions: int = Field(256, ge=1, description="live episodes at most (else `capacity`)")
     max_steps: int = Field(
         200, ge=1, description="steps per episode before `truncated: true` (submit excluded)"
@@ -104,6 +113,20 @@ class ServerSettings(BaseSettings):
     sweep_interval_s: float = Field(
         1.0, gt=0, description="how often idle and abandoned episodes are looked for"
     )
+
+    @field_validator("network_ceiling")
+    @classmethod
+    def _check_ceiling(cls, value: str | None) -> str | None:
+        if value:
+            from sandboxes.network import parse_policy
+
+            parse_policy(value)  # ValueError says what was expected
+        return value or None
+
+    def network_ceiling_policy(self) -> NetworkPolicy | None:
+        from sandboxes.network import parse_policy
+
+        return parse_policy(self.network_ceiling) if self.network_ceiling else None
 
     @field_validator("token")
     @classmethod

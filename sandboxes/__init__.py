@@ -9,6 +9,7 @@ from sandboxes.base import Sandbox, SandboxBackend, normalize_sandbox_path  # no
 from sandboxes.errors import (  # noqa: E402
     BackendUnavailableError,
     CommandTimeoutError,
+    NetworkPolicyUnsupportedError,
     SandboxClosedError,
     SandboxCreateError,
     SandboxError,
@@ -17,6 +18,7 @@ from sandboxes.errors import (  # noqa: E402
     SandboxPathError,
     UnknownBackendError,
 )
+from sandboxes.network import NetworkPolicy  # noqa: E402
 from sandboxes.pool import (  # noqa: E402
     PoolClosedError,
     PoolKeyFailingError,
@@ -32,6 +34,8 @@ __all__ = [
     "BackendUnavailableError",
     "CommandTimeoutError",
     "ExecResult",
+    "NetworkPolicy",
+    "NetworkPolicyUnsupportedError",
     "PoolClosedError",
     "PoolKeyFailingError",
     "PoolSettings",

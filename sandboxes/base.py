@@ -25,7 +25,13 @@ import time
 import uuid
 from pathlib import Path
 
-from sandboxes.errors import SandboxClosedError, SandboxError, SandboxPathError
+from sandboxes.errors import (
+    NetworkPolicyUnsupportedError,
+    SandboxClosedError,
+    SandboxError,
+    SandboxPathError,
+)
+from sandboxes.network import NetworkPolicy
 from sandboxes.spec import ExecResult, SandboxSpec, ShellResult
 
 #: Label keys every sandgym sandbox carries (Docker labels, local marker file, E2B metadata).
@@ -72,6 +78,8 @@ class Sandbox(abc.ABC):
         self.created_at = time.time()
         self.from_pool = False  # set by the pool when handed out ready (a hit)
         self._closed = False
+        #: the network policy in force now (`set_network` switches it)
+        self.network: NetworkPolicy = spec.network
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
@@ -107,6 +115,27 @@ class Sandbox(abc.ABC):
         """Kill whatever the agent left running (every process but the sandbox's own), before
         a verifier that must not run beside it. Backends without a safe way raise SandboxError."""
         raise SandboxError(f"the {self.backend_name} backend cannot kill the agent's processes")
+
+    async def set_network(self, policy: NetworkPolicy) -> None:
+        """Switch to `policy` (a phase change: Harbor's agent or verifier network). Only the
+        policies the spec named (`network`, `network_later`) can be switched to; the one in
+        force is a no-op. Backends that cannot switch raise NetworkPolicyUnsupportedError."""
+        if policy == self.network:
+            return
+        self._check_open()
+        if policy not in self.spec.network_policies:
+            raise NetworkPolicyUnsupportedError(
+                f"sandbox {self.id} was not created for network {policy.describe()}: expected "
+                f"one of {[p.describe() for p in self.spec.network_policies]}"
+            )
+        await self._apply_network(policy)
+        self.network = policy
+
+    async def _apply_network(self, policy: NetworkPolicy) -> None:
+        raise NetworkPolicyUnsupportedError(
+            f"the {self.backend_name} backend cannot switch a sandbox's network "
+            f"(from {self.network.describe()} to {policy.describe()})"
+        )
 
     def _check_open(self) -> None:
         if self._closed:
@@ -181,6 +210,21 @@ class SandboxBackend(abc.ABC):
     @abc.abstractmethod
     async def create(self, spec: SandboxSpec) -> Sandbox:
         """Create and start a sandbox matching `spec`; raise SandboxCreateError on failure."""
+
+    def check_network(self, spec: SandboxSpec) -> None:
+        """Raise NetworkPolicyUnsupportedError unless this backend can enforce every network
+        policy of `spec` and the switches between them. By default: public or no-network, one
+        policy for the sandbox's whole life."""
+        if spec.needs_proxy:
+            raise NetworkPolicyUnsupportedError(
+                f"the {self.name} backend cannot enforce an allowlist network "
+                f"({[p.describe() for p in spec.network_policies]}); use docker or local"
+            )
+        if any(p != spec.network for p in spec.network_later):
+            raise NetworkPolicyUnsupportedError(
+                f"the {self.name} backend cannot switch a sandbox's network between phases "
+                f"({[p.describe() for p in spec.network_policies]})"
+            )
 
     async def reap(self, only_expired: bool = True) -> list[str]:
         """Destroy sandboxes whose owner is gone or whose lease expired; return their ids."""

@@ -2,7 +2,10 @@
 
 A sandbox is a container under Docker's init (so zombies are reaped) with CPU, memory (swap
 equal, i.e. no extra swap) and pids limits, all capabilities dropped except the few a root user
-needs to work on its own files, `no-new-privileges`, and no network unless the spec asks for it.
+needs to work on its own files, `no-new-privileges`, and the network its spec's policy names
+(`sandboxes.network`: public = the engine's bridge, attached or detached per phase; no-network
+= loopback only; allowlist = loopback plus an egress proxy listening in the container's network
+namespace, `sandboxes.egress`).
 Its main process is a small fork-free bash loop, the kill helper (`HELPER_SCRIPT`; plain
 `sleep infinity` in images without bash). Images come by name (default
 `sandgym/terminal:latest`, made offline by `images/bootstrap-base.sh`), or are built from
@@ -75,14 +78,17 @@ from sandboxes.base import (
     normalize_sandbox_path,
 )
 from sandboxes.cgroups import CPU_PERIOD_US
+from sandboxes.egress import EgressProxy, proxy_env
 from sandboxes.errors import (
     BackendUnavailableError,
+    NetworkPolicyUnsupportedError,
     SandboxCreateError,
     SandboxError,
     SandboxFileNotFoundError,
     SandboxLostError,
     SandboxPathError,
 )
+from sandboxes.network import NetworkPolicy
 from sandboxes.spec import (
     DEFAULT_MAX_OUTPUT_BYTES,
     TRUNCATION_MARKER,
@@ -385,6 +391,8 @@ class DockerSandbox(Sandbox):
         self._backend = backend
         self.container_id = container_id
         self._bridge_dir: Path | None = None  # set by DockerBackend.create
+        self._on_bridge = False  # attached to the engine's bridge network now
+        self._proxy: EgressProxy | None = None  # the allowlist's egress proxy
         self.max_output_bytes = backend.max_output_bytes  # per stream, exec and shell
         self._shell: Any = None  # sandboxes.shell.PexpectShell, started on first use
         self._shell_lock = asyncio.Lock()
@@ -449,11 +457,48 @@ class DockerSandbox(Sandbox):
             f"sandbox {self.id} ({what}): expected a running container, it {found}"
         )
 
+    async def _start_network(self, pid: int | None) -> None:
+        """The starting policy: off the bridge unless public; the allowlist proxy listening in
+        the container's network namespace when some phase needs it."""
+        if self._on_bridge and self.network.mode != "public":
+            await self._set_bridge(False)
+        if self.spec.needs_proxy:
+            if not pid or getattr(self, "_host_pid", None) != pid:
+                raise NetworkPolicyUnsupportedError(
+                    f"sandbox {self.id}: an allowlist network needs the server on the Docker "
+                    "engine's own host (its proxy listens in the container's network namespace, "
+                    "entered through /proc); this server cannot see the container's processes"
+                )
+            self._proxy = EgressProxy(self.id, self.network)
+            await self._proxy.start(f"/proc/{pid}/ns/net")
+
+    async def _set_bridge(self, connected: bool) -> None:
+        api = self._api
+        if connected:
+            await asyncio.to_thread(api.connect_container_to_network, self.container_id, "bridge")
+        else:
+            await asyncio.to_thread(
+                api.disconnect_container_from_network, self.container_id, "bridge", force=True
+            )
+        self._on_bridge = connected
+
+    async def _apply_network(self, policy: NetworkPolicy) -> None:
+        """public: back on the bridge; no-network and allowlist: off it (loopback only), the
+        proxy enforcing the allowlist (and, in a public phase, letting everything through)."""
+        want_bridge = policy.mode == "public"
+        if want_bridge != self._on_bridge:
+            await self._set_bridge(want_bridge)
+        if self._proxy is not None:
+            self._proxy.set_policy(policy)
+
     async def _destroy(self) -> None:
         shell, self._shell = self._shell, None
         if shell is not None:
             with contextlib.suppress(Exception):
                 await shell.close()
+        if self._proxy is not None:
+            with contextlib.suppress(Exception):
+                await self._proxy.close()
         # Shielded: a cancelled episode must still not leak its container.
         await asyncio.shield(self._backend._remove_container(self.container_id))
         if self._bridge_dir is not None:
@@ -1314,6 +1359,11 @@ class DockerBackend(SandboxBackend):
         size = int(self._client().api.inspect_image(image).get("Size") or 0)
         return -(-size * 108 // (100 * 2**20))
 
+    def check_network(self, spec: SandboxSpec) -> None:
+        """Every policy, and any switch between them: public is the engine's bridge network
+        (attached and detached per phase), the others loopback only, an allowlist with its
+        proxy in the container's namespace (which needs the engine's host: checked at create)."""
+
     async def create(self, spec: SandboxSpec) -> DockerSandbox:
         import docker.errors
 
@@ -1326,8 +1376,12 @@ class DockerBackend(SandboxBackend):
         image_mb = 0
         if spec.storage_mb and self._storage_opt_ok is not False:
             image_mb = await asyncio.to_thread(self._quota_image_mb, image)
+        self.check_network(spec)
         host: dict[str, Any] = dict(
-            network_mode="bridge" if spec.network else "none",
+            # A sandbox that is public in some phase starts on the bridge and is disconnected
+            # from it for its restricted phases (a container made with `none` can never join
+            # a network); one that never is public has loopback only, from the start.
+            network_mode="bridge" if spec.ever_public else "none",
             binds={str(bridge_dir): {"bind": BRIDGE_MOUNT, "mode": "ro"}},
             **self._confinement(spec, image_mb),
         )
@@ -1344,7 +1398,7 @@ class DockerBackend(SandboxBackend):
                 name=sandbox_id,
                 hostname=sandbox_id,
                 labels=labels,
-                environment=dict(spec.env),
+                environment={**(proxy_env() if spec.needs_proxy else {}), **spec.env},
                 working_dir=spec.workdir,  # Docker creates it when missing
                 host_config=api.create_host_config(**host),
             )
@@ -1404,6 +1458,12 @@ class DockerBackend(SandboxBackend):
         sb = DockerSandbox(spec, self, container_id, sandbox_id)
         sb._bridge_dir = bridge_dir
         sb._watch_host_pid(pids.get(container_id))
+        sb._on_bridge = spec.ever_public
+        try:
+            await sb._start_network(pids.get(container_id))
+        except BaseException:
+            await asyncio.shield(sb.close())
+            raise
         return sb
 
     async def _remove_container(self, ref: str) -> None:

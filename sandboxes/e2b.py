@@ -726,6 +726,7 @@ class E2BBackend(SandboxBackend):
 
     # -- create / kill -----------------------------------------------------------------------
     async def create(self, spec: SandboxSpec) -> E2BSandbox:
+        self.check_network(spec)  # public or no-network, for the sandbox's whole life
         sdk, api = self.sdk, self._api()
         template = self.template_for(spec)
         sandbox_id = "sg-" + uuid.uuid4().hex[:12]
@@ -739,7 +740,7 @@ class E2BBackend(SandboxBackend):
                     timeout=e2b_timeout,
                     metadata=metadata,
                     envs=dict(spec.env),
-                    allow_internet_access=spec.network,
+                    allow_internet_access=spec.network.mode == "public",
                     **api,
                 ),
                 self.create_timeout_s,

@@ -44,3 +44,8 @@ class SandboxPathError(SandboxError, ValueError):
 
 class SandboxFileNotFoundError(SandboxError, FileNotFoundError):
     """A file asked for by the file API does not exist inside the sandbox."""
+
+
+class NetworkPolicyUnsupportedError(SandboxError, ValueError):
+    """The backend cannot enforce the network policy asked for (or the switch between two);
+    the task is refused rather than run with a more open network than it declares."""

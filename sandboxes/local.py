@@ -10,7 +10,9 @@ shell join them with `nsenter`, so a service started by the agent is visible to 
 Limits: a cgroup per sandbox (memory, pids, CPU) when cgroups are writable, and a sub-cgroup per
 `exec` so a timeout kills the whole tree, daemons included. Without cgroups: rlimits (weaker;
 logged). Without bwrap at all: a plain-directory mode with no isolation, which says so loudly.
-Network is off unless the spec asks for it. `sandbox.close()` kills the cgroup and deletes the
+Network follows the spec's policy (`sandboxes.network`): public shares the host's network,
+no-network keeps the namespace's loopback only, allowlist adds an egress proxy listening inside
+it (`sandboxes.egress`). `sandbox.close()` kills the cgroup and deletes the
 tree; if the server dies, `--die-with-parent` ends the sandbox and `sandgym reap` removes the
 tree (each holds a `labels.json`).
 """
@@ -38,14 +40,17 @@ from sandboxes.base import (
     normalize_sandbox_path,
     owner_is_gone,
 )
+from sandboxes.egress import EgressProxy, proxy_env
 from sandboxes.errors import (
     BackendUnavailableError,
+    NetworkPolicyUnsupportedError,
     SandboxCreateError,
     SandboxError,
     SandboxFileNotFoundError,
     SandboxLostError,
     SandboxPathError,
 )
+from sandboxes.network import NetworkPolicy
 from sandboxes.reaper import local_root
 from sandboxes.shell import PexpectShell, count_children_script, kill_tree_script
 from sandboxes.spec import DEFAULT_MAX_OUTPUT_BYTES, ExecResult, SandboxSpec, ShellResult
@@ -140,7 +145,10 @@ class LocalSandbox(Sandbox):
         self._shell: PexpectShell | None = None
         self._shell_lock = asyncio.Lock()
         self.env = {"PATH": DEFAULT_PATH, "HOME": "/root", "TERM": "xterm", "LANG": "C.UTF-8"}
+        if spec.needs_proxy:
+            self.env.update(proxy_env())
         self.env.update(spec.env)
+        self._proxy: EgressProxy | None = None
 
     @property
     def bridge_dir(self) -> Path:
@@ -188,6 +196,10 @@ class LocalSandbox(Sandbox):
                 f"bwrap did not start: expected its child pid on the info fd, got {exc!r}; "
                 f"stderr: {err.decode(errors='replace').strip()}"
             ) from exc
+        if self.spec.needs_proxy:
+            # The allowlist's proxy listens inside the sandbox's own network namespace.
+            self._proxy = EgressProxy(self.id, self.network)
+            await self._proxy.start(f"/proc/{self.init_pid}/ns/net")
 
     def _make_tree(self) -> None:
         # Labels first: a reaper (another server starting up) skips a directory without them,
@@ -233,7 +245,7 @@ class LocalSandbox(Sandbox):
             "--hostname",
             "sandbox",
         ]
-        if not self.spec.network:
+        if self.spec.network.mode != "public":  # check_network: then no phase is public
             argv += ["--unshare-net"]
         else:
             for f in ("/etc/resolv.conf",):
@@ -268,7 +280,16 @@ class LocalSandbox(Sandbox):
     async def _destroy(self) -> None:
         await asyncio.shield(self._teardown())
 
+    async def _apply_network(self, policy: NetworkPolicy) -> None:
+        """Between no-network and allowlist phases (`check_network` allows no other switch):
+        the namespace stays loopback-only, the proxy's policy changes."""
+        assert self._proxy is not None
+        self._proxy.set_policy(policy)
+
     async def _teardown(self) -> None:
+        if self._proxy is not None:
+            with contextlib.suppress(Exception):
+                await self._proxy.close()
         if self._shell is not None:
             with contextlib.suppress(Exception):
                 await self._shell.close()
@@ -616,7 +637,24 @@ class LocalBackend(SandboxBackend):
                 "memory and process limits are weaker (no pids limit, no tree kill of daemons)"
             )
 
+    def check_network(self, spec: SandboxSpec) -> None:
+        """A sandbox shares the host's network (public) or has its own loopback-only namespace
+        (no-network; allowlist through `sandboxes.egress`), fixed when it starts: a public
+        phase beside a restricted one cannot be enforced, nor an allowlist without bwrap."""
+        modes = {p.mode for p in spec.network_policies}
+        if "public" in modes and len(modes) > 1:
+            raise NetworkPolicyUnsupportedError(
+                "the local backend cannot switch a sandbox between the host's network and a "
+                f"restricted one ({[p.describe() for p in spec.network_policies]}); use docker"
+            )
+        if "allowlist" in modes and not self.use_bwrap:
+            raise NetworkPolicyUnsupportedError(
+                "the local backend without bubblewrap cannot enforce an allowlist network "
+                "(install the 'bubblewrap' package)"
+            )
+
     async def create(self, spec: SandboxSpec) -> LocalSandbox:
+        self.check_network(spec)
         if spec.user not in (None, "root", "0"):
             log.debug("local backend: spec.user=%s: exec(user=...) uses setpriv", spec.user)
         sb = LocalSandbox(spec, self, "sg-" + uuid.uuid4().hex[:12])

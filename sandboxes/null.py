@@ -19,6 +19,7 @@ from sandboxes.errors import (
     SandboxFileNotFoundError,
     SandboxLostError,
 )
+from sandboxes.network import NetworkPolicy
 from sandboxes.spec import ExecResult, SandboxSpec, ShellResult
 
 
@@ -37,6 +38,9 @@ class NullSandbox(Sandbox):
     def kill(self) -> None:
         """Simulate the sandbox dying underneath its user."""
         self.dead = True
+
+    async def _apply_network(self, policy: NetworkPolicy) -> None:
+        """No network exists here: a switch is only recorded (`self.network`)."""
 
     def _check_live(self) -> None:
         self._check_open()
@@ -196,6 +200,9 @@ class NullBackend(SandboxBackend):
         self.created = 0
         self.destroyed = 0
         self.live: set[str] = set()
+
+    def check_network(self, spec: SandboxSpec) -> None:
+        """Any policy: nothing in a null sandbox can reach anything."""
 
     async def create(self, spec: SandboxSpec) -> NullSandbox:
         if self.create_delay_s:

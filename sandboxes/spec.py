@@ -13,7 +13,9 @@ import time
 import weakref
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from sandboxes.network import NetworkPolicy
 
 #: Output beyond this many bytes per stream is cut and marked with `TRUNCATION_MARKER`.
 DEFAULT_MAX_OUTPUT_BYTES = 1_000_000
@@ -38,12 +40,38 @@ class SandboxSpec(BaseModel):
     memory_mb: int | None = Field(2048, description="memory limit in MiB")
     pids_limit: int | None = Field(512, description="maximum number of processes")
     storage_mb: int | None = Field(None, description="disk limit in MiB where supported")
-    network: bool = Field(False, description="whether the sandbox may reach the network")
+    network: NetworkPolicy = Field(
+        NetworkPolicy(mode="no-network"),
+        description="the network the sandbox starts with (True/False: public/no-network)",
+    )
+    network_later: tuple[NetworkPolicy, ...] = Field(
+        (), description="other policies it may be switched to later (`Sandbox.set_network`)"
+    )
     user: str | None = Field(None, description="user commands run as by default (None = root)")
     labels: dict[str, str] = Field(default_factory=dict, description="extra labels")
     allow_run: bool = Field(
         False, description="local/e2b: execute Dockerfile RUN lines on the host-side rootfs"
     )
+
+    @field_validator("network", mode="before")
+    @classmethod
+    def _legacy_bool(cls, value: object) -> object:
+        return NetworkPolicy.from_bool(value) if isinstance(value, bool) else value
+
+    @property
+    def network_policies(self) -> tuple[NetworkPolicy, ...]:
+        """Every policy this sandbox may run under, the starting one first."""
+        return (self.network, *self.network_later)
+
+    @property
+    def needs_proxy(self) -> bool:
+        """Whether some phase is an allowlist (served by `sandboxes.egress`)."""
+        return any(p.mode == "allowlist" for p in self.network_policies)
+
+    @property
+    def ever_public(self) -> bool:
+        """Whether some phase has the engine's full network."""
+        return any(p.mode == "public" for p in self.network_policies)
 
     @model_validator(mode="after")
     def _check(self) -> SandboxSpec:

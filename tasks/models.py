@@ -10,7 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from sandboxes.network import NetworkPolicy, clamp
 
 #: How the reward is obtained (see `tasks.verifier`).
 #: harbor: the test script writes /logs/verifier/reward.json or reward.txt.
@@ -34,11 +36,19 @@ class EnvironmentSpec(_Frozen):
     cpus: float | None = Field(1.0, description="CPU share")
     memory_mb: int | None = Field(2048, description="memory limit in MiB")
     storage_mb: int | None = Field(None, description="disk limit in MiB")
-    network: bool = Field(False, description="whether the sandbox may reach the network")
+    network: NetworkPolicy = Field(
+        NetworkPolicy(mode="no-network"),
+        description="the environment's network (Harbor's baseline; True/False: public/no-network)",
+    )
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
     workdir: str | None = Field(
         None, description="working directory; None = the Dockerfile's last WORKDIR, else /app"
     )
+
+    @field_validator("network", mode="before")
+    @classmethod
+    def _legacy_bool(cls, value: object) -> object:
+        return NetworkPolicy.from_bool(value) if isinstance(value, bool) else value
 
 
 class TimeoutsSpec(_Frozen):
@@ -118,6 +128,42 @@ class GeneratorSpec(_Frozen):
     timeout_s: float = Field(60.0, description="time limit of one generation")
 
 
+class NetworkPlan(_Frozen):
+    """The network policy of each phase of an episode (see `sandboxes.network`)."""
+
+    environment: NetworkPolicy = Field(description="setup: the sandbox starts with this")
+    agent: NetworkPolicy = Field(description="while the agent (or the oracle) acts")
+    verifier: NetworkPolicy = Field(description="while the tests run")
+    ceiling: NetworkPolicy | None = Field(
+        None, description="the server's clamp, when one was applied (see `clamped`)"
+    )
+    clamped: bool = Field(False, description="whether the clamp made some phase stricter")
+
+    def clamp(self, ceiling: NetworkPolicy | None) -> NetworkPlan:
+        """Each phase made at most as open as `ceiling` (an operator's server-wide setting)."""
+        if ceiling is None:
+            return self
+        env, agent, ver = (clamp(p, ceiling) for p in (self.environment, self.agent, self.verifier))
+        changed = (env, agent, ver) != (self.environment, self.agent, self.verifier)
+        return NetworkPlan(
+            environment=env,
+            agent=agent,
+            verifier=ver,
+            ceiling=ceiling,
+            clamped=changed or self.clamped,
+        )
+
+    def describe(self) -> dict[str, object]:
+        """The JSON shape of `info.network`."""
+        return {
+            "environment": self.environment.describe(),
+            "agent": self.agent.describe(),
+            "verifier": self.verifier.describe(),
+            "clamp": self.ceiling.describe() if self.ceiling is not None else None,
+            "clamped": self.clamped,
+        }
+
+
 class TaskSpec(_Frozen):
     """Everything needed to run and score one task, whatever format it came from."""
 
@@ -127,6 +173,13 @@ class TaskSpec(_Frozen):
     timeouts: TimeoutsSpec = Field(default_factory=TimeoutsSpec)
     verifier: VerifierSpec
     solution: SolutionSpec | None = None
+    agent_network: NetworkPolicy | None = Field(
+        None, description="the agent phase's network (Harbor [agent]); None = the environment's"
+    )
+    verifier_network: NetworkPolicy | None = Field(
+        None,
+        description="the verifier phase's network (Harbor [verifier]); None = the environment's",
+    )
     agent_user: str | None = Field(None, description="user the agent runs as (None = root)")
     verifier_user: str = Field("root", description="user the verifier runs as")
     generator: GeneratorSpec | None = None
@@ -136,6 +189,16 @@ class TaskSpec(_Frozen):
     source_format: SourceFormat
     source_dir: Path | None = Field(None, description="where it was loaded from")
     metadata: dict[str, Any] = Field(default_factory=dict)
+
+    def network_plan(self) -> NetworkPlan:
+        """The network of each phase, as Harbor resolves it: a phase's own policy, else the
+        environment's."""
+        base = self.environment.network
+        return NetworkPlan(
+            environment=base,
+            agent=self.agent_network or base,
+            verifier=self.verifier_network or base,
+        )
 
     @property
     def procedural(self) -> bool:

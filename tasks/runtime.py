@@ -34,11 +34,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import ExecResult, Sandbox, SandboxError, SandboxFileNotFoundError, SandboxSpec
 from sandboxes.desktop import start_task_desktop
+from sandboxes.network import NetworkPolicy
 from tasks import private_verify
 from tasks.dockerfile import CopyStep, Dockerfile, MkdirStep, RunStep, parse_dockerfile
 from tasks.errors import TaskError, TaskLoadError, TaskUnsupportedError, VerifierError
 from tasks.heredoc import has_heredoc, rewrite_heredocs
-from tasks.models import TaskSpec
+from tasks.models import NetworkPlan, TaskSpec
 from tasks.verifier import (
     DEFAULT_REWARD_RANGE,
     answer_reward,
@@ -73,6 +74,9 @@ class EpisodeSetup(BaseModel):
     duration_s: float = 0.0
     desktop: Any = Field(
         None, description="sandboxes.desktop.Desktop of a desktop task (display started, app up)"
+    )
+    network: NetworkPlan | None = Field(
+        None, description="each phase's network (after the server's clamp); info.network"
     )
 
 
@@ -224,11 +228,17 @@ def _spec_dockerfile(task: TaskSpec) -> Dockerfile | None:
 
 
 def sandbox_spec_for(
-    task: TaskSpec, image_map: Mapping[str, str] | None = None, *, allow_run: bool = False
+    task: TaskSpec,
+    image_map: Mapping[str, str] | None = None,
+    *,
+    allow_run: bool = False,
+    network_ceiling: NetworkPolicy | None = None,
 ) -> SandboxSpec:
     """The `SandboxSpec` a task's episodes need. `image_map` (FROM -> TO) replaces base images
     that cannot be pulled here with local ones, in `docker_image` and in the Dockerfile's FROM.
-    `allow_run` opts in to executing Dockerfile RUN lines on backends that build no image."""
+    `allow_run` opts in to executing Dockerfile RUN lines on backends that build no image.
+    The sandbox starts with the environment's network and can switch to the agent's and the
+    verifier's (`TaskSpec.network_plan`), each made no more open than `network_ceiling`."""
     image_map = dict(image_map or {})
     env = task.environment
     df = _spec_dockerfile(task)
@@ -243,6 +253,8 @@ def sandbox_spec_for(
     workdir = env.workdir or (df.workdir if df else None) or DEFAULT_WORKDIR
     task_env = resolve_env_templates(env.env, f"task {task.id}: environment.env")
     spec_env = {**(df.env if df else {}), **task_env}
+    plan = task.network_plan().clamp(network_ceiling)
+    later = tuple(dict.fromkeys(p for p in (plan.agent, plan.verifier) if p != plan.environment))
     return SandboxSpec(
         image=image,
         build_context=build_context,
@@ -252,7 +264,8 @@ def sandbox_spec_for(
         cpus=env.cpus,
         memory_mb=env.memory_mb,
         storage_mb=env.storage_mb,
-        network=env.network,
+        network=plan.environment,
+        network_later=later,
         user=task.agent_user,
         labels={"sandgym.task": task.id[:63]},
         allow_run=allow_run,
@@ -349,9 +362,16 @@ async def _apply_dockerfile(task: TaskSpec, sandbox: Sandbox, warnings: list[str
                 warnings.append(msg)
 
 
-async def prepare_episode(task: TaskSpec, sandbox: Sandbox, seed: int | None) -> EpisodeSetup:
+async def prepare_episode(
+    task: TaskSpec,
+    sandbox: Sandbox,
+    seed: int | None,
+    network_ceiling: NetworkPolicy | None = None,
+) -> EpisodeSetup:
     """Make a fresh sandbox ready for the agent: environment files, input files, and (for a
-    procedural task) this seed's instance. Tests are *not* copied: they arrive at verify time."""
+    procedural task) this seed's instance. Tests are *not* copied: they arrive at verify time.
+    The set-up runs under the environment's network; the sandbox is then switched to the
+    agent's (both clamped by `network_ceiling`, as in `sandbox_spec_for`)."""
     start = time.perf_counter()
     seed = random.randrange(2**31) if seed is None else int(seed)
     warnings: list[str] = []
@@ -364,6 +384,8 @@ async def prepare_episode(task: TaskSpec, sandbox: Sandbox, seed: int | None) ->
         secret["expected"] = await _run_generator(task, sandbox, seed)
     # Desktop tasks: the display, window manager and the task's app are part of the instance.
     desktop = await start_task_desktop(sandbox, task.metadata, user=task.agent_user)
+    plan = task.network_plan().clamp(network_ceiling)
+    await sandbox.set_network(plan.agent)
     return EpisodeSetup(
         instruction=task.instruction,
         seed=seed,
@@ -372,6 +394,7 @@ async def prepare_episode(task: TaskSpec, sandbox: Sandbox, seed: int | None) ->
         warnings=warnings,
         duration_s=time.perf_counter() - start,
         desktop=desktop,
+        network=plan,
     )
 
 
@@ -436,6 +459,8 @@ async def run_verifier(
         )
 
     assert v.script_path is not None
+    if setup.network is not None:  # the verifier phase's network (Harbor [verifier])
+        await sandbox.set_network(setup.network.verifier)
     script = f"{TESTS_DIR}/{v.script or v.script_path.name}"
     env = {**resolve_env_templates(v.env, f"task {task.id}: verifier.env"), "TEST_DIR": TESTS_DIR}
     if v.kind in ("tbench", "seta"):

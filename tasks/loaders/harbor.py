@@ -4,6 +4,11 @@ Layout: `task.toml`, `instruction.md`, `environment/` (Dockerfile and shipped fi
 `tests/test.sh` (+ helpers), `solution/solve.sh`. The verifier writes
 `/logs/verifier/reward.txt` or `reward.json`.
 
+Network, as Harbor defines it: `[environment] network_mode` (`public` | `no-network` |
+`allowlist` with `allowed_hosts`) is the baseline, else the legacy `allow_internet` (unset means
+public); `[agent]` and `[verifier]` may each name their own `network_mode` / `allowed_hosts`
+for their phase (see `TaskSpec.network_plan`).
+
 sandgym extension (kept inside `[metadata]`, which Harbor leaves free-form): a procedural task
 names its generator with `generator = "environment/generate.py"` (see `GeneratorSpec`).
 """
@@ -15,6 +20,9 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from sandboxes.network import NetworkPolicy
 from tasks.errors import TaskLoadError
 from tasks.loaders.common import as_float, read_text, size_to_mb, str_dict
 from tasks.models import (
@@ -51,6 +59,52 @@ def _table(data: dict[str, Any], key: str, path: Path) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise TaskLoadError(f"{path}: [{key}] must be a table, found {value!r}")
     return value
+
+
+_MODES = ("public", "no-network", "allowlist")
+
+
+def _phase_network(table: dict[str, Any], section: str, where: Path) -> NetworkPolicy | None:
+    """A table's explicit `network_mode` / `allowed_hosts` (Harbor: hosts alone mean
+    `allowlist`; hosts with another mode are an error), or None when it names neither."""
+    mode = table.get("network_mode")
+    hosts = table.get("allowed_hosts", [])
+    if not isinstance(hosts, list):
+        raise TaskLoadError(
+            f"{where}: [{section}] allowed_hosts must be a list of host names, found {hosts!r}"
+        )
+    if mode is None and not hosts:
+        return None
+    mode = "allowlist" if mode is None else mode
+    if mode not in _MODES:
+        raise TaskLoadError(
+            f"{where}: [{section}] network_mode must be one of {', '.join(_MODES)}, found {mode!r}"
+        )
+    if hosts and mode != "allowlist":
+        raise TaskLoadError(
+            f"{where}: [{section}] allowed_hosts is only valid with network_mode = 'allowlist', "
+            f"found network_mode = {mode!r}"
+        )
+    try:
+        return NetworkPolicy(mode=mode, allowed_hosts=hosts)
+    except ValidationError as exc:
+        raise TaskLoadError(
+            f"{where}: [{section}] allowed_hosts: {exc.errors()[0]['msg']}"
+        ) from None
+
+
+def _baseline_network(env: dict[str, Any], where: Path) -> NetworkPolicy:
+    """Harbor's environment baseline: `network_mode` (+ `allowed_hosts`) when given, else the
+    legacy `allow_internet` (unset means true: public)."""
+    explicit = _phase_network(env, "environment", where)
+    if explicit is not None:
+        return explicit
+    allow = env.get("allow_internet", env.get("network", True))
+    if not isinstance(allow, bool):
+        raise TaskLoadError(
+            f"{where}: [environment] allow_internet must be true or false, found {allow!r}"
+        )
+    return NetworkPolicy.from_bool(allow)
 
 
 def load_harbor_dir(path: Path, source_format: SourceFormat = "harbor") -> TaskSpec:
@@ -109,7 +163,7 @@ def load_harbor_dir(path: Path, source_format: SourceFormat = "harbor") -> TaskS
         cpus=as_float(env.get("cpus", 1), "environment.cpus"),
         memory_mb=memory_mb,
         storage_mb=storage_mb,
-        network=bool(env.get("allow_internet", env.get("network", False))),
+        network=_baseline_network(env, toml_path),
         env=str_dict(env.get("env"), "environment.env"),
         workdir=env.get("workdir"),
     )
@@ -159,6 +213,8 @@ def load_harbor_dir(path: Path, source_format: SourceFormat = "harbor") -> TaskS
         timeouts=timeouts,
         verifier=verifier_spec,
         solution=solution_spec,
+        agent_network=_phase_network(agent, "agent", toml_path),
+        verifier_network=_phase_network(verifier, "verifier", toml_path),
         agent_user=agent.get("user") or None,
         verifier_user=str(verifier.get("user") or "root"),
         generator=generator,

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from sandboxes.network import NetworkPolicy
 from tasks.errors import TaskLoadError
 from tasks.loaders.common import as_float, read_text, read_yaml, str_dict
 from tasks.models import (
@@ -130,7 +131,9 @@ def load_tbench_dir(path: Path) -> TaskSpec:
         build_context=context if has_dockerfile else None,
         dockerfile=dockerfile,
         env=env,
-        network=False,
+        # Terminal-Bench's harness runs the client service on compose's default network, and
+        # its run-tests.sh scripts install their test tools (curl | sh uv, pip) from it.
+        network=NetworkPolicy(mode="public"),
     )
     timeouts = TimeoutsSpec(
         agent_timeout_s=as_float(data.get("max_agent_timeout_sec", 360.0), "max_agent_timeout_sec"),
