@@ -9,6 +9,21 @@ task, the seed, why it ended, and timings.
 Infrastructure failures (`INFRA_FAILURES`) are recorded as such and are *masked out* of their
 advantage group by the trainer: an episode that died because a sandbox vanished says nothing about
 the policy, so scoring it 0 would push the policy away from whatever it did.
+
+Scores are sacred: only a failure the agent cannot cause may be masked, or a policy learns to
+escape a bad score by causing it. The decision, per cause:
+
+| termination | who can cause it | trainer |
+|---|---|---|
+| `sandbox_lost` | the engine (container or VM gone) | masked |
+| `connection` | the network between trainer and server | masked |
+| `error` | the server or the trainer (`internal`, `unknown_task`, a bug) | masked |
+| `verifier_error` | the agent too: the verifier runs on the files it left (a FIFO where the tests read makes it time out; a file that crashes the tests; a broken `python3`) | **scored 0**, recorded as `verifier_error` with its cause (`[timeout]`, `[no_reward]`, ... in `error`) |
+| `action_timeout` | the agent: an action it chose blocked past its time limit | **scored 0**, recorded |
+
+A genuine bug in a task's verifier (a checker that cannot run) is therefore a 0 for every member
+of its groups (dropped as zero-variance) and is counted under `terminations.verifier_error`,
+where it is seen and fixed; it is never silently a 0 the agent earned (tasks/catalog/README.md).
 """
 
 from __future__ import annotations
@@ -19,20 +34,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-#: Why an episode ended. The first three are the agent's doing; the rest are infrastructure.
+#: Why an episode ended. The first three are normal ends; the rest are failures, of which only
+#: `INFRA_FAILURES` are masked (see the table above).
 TerminationReason = Literal[
     "submitted",  # the agent submitted and the verifier scored it
     "turn_limit",  # the agent ran out of turns (the trainer submits for it: see agents.py)
     "env_truncated",  # the server's step or time limit
     "sandbox_lost",
-    "action_timeout",
-    "verifier_error",
+    "action_timeout",  # scored 0: the agent can cause it
+    "verifier_error",  # scored 0: the agent can cause it
     "connection",
-    "error",  # anything else (a bug, an unknown_task): also masked, also counted
+    "error",  # anything else (a bug, an unknown_task): masked, counted
 ]
-INFRA_FAILURES: frozenset[str] = frozenset(
-    {"sandbox_lost", "action_timeout", "verifier_error", "connection", "error"}
-)
+#: failures the agent cannot cause: masked out of their group instead of scored
+INFRA_FAILURES: frozenset[str] = frozenset({"sandbox_lost", "connection", "error"})
+#: failures the agent can cause: scored 0 like any failed episode, but recorded under their name
+AGENT_CAUSABLE_FAILURES: frozenset[str] = frozenset({"verifier_error", "action_timeout"})
 
 
 @dataclass

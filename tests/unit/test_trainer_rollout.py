@@ -171,24 +171,59 @@ async def test_context_budget_drops_oldest_turns(tokenizer: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    ("error", "reason"),
+    ("error", "reason", "masked"),
     [
-        (EnvError("sandbox_lost", "container vanished"), "sandbox_lost"),
-        (EnvError("action_timeout", "too slow"), "action_timeout"),
-        (EnvError("verifier_error", "test.sh crashed"), "verifier_error"),
-        (EnvError("sandbox_lost", "connection to ws://x lost: EOF", True), "connection"),
-        (ConnectionResetError("reset by peer"), "connection"),
-        (EnvError("unknown_task", "no such task"), "error"),
+        # failures the agent cannot cause: masked out of the group
+        (EnvError("sandbox_lost", "container vanished"), "sandbox_lost", True),
+        (EnvError("sandbox_lost", "connection to ws://x lost: EOF", True), "connection", True),
+        (ConnectionResetError("reset by peer"), "connection", True),
+        (EnvError("unknown_task", "no such task"), "error", True),
+        (EnvError("internal", "internal error: KeyError"), "error", True),
+        # failures the agent can cause: a failed episode, scored 0, recorded under their name
+        (EnvError("action_timeout", "too slow"), "action_timeout", False),
+        (
+            EnvError("verifier_error", "[timeout] the verifier did not finish within 5 s"),
+            "verifier_error",
+            False,
+        ),
+        (EnvError("verifier_error", "[no_reward] test.sh exited 1"), "verifier_error", False),
     ],
 )
-async def test_infrastructure_failures_are_recorded_not_raised(
-    tokenizer: Any, error: Exception, reason: str
+async def test_failures_are_recorded_not_raised_and_masked_per_cause(
+    tokenizer: Any, error: Exception, reason: str, masked: bool
 ) -> None:
     client = FakeClient(fail_on_step=1, error=error)
     runner, _ = _runner(tokenizer, ["```bash\nls\n```"], client)
     ep = await runner.run_episode("builtin/x", 0)
-    assert ep.termination == reason and ep.is_infra_failure and ep.error
+    assert ep.termination == reason and ep.error and ep.reward == 0.0
+    assert ep.is_infra_failure is masked
     assert classify_failure(error) == reason
+    if reason == "verifier_error":  # the verifier's cause stays in the record
+        assert "[timeout]" in ep.error or "[no_reward]" in ep.error
+
+
+async def test_a_verifier_error_at_submit_scores_zero_in_its_group(
+    tokenizer: Any, tmp_path: Any
+) -> None:
+    """The FIFO case as the trainer sees it: the agent leaves something that makes the verifier
+    time out; submit answers `verifier_error`. The episode must count as a 0 in its group (so the
+    advantage of what it did is negative), not be dropped as if nothing happened."""
+    from trainer.algorithms import group_advantages
+    from trainer.train import Trainer
+
+    fifo = EnvError("verifier_error", "[timeout] task t: the verifier did not finish within 3 s")
+    client = FakeClient(fail_on_step=2, error=fifo)  # step 1: the command, step 2: submit
+    runner, _ = _runner(tokenizer, ["```bash\nmkfifo /app/out.txt\n```\n<submit/>"], client)
+    bad = await runner.run_episode("builtin/x", 0)
+    assert [a["kind"] for a in client.actions] == ["command", "submit"]
+    assert bad.termination == "verifier_error" and not bad.is_infra_failure
+    good = Episode("builtin/x", 0, [Trajectory(reward=1.0)], termination="submitted")
+    trainer = Trainer(_config(), tmp_path / "run")
+    counts: Counter[str] = Counter()
+    kept = trainer._admit_group([good, bad], counts)
+    assert kept == [good, bad] and counts["__kept_groups"] == 1
+    adv = group_advantages([e.reward for e in kept], "grpo")
+    assert adv[1] < 0 < adv[0]
 
 
 def test_admit_group_masks_infra_failures(tmp_path: Any) -> None:
@@ -203,6 +238,10 @@ def test_admit_group_masks_infra_failures(tmp_path: Any) -> None:
     assert kept == ok and counts["__kept_groups"] == 1
     assert trainer._admit_group([ok[0], lost, lost], counts) is None
     assert counts["__dropped_groups_infra"] == 1
+    # agent-causable failures stay in the group as zeros
+    for reason in ("verifier_error", "action_timeout"):
+        failed = Episode("t", 0, [Trajectory(reward=0.0)], termination=reason)  # type: ignore[arg-type]
+        assert trainer._admit_group([ok[0], failed, lost], counts) == [ok[0], failed]
 
 
 def test_load_balancing_and_http_base(tokenizer: Any) -> None:
