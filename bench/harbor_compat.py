@@ -20,8 +20,32 @@ timeout, a loader error, no oracle shipped. The figures:
   tasks that ship a solution; `oracle_shipped` counts them).
 
 `--json` prints one JSON document; `--out PATH` also writes it (committed figures:
-`bench/results/harbor_compat.json`). `--prune-images` removes the `sandgym/ctx:*` images this
-run built (only those that did not exist before it, found by the tasks' own context hashes).
+`bench/results/harbor_compat.json`). `--prune-images` removes each `sandgym/ctx:*` image this
+run built as soon as its task is done (only those that did not exist before it, found by the
+tasks' own context hashes), so a long run does not fill the disk.
+
+Several datasets, one run: each `--tasks-dir` is one dataset, named by `--source-name` and
+described by `--source-repo/-commit/-path/-note` (recorded in the report; the tasks themselves
+are never committed); `--source-sample N:SEED` checks a seeded sample of N of its tasks. The
+tasks of all datasets are interleaved (round robin), so a run that is cut short has covered
+every dataset about equally.
+
+Long runs: `--jsonl FILE` streams one JSON line per finished task (the `sandgym tasks check`
+streaming, `tasks.cli.JsonlSink`, flushed and synced per line); `--resume` skips every task
+FILE already holds and appends the rest; `--report-only` builds the document from FILE without
+running anything. A document from a run that did not cover every selected task says
+`"complete": false` and counts what was run (`tasks_selected`, `tasks_run`).
+
+Substitutions (`--substitute`, opt-in; `bench/substitutions.py` describes them): a few fetches
+of *tools* from hosts that cannot be reached here are replaced in a rewritten copy of the task
+(under `--work-dir`) by the same tool from a package registry (uv from PyPI; a CPython from
+Debian's mirror). Each is listed on the task's entry and the report counts substituted tasks
+apart. A task that needs an unreachable host for anything else (data, models, sources, a base
+image) gets the reason `needs_unreachable_host` with the hosts it tried, is never counted as
+passed, and leaves the denominator of the `reachable` figures, which are the ones the targets
+are read on: over the tasks whose needs are reachable from here, `oracle_one_noop_zero` (the
+oracle scores 1.0 and the no-op 0.0; for sets that ship solutions) and `reward_no_verifier_error`
+(the verifier gave a reward without a `verifier_error`; for sets without solutions).
 """
 
 from __future__ import annotations
@@ -37,6 +61,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -82,7 +107,14 @@ REASONS: dict[str, str] = {
     "variable is unset)",
     "task_runtime_error": "a runtime step inside the sandbox failed (resetting /tests, COPY, "
     "the generator): see the task's error",
+    "needs_unreachable_host": "the task needs a host unreachable here (only the package "
+    "registries answer) for something no listed substitution replaces: data, a model, sources, a "
+    "CPython build; or files its public copy lacks (see unreachable_hosts / absent_files)",
 }
+
+#: reasons that mean "needs something this machine cannot reach": such a task is reported, never
+#: passed, and left out of the denominator of the `reachable` figures
+UNREACHABLE_REASONS = ("needs_unreachable_host", "base_image_unavailable")
 
 _NET = (
     r"Could not resolve|Temporary failure in name resolution|Name or service not known|"
@@ -165,9 +197,56 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             f"--source-{key}", action="append", default=[], help=f"{what} (one per --tasks-dir)"
         )
     parser.add_argument(
+        "--source-name",
+        action="append",
+        default=[],
+        help="short name of the dataset (default: its folder's name; one per --tasks-dir)",
+    )
+    parser.add_argument(
+        "--source-sample",
+        action="append",
+        default=[],
+        metavar="N:SEED",
+        help="check a seeded sample of N tasks of this dataset ('' for all; one per --tasks-dir)",
+    )
+    parser.add_argument(
+        "--source-absent",
+        action="append",
+        default=[],
+        metavar="JSON",
+        help="a JSON file {task: [paths]} of files the public copy lacks ('' for none; one per "
+        "--tasks-dir)",
+    )
+    parser.add_argument(
         "--prune-images",
         action="store_true",
-        help="remove the sandgym/ctx images this run built (never ones that existed before)",
+        help="remove each sandgym/ctx image this run built once its task is done",
+    )
+    parser.add_argument(
+        "--jsonl",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="append one JSON line per finished task to FILE",
+    )
+    parser.add_argument(
+        "--resume", action="store_true", help="skip the tasks --jsonl FILE already holds"
+    )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="build the document from --jsonl FILE without running anything",
+    )
+    parser.add_argument(
+        "--substitute",
+        action="store_true",
+        help="apply the substitution layer (bench/substitutions.py) to rewritten task copies",
+    )
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        default=Path("/tmp/sandgym-harbor-compat"),
+        help="where --substitute writes the rewritten task copies",
     )
 
 
@@ -237,18 +316,62 @@ def verdict(entry: Mapping[str, Any]) -> list[str]:
         reasons.append("task_timeout")
     if entry.get("build_error"):
         reasons.append(entry["build_reason"])
-        return reasons
-    for part in split_phase_errors(entry.get("error")):
-        r = classify_phase_error(part)
-        if r not in reasons:
-            reasons.append(r)
-    noop = entry.get("noop_reward")
-    if noop is not None and noop != 0.0:
-        reasons.append("noop_nonzero")
-    oracle = entry.get("oracle_reward")
-    if oracle is not None and oracle != 1.0:
-        reasons.append("oracle_below_one")
+    else:
+        for part in split_phase_errors(entry.get("error")):
+            r = classify_phase_error(part)
+            if r not in reasons:
+                reasons.append(r)
+        noop = entry.get("noop_reward")
+        if noop is not None and noop != 0.0:
+            reasons.append("noop_nonzero")
+        oracle = entry.get("oracle_reward")
+        if oracle is not None and oracle != 1.0:
+            reasons.append("oracle_below_one")
+    failing = [r for r in reasons if r not in ("oracle_not_shipped", "noop_nonzero")]
+    if failing and "base_image_unavailable" not in reasons:
+        needs = unreachable_needs(entry)
+        if needs:
+            reasons.insert(0, "needs_unreachable_host")
     return reasons
+
+
+_NO_PYTHON_RE = re.compile(r"No interpreter found for Python (\d+\.\d+)")
+
+
+def unreachable_needs(entry: Mapping[str, Any]) -> list[str]:
+    """What unreachable host(s) explain this task's shortfall, from what failed: a network
+    failure naming a host that only answers from elsewhere, uv finding no CPython it could only
+    download from github.com, or files the public copy of the task lacks. [] if none."""
+    from bench.substitutions import unreachable_hosts
+
+    found: list[str] = []
+    if entry.get("absent_files"):
+        found.append("github.com (files absent from the public copy)")
+    texts = [
+        entry.get(k) or ""
+        for k in (
+            "build_error",
+            "error",
+            "oracle_output",
+            "oracle_verifier_output",
+            "noop_verifier_output",
+        )
+    ]
+    for text in texts:
+        m = _NO_PYTHON_RE.search(text)
+        if m:
+            need = f"github.com (a CPython {m.group(1)} build for uv)"
+            if need not in found:
+                found.append(need)
+        if not _NET_RE.search(text):
+            continue
+        # only the lines that failed: a host merely named in passing is not a need
+        for line in text.splitlines():
+            if _NET_RE.search(line) or re.search(r"(?i)\b(error|failed|fatal)\b", line):
+                for h in unreachable_hosts(line):
+                    if h not in found:
+                        found.append(h)
+    return found
 
 
 def summarize(entries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -268,6 +391,15 @@ def summarize(entries: list[dict[str, Any]]) -> dict[str, Any]:
         and not (e.get("oracle_shipped") and e.get("oracle_reward") is None)
     ]
     shipped = [e for e in loaded if e.get("oracle_shipped")]
+    unreachable = [e for e in entries if any(r in UNREACHABLE_REASONS for r in e["reasons"])]
+    reachable = [e for e in entries if e not in unreachable]
+    subst = [e for e in entries if e.get("substitutions")]
+    by_name: dict[str, int] = {}
+    for e in subst:
+        for name in sorted({r["name"] for r in e["substitutions"]}):
+            by_name[name] = by_name.get(name, 0) + 1
+    reach_shipped = [e for e in reachable if e.get("oracle_shipped")]
+    reach_rewards = [e for e in reachable if e in rewards]
     return {
         "tasks": n,
         "loaded": share(len(loaded), n),
@@ -277,6 +409,31 @@ def summarize(entries: list[dict[str, Any]]) -> dict[str, Any]:
         "oracle_shipped": share(len(shipped), n),
         "oracle_one": share(sum(1 for e in shipped if e.get("oracle_reward") == 1.0), len(shipped)),
         "clean": share(sum(1 for e in entries if not e["reasons"]), n),
+        "needs_unreachable_host": share(len(unreachable), n),
+        "reachable": {
+            "tasks": len(reachable),
+            "oracle_one_noop_zero": share(
+                sum(
+                    1
+                    for e in reach_shipped
+                    if e.get("oracle_reward") == 1.0 and e.get("noop_reward") == 0.0
+                ),
+                len(reach_shipped),
+            ),
+            "reward_no_verifier_error": share(len(reach_rewards), len(reachable)),
+            "noop_zero": share(
+                sum(1 for e in reachable if e.get("noop_reward") == 0.0), len(reachable)
+            ),
+            "clean": share(sum(1 for e in reachable if not e["reasons"]), len(reachable)),
+        },
+        "substituted": {
+            "tasks": len(subst),
+            "by_substitution": by_name,
+            "clean": sum(1 for e in subst if not e["reasons"]),
+            "clean_without_substitution": sum(
+                1 for e in entries if not e["reasons"] and not e.get("substitutions")
+            ),
+        },
     }
 
 
@@ -293,12 +450,40 @@ def group_reasons(entries: list[dict[str, Any]]) -> dict[str, Any]:
 
 # -- the run ------------------------------------------------------------------------------------
 
+#: how much of each output tail an entry keeps (in the JSONL and the committed document)
+KEEP_CHARS = 1500
+
+
+@dataclass
+class Item:
+    """One selected task directory of one dataset, loaded (or not), ready to check."""
+
+    dataset: str
+    path: Path
+    task: TaskSpec | None = None
+    load_error: str | None = None
+    substitutions: list[dict[str, str]] = field(default_factory=list)
+    absent: list[str] = field(default_factory=list)
+    refs: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def task_id(self) -> str:
+        return self.task.id if self.task is not None else self.path.name
+
 
 def _task_dirs(root: Path, limit: int | None, seed: int | None) -> list[Path]:
     dirs = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if seed is not None:
         random.Random(seed).shuffle(dirs)
     return dirs[:limit] if limit is not None else dirs
+
+
+def parse_sample(text: str | None) -> tuple[int | None, int | None]:
+    """`"N:SEED"` -> (N, SEED); `"N"` -> (N, None); empty -> (None, None)."""
+    if not text:
+        return None, None
+    n, _, seed = text.partition(":")
+    return int(n), (int(seed) if seed else None)
 
 
 def _load(path: Path) -> tuple[TaskSpec | None, str | None]:
@@ -318,12 +503,65 @@ def _base_image(task: TaskSpec) -> str | None:
     return df.base_image if df is not None else task.environment.image
 
 
+def _nth(values: list[str], i: int) -> str | None:
+    return values[i] if i < len(values) and values[i] != "" else None
+
+
+def dataset_name(args: argparse.Namespace, index: int) -> str:
+    return _nth(args.source_name, index) or Path(args.tasks_dir[index]).name
+
+
+def plan_dataset(args: argparse.Namespace, index: int, load: bool = True) -> list[Item]:
+    """The selected task directories of one dataset, loaded, substituted when asked."""
+    from bench.substitutions import prepare_task_copy, referenced_unreachable_hosts
+
+    name = dataset_name(args, index)
+    root: Path = args.tasks_dir[index]
+    n, seed = parse_sample(_nth(args.source_sample, index))
+    if n is None:
+        n, seed = args.limit, args.sample_seed
+    absent_file = _nth(args.source_absent, index)
+    absent: dict[str, list[str]] = (
+        json.loads(Path(absent_file).read_text(encoding="utf-8")) if absent_file else {}
+    )
+    items: list[Item] = []
+    for d in _task_dirs(root, n, seed):
+        item = Item(dataset=name, path=d, absent=sorted(absent.get(d.name, [])))
+        if load:
+            src = d
+            if args.substitute and is_task_dir(d):
+                dst = Path(args.work_dir) / name / d.name
+                item.substitutions = prepare_task_copy(d, dst)
+                src = dst if item.substitutions else d
+            item.refs = referenced_unreachable_hosts(d) if d.is_dir() else {}
+            item.task, item.load_error = _load(src)
+        items.append(item)
+    return items
+
+
+def interleave(groups: list[list[Item]]) -> list[Item]:
+    """Round robin over the datasets: a run cut short has covered each about equally."""
+    out: list[Item] = []
+    for i in range(max((len(g) for g in groups), default=0)):
+        out.extend(g[i] for g in groups if i < len(g))
+    return out
+
+
+def _trim(entry: dict[str, Any]) -> dict[str, Any]:
+    for k in ("oracle_output", "oracle_verifier_output", "noop_verifier_output", "error"):
+        v = entry.get(k)
+        if isinstance(v, str) and len(v) > KEEP_CHARS:
+            entry[k] = "..." + v[-KEEP_CHARS:]
+    return entry
+
+
 async def _check_one(
     task: TaskSpec,
     backend: Any,
     image_map: dict[str, str],
     timeout_s: float,
     retries: int,
+    item: Item | None = None,
 ) -> dict[str, Any]:
     from sandboxes import SandboxCreateError
     from tasks.cli import check_task
@@ -341,6 +579,13 @@ async def _check_one(
         "timed_out": False,
         "attempts": 0,
     }
+    if item is not None:
+        entry.update(
+            dataset=item.dataset,
+            substitutions=item.substitutions,
+            absent_files=item.absent,
+            referenced_unreachable_hosts=item.refs,
+        )
     start = time.perf_counter()
     try:
         spec = sandbox_spec_for(task, image_map)
@@ -381,7 +626,9 @@ async def _check_one(
             entry["env_builds"] = True
             remaining = timeout_s - (time.perf_counter() - start)
             try:
-                res = await asyncio.wait_for(check_task(task, backend, image_map, 0), remaining)
+                res = await asyncio.wait_for(
+                    check_task(task, backend, image_map, 0, detail=True), remaining
+                )
             except TimeoutError:
                 raise
             except Exception as exc:  # check_task reports per phase; anything else is infra
@@ -390,11 +637,8 @@ async def _check_one(
                     "noop_reward": None,
                     "error": f"noop: {type(exc).__name__}: {exc}",
                 }
-            entry.update(
-                oracle_reward=res["oracle_reward"],
-                noop_reward=res["noop_reward"],
-                error=res["error"],
-            )
+            entry.update(res)
+            entry["task_id"] = task.id
         except TimeoutError:
             entry["timed_out"] = True
             if entry["build_s"] is None and image_for is not None:
@@ -409,7 +653,21 @@ async def _check_one(
         break
     entry["duration_s"] = round(time.perf_counter() - start, 1)
     entry["reasons"] = verdict(entry)
-    return entry
+    needs = unreachable_needs(entry) if "needs_unreachable_host" in entry["reasons"] else []
+    entry["unreachable_hosts"] = needs
+    return _trim(entry)
+
+
+def load_error_entry(item: Item) -> dict[str, Any]:
+    return {
+        "dataset": item.dataset,
+        "task_id": item.task_id,
+        "load_error": item.load_error,
+        "substitutions": item.substitutions,
+        "oracle_reward": None,
+        "noop_reward": None,
+        "reasons": ["loader_error"],
+    }
 
 
 async def _wait_for_engine(limit_s: float = 120.0) -> None:
@@ -446,127 +704,192 @@ def _ctx_tag(task: TaskSpec, image_map: dict[str, str]) -> str | None:
     return f"{CTX_REPO}:{digest[:16]}" if digest else None
 
 
-def _nth(values: list[str], i: int) -> str | None:
-    return values[i] if i < len(values) else None
-
-
-async def run_dataset(
-    args: argparse.Namespace,
-    index: int,
-    backend: Any,
-    image_map: dict[str, str],
-    progress: Any = None,
-) -> dict[str, Any]:
-    """Check one dataset folder; its own summary, reasons and per-task entries."""
-    tasks_dir: Path = args.tasks_dir[index]
-    dirs = _task_dirs(tasks_dir, args.limit, args.sample_seed)
-    loaded: list[TaskSpec] = []
-    entries: list[dict[str, Any]] = []
-    for d in dirs:
-        task, err = _load(d)
-        if task is None:
-            entries.append({"task_id": d.name, "load_error": err, "reasons": ["loader_error"]})
-        else:
-            loaded.append(task)
-    sem = asyncio.Semaphore(max(1, args.concurrency))
-    done = 0
-
-    async def one(t: TaskSpec) -> dict[str, Any]:
-        nonlocal done
-        async with sem:
-            e = await _check_one(t, backend, image_map, args.task_timeout_s, args.infra_retries)
-        done += 1
-        if progress is not None:
-            progress(e)
-        log.info(
-            "[%d/%d] %s: build=%s oracle=%s noop=%s reasons=%s (%.0f s)",
-            done,
-            len(loaded),
-            t.id,
-            e["env_builds"],
-            e["oracle_reward"],
-            e["noop_reward"],
-            e["reasons"],
-            e["duration_s"],
+def _stand_ins(bases: list[str], image_map: dict[str, str]) -> dict[str, Any]:
+    """Which local image stands in for each public base image (id, and the suite it was
+    bootstrapped from, where its labels say), or null where none is present."""
+    out: dict[str, Any] = {}
+    for b in sorted(set(bases)):
+        name = image_map.get(b, b)
+        r = subprocess.run(
+            ["docker", "image", "inspect", name, "--format", "{{.Id}} {{json .Config.Labels}}"],
+            capture_output=True,
+            text=True,
+            check=False,
         )
-        return e
+        if r.returncode != 0:
+            out[b] = None
+            continue
+        iid, _, labels = r.stdout.strip().partition(" ")
+        try:
+            lab = json.loads(labels) or {}
+        except json.JSONDecodeError:
+            lab = {}
+        out[b] = {
+            "local_image": name,
+            "id": iid[:19],
+            "suite": lab.get("sandgym.suite"),
+            "stands_in_for": lab.get("sandgym.stands-in-for"),
+        }
+    return out
 
-    start = time.perf_counter()
-    entries.extend(await asyncio.gather(*(one(t) for t in loaded)))
+
+def dataset_doc(
+    args: argparse.Namespace, index: int, items: list[Item], entries: list[dict[str, Any]]
+) -> dict[str, Any]:
+    name = dataset_name(args, index)
+    mine = [e for e in entries if e.get("dataset") == name]
+    selected = {i.task_id for i in items}
+    mine = [e for e in mine if e["task_id"] in selected]
     bases: dict[str, int] = {}
-    for t in loaded:
-        b = _base_image(t) or "?"
-        bases[b] = bases.get(b, 0) + 1
+    for it in items:
+        if it.task is not None:
+            b = _base_image(it.task) or "?"
+            bases[b] = bases.get(b, 0) + 1
+    run_ids = {e["task_id"] for e in mine}
     return {
+        "name": name,
         "source": {
             "repo": _nth(args.source_repo, index),
             "commit": _nth(args.source_commit, index),
             "path": _nth(args.source_path, index),
             "sample": _nth(args.source_note, index),
-            "tasks_dir": str(tasks_dir),
+            "selection": _nth(args.source_sample, index) or "all",
+            "tasks_dir": str(args.tasks_dir[index]),
         },
+        "tasks_selected": len(items),
+        "tasks_run": len(mine),
+        "not_run": sorted(selected - run_ids),
         "base_images": bases,
-        "wall_s": round(time.perf_counter() - start, 1),
-        "summary": summarize(entries),
-        "reasons": group_reasons(entries),
-        "tasks": sorted(entries, key=lambda e: e["task_id"]),
-        "_loaded": loaded,
+        "summary": summarize(mine),
+        "reasons": group_reasons(mine),
+        "tasks": sorted(mine, key=lambda e: e["task_id"]),
     }
+
+
+def build_document(
+    args: argparse.Namespace,
+    plans: list[list[Item]],
+    entries: list[dict[str, Any]],
+    image_map: dict[str, str],
+    wall_s: float | None,
+    pruned: int = 0,
+) -> dict[str, Any]:
+    from bench.substitutions import REACHABLE_HOSTS, SUBSTITUTIONS
+
+    datasets = [dataset_doc(args, i, items, entries) for i, items in enumerate(plans)]
+    all_entries = [e for d in datasets for e in d["tasks"]]
+    selected = sum(d["tasks_selected"] for d in datasets)
+    bases = [b for d in datasets for b in d["base_images"] if b != "?"]
+    return {
+        "bench": "harbor_compat",
+        "complete": len(all_entries) == selected,
+        "tasks_selected": selected,
+        "tasks_run": len(all_entries),
+        "backend": args.backend,
+        "image_map": image_map,
+        "stand_in_images": _stand_ins(bases, image_map) if args.backend == "docker" else {},
+        "substitute": bool(args.substitute),
+        "substitution_table": SUBSTITUTIONS if args.substitute else {},
+        "reachable_hosts": list(REACHABLE_HOSTS),
+        "concurrency": args.concurrency,
+        "task_timeout_s": args.task_timeout_s,
+        "wall_s": round(wall_s, 1) if wall_s is not None else None,
+        "machine": {"platform": platform.platform(), "python": platform.python_version()},
+        "summary": summarize(all_entries),
+        "reasons": group_reasons(all_entries),
+        "reason_meanings": REASONS,
+        "pruned_images": pruned,
+        "datasets": datasets,
+    }
+
+
+def _prepare(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[list[Item]]]:
+    """The entries a resumed run already has, and the selected tasks of every dataset."""
+    from tasks.cli import read_jsonl
+
+    jsonl: Path | None = args.jsonl
+    earlier = read_jsonl(jsonl) if (args.resume or args.report_only) else []
+    if jsonl is not None and not (args.resume or args.report_only) and jsonl.exists():
+        jsonl.unlink()  # a fresh run starts a fresh file
+    plans = [plan_dataset(args, i, load=not args.report_only) for i in range(len(args.tasks_dir))]
+    return earlier, plans
 
 
 async def run_compat(args: argparse.Namespace) -> dict[str, Any]:
-    """Every dataset in turn on one backend; a combined summary over all their tasks."""
+    """Every selected task of every dataset, interleaved, on one backend; streamed to --jsonl,
+    resumable; one document over all of them with a part per dataset."""
     from sandboxes import get_backend
+    from tasks.cli import JsonlSink
 
     image_map = parse_image_map(args.image_map)
+    jsonl: Path | None = args.jsonl
+    earlier, plans = await asyncio.to_thread(_prepare, args)
+    if args.report_only:
+        return build_document(args, plans, earlier, image_map, None)
+
+    done = {(e.get("dataset"), e.get("task_id")) for e in earlier}
+    todo = [it for it in interleave(plans) if (it.dataset, it.task_id) not in done]
+    if done:
+        log.info("resuming: %d task(s) already in %s; %d to run", len(done), jsonl, len(todo))
     before = await asyncio.to_thread(_existing_ctx_tags) if args.prune_images else set()
     backend = get_backend(args.backend)
+    sink = JsonlSink(None, jsonl) if jsonl is not None else None
+    finished: list[dict[str, Any]] = list(earlier)
+    pruned = 0
     start = time.perf_counter()
-    datasets: list[dict[str, Any]] = []
-    finished: list[dict[str, Any]] = []
+    sem = asyncio.Semaphore(max(1, args.concurrency))
 
-    def progress(entry: dict[str, Any]) -> None:
-        # a partial document after every task: a run cut short still leaves its figures
+    def record(entry: dict[str, Any]) -> None:
         finished.append(entry)
-        if args.out is not None:
-            partial = {"bench": "harbor_compat", "complete": False, "tasks_done": finished}
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(partial, indent=1) + "\n", encoding="utf-8")
+        if sink is not None:
+            sink.write(entry)
+        if args.out is not None:  # a partial document after every task
+            doc = build_document(args, plans, finished, image_map, time.perf_counter() - start)
+            save_json(doc, args.out, indent=1)
+
+    async def one(it: Item) -> None:
+        nonlocal pruned
+        if it.task is None:
+            record(load_error_entry(it))
+            return
+        async with sem:
+            e = await _check_one(
+                it.task, backend, image_map, args.task_timeout_s, args.infra_retries, it
+            )
+            if args.prune_images:
+                tag = _ctx_tag(it.task, image_map)
+                if tag and tag not in before:
+                    rc = await asyncio.to_thread(
+                        subprocess.run,
+                        ["docker", "image", "rm", "-f", tag],
+                        capture_output=True,
+                        check=False,
+                    )
+                    pruned += rc.returncode == 0
+        log.info(
+            "[%d/%d] %s/%s: build=%s oracle=%s noop=%s reasons=%s subst=%s (%.0f s)",
+            len(finished) + 1 - len(earlier),
+            len(todo),
+            it.dataset,
+            it.task_id,
+            e["env_builds"],
+            e["oracle_reward"],
+            e["noop_reward"],
+            e["reasons"],
+            [s["name"] for s in e.get("substitutions") or []],
+            e["duration_s"],
+        )
+        record(e)
 
     try:
-        for i in range(len(args.tasks_dir)):
-            datasets.append(await run_dataset(args, i, backend, image_map, progress))
+        await asyncio.gather(*(one(it) for it in todo))
     finally:
+        if sink is not None:
+            sink.close()
         await backend.aclose()
-    wall_s = time.perf_counter() - start
-    loaded = [t for d in datasets for t in d.pop("_loaded")]
-
-    pruned: list[str] = []
-    if args.prune_images:
-        ours = {tag for t in loaded if (tag := _ctx_tag(t, image_map))} - before
-        for tag in sorted(ours):
-            rc = await asyncio.to_thread(
-                subprocess.run, ["docker", "image", "rm", tag], capture_output=True, check=False
-            )
-            if rc.returncode == 0:
-                pruned.append(tag)
-
-    entries = [e for d in datasets for e in d["tasks"]]
-    return {
-        "bench": "harbor_compat",
-        "complete": True,
-        "backend": args.backend,
-        "image_map": image_map,
-        "concurrency": args.concurrency,
-        "task_timeout_s": args.task_timeout_s,
-        "wall_s": round(wall_s, 1),
-        "machine": {"platform": platform.platform(), "python": platform.python_version()},
-        "summary": summarize(entries),
-        "reasons": group_reasons(entries),
-        "reason_meanings": REASONS,
-        "pruned_images": len(pruned),
-        "datasets": datasets,
-    }
+    return build_document(
+        args, plans, finished, image_map, time.perf_counter() - start, pruned=pruned
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -577,18 +900,29 @@ def run(args: argparse.Namespace) -> int:
         if not d.is_dir():
             print(f"sandgym bench harbor_compat: no directory at {d}", file=sys.stderr)
             return 2
+    if (args.resume or args.report_only) and args.jsonl is None:
+        print("sandgym bench harbor_compat: --resume/--report-only need --jsonl", file=sys.stderr)
+        return 2
     try:
         doc = asyncio.run(run_compat(args))
-    except ValueError as exc:  # a malformed --image-map
+    except ValueError as exc:  # a malformed --image-map or --source-sample
         print(f"sandgym bench harbor_compat: {exc}", file=sys.stderr)
         return 2
     text = save_json(doc, args.out, indent=1)
     if args.json:
         print(text)
     else:
-        s = doc["summary"]
-        for key in ("loaded", "env_builds", "verifier_rewards", "noop_zero", "oracle_one"):
-            print(f"{key}: {s[key]['count']}/{s[key]['of']}")
-        for r, g in doc["reasons"].items():
-            print(f"  {r}: {g['count']}")
+        for d in doc["datasets"]:
+            s = d["summary"]
+            r = s["reachable"]
+            print(
+                f"{d['name']}: {d['tasks_run']}/{d['tasks_selected']} run; "
+                f"loaded {s['loaded']['count']}, builds {s['env_builds']['count']}, "
+                f"needs unreachable host {s['needs_unreachable_host']['count']}; reachable "
+                f"{r['tasks']}: oracle 1 & no-op 0 {r['oracle_one_noop_zero']['count']}/"
+                f"{r['oracle_one_noop_zero']['of']}, reward w/o verifier error "
+                f"{r['reward_no_verifier_error']['count']}/{r['reward_no_verifier_error']['of']}"
+            )
+        for reason, g in doc["reasons"].items():
+            print(f"  {reason}: {g['count']}")
     return 0

@@ -5,6 +5,17 @@
 it prints exactly one document:
 `{"tasks":[{"task_id":..., "oracle_reward":float|null, "noop_reward":float|null,
 "error":str|null}, ...]}`; the exit status is 1 when any task misses either mark.
+
+A task directory that fails to load does not stop the run: it is reported as an entry of its
+own (`task_id` = the directory name, both rewards null, `error` = `"load: <ErrorType>:
+<reason>"`) and every other task is still checked.
+
+Streaming and resuming: `--jsonl` prints one JSON line per task as soon as it finishes (same
+keys as the entries of `--json`) instead of the document at the end; `--out FILE` also appends
+each line to FILE (flushed per task, so a run that is cut off keeps what it finished);
+`--resume FILE` reads FILE, skips every task whose line is already there (a cut-off last line
+is ignored) and appends the rest to it. With `--json` and `--resume`, the document holds the
+earlier entries too.
 """
 
 from __future__ import annotations
@@ -13,10 +24,12 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from tasks.errors import TaskError
 from tasks.loaders import load_dataset
@@ -31,6 +44,9 @@ from tasks.runtime import (
 )
 
 log = logging.getLogger(__name__)
+
+#: how much of an output's tail `check_task(detail=True)` keeps
+DETAIL_CHARS = 4000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +82,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p_check.add_argument("--concurrency", type=int, default=2, help="tasks checked at once")
     p_check.add_argument("--json", action="store_true", help="print one JSON document")
+    p_check.add_argument(
+        "--jsonl",
+        action="store_true",
+        help="print one JSON line per task as it finishes (instead of one document at the end)",
+    )
+    p_check.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="also append each task's JSON line to FILE as it finishes",
+    )
+    p_check.add_argument(
+        "--resume",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="skip the tasks FILE already holds a line for; append the others to it",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -105,19 +140,116 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_for_check(path: str) -> list[TaskSpec]:
+def _load_for_check(path: str, errors: dict[str, str] | None = None) -> list[TaskSpec]:
     p = Path(path).absolute()
     if p.resolve() == CATALOG_DIR.resolve():
         return load_builtin()  # the catalog checks under its registry ids
     if p.parent.resolve() == CATALOG_DIR.resolve():
         return [t for t in load_builtin() if t.id == f"builtin/{p.name}"]
-    return load_dataset(p)
+    return load_dataset(p, errors)
+
+
+def load_error_entry(path: str | Path, message: str) -> dict[str, Any]:
+    """The entry of a task directory that did not load (its id is the directory name)."""
+    return {
+        "task_id": Path(path).name,
+        "oracle_reward": None,
+        "noop_reward": None,
+        "error": f"load: {message}",
+    }
+
+
+def load_for_check(paths: Iterable[str]) -> tuple[list[TaskSpec], list[dict[str, Any]]]:
+    """Every task below `paths`, and one error entry per directory (or path) that failed to
+    load; a failure never hides the other tasks."""
+    tasks: list[TaskSpec] = []
+    failed: list[dict[str, Any]] = []
+    for p in paths:
+        errors: dict[str, str] = {}
+        try:
+            tasks.extend(_load_for_check(p, errors))
+        except TaskError as exc:
+            failed.append(load_error_entry(p, f"{type(exc).__name__}: {exc}"))
+        for child, msg in sorted(errors.items()):
+            failed.append(load_error_entry(child, f"TaskLoadError: {msg}"))
+    return tasks, failed
+
+
+# -- streaming results (shared with bench/harbor_compat.py) -----------------------------------
+
+
+def read_jsonl(path: Path | None) -> list[dict[str, Any]]:
+    """The complete lines of a JSONL results file (none if it does not exist). A line that
+    does not parse, i.e. the last one of a run that was cut off mid-write, is skipped."""
+    if path is None or not path.exists():
+        return []
+    out: list[dict[str, Any]] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            log.warning("%s: skipping an incomplete line (a cut-off run)", path)
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
+
+
+class JsonlSink:
+    """Writes one JSON line per finished task: to a stream (stdout) and/or appended to a file,
+    flushed and synced per line, so a run that is killed keeps every line it finished."""
+
+    def __init__(self, stream: IO[str] | None = None, path: Path | None = None) -> None:
+        self.stream = stream
+        self.path = path
+        self._fh: IO[str] | None = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # a cut-off run may have left a partial last line: start ours on a fresh one
+            if path.exists() and path.stat().st_size > 0:
+                with path.open("rb") as fh:
+                    fh.seek(-1, 2)
+                    needs_nl = fh.read(1) != b"\n"
+            else:
+                needs_nl = False
+            self._fh = path.open("a", encoding="utf-8")
+            if needs_nl:
+                self._fh.write("\n")
+
+    def write(self, entry: dict[str, Any]) -> None:
+        line = json.dumps(entry, sort_keys=False)
+        if self.stream is not None:
+            self.stream.write(line + "\n")
+            self.stream.flush()
+        if self._fh is not None:
+            self._fh.write(line + "\n")
+            self._fh.flush()
+            try:
+                os.fsync(self._fh.fileno())
+            except OSError:  # e.g. a pipe; flushed is as good as it gets
+                pass
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
 
 
 async def check_task(
-    task: TaskSpec, backend: Any, image_map: dict[str, str], seed: int, allow_run: bool = False
+    task: TaskSpec,
+    backend: Any,
+    image_map: dict[str, str],
+    seed: int,
+    allow_run: bool = False,
+    detail: bool = False,
 ) -> dict[str, Any]:
-    """Oracle episode then no-op episode, each in a fresh sandbox."""
+    """Oracle episode then no-op episode, each in a fresh sandbox. With `detail`, the entry also
+    carries the tails of the oracle's output and of each verifier run (`oracle_exit_code`,
+    `oracle_output`, `oracle_verifier_output`, `noop_verifier_output`), for reports that must
+    say why a reward fell short."""
     entry: dict[str, Any] = {
         "task_id": task.id,
         "oracle_reward": None,
@@ -139,6 +271,10 @@ async def check_task(
             setup = await prepare_episode(task, sandbox, seed)
             if phase == "oracle":
                 res = await run_oracle(task, sandbox, setup)
+                if detail:
+                    entry["oracle_exit_code"] = res.exit_code
+                    out = (res.stdout or "") + (res.stderr or "")
+                    entry["oracle_output"] = out[-DETAIL_CHARS:]
                 if res.exit_code != 0:
                     log.warning(
                         "task %s: oracle exited %s: %s",
@@ -148,6 +284,8 @@ async def check_task(
                     )
             result = await run_verifier(task, sandbox, setup)
             entry[f"{phase}_reward"] = result.reward
+            if detail:
+                entry[f"{phase}_verifier_output"] = result.output[-DETAIL_CHARS:]
             expected = 1.0 if phase == "oracle" else 0.0
             if result.reward != expected:
                 log.warning(
@@ -184,7 +322,10 @@ async def check_tasks(
     seed: int = 0,
     concurrency: int = 2,
     allow_run: bool = False,
+    on_result: Callable[[dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
+    """Check `tasks` with bounded concurrency; `on_result` sees each entry as it finishes.
+    The list comes back in the order of `tasks`."""
     from sandboxes import get_backend
 
     backend = get_backend(backend_name)
@@ -192,7 +333,10 @@ async def check_tasks(
 
     async def one(t: TaskSpec) -> dict[str, Any]:
         async with sem:
-            return await check_task(t, backend, image_map, seed, allow_run)
+            entry = await check_task(t, backend, image_map, seed, allow_run)
+        if on_result is not None:
+            on_result(entry)
+        return entry
 
     try:
         return list(await asyncio.gather(*(one(t) for t in tasks)))
@@ -203,16 +347,44 @@ async def check_tasks(
 async def _check_all(args: argparse.Namespace) -> int:
     try:
         image_map = parse_image_map(args.image_map)
-        tasks: list[TaskSpec] = []
-        for p in args.paths:
-            tasks.extend(_load_for_check(p))
-    except (TaskError, ValueError) as exc:
+    except ValueError as exc:
         print(f"sandgym tasks check: {exc}", file=sys.stderr)
         return 2
-    entries = await check_tasks(
-        tasks, args.backend, image_map, args.seed, args.concurrency, args.allow_run
-    )
-    if args.json:
+    tasks, failed = load_for_check(args.paths)
+    for e in failed:
+        log.warning("task %s did not load: %s", e["task_id"], e["error"])
+    if args.json and args.jsonl:
+        print("sandgym tasks check: give --json or --jsonl, not both", file=sys.stderr)
+        return 2
+    out_path: Path | None = args.resume or args.out
+    if args.resume is not None and args.out is not None and args.out != args.resume:
+        print("sandgym tasks check: --out and --resume name different files", file=sys.stderr)
+        return 2
+    earlier = read_jsonl(args.resume)
+    done = {e.get("task_id") for e in earlier}
+    if done:
+        log.info("resuming: %d task(s) already in %s", len(done), args.resume)
+    failed = [e for e in failed if e["task_id"] not in done]
+    tasks = [t for t in tasks if t.id not in done]
+    sink = JsonlSink(sys.stdout if args.jsonl else None, out_path)
+    try:
+        for e in failed:
+            sink.write(e)
+        entries = await check_tasks(
+            tasks,
+            args.backend,
+            image_map,
+            args.seed,
+            args.concurrency,
+            args.allow_run,
+            on_result=sink.write,
+        )
+    finally:
+        sink.close()
+    entries = earlier + failed + entries
+    if args.jsonl:
+        pass  # every line went out as its task finished
+    elif args.json:
         print(json.dumps({"tasks": entries}))
     else:
         for e in entries:

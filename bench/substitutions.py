@@ -1,0 +1,208 @@
+"""The substitution layer of `sandgym bench harbor_compat` (opt-in: `--substitute`; bench only).
+
+This machine reaches the package registries (PyPI, Debian's mirror, npm) and nothing else. Some
+public tasks fetch their *tools* from hosts that are unreachable here, where the very same tool
+is published on a registry too. For those fetches only, the bench runs a rewritten copy of the
+task directory (under `--work-dir`, never the original) in which the fetch is replaced by its
+registry equivalent. Nothing else in the task changes: not the tests, not the solution's logic,
+not what the verifier checks. Each replacement is recorded on the task's entry
+(`substitutions`: name, file, the original text) and the report counts substituted tasks apart.
+
+The substitutions (`SUBSTITUTIONS`):
+
+- `uv-installer-from-pypi`: `curl -LsSf https://astral.sh/uv[/<version>]/install.sh | sh` (the
+  uv installer's own host, which downloads a release from GitHub) becomes a few lines that fetch
+  the `uv` wheel of the same version from the Python package index (the wheel carries the same
+  `uv`/`uvx` binaries), unpack it into the installer's directory (`$UV_INSTALL_DIR`, else
+  `$XDG_BIN_HOME`, else `~/.local/bin`) and write the installer's `env` file, so the script's
+  next line (`source $HOME/.local/bin/env`) works as before.
+- `uv-python-from-debian`: where the script then asks uv for an interpreter by version
+  (`uvx -p 3.13`, `uv venv --python 3.12`), uv would download a CPython build from GitHub. With
+  `UV_PYTHON_DOWNLOADS=never` it uses a system interpreter instead; when the image has no
+  `python3.X`, the rewritten script installs Debian's `python3.X` package from the mirror. Where
+  the image's distribution carries no such package, uv stops with "No interpreter found", and the
+  report says "needs a host unreachable here" (github.com), never passed.
+
+Everything else that needs an unreachable host (a dataset or model from Hugging Face, a source
+tarball or repository from GitHub, a base image from a registry) is not substituted: such a task
+is reported with the reason `needs_unreachable_host` and the hosts it tried.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+#: name -> what it replaces and with what (the JSON report carries this table)
+SUBSTITUTIONS: dict[str, dict[str, str]] = {
+    "uv-installer-from-pypi": {
+        "replaces": "the uv installer from https://astral.sh/uv/<version>/install.sh "
+        "(downloads uv from github.com)",
+        "with": "the uv wheel of the same version from the Python package index (pypi.org, "
+        "files.pythonhosted.org), unpacked where the installer puts uv, plus its env file",
+    },
+    "uv-python-from-debian": {
+        "replaces": "uv's download of a CPython build from github.com (uvx -p X.Y)",
+        "with": "UV_PYTHON_DOWNLOADS=never and, if the image lacks python3.X, Debian's python3.X "
+        "package from the Debian mirror (when the image's distribution has one)",
+    },
+}
+
+#: hosts that answer from this machine (and from its containers)
+REACHABLE_HOSTS = (
+    "deb.debian.org",
+    "security.debian.org",
+    "pypi.org",
+    "files.pythonhosted.org",
+    "pypi.python.org",
+    "registry.npmjs.org",
+    "localhost",
+    "127.0.0.1",
+)
+
+#: files of a task directory whose shell text may be rewritten
+SCRIPT_FILES = (
+    "tests/test.sh",
+    "solution/solve.sh",
+    "run-tests.sh",
+    "solution.sh",
+    "environment/Dockerfile",
+    "Dockerfile",
+)
+
+_UV_INSTALLER_RE = re.compile(
+    r"(?:curl|wget)\b[^\n|;&]*?https?://astral\.sh/uv/(?:(?P<ver>\d+\.\d+\.\d+)/)?install\.sh"
+    r"[^\n|;&]*\|\s*(?:env\s+(?P<env>(?:[A-Za-z_]+=\S+\s+)+))?(?:ba)?sh\b(?:\s+-s\b[^\n;&|]*)?"
+)
+_UV_PYVER_RE = re.compile(
+    r"\b(?:uvx|uv)\b[^\n]*?(?:\s-p|\s--python)(?:\s+|=)(?:python)?(?P<ver>3\.\d+)\b"
+)
+
+
+def _uv_snippet(version: str | None, env: str | None) -> str:
+    """POSIX sh that does what the uv installer does, from the Python package index."""
+    pin = version or ""
+    pre = f"export {env.strip()}; " if env else ""
+    return (
+        "{ " + pre + f'_sg_v="{pin}"; _sg_d="$(mktemp -d)"; '
+        '_sg_bin="${UV_INSTALL_DIR:-${XDG_BIN_HOME:-$HOME/.local/bin}}"; '
+        "_sg_url=\"$(curl -fsSL https://pypi.org/simple/uv/ | grep -o 'https://files.pythonhosted"
+        '.org/[^\\"#]*/uv-\'"${_sg_v:-[0-9.]*}"\'-py3-none-manylinux_2_17_x86_64[^\\"#]*\\.whl\''
+        ' | tail -n 1)"; '
+        'echo "sandgym-substitution uv-installer-from-pypi: $_sg_url" >&2; '
+        'curl -fsSL "$_sg_url" -o "$_sg_d/uv.whl" && '
+        '{ python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])"'
+        ' "$_sg_d/uv.whl" "$_sg_d" 2>/dev/null || unzip -q -o "$_sg_d/uv.whl" -d "$_sg_d" '
+        '|| { apt-get install -y -qq unzip >/dev/null 2>&1 && unzip -q -o "$_sg_d/uv.whl" '
+        '-d "$_sg_d"; }; } && '
+        'mkdir -p "$_sg_bin" && cp "$_sg_d"/uv-*.data/scripts/uv "$_sg_d"/uv-*.data/scripts/uvx '
+        '"$_sg_bin"/ && chmod 755 "$_sg_bin/uv" "$_sg_bin/uvx" && '
+        'printf \'#!/bin/sh\\ncase ":${PATH}:" in *:"%s":*) ;; *) export PATH="%s:$PATH" ;; '
+        'esac\\n\' "$_sg_bin" "$_sg_bin" > "$_sg_bin/env"; rm -rf "$_sg_d"; }'
+    )
+
+
+def _python_snippet(ver: str) -> str:
+    exe = f"python{ver}"
+    return (
+        "export UV_PYTHON_DOWNLOADS=never; "
+        f"command -v {exe} >/dev/null 2>&1 || {{ "
+        f"echo 'sandgym-substitution uv-python-from-debian: apt-get install {exe}' >&2; "
+        f"(apt-get install -y -qq {exe} >/dev/null 2>&1 || "
+        f"(apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq {exe} >/dev/null 2>&1)) "
+        f"|| echo 'sandgym-substitution: no {exe} package on the Debian mirror for this image; "
+        f"uv would download CPython {ver} from github.com (unreachable here)' >&2; }}"
+    )
+
+
+def rewrite_script(text: str, is_dockerfile: bool = False) -> tuple[str, list[dict[str, str]]]:
+    """`text` with every substitutable fetch replaced, and one record per replacement."""
+    records: list[dict[str, str]] = []
+    pyvers = sorted(set(_UV_PYVER_RE.findall(text.replace("\\\n", " "))))
+
+    def uv(m: re.Match[str]) -> str:
+        records.append({"name": "uv-installer-from-pypi", "original": m.group(0)})
+        snippet = _uv_snippet(m.group("ver"), m.group("env"))
+        if pyvers and not is_dockerfile:
+            for v in pyvers:
+                records.append(
+                    {"name": "uv-python-from-debian", "original": f"uv ... -p {v} (download)"}
+                )
+            snippet += "; " + "; ".join(_python_snippet(v) for v in pyvers)
+        return snippet
+
+    new = _UV_INSTALLER_RE.sub(uv, text)
+    return new, records
+
+
+def prepare_task_copy(src: Path, dst: Path) -> list[dict[str, str]]:
+    """Copy task directory `src` to `dst` (replacing it) and apply the substitutions to its
+    scripts; the records name the file each one was made in. With no substitution to make,
+    `dst` is still a faithful copy (the caller may as well use `src`)."""
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst, symlinks=True)
+    records: list[dict[str, str]] = []
+    for rel in SCRIPT_FILES:
+        f = dst / rel
+        if not f.is_file() or f.is_symlink():
+            continue
+        try:
+            text = f.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        new, recs = rewrite_script(text, is_dockerfile=f.name == "Dockerfile")
+        if recs:
+            mode = f.stat().st_mode
+            f.write_text(new, encoding="utf-8")
+            f.chmod(mode)
+            records.extend({**r, "file": rel} for r in recs)
+    return records
+
+
+_URL_HOST_RE = re.compile(r"https?://([A-Za-z0-9.-]+\.[A-Za-z]{2,})")
+_HOST_WORD_RE = re.compile(
+    r"\b((?:[a-z0-9-]+\.)*(?:github\.com|githubusercontent\.com|huggingface\.co|hf\.co|"
+    r"astral\.sh|docker\.io|ghcr\.io|gitlab\.com|googleapis\.com|amazonaws\.com))\b"
+)
+
+
+def unreachable_hosts(text: str) -> list[str]:
+    """Hosts named in `text` (URLs, or well-known hosts named in messages) that this machine
+    cannot reach, sorted."""
+    hosts = set(_URL_HOST_RE.findall(text)) | set(_HOST_WORD_RE.findall(text))
+    out = set()
+    for h in hosts:
+        h = h.lower().rstrip(".")
+        if h in REACHABLE_HOSTS or h.endswith(".debian.org") or "example" in h:
+            continue
+        out.add(h)
+    return sorted(out)
+
+
+def referenced_unreachable_hosts(task_dir: Path) -> dict[str, list[str]]:
+    """Static scan: file (relative) -> unreachable hosts its text names. Only a hint: naming a
+    host is not needing it; the report's reasons come from what actually failed."""
+    found: dict[str, list[str]] = {}
+    for f in sorted(task_dir.rglob("*")):
+        if not f.is_file() or f.is_symlink() or f.stat().st_size > 512_000:
+            continue
+        if f.suffix not in {"", ".sh", ".py", ".toml", ".yaml", ".yml", ".txt", ".md", ".cfg"}:
+            if f.name != "Dockerfile":
+                continue
+        if f.name == "instruction.md":
+            continue
+        try:
+            text = f.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        hosts = [h for h in unreachable_hosts(text) if "." in h]
+        if hosts:
+            found[str(f.relative_to(task_dir))] = hosts
+    return found
+
+
+def describe() -> dict[str, Any]:
+    return {"substitutions": SUBSTITUTIONS, "reachable_hosts": list(REACHABLE_HOSTS)}
