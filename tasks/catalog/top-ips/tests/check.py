@@ -30,9 +30,10 @@ def read(path):
         fail(f"{path} does not exist")
     except OSError as exc:
         fail(f"cannot open {path}: {exc}")
+    if not _stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        fail(f"{path} is not a regular file")
     with os.fdopen(fd, "rb") as f:
-        if not _stat.S_ISREG(os.fstat(fd).st_mode):
-            fail(f"{path} is not a regular file")
         try:
             data = f.read(MAX_READ + 1)
         except OSError as exc:
