@@ -524,6 +524,11 @@ def plan_dataset(args: argparse.Namespace, index: int, load: bool = True) -> lis
     absent: dict[str, list[str]] = (
         json.loads(Path(absent_file).read_text(encoding="utf-8")) if absent_file else {}
     )
+    cpython: dict[str, list[str] | None] = {}
+    if load and args.substitute:
+        from bench.substitutions import DEBIAN_CPYTHON, debian_cpython_debs
+
+        cpython = {v: debian_cpython_debs(v, Path(args.work_dir)) for v in DEBIAN_CPYTHON}
     items: list[Item] = []
     for d in _task_dirs(root, n, seed):
         item = Item(dataset=name, path=d, absent=sorted(absent.get(d.name, [])))
@@ -531,7 +536,7 @@ def plan_dataset(args: argparse.Namespace, index: int, load: bool = True) -> lis
             src = d
             if args.substitute and is_task_dir(d):
                 dst = Path(args.work_dir) / name / d.name
-                item.substitutions = prepare_task_copy(d, dst)
+                item.substitutions = prepare_task_copy(d, dst, cpython)
                 src = dst if item.substitutions else d
             item.refs = referenced_unreachable_hosts(d) if d.is_dir() else {}
             item.task, item.load_error = _load(src)

@@ -44,11 +44,31 @@ SUBSTITUTIONS: dict[str, dict[str, str]] = {
         "files.pythonhosted.org), unpacked where the installer puts uv, plus its env file",
     },
     "uv-python-from-debian": {
-        "replaces": "uv's download of a CPython build from github.com (uvx -p X.Y)",
-        "with": "UV_PYTHON_DOWNLOADS=never and, if the image lacks python3.X, Debian's python3.X "
-        "package from the Debian mirror (when the image's distribution has one)",
+        "replaces": "uv's download of a CPython X.Y build (python-build-standalone) from "
+        "github.com, for `uvx -p X.Y` / `uv ... --python X.Y`",
+        "with": "UV_PYTHON_DOWNLOADS=never and, where the image has no pythonX.Y, Debian's own "
+        "CPython X.Y packages (python3.X-minimal, libpython3.X-stdlib, ... and the libraries "
+        "they link, from the Debian release that ships X.Y) fetched from the Debian mirror, "
+        "unpacked under /opt/sandgym-cpython-X.Y and started through their own dynamic "
+        "loader by a pythonX.Y wrapper on PATH, so they run on any glibc",
     },
 }
+
+#: Debian release that ships each CPython minor version, and the packages of a working
+#: interpreter there (the interpreter, its standard library, and every library they link)
+DEBIAN_CPYTHON: dict[str, tuple[str, list[str]]] = {
+    "3.13": (
+        "trixie",
+        (
+            "python3.13-minimal libpython3.13-minimal libpython3.13-stdlib python3.13 libc6 "
+            "libgcc-s1 libexpat1 zlib1g libssl3t64 libffi8 libbz2-1.0 liblzma5 libsqlite3-0 "
+            "libmpdec4 libncursesw6 libtinfo6 libreadline8t64 libuuid1 libzstd1 libgdbm6t64 "
+            "libnsl2 libtirpc3t64 libcrypt1 media-types libdb5.3t64 libgssapi-krb5-2 libkrb5-3 "
+            "libk5crypto3 libcom-err2 libkrb5support0 libkeyutils1"
+        ).split(),
+    ),
+}
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
 
 #: hosts that answer from this machine (and from its containers)
 REACHABLE_HOSTS = (
@@ -104,23 +124,77 @@ def _uv_snippet(version: str | None, env: str | None) -> str:
     )
 
 
-def _python_snippet(ver: str) -> str:
+def _python_snippet(ver: str, debs: list[str] | None) -> str:
+    """POSIX sh: no CPython downloads by uv; a Debian CPython `ver` where the image has none."""
     exe = f"python{ver}"
+    if not debs:
+        return (
+            "export UV_PYTHON_DOWNLOADS=never; "
+            f"command -v {exe} >/dev/null 2>&1 || echo 'sandgym-substitution: no Debian release "
+            f"ships CPython {ver}; uv would download it from github.com (unreachable here)' >&2"
+        )
+    root = f"/opt/sandgym-cpython-{ver}"
+    lib = f"{root}/usr/lib/x86_64-linux-gnu"
+    urls = " ".join(f"{DEBIAN_MIRROR}/{d}" for d in debs)
     return (
         "export UV_PYTHON_DOWNLOADS=never; "
         f"command -v {exe} >/dev/null 2>&1 || {{ "
-        f"echo 'sandgym-substitution uv-python-from-debian: apt-get install {exe}' >&2; "
-        f"(apt-get install -y -qq {exe} >/dev/null 2>&1 || "
-        f"(apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq {exe} >/dev/null 2>&1)) "
-        f"|| echo 'sandgym-substitution: no {exe} package on the Debian mirror for this image; "
-        f"uv would download CPython {ver} from github.com (unreachable here)' >&2; }}"
+        f"echo 'sandgym-substitution uv-python-from-debian: Debian CPython {ver} into {root}' >&2; "
+        f'_sg_t="$(mktemp -d)"; for _sg_u in {urls}; do '
+        f'curl -fsSL "$_sg_u" -o "$_sg_t/p.deb" && dpkg-deb -x "$_sg_t/p.deb" {root} || break; '
+        f'done; rm -rf "$_sg_t"; '
+        f"mv {root}/usr/bin/{exe} {root}/usr/bin/{exe}.real && "
+        f"printf '#!/bin/sh\\nexec {lib}/ld-linux-x86-64.so.2 --library-path {lib} "
+        f'--argv0 "$0" {root}/usr/bin/{exe}.real "$@"\\n\' > {root}/usr/bin/{exe} && '
+        f"chmod 755 {root}/usr/bin/{exe} && mkdir -p /usr/local/bin && "
+        f"ln -sf {root}/usr/bin/{exe} /usr/local/bin/{exe}; }}"
     )
 
 
-def rewrite_script(text: str, is_dockerfile: bool = False) -> tuple[str, list[dict[str, str]]]:
-    """`text` with every substitutable fetch replaced, and one record per replacement."""
+def debian_cpython_debs(ver: str, cache_dir: Path) -> list[str] | None:
+    """The pool paths (on the Debian mirror) of `DEBIAN_CPYTHON[ver]`'s packages, read from
+    the release's package index (fetched once into `cache_dir`); None where no release ships
+    `ver` or the index cannot be read."""
+    import lzma
+    import urllib.request
+
+    if ver not in DEBIAN_CPYTHON:
+        return None
+    suite, names = DEBIAN_CPYTHON[ver]
+    cache = cache_dir / f"Packages-{suite}-amd64"
+    if not cache.exists():
+        url = f"{DEBIAN_MIRROR}/dists/{suite}/main/binary-amd64/Packages.xz"
+        try:
+            with urllib.request.urlopen(url, timeout=120) as r:  # noqa: S310 (fixed http mirror)
+                data = lzma.decompress(r.read())
+        except OSError:
+            return None
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        cache.write_bytes(data)
+    pool: dict[str, str] = {}
+    pkg = None
+    for line in cache.read_text(encoding="utf-8", errors="replace").splitlines():
+        if line.startswith("Package: "):
+            pkg = line[9:].strip()
+        elif line.startswith("Filename: ") and pkg is not None:
+            pool[pkg] = line[10:].strip()
+    try:
+        return [pool[n] for n in names]
+    except KeyError:
+        return None
+
+
+def rewrite_script(
+    text: str,
+    is_dockerfile: bool = False,
+    cpython_debs: dict[str, list[str] | None] | None = None,
+) -> tuple[str, list[dict[str, str]]]:
+    """`text` with every substitutable fetch replaced, and one record per replacement.
+    `cpython_debs` maps a CPython version to the Debian packages that provide it (see
+    `debian_cpython_debs`); a version it lacks gets only `UV_PYTHON_DOWNLOADS=never`."""
+    debs = cpython_debs or {}
     records: list[dict[str, str]] = []
-    pyvers = sorted(set(_UV_PYVER_RE.findall(text.replace("\\\n", " "))))
+    pyvers = script_python_versions(text)
 
     def uv(m: re.Match[str]) -> str:
         records.append({"name": "uv-installer-from-pypi", "original": m.group(0)})
@@ -128,16 +202,26 @@ def rewrite_script(text: str, is_dockerfile: bool = False) -> tuple[str, list[di
         if pyvers and not is_dockerfile:
             for v in pyvers:
                 records.append(
-                    {"name": "uv-python-from-debian", "original": f"uv ... -p {v} (download)"}
+                    {
+                        "name": "uv-python-from-debian",
+                        "original": f"uv's download of CPython {v} (github.com)",
+                    }
                 )
-            snippet += "; " + "; ".join(_python_snippet(v) for v in pyvers)
+            snippet += "; " + "; ".join(_python_snippet(v, debs.get(v)) for v in pyvers)
         return snippet
 
     new = _UV_INSTALLER_RE.sub(uv, text)
     return new, records
 
 
-def prepare_task_copy(src: Path, dst: Path) -> list[dict[str, str]]:
+def script_python_versions(text: str) -> list[str]:
+    """The CPython versions a script asks uv for (`uvx -p 3.13`, `--python 3.12`)."""
+    return sorted(set(_UV_PYVER_RE.findall(text.replace("\\\n", " "))))
+
+
+def prepare_task_copy(
+    src: Path, dst: Path, cpython_debs: dict[str, list[str] | None] | None = None
+) -> list[dict[str, str]]:
     """Copy task directory `src` to `dst` (replacing it) and apply the substitutions to its
     scripts; the records name the file each one was made in. With no substitution to make,
     `dst` is still a faithful copy (the caller may as well use `src`)."""
@@ -153,7 +237,9 @@ def prepare_task_copy(src: Path, dst: Path) -> list[dict[str, str]]:
             text = f.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             continue
-        new, recs = rewrite_script(text, is_dockerfile=f.name == "Dockerfile")
+        new, recs = rewrite_script(
+            text, is_dockerfile=f.name == "Dockerfile", cpython_debs=cpython_debs
+        )
         if recs:
             mode = f.stat().st_mode
             f.write_text(new, encoding="utf-8")
