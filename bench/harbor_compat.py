@@ -335,6 +335,9 @@ def verdict(entry: Mapping[str, Any]) -> list[str]:
     return reasons
 
 
+_FAIL_WORD_RE = re.compile(
+    r"(?i)error|fail|fatal|unable|couldn't|could not|refused|unreachable|timed out"
+)
 _NO_PYTHON_RE = re.compile(r"No interpreter found for Python (\d+\.\d+)")
 
 
@@ -367,7 +370,7 @@ def unreachable_needs(entry: Mapping[str, Any]) -> list[str]:
             continue
         # only the lines that failed: a host merely named in passing is not a need
         for line in text.splitlines():
-            if _NET_RE.search(line) or re.search(r"(?i)\b(error|failed|fatal)\b", line):
+            if _NET_RE.search(line) or _FAIL_WORD_RE.search(line):
                 for h in unreachable_hosts(line):
                     if h not in found:
                         found.append(h)

@@ -1,0 +1,244 @@
+"""`bench harbor_compat`'s substitution layer (the rewrite and its records), the
+"needs a host unreachable here" classification and the reachable-only figures, and resuming a
+run from its JSONL stream (on the null backend: no Docker)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench import harbor_compat as hc
+from bench import substitutions as sb
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tasks"
+
+TB2_TEST_SH = """#!/bin/bash
+
+# Install curl
+apt-get update
+apt-get install -y curl
+
+# Install uv
+curl -LsSf https://astral.sh/uv/0.9.5/install.sh | sh
+
+source $HOME/.local/bin/env
+
+uvx \\
+  -p 3.13 \\
+  -w pytest==8.4.1 \\
+  -w pytest-json-ctrf==0.3.5 \\
+  pytest --ctrf /logs/verifier/ctrf.json /tests/test_outputs.py -rA
+
+if [ $? -eq 0 ]; then
+  echo 1 > /logs/verifier/reward.txt
+else
+  echo 0 > /logs/verifier/reward.txt
+fi
+"""
+
+DEBS = {"3.13": ["pool/main/p/python3.13/python3.13-minimal_3.13.5_amd64.deb"]}
+
+
+def test_uv_installer_is_replaced_by_the_pypi_wheel_and_recorded() -> None:
+    new, recs = sb.rewrite_script(TB2_TEST_SH, cpython_debs=DEBS)
+    assert [r["name"] for r in recs] == ["uv-installer-from-pypi", "uv-python-from-debian"]
+    assert recs[0]["original"] == "curl -LsSf https://astral.sh/uv/0.9.5/install.sh | sh"
+    assert "astral.sh" not in new
+    assert "https://pypi.org/simple/uv/" in new and '_sg_v="0.9.5"' in new
+    assert "UV_PYTHON_DOWNLOADS=never" in new
+    assert "http://deb.debian.org/debian/pool/main/p/python3.13/" in new
+    # what the verifier runs and checks is untouched: every other line is as it was
+    kept = [ln for ln in TB2_TEST_SH.splitlines() if "astral.sh" not in ln]
+    assert [ln for ln in new.splitlines() if "sandgym" not in ln and "_sg_" not in ln] == kept
+
+
+def test_no_substitution_without_an_unreachable_fetch() -> None:
+    text = "#!/bin/bash\npip install pytest\npytest /tests -rA\ncurl https://pypi.org/simple/\n"
+    assert sb.rewrite_script(text) == (text, [])
+    # an installer without a pinned version, piped into bash, with an env prefix
+    new, recs = sb.rewrite_script(
+        "wget -qO- https://astral.sh/uv/install.sh | env UV_INSTALL_DIR=/opt/uv sh\n"
+    )
+    assert [r["name"] for r in recs] == ["uv-installer-from-pypi"]
+    assert '_sg_v=""' in new and "export UV_INSTALL_DIR=/opt/uv" in new
+    # a CPython version no Debian release ships: downloads off, no packages, and it says so
+    new, recs = sb.rewrite_script(
+        "curl -LsSf https://astral.sh/uv/0.9.5/install.sh | sh\nuvx -p 3.12 pytest\n",
+        cpython_debs={},
+    )
+    assert "UV_PYTHON_DOWNLOADS=never" in new and "dpkg-deb" not in new
+    assert "github.com (unreachable here)" in new
+
+
+def test_prepare_task_copy_rewrites_a_copy_and_names_the_file(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    shutil.copytree(FIXTURES / "harbor-legacy", src)
+    (src / "tests" / "test.sh").write_text(TB2_TEST_SH)
+    before = {p.relative_to(src): p.read_bytes() for p in src.rglob("*") if p.is_file()}
+    dst = tmp_path / "work" / "t"
+    recs = sb.prepare_task_copy(src, dst, DEBS)
+    assert {r["file"] for r in recs} == {"tests/test.sh"}
+    assert {r["name"] for r in recs} == {"uv-installer-from-pypi", "uv-python-from-debian"}
+    # the original is untouched; the copy differs only in the rewritten script
+    assert {p.relative_to(src): p.read_bytes() for p in src.rglob("*") if p.is_file()} == before
+    for rel, data in before.items():
+        if str(rel) != "tests/test.sh":
+            assert (dst / rel).read_bytes() == data
+    assert "astral.sh" not in (dst / "tests" / "test.sh").read_text()
+
+
+def test_unreachable_hosts_are_told_from_reachable_ones() -> None:
+    assert sb.unreachable_hosts("curl: (6) Could not resolve host: github.com") == ["github.com"]
+    assert sb.unreachable_hosts("GET https://huggingface.co/x/resolve/main/m.bin failed") == [
+        "huggingface.co"
+    ]
+    assert sb.unreachable_hosts("Get:1 http://deb.debian.org/debian trixie InRelease") == []
+    assert sb.unreachable_hosts("https://files.pythonhosted.org/packages/uv.whl") == []
+
+
+def _entry(**kw: Any) -> dict[str, Any]:
+    e: dict[str, Any] = {
+        "task_id": "t",
+        "oracle_shipped": True,
+        "env_builds": True,
+        "oracle_reward": 1.0,
+        "noop_reward": 0.0,
+        "error": None,
+    }
+    e.update(kw)
+    return e
+
+
+def test_shortfalls_that_need_an_unreachable_host_are_classified_so() -> None:
+    build = _entry(
+        env_builds=False,
+        build_error="SandboxCreateError: building: fatal: unable to access "
+        "'https://github.com/a/b.git/': Could not resolve host: github.com",
+        build_reason="build_network",
+    )
+    assert hc.verdict(build) == ["needs_unreachable_host", "build_network"]
+    assert hc.unreachable_needs(build) == ["github.com"]
+    nopy = _entry(
+        oracle_reward=0.0,
+        oracle_verifier_output="error: No interpreter found for Python 3.13 in managed "
+        "installations or search path",
+    )
+    assert hc.verdict(nopy) == ["needs_unreachable_host", "oracle_below_one"]
+    data = _entry(
+        oracle_reward=0.0,
+        oracle_output="OSError: We couldn't connect to 'https://huggingface.co' to load "
+        "this file\nrequests.exceptions.ConnectionError: Max retries exceeded",
+    )
+    assert hc.verdict(data)[0] == "needs_unreachable_host"
+    absent = _entry(oracle_reward=0.0, absent_files=["tests/weights.pt"])
+    assert hc.verdict(absent)[0] == "needs_unreachable_host"
+    # a failure on a reachable host, or a task that merely names one, is not such a need
+    pypi = _entry(
+        oracle_reward=0.0,
+        oracle_output="ERROR: Could not fetch https://pypi.org/simple/x: Connection refused",
+    )
+    assert hc.verdict(pypi) == ["oracle_below_one"]
+    named = _entry(noop_reward=1.0, noop_verifier_output="see https://github.com/x/y")
+    assert hc.verdict(named) == ["noop_nonzero"]
+    clean = _entry(oracle_output="cloned https://github.com/x/y fine")
+    assert hc.verdict(clean) == []
+
+
+def test_reachable_figures_leave_unreachable_needs_out() -> None:
+    ok = _entry(task_id="ok", substitutions=[{"name": "uv-installer-from-pypi"}])
+    bad = _entry(task_id="bad", oracle_reward=0.0)
+    far = _entry(task_id="far", oracle_reward=0.0, absent_files=["x"])
+    img = _entry(
+        task_id="img",
+        env_builds=False,
+        build_error="pull access denied",
+        build_reason="base_image_unavailable",
+    )
+    entries = [ok, bad, far, img]
+    for e in entries:
+        e["reasons"] = hc.verdict(e)
+    s = hc.summarize(entries)
+    assert s["needs_unreachable_host"]["count"] == 2
+    r = s["reachable"]
+    assert r["tasks"] == 2
+    assert r["oracle_one_noop_zero"] == {"count": 1, "of": 2, "share": 0.5}
+    assert s["substituted"] == {
+        "tasks": 1,
+        "by_substitution": {"uv-installer-from-pypi": 1},
+        "clean": 1,
+        "clean_without_substitution": 0,
+    }
+
+
+def _args(tmp_path: Path, *argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    hc.add_arguments(parser)
+    return parser.parse_args(
+        [*argv, "--backend", "null", "--infra-retries", "0", "--work-dir", str(tmp_path / "w")]
+    )
+
+
+async def test_compat_run_streams_to_jsonl_and_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = tmp_path / "a"
+    b = tmp_path / "b"
+    for root, names in ((a, ["a1", "a2", "a3"]), (b, ["b1", "b2"])):
+        root.mkdir()
+        for n in names:
+            shutil.copytree(FIXTURES / "harbor-legacy", root / n)
+    (a / "a2" / "tests" / "test.sh").write_text(TB2_TEST_SH)
+    calls: list[str] = []
+
+    async def fake(task: Any, backend: Any, image_map: Any, t: Any, r: Any, item: Any) -> Any:
+        calls.append(f"{item.dataset}/{task.id}")
+        e = _entry(task_id=task.id, dataset=item.dataset, substitutions=item.substitutions)
+        e["reasons"] = hc.verdict(e)
+        e["duration_s"] = 0.0
+        return e
+
+    monkeypatch.setattr(hc, "_check_one", fake)
+    monkeypatch.setattr(sb, "debian_cpython_debs", lambda v, d: DEBS.get(v))
+    jsonl = tmp_path / "run.jsonl"
+    base = [
+        "--tasks-dir", str(a), "--source-name", "A", "--source-sample", "2:5",
+        "--tasks-dir", str(b), "--source-name", "B", "--source-sample", "",
+        "--jsonl", str(jsonl), "--substitute",
+    ]  # fmt: skip
+    # a first run that is cut off after two tasks
+    real_gather = hc.asyncio.gather
+
+    async def two_only(*aws: Any) -> Any:
+        for c in aws[2:]:
+            c.close()
+        return await real_gather(*aws[:2])
+
+    monkeypatch.setattr(hc.asyncio, "gather", two_only)
+    doc = await hc.run_compat(_args(tmp_path, *base))
+    monkeypatch.setattr(hc.asyncio, "gather", real_gather)
+    assert doc["complete"] is False and doc["tasks_selected"] == 4 and doc["tasks_run"] == 2
+    # interleaved: one task of each dataset first
+    assert [c.split("/")[0] for c in calls] == ["A", "B"]
+    assert len(jsonl.read_text().splitlines()) == 2
+    first = list(calls)
+    doc = await hc.run_compat(_args(tmp_path, *base, "--resume"))
+    assert doc["complete"] is True and doc["tasks_run"] == 4
+    assert len(calls) == 4 and not set(calls[2:]) & set(first)  # nothing ran twice
+    by_name = {d["name"]: d for d in doc["datasets"]}
+    assert by_name["A"]["tasks_selected"] == 2 and by_name["B"]["tasks_selected"] == 2
+    assert by_name["A"]["source"]["selection"] == "2:5"
+    lines = [json.loads(x) for x in jsonl.read_text().splitlines()]
+    assert len(lines) == 4
+    # the seeded sample is the same in both runs, and substitutions travel with the entries
+    sub = [e for e in lines if e["substitutions"]]
+    for e in sub:
+        assert e["task_id"] == "a2" and e["substitutions"][0]["file"] == "tests/test.sh"
+    # report-only rebuilds the same figures without running anything
+    n = len(calls)
+    again = await hc.run_compat(_args(tmp_path, *base, "--report-only"))
+    assert len(calls) == n and again["summary"] == doc["summary"]
