@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plot": ("trainer.plot_cli", "plot a run's reward curve"),
     "bench": ("bench.cli", "benchmarks (sandbox, pool, step, sessions)"),
     "reap": ("sandboxes.reaper_cli", "remove orphaned sandboxes"),
+    "images": ("sandboxes.images_cli", "build and list the offline stand-in images"),
 }
 
 

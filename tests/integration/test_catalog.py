@@ -29,7 +29,16 @@ from tasks.models import TaskSpec
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "tasks"
-IMAGE_MAP = {"ubuntu:24.04": "sandgym/terminal:latest"}
+# The fixtures' verifiers run `python3 -m pytest` with pytest already in the image (the real
+# t-bench images, and so their stand-ins, have none): map them onto the terminal image.
+IMAGE_MAP = {
+    name: "sandgym/terminal:latest"
+    for name in (
+        "ubuntu:24.04",
+        "ghcr.io/laude-institute/t-bench/python-3-13:20250620",
+        "ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624",
+    )
+}
 
 
 def terminal_catalog() -> list[TaskSpec]:

@@ -1,0 +1,685 @@
+"""Offline stand-ins for the public base images task Dockerfiles start `FROM`.
+
+With no container registry reachable, `FROM python:3.13-slim-bookworm` or `FROM
+ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624` cannot build. This module builds, from
+the Debian bases that `images/bootstrap-base.sh` makes with debootstrap, one local image per
+public image family that behaves like it as far as this machine allows, and tags the public
+names onto it only when no registry answers for them:
+
+* `debian:*` / `ubuntu:*`: a plain Debian minbase (apt's defaults unchanged, none of sandgym's
+  extra packages). No Ubuntu mirror is reachable, so `ubuntu:24.04` stands on Debian trixie and
+  `ubuntu:22.04` on bookworm (the Debian releases nearest in glibc, gcc and Python); packages
+  that exist only in Ubuntu, or versions pinned to Ubuntu's, still fail there.
+* `python:3.X-slim*`: CPython 3.X as `python`, `python3`, `pip`, `pip3` on PATH (in
+  /usr/local/bin, like the official images), headers for C extensions, `pip install` without
+  `--break-system-packages`. 3.13 comes from Debian trixie, 3.11 from bookworm; 3.12 is in
+  neither and no reachable registry ships a CPython build, so it gets no alias (`UNAVAILABLE`).
+* Terminal-Bench's `t-bench/python-3-13` and `t-bench/ubuntu-24-04`: the python/ubuntu
+  stand-in plus `tmux` and `asciinema`, as the real images are.
+
+Every stand-in carries the labels `sandgym.stand-in-for` (the public names, comma-separated)
+and `sandgym.stand-in-from` (what it really is), so `sandgym images list` reads back from the
+engine what stands in for what. A public name is never tagged over an image that is not ours.
+
+The docker SDK is imported where it is used; everything above `DockerImages` is pure and
+unit-tested.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import logging
+import os
+import subprocess
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+LABEL_STANDIN_FOR = "sandgym.stand-in-for"
+LABEL_STANDIN_FROM = "sandgym.stand-in-from"
+#: the Python version a python stand-in promises (checked after each build)
+LABEL_PYTHON = "sandgym.stand-in-python"
+#: hash of the recipe (Dockerfile text and labels): a changed recipe rebuilds the image
+LABEL_RECIPE = "sandgym.recipe"
+#: id of the image it was built FROM: a rebuilt base rebuilds the stand-in
+LABEL_BUILT_FROM = "sandgym.built-from"
+
+#: set by every version of images/bootstrap-base.sh on the base it imports; no official image has it
+BASE_ENV_MARKER = "PIP_CERT=/etc/ssl/certs/ca-certificates.crt"
+
+BASE_BOOKWORM = "sandgym/base:bookworm"
+BASE_TRIXIE = "sandgym/base:trixie"
+TERMINAL_IMAGE = "sandgym/terminal:latest"
+DESKTOP_IMAGE = "sandgym/desktop:latest"
+ENVSERVER_IMAGE = "sandgym/envserver:latest"
+
+REPO = Path(__file__).resolve().parents[1]
+BOOTSTRAP_SCRIPT = REPO / "images" / "bootstrap-base.sh"
+
+#: `sandgym images build --aliases`: auto = tag only names no registry answers for
+ALIAS_MODES = ("auto", "always", "never")
+
+# An alias's status in `images list` / `images build`.
+ALIAS = "alias"  # the public name is tagged onto its stand-in here
+REAL = "real"  # an image that is not ours holds the name: kept, never overwritten
+PULLABLE = "pullable"  # a registry answers for the name: the real image is used, no alias
+ABSENT = "absent"  # nothing holds the name (stand-in not built, or aliases off)
+STALE = "stale"  # ours, but pointing at another image than its stand-in (build fixes it)
+REMOVED = "removed"  # an alias of ours was untagged (registry reachable, or aliases off)
+
+
+@dataclass(frozen=True)
+class StandIn:
+    """One local image standing in for a family of public images."""
+
+    image: str  # our tag
+    base: str  # what it is built FROM
+    aliases: tuple[str, ...]  # the public names it stands in for
+    really: str  # what it really is, in words (label sandgym.stand-in-from)
+    run: tuple[str, ...] = ()  # Dockerfile lines after FROM
+    python: str | None = None  # "3.13": `python --version` must say so
+
+    def dockerfile(self) -> str:
+        return "\n".join([f"FROM {self.base}", *self.run]) + "\n"
+
+    def labels(self) -> dict[str, str]:
+        """The labels that identify it; `LABEL_RECIPE` hashes them with the Dockerfile."""
+        labels = {LABEL_STANDIN_FOR: ",".join(self.aliases), LABEL_STANDIN_FROM: self.really}
+        if self.python:
+            labels[LABEL_PYTHON] = self.python
+        return labels
+
+    def recipe(self) -> str:
+        text = self.dockerfile() + json.dumps(self.labels(), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """Public names no stand-in can be made for here: they get no alias, and the list says why."""
+
+    aliases: tuple[str, ...]
+    reason: str
+
+
+def _python_run(version: str) -> tuple[str, ...]:
+    """CPython `version` from Debian's packages, laid out like the official python:*-slim
+    images: python/python3/pip/pip3 in /usr/local/bin, headers (python3-dev) present, no gcc,
+    no PEP 668 marker (so `pip install` works as root without --break-system-packages)."""
+    links = " && ".join(
+        f"ln -sf {target} /usr/local/bin/{name}"
+        for name, target in (
+            (f"python{version}", f"/usr/bin/python{version}"),
+            ("python3", f"/usr/bin/python{version}"),
+            ("python", f"/usr/bin/python{version}"),
+            (f"python{version}-config", f"/usr/bin/python{version}-config"),
+            ("python3-config", f"/usr/bin/python{version}-config"),
+            ("python-config", f"/usr/bin/python{version}-config"),
+            ("pip", "/usr/bin/pip3"),
+            ("pip3", "/usr/bin/pip3"),
+            (f"pip{version}", "/usr/bin/pip3"),
+        )
+    )
+    return (
+        # Our own apt line may skip recommends (python3-pip recommends the whole gcc toolchain,
+        # which the official slim images do not carry); the image's apt defaults stay Debian's.
+        "RUN apt-get update"
+        " && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends"
+        f" python{version} python{version}-venv python{version}-dev"
+        " python3-pip python3-venv python3-dev"
+        " && rm -rf /var/lib/apt/lists/*"
+        f" && rm -f /usr/lib/python{version}/EXTERNALLY-MANAGED"
+        f" && {links}",
+        "ENV PIP_DISABLE_PIP_VERSION_CHECK=1",
+        'CMD ["python3"]',
+    )
+
+
+#: Terminal-Bench's base images are the python/ubuntu image plus these (installed with apt's
+#: defaults, as their Dockerfiles do).
+TBENCH_RUN = (
+    "RUN apt-get update"
+    " && DEBIAN_FRONTEND=noninteractive apt-get install -y tmux asciinema"
+    " && rm -rf /var/lib/apt/lists/*",
+)
+
+_TRIXIE = "Debian 13 (trixie) minbase made with debootstrap, plus the host's CA bundle"
+_BOOKWORM = "Debian 12 (bookworm) minbase made with debootstrap, plus the host's CA bundle"
+_NOT_UBUNTU = (
+    "; NOT Ubuntu (no Ubuntu mirror is reachable): the nearest Debian release, so "
+    "Ubuntu-only packages and versions pinned to Ubuntu's fail"
+)
+
+#: The one table of stand-ins and the public names they answer to. Order = build order (an
+#: entry may be built FROM an earlier one).
+STANDINS: tuple[StandIn, ...] = (
+    StandIn(
+        image="sandgym/standin:debian-bookworm",
+        base=BASE_BOOKWORM,
+        aliases=("debian:bookworm", "debian:bookworm-slim", "debian:12", "debian:12-slim"),
+        really=_BOOKWORM,
+    ),
+    StandIn(
+        image="sandgym/standin:debian-trixie",
+        base=BASE_TRIXIE,
+        aliases=("debian:trixie", "debian:trixie-slim", "debian:13", "debian:13-slim"),
+        really=_TRIXIE,
+    ),
+    StandIn(
+        image="sandgym/standin:ubuntu-24.04",
+        base=BASE_TRIXIE,
+        aliases=("ubuntu:24.04", "ubuntu:noble"),
+        really=_TRIXIE + _NOT_UBUNTU + " (24.04 has glibc 2.39, gcc 13, python3.12; trixie "
+        "2.41, 14, 3.13)",
+    ),
+    StandIn(
+        image="sandgym/standin:ubuntu-22.04",
+        base=BASE_BOOKWORM,
+        aliases=("ubuntu:22.04", "ubuntu:jammy"),
+        really=_BOOKWORM + _NOT_UBUNTU + " (22.04 has glibc 2.35, gcc 11, python3.10; bookworm "
+        "2.36, 12, 3.11)",
+    ),
+    StandIn(
+        image="sandgym/standin:python-3.13",
+        base=BASE_TRIXIE,
+        aliases=(
+            "python:3.13-slim",
+            "python:3.13-slim-trixie",
+            "python:3.13-slim-bookworm",
+        ),
+        really=_TRIXIE + ", with Debian's CPython 3.13 (python3.13, pip, venv, headers) "
+        "as python/python3/pip in /usr/local/bin; the OS is trixie even for -bookworm",
+        run=_python_run("3.13"),
+        python="3.13",
+    ),
+    StandIn(
+        image="sandgym/standin:python-3.11",
+        base=BASE_BOOKWORM,
+        aliases=("python:3.11-slim", "python:3.11-slim-bookworm"),
+        really=_BOOKWORM + ", with Debian's CPython 3.11 (python3.11, pip, venv, headers) "
+        "as python/python3/pip in /usr/local/bin",
+        run=_python_run("3.11"),
+        python="3.11",
+    ),
+    StandIn(
+        image="sandgym/standin:tbench-python-3-13",
+        base="sandgym/standin:python-3.13",
+        aliases=(
+            "ghcr.io/laude-institute/t-bench/python-3-13:20250620",
+            "ghcr.io/laude-institute/t-bench/python-3-13:latest",
+        ),
+        really="the python:3.13-slim stand-in (Debian trixie, CPython 3.13) plus tmux and "
+        "asciinema, as Terminal-Bench's image is",
+        run=TBENCH_RUN,
+        python="3.13",
+    ),
+    StandIn(
+        image="sandgym/standin:tbench-ubuntu-24-04",
+        base="sandgym/standin:ubuntu-24.04",
+        aliases=(
+            "ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624",
+            "ghcr.io/laude-institute/t-bench/ubuntu-24-04:latest",
+        ),
+        really="the ubuntu:24.04 stand-in (Debian trixie, NOT Ubuntu) plus tmux and asciinema "
+        "(which brings Debian's python3), as Terminal-Bench's image is",
+        run=TBENCH_RUN,
+    ),
+)
+
+UNAVAILABLE: tuple[Unavailable, ...] = (
+    Unavailable(
+        aliases=(
+            "python:3.12-slim",
+            "python:3.12-slim-bookworm",
+            "python:3.12-slim-trixie",
+        ),
+        reason="no CPython 3.12 can be made offline: Debian bookworm has 3.11, trixie 3.13, "
+        "and no reachable package registry ships a CPython 3.12 build (npm's portable-python "
+        "downloads it from GitHub at install time); map such tasks yourself, e.g. "
+        "--image-map python:3.12-slim-bookworm=python:3.13-slim",
+    ),
+)
+
+#: sandgym's own images (not stand-ins), shown by `images list`
+OWN_IMAGES = (BASE_BOOKWORM, BASE_TRIXIE, TERMINAL_IMAGE, DESKTOP_IMAGE, ENVSERVER_IMAGE)
+
+
+def standin_for(name: str) -> StandIn | None:
+    """The stand-in whose aliases include `name` (a public image name), if any."""
+    for s in STANDINS:
+        if name in s.aliases:
+            return s
+    return None
+
+
+def registry_of(name: str) -> str:
+    """The registry host a reference is pulled from (`docker.io` for Docker Hub names)."""
+    first, _, rest = name.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return first
+    return "docker.io"
+
+
+# -- what the engine holds ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """What `list`/`build` need of one local image."""
+
+    id: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    tags: tuple[str, ...] = ()
+    env: tuple[str, ...] = ()
+
+    @property
+    def is_standin(self) -> bool:
+        return LABEL_STANDIN_FOR in self.labels
+
+    @property
+    def is_ours(self) -> bool:
+        """A stand-in, one of sandgym's own images, or an image made on sandgym's base (older
+        sandgym versions tagged public names straight onto sandgym/terminal:latest, without
+        labels; once that was rebuilt, only the base's environment tells them apart)."""
+        return (
+            self.is_standin
+            or any(t.startswith("sandgym/") for t in self.tags)
+            or BASE_ENV_MARKER in self.env
+        )
+
+
+def alias_status(
+    alias: str,
+    standin_id: str | None,
+    holder: ImageInfo | None,
+    registry_answers: bool | None,
+) -> str:
+    """The status of one public name: `holder` is the local image under that name (None if
+    none), `standin_id` the id of its stand-in (None if not built), `registry_answers` whether
+    a registry answers for it (None: not probed)."""
+    if holder is not None and not holder.is_ours:
+        return REAL
+    if holder is not None:
+        return ALIAS if standin_id is not None and holder.id == standin_id else STALE
+    if registry_answers:
+        return PULLABLE
+    return ABSENT
+
+
+@dataclass(frozen=True)
+class AliasAction:
+    alias: str
+    action: str  # "tag", "untag", "keep", "none"
+    status: str  # the status after the action (ALIAS, REAL, PULLABLE, ABSENT, REMOVED)
+
+
+def plan_alias(
+    alias: str,
+    standin_id: str | None,
+    holder: ImageInfo | None,
+    registry_answers: bool,
+    mode: str = "auto",
+) -> AliasAction:
+    """What `build` does with one public name. Never touches a name held by an image that is
+    not ours; tags the stand-in only when no registry answers (mode auto) or always; removes an
+    alias of ours when a registry answers (auto) or aliases are off (never)."""
+    if mode not in ALIAS_MODES:
+        raise ValueError(f"alias mode {mode!r} (expected one of {', '.join(ALIAS_MODES)})")
+    if holder is not None and not holder.is_ours:
+        return AliasAction(alias, "keep", REAL)
+    want = standin_id is not None and (
+        mode == "always" or (mode == "auto" and not registry_answers)
+    )
+    if want:
+        if holder is not None and holder.id == standin_id:
+            return AliasAction(alias, "keep", ALIAS)
+        return AliasAction(alias, "tag", ALIAS)
+    after = PULLABLE if registry_answers else ABSENT
+    if holder is not None:
+        return AliasAction(alias, "untag", REMOVED if after == ABSENT else after)
+    return AliasAction(alias, "none", after)
+
+
+def needs_build(standin: StandIn, current: ImageInfo | None, base_id: str | None) -> bool:
+    """A stand-in is rebuilt when it is missing, its recipe changed, or its base was rebuilt."""
+    if current is None:
+        return True
+    if current.labels.get(LABEL_RECIPE) != standin.recipe():
+        return True
+    return base_id is not None and current.labels.get(LABEL_BUILT_FROM) != base_id
+
+
+def list_report(
+    images: Mapping[str, ImageInfo | None], registries: Mapping[str, bool] | None = None
+) -> dict[str, Any]:
+    """The document of `sandgym images list --json`. `images` maps every name of interest
+    (own images, stand-ins, aliases) to what the engine holds under it (None: nothing)."""
+    registries = registries or {}
+    standins = []
+    for s in STANDINS:
+        cur = images.get(s.image)
+        sid = cur.id if cur is not None and cur.is_standin else None
+        standins.append(
+            {
+                "image": s.image,
+                "present": sid is not None,
+                "id": sid,
+                "stands_in_for": list(s.aliases),
+                "really": s.really,
+                "python": s.python,
+                "aliases": [
+                    {
+                        "name": a,
+                        "status": alias_status(
+                            a, sid, images.get(a), registries.get(registry_of(a))
+                        ),
+                    }
+                    for a in s.aliases
+                ],
+            }
+        )
+    return {
+        "stand_ins": standins,
+        "unavailable": [
+            {
+                "names": list(u.aliases),
+                "reason": u.reason,
+                "status": [
+                    {"name": a, "status": _unavailable_status(images.get(a))} for a in u.aliases
+                ],
+            }
+            for u in UNAVAILABLE
+        ],
+        "own": [{"image": n, "present": images.get(n) is not None} for n in OWN_IMAGES],
+        "registries": dict(registries),
+    }
+
+
+def _unavailable_status(holder: ImageInfo | None) -> str:
+    """A name with no stand-in: held by a real image, or by an old alias of ours, or by none."""
+    if holder is None:
+        return ABSENT
+    return STALE if holder.is_ours else REAL
+
+
+def format_list(doc: Mapping[str, Any]) -> str:
+    """`sandgym images list` without --json: one block per stand-in."""
+    lines: list[str] = []
+    for s in doc["stand_ins"]:
+        state = "built" if s["present"] else "not built (sandgym images build)"
+        lines.append(f"{s['image']}  [{state}]")
+        lines.append(f"    is: {s['really']}")
+        for a in s["aliases"]:
+            lines.append(f"    {a['status']:<8} {a['name']}")
+    for u in doc["unavailable"]:
+        lines.append("no stand-in: " + ", ".join(u["names"]))
+        lines.append(f"    why: {u['reason']}")
+        for a in u["status"]:
+            if a["status"] != ABSENT:
+                lines.append(f"    {a['status']:<8} {a['name']}")
+    own = ", ".join(f"{o['image']}{'' if o['present'] else ' (absent)'}" for o in doc["own"])
+    lines.append(f"sandgym images: {own}")
+    lines.append(
+        f"status: {ALIAS} = tagged onto the stand-in here; {REAL} = an image not ours holds the "
+        f"name (kept); {PULLABLE} = a registry answers (no alias); {ABSENT} = nothing local; "
+        f"{STALE} = an old alias of ours (build fixes it)"
+    )
+    return "\n".join(lines)
+
+
+# -- the engine -----------------------------------------------------------------------------
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+class DockerImages:
+    """The engine side: inspect, build, tag. Uses the docker SDK (imported here, lazily)."""
+
+    def __init__(self, client: Any = None, timeout: int = 900) -> None:
+        if client is None:
+            import docker
+
+            client = docker.from_env(timeout=timeout)
+        self.client = client
+
+    def info(self, name: str) -> ImageInfo | None:
+        import docker.errors
+
+        try:
+            attrs = self.client.api.inspect_image(name)
+        except docker.errors.ImageNotFound:
+            return None
+        except docker.errors.APIError as exc:
+            if getattr(exc, "status_code", None) == 404:
+                return None
+            raise
+        config = attrs.get("Config") or {}
+        return ImageInfo(
+            id=attrs["Id"],
+            labels=dict(config.get("Labels") or {}),
+            tags=tuple(attrs.get("RepoTags") or ()),
+            env=tuple(config.get("Env") or ()),
+        )
+
+    def infos(self, names: Iterable[str]) -> dict[str, ImageInfo | None]:
+        return {n: self.info(n) for n in names}
+
+    def registry_answers(self, name: str) -> bool:
+        """Whether a registry answers for `name` (a manifest look-up, nothing pulled). With
+        no registry reachable the engine fails at once (DNS or connect)."""
+        try:
+            self.client.api.inspect_distribution(name)
+            return True
+        except Exception as exc:
+            log.debug("registry probe %s: %s", name, exc)
+            return False
+
+    def probe_registries(self, names: Iterable[str]) -> dict[str, bool]:
+        """One probe per registry host, with the first name seen of that host."""
+        first: dict[str, str] = {}
+        for n in names:
+            first.setdefault(registry_of(n), n)
+        return {host: self.registry_answers(n) for host, n in first.items()}
+
+    def build(self, standin: StandIn, on_line: Callable[[str], None] | None = None) -> str:
+        """Build `standin` (classic builder, Dockerfile-only context); returns the image id."""
+        base = self.info(standin.base)
+        if base is None:
+            raise BuildError(f"{standin.image}: its base {standin.base} is missing")
+        labels = {**standin.labels(), LABEL_RECIPE: standin.recipe(), LABEL_BUILT_FROM: base.id}
+        tail: list[str] = []
+        stream = self.client.api.build(
+            fileobj=io.BytesIO(standin.dockerfile().encode()),
+            tag=standin.image,
+            labels=labels,
+            rm=True,
+            forcerm=True,
+            pull=False,
+            decode=True,
+        )
+        for chunk in stream:
+            if "error" in chunk:
+                raise BuildError(
+                    f"{standin.image}: {chunk['error'].strip()}\n" + "".join(tail[-30:])
+                )
+            text = chunk.get("stream")
+            if text:
+                tail.append(text)
+                if on_line is not None:
+                    on_line(text.rstrip("\n"))
+        built = self.info(standin.image)
+        if built is None:
+            raise BuildError(f"{standin.image}: build ended without an image")
+        if standin.python:
+            self.check_python(standin)
+        return built.id
+
+    def check_python(self, standin: StandIn) -> None:
+        """`python --version` in the built image must name the version its tag promises."""
+        out = self.client.containers.run(
+            standin.image,
+            ["sh", "-c", "python --version && python3 --version && pip --version"],
+            remove=True,
+            network_disabled=True,
+        ).decode()
+        want = f"Python {standin.python}."
+        lines = out.splitlines()
+        if len(lines) < 3 or not all(ln.startswith(want) for ln in lines[:2]):
+            raise BuildError(f"{standin.image}: expected {want}x, the image says {out!r}")
+
+    def tag(self, image: str, alias: str) -> None:
+        repo, _, tag = alias.rpartition(":")
+        if not repo or "/" in tag:
+            repo, tag = alias, "latest"
+        self.client.api.tag(image, repo, tag, force=True)
+
+    def untag(self, alias: str) -> None:
+        # An image with other tags left only loses this one (noprune keeps its layers anyway).
+        self.client.api.remove_image(alias, noprune=True)
+
+
+def run_bootstrap(args: list[str], log_path: Path) -> None:
+    """images/bootstrap-base.sh with `args`; its log goes to `log_path`."""
+    with open(log_path, "ab") as fh:
+        proc = subprocess.run(
+            ["bash", str(BOOTSTRAP_SCRIPT), *args], stdout=fh, stderr=subprocess.STDOUT
+        )
+    if proc.returncode != 0:
+        tail = log_path.read_text(errors="replace").splitlines()[-20:]
+        raise BuildError(
+            f"images/bootstrap-base.sh {' '.join(args)} failed ({proc.returncode}); "
+            f"log {log_path}:\n" + "\n".join(tail)
+        )
+
+
+@dataclass
+class BuildStep:
+    name: str
+    run: Callable[[], str]  # returns what happened: "built", "kept", ...
+
+
+def alias_mode_default() -> str:
+    """`SANDGYM_STANDIN_ALIASES` = auto (default) | always | never."""
+    mode = os.environ.get("SANDGYM_STANDIN_ALIASES", "auto")
+    return mode if mode in ALIAS_MODES else "auto"
+
+
+def select_standins(only: Iterable[str] | None) -> list[StandIn]:
+    """The stand-ins named in `only` (by our tag or by a public name), with the stand-ins they
+    are built FROM; all of them when `only` is empty."""
+    wanted = list(only or ())
+    if not wanted:
+        return list(STANDINS)
+    by_image = {s.image: s for s in STANDINS}
+    chosen: set[str] = set()
+    for name in wanted:
+        s = by_image.get(name) or standin_for(name)
+        if s is None:
+            known = ", ".join(s.image for s in STANDINS)
+            raise ValueError(f"no stand-in for {name!r} (stand-ins: {known})")
+        while s is not None:
+            chosen.add(s.image)
+            s = by_image.get(s.base)
+    return [s for s in STANDINS if s.image in chosen]
+
+
+def build_plan(
+    engine: DockerImages,
+    *,
+    only: Iterable[str] | None = None,
+    force: bool = False,
+    desktop: bool = False,
+    envserver: bool = False,
+    aliases: str = "auto",
+    log_path: Path = Path("/tmp/sandgym-images.log"),
+    on_line: Callable[[str], None] | None = None,
+) -> tuple[list[BuildStep], dict[str, Any]]:
+    """The steps of `sandgym images build` (run them in order; each returns what it did) and
+    the report they fill in: `{"steps":[{"name","result"}], "aliases":[{"name","image",
+    "status"}], "registries":{host: bool}}`."""
+    if aliases not in ALIAS_MODES:
+        raise ValueError(f"aliases={aliases!r} (expected one of {', '.join(ALIAS_MODES)})")
+    chosen = select_standins(only)
+    report: dict[str, Any] = {"steps": [], "aliases": [], "registries": {}}
+    force_args = ["--force"] if force else []
+    steps: list[BuildStep] = []
+
+    def bootstrap(args: list[str]) -> str:
+        run_bootstrap([*force_args, *args], log_path)
+        return "done"
+
+    own = (
+        [TERMINAL_IMAGE]
+        + ([DESKTOP_IMAGE] if desktop else [])
+        + ([ENVSERVER_IMAGE] if envserver else [])
+    )
+    extra = (["--desktop"] if desktop else []) + (["--envserver"] if envserver else [])
+
+    def own_images() -> str:
+        return bootstrap(extra)
+
+    def trixie_base() -> str:
+        return bootstrap(["--suite", "trixie"])
+
+    steps.append(BuildStep(f"{BASE_BOOKWORM} + " + " + ".join(own), own_images))
+    if any(_root_base(s) == BASE_TRIXIE for s in chosen):
+        steps.append(BuildStep(BASE_TRIXIE, trixie_base))
+
+    def build_one(s: StandIn) -> str:
+        base = engine.info(s.base)
+        if not force and not needs_build(s, engine.info(s.image), base.id if base else None):
+            return "kept"
+        engine.build(s, on_line=on_line)
+        return "built"
+
+    for s in chosen:
+        steps.append(BuildStep(s.image, functools.partial(build_one, s)))
+
+    def do_aliases() -> str:
+        names = [a for s in chosen for a in s.aliases] + [a for u in UNAVAILABLE for a in u.aliases]
+        registries = engine.probe_registries(names) if aliases == "auto" else {}
+        report["registries"] = registries
+        changed = 0
+        for s in chosen:
+            cur = engine.info(s.image)
+            sid = cur.id if cur is not None else None
+            for a in s.aliases:
+                act = plan_alias(
+                    a, sid, engine.info(a), registries.get(registry_of(a), False), aliases
+                )
+                if act.action == "tag":
+                    engine.tag(s.image, a)
+                elif act.action == "untag":
+                    engine.untag(a)
+                changed += act.action in ("tag", "untag")
+                report["aliases"].append({"name": a, "image": s.image, "status": act.status})
+        # Names with no stand-in: an alias an older sandgym made there goes.
+        for u in UNAVAILABLE:
+            for a in u.aliases:
+                holder = engine.info(a)
+                if holder is not None and holder.is_ours:
+                    engine.untag(a)
+                    changed += 1
+                    status = REMOVED
+                else:
+                    status = REAL if holder is not None else ABSENT
+                report["aliases"].append({"name": a, "image": None, "status": status})
+        return f"{changed} changed"
+
+    steps.append(BuildStep(f"aliases ({aliases})", do_aliases))
+    return steps, report
+
+
+def _root_base(s: StandIn) -> str:
+    by_image = {x.image: x for x in STANDINS}
+    while s.base in by_image:
+        s = by_image[s.base]
+    return s.base
