@@ -218,6 +218,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tasks-dir)",
     )
     parser.add_argument(
+        "--unavailable-dataset",
+        action="append",
+        default=[],
+        metavar="NAME=WHY",
+        help="a dataset that was asked for but could not be had here, and why (recorded)",
+    )
+    parser.add_argument(
         "--prune-images",
         action="store_true",
         help="remove each sandgym/ctx image this run built once its task is done",
@@ -808,6 +815,10 @@ def build_document(
         "reason_meanings": REASONS,
         "pruned_images": pruned,
         "datasets": datasets,
+        "datasets_unavailable": [
+            {"name": n, "why": w}
+            for n, _, w in (x.partition("=") for x in args.unavailable_dataset)
+        ],
     }
 
 
