@@ -1,4 +1,4 @@
-"""The websocket wire protocol (version 1): every message the client and the server exchange.
+"""The websocket wire protocol (version 1.1): every message the client and the server exchange.
 
 Client and server share only this module. It imports nothing else of sandgym, so the client side
 (`envserver.client`, `envserver.gym_env`, the trainer) never loads server code.
@@ -277,6 +277,26 @@ class ObservationReply(_Wire):
     resume_token: str
     observation: Observation
     info: dict[str, Any] = Field(default_factory=dict)
+
+
+class TaskStepInfo(BaseModel):
+    """`info.step` of a `submit` reply in a multi-step task (protocol 1.1): the step just
+    scored. While steps remain the reply has `terminated: false`, `reward` 0.0 and the next
+    step's instruction as its observation's `output` (`next` names that step); the last step,
+    or a failed `min_reward` gate (`stopped` says which key), ends the episode with the task's
+    aggregate as `reward` (`aggregate`: `mean` of the steps' rewards, or the `final` one's).
+    The reply's action count is then `info.actions`."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    index: int = Field(description="0-based")
+    count: int
+    reward: float = Field(description="this step's reward")
+    rewards: list[float] = Field(description="every step's reward so far, this one included")
+    next: dict[str, Any] | None = None
+    stopped: str | None = None
+    aggregate: Literal["mean", "final"] | None = None
 
 
 class StepResultReply(_Wire):

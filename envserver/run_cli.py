@@ -39,6 +39,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the record as one JSON document")
 
 
+def oracle_step_actions(task: Any) -> list[list[dict[str, Any]]]:
+    """The oracle's actions for each step, in order (one list for a single-step task): each
+    step's own solution, else the task's; the caller submits after each list."""
+    if not task.steps:
+        return [oracle_actions(task)]
+    return [
+        oracle_actions(
+            task.model_copy(update={"solution": step.solution, "id": f"{task.id}:{step.name}"})
+        )
+        for step in task.steps
+    ]
+
+
 def oracle_actions(task: Any) -> list[dict[str, Any]]:
     """The actions that replay `task`'s reference solution (then the caller submits)."""
     sol = task.solution
@@ -75,8 +88,14 @@ def oracle_actions(task: Any) -> list[dict[str, Any]]:
 
 
 async def play(
-    url: str, task_id: str, actions: list[dict[str, Any]], seed: int | None, token: str | None
+    url: str,
+    task_id: str,
+    actions: list[list[dict[str, Any]]],
+    seed: int | None,
+    token: str | None,
 ) -> dict[str, Any]:
+    """One episode: each list of `actions` then a submit, until the episode ends (a
+    multi-step task's steps each get theirs; a no-op agent's lists are empty)."""
     from envserver.client import AsyncEnvClient, EnvError
 
     record: dict[str, Any] = {"task_id": task_id, "seed": seed, "steps": [], "error": None}
@@ -86,14 +105,19 @@ async def play(
             obs, info = await env.reset(task_id, seed=seed)
             record.update(instruction=obs["output"], reset_info=info)
             res = None
-            for action in [*actions, {"kind": "submit"}]:
-                res = await env.step(action)
-                record["steps"].append(
-                    {"action": action, "observation": res.observation, "info": res.info}
-                )
-                if res.terminated or res.truncated:
+            for step_actions in actions:
+                for action in [*step_actions, {"kind": "submit"}]:
+                    res = await env.step(action)
+                    record["steps"].append(
+                        {"action": action, "observation": res.observation, "info": res.info}
+                    )
+                    if res.terminated or res.truncated:
+                        break
+                if res is not None and (res.terminated or res.truncated):
                     break
             assert res is not None
+            if isinstance(res.info.get("step"), dict):  # a multi-step task's step rewards
+                record["step_rewards"] = res.info["step"]["rewards"]
             record.update(reward=res.reward, terminated=res.terminated, truncated=res.truncated)
     except EnvError as exc:
         record.update(reward=None, error={"code": exc.code, "message": exc.message})
@@ -107,7 +131,8 @@ def run(args: argparse.Namespace) -> int:
 
     registry = TaskRegistry(args.tasks)
     task = registry.get(args.task)
-    actions = oracle_actions(task) if args.agent == "oracle" else []
+    n_steps = max(1, len(task.steps))
+    actions = oracle_step_actions(task) if args.agent == "oracle" else [[]] * n_steps
     if args.server:
         record = asyncio.run(play(args.server, args.task, actions, args.seed, args.token))
         record["server"] = args.server

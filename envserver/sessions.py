@@ -45,6 +45,7 @@ from envserver.protocol import (
     StepMsg,
     StepResultReply,
     SubmitAction,
+    TaskStepInfo,
 )
 from envserver.settings import ServerSettings
 from sandboxes import Sandbox, SandboxBackend, get_backend
@@ -334,33 +335,49 @@ class EnvService:
         info: dict[str, Any] = {}
         t0 = time.perf_counter()
         if isinstance(action, SubmitAction):
-            from tasks.runtime import run_verifier
+            from tasks.runtime import score_step
 
+            done = True
             try:
-                result = await run_verifier(
+                result, outcome = await score_step(
                     s.task,
                     s.sandbox,
                     s.setup,
                     stop_agent_processes=self.settings.verifier_stop_agent_processes,
                 )
+                done = outcome.done
             finally:
                 verifier_s = time.perf_counter() - t0
-                await self._end(s, "submit")
+                if done:  # (also when scoring failed: the episode cannot go on)
+                    await self._end(s, "submit")
             self.metrics.latency_by_kind["submit"].observe(verifier_s)
             self.metrics.steps.inc()
+            info = {
+                "step": s.steps + 1,
+                "elapsed_s": time.monotonic() - s.started,
+                "verifier_s": verifier_s,
+                "verifier_duration_s": result.duration_s,
+                "verifier_output": _tail(result.output or ""),
+                "from_pool": s.sandbox.from_pool,
+            }
+            if outcome.step is not None:
+                # A multi-step task (protocol 1.1): info.step is the step just scored (name,
+                # index, count, reward, rewards so far); the action count moves to `actions`.
+                info["actions"] = info["step"]
+                info["step"] = TaskStepInfo(**outcome.step).model_dump(exclude_none=True)
+            if not done:  # the next step's instruction; the episode goes on
+                s.steps += 1
+                obs = Observation(output=outcome.instruction or "")
+                s.last_observation = obs
+                return StepResultReply(
+                    request_id=msg.request_id, observation=obs, reward=0.0, info=info
+                )
             return StepResultReply(
                 request_id=msg.request_id,
-                observation=Observation(output=f"[sandgym: submitted; reward {result.reward:g}]\n"),
-                reward=float(result.reward),
+                observation=Observation(output=f"[sandgym: submitted; reward {outcome.reward:g}]\n"),
+                reward=float(outcome.reward),
                 terminated=True,
-                info={
-                    "step": s.steps + 1,
-                    "elapsed_s": time.monotonic() - s.started,
-                    "verifier_s": verifier_s,
-                    "verifier_duration_s": result.duration_s,
-                    "verifier_output": _tail(result.output or ""),
-                    "from_pool": s.sandbox.from_pool,
-                },
+                info=info,
             )
         timeout_s = settings.default_action_timeout_s
         if isinstance(action, CommandAction) and action.timeout_s is not None:

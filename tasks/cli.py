@@ -39,8 +39,8 @@ from tasks.runtime import (
     parse_image_map,
     prepare_episode,
     run_oracle,
-    run_verifier,
     sandbox_spec_for,
+    score_step,
 )
 
 log = logging.getLogger(__name__)
@@ -269,30 +269,35 @@ async def check_task(
         try:
             sandbox = await backend.create(spec)
             setup = await prepare_episode(task, sandbox, seed)
-            if phase == "oracle":
-                res = await run_oracle(task, sandbox, setup)
-                if detail:
-                    entry["oracle_exit_code"] = res.exit_code
-                    out = (res.stdout or "") + (res.stderr or "")
-                    entry["oracle_output"] = out[-DETAIL_CHARS:]
-                if res.exit_code != 0:
-                    log.warning(
-                        "task %s: oracle exited %s: %s",
-                        task.id,
-                        res.exit_code,
-                        (res.stderr or res.stdout)[-500:],
-                    )
-            result = await run_verifier(task, sandbox, setup)
-            entry[f"{phase}_reward"] = result.reward
+            while True:  # once, or once per step of a multi-step task
+                if phase == "oracle":
+                    res = await run_oracle(task, sandbox, setup)
+                    if detail:
+                        entry["oracle_exit_code"] = res.exit_code
+                        out = (res.stdout or "") + (res.stderr or "")
+                        entry["oracle_output"] = out[-DETAIL_CHARS:]
+                    if res.exit_code != 0:
+                        log.warning(
+                            "task %s: oracle exited %s: %s",
+                            task.id,
+                            res.exit_code,
+                            (res.stderr or res.stdout)[-500:],
+                        )
+                result, outcome = await score_step(task, sandbox, setup)
+                if outcome.done:
+                    break
+            if outcome.step is not None:
+                entry[f"{phase}_step_rewards"] = outcome.step["rewards"]
+            entry[f"{phase}_reward"] = outcome.reward
             if detail:
                 entry[f"{phase}_verifier_output"] = result.output[-DETAIL_CHARS:]
             expected = 1.0 if phase == "oracle" else 0.0
-            if result.reward != expected:
+            if outcome.reward != expected:
                 log.warning(
                     "task %s: %s reward %s (expected %s); verifier output:\n%s",
                     task.id,
                     phase,
-                    result.reward,
+                    outcome.reward,
                     expected,
                     result.output[-1500:],
                 )

@@ -128,6 +128,33 @@ class GeneratorSpec(_Frozen):
     timeout_s: float = Field(60.0, description="time limit of one generation")
 
 
+class StepSpec(_Frozen):
+    """One step of a Harbor multi-step task (`[[steps]]`, `steps/<name>/`): its own
+    instruction, files, set-up, tests and solution, walked in order in the same sandbox."""
+
+    name: str = Field(description="the step's directory name under steps/")
+    instruction: str = Field(description="steps/<name>/instruction.md")
+    workdir_dir: Path | None = Field(
+        None, description="steps/<name>/workdir/: copied into the workdir before the step"
+    )
+    has_setup: bool = Field(False, description="workdir/setup.sh exists: run before the step")
+    verifier: VerifierSpec = Field(description="the step's tests (its own tests/ over the task's)")
+    tests_overlay: Path | None = Field(
+        None, description="steps/<name>/tests/: copied over the task's tests/ for this step"
+    )
+    solution: SolutionSpec | None = Field(None, description="its solve.sh, else the task's")
+    min_reward: dict[str, float] | None = Field(
+        None, description="gate: any key below its threshold (or missing) ends the episode"
+    )
+    agent_timeout_s: float | None = Field(None, description="None = the task's")
+    verifier_timeout_s: float | None = Field(None, description="None = the task's")
+    agent_network: NetworkPolicy | None = Field(None, description="None = the task's agent's")
+    verifier_network: NetworkPolicy | None = Field(
+        None, description="None = the task's verifier's"
+    )
+    agent_user: str | None = Field(None, description="None = the task's agent user")
+
+
 class NetworkPlan(_Frozen):
     """The network policy of each phase of an episode (see `sandboxes.network`)."""
 
@@ -186,19 +213,35 @@ class TaskSpec(_Frozen):
     input_files: dict[str, str] = Field(
         default_factory=dict, description="sandbox path -> text, uploaded at prepare (LIS)"
     )
+    steps: tuple[StepSpec, ...] = Field(
+        (), description="Harbor multi-step tasks: the steps in order (empty: one step)"
+    )
+    multi_step_reward: Literal["mean", "final"] = Field(
+        "mean", description="the episode's reward from its steps' (Harbor's strategy)"
+    )
     source_format: SourceFormat
     source_dir: Path | None = Field(None, description="where it was loaded from")
     metadata: dict[str, Any] = Field(default_factory=dict)
 
-    def network_plan(self) -> NetworkPlan:
-        """The network of each phase, as Harbor resolves it: a phase's own policy, else the
-        environment's."""
+    def network_plan(self, step: StepSpec | None = None) -> NetworkPlan:
+        """The network of each phase, as Harbor resolves it: the step's own policy, else the
+        task's phase's, else the environment's."""
         base = self.environment.network
         return NetworkPlan(
             environment=base,
-            agent=self.agent_network or base,
-            verifier=self.verifier_network or base,
+            agent=(step.agent_network if step else None) or self.agent_network or base,
+            verifier=(step.verifier_network if step else None) or self.verifier_network or base,
         )
+
+    def network_policies(self) -> list[NetworkPolicy]:
+        """Every policy some phase of some step may run under, the environment's first."""
+        plans = [self.network_plan(st) for st in self.steps] or [self.network_plan()]
+        out = [plans[0].environment]
+        for plan in plans:
+            for p in (plan.agent, plan.verifier):
+                if p not in out:
+                    out.append(p)
+        return out
 
     @property
     def procedural(self) -> bool:

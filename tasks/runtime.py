@@ -34,12 +34,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes import ExecResult, Sandbox, SandboxError, SandboxFileNotFoundError, SandboxSpec
 from sandboxes.desktop import start_task_desktop
-from sandboxes.network import NetworkPolicy
+from sandboxes.network import NetworkPolicy, clamp
 from tasks import private_verify
 from tasks.dockerfile import CopyStep, Dockerfile, MkdirStep, RunStep, parse_dockerfile
 from tasks.errors import TaskError, TaskLoadError, TaskUnsupportedError, VerifierError
 from tasks.heredoc import has_heredoc, rewrite_heredocs
-from tasks.models import NetworkPlan, TaskSpec
+from tasks.models import NetworkPlan, StepSpec, TaskSpec
 from tasks.verifier import (
     DEFAULT_REWARD_RANGE,
     answer_reward,
@@ -77,6 +77,11 @@ class EpisodeSetup(BaseModel):
     )
     network: NetworkPlan | None = Field(
         None, description="each phase's network (after the server's clamp); info.network"
+    )
+    network_ceiling: NetworkPolicy | None = Field(None, description="the server's clamp")
+    step_index: int = Field(0, description="multi-step tasks: the step being played")
+    step_rewards: list[float] = Field(
+        default_factory=list, description="multi-step tasks: the rewards of the steps scored"
     )
 
 
@@ -253,8 +258,8 @@ def sandbox_spec_for(
     workdir = env.workdir or (df.workdir if df else None) or DEFAULT_WORKDIR
     task_env = resolve_env_templates(env.env, f"task {task.id}: environment.env")
     spec_env = {**(df.env if df else {}), **task_env}
-    plan = task.network_plan().clamp(network_ceiling)
-    later = tuple(dict.fromkeys(p for p in (plan.agent, plan.verifier) if p != plan.environment))
+    policies = [clamp(p, network_ceiling) for p in task.network_policies()]
+    later = tuple(dict.fromkeys(p for p in policies[1:] if p != policies[0]))
     return SandboxSpec(
         image=image,
         build_context=build_context,
@@ -264,7 +269,7 @@ def sandbox_spec_for(
         cpus=env.cpus,
         memory_mb=env.memory_mb,
         storage_mb=env.storage_mb,
-        network=plan.environment,
+        network=policies[0],
         network_later=later,
         user=task.agent_user,
         labels={"sandgym.task": task.id[:63]},
@@ -384,10 +389,13 @@ async def prepare_episode(
         secret["expected"] = await _run_generator(task, sandbox, seed)
     # Desktop tasks: the display, window manager and the task's app are part of the instance.
     desktop = await start_task_desktop(sandbox, task.metadata, user=task.agent_user)
-    plan = task.network_plan().clamp(network_ceiling)
+    first = task.steps[0] if task.steps else None
+    if first is not None:
+        await _begin_step(task, sandbox, first)
+    plan = task.network_plan(first).clamp(network_ceiling)
     await sandbox.set_network(plan.agent)
     return EpisodeSetup(
-        instruction=task.instruction,
+        instruction=first.instruction if first is not None else task.instruction,
         seed=seed,
         secret=secret,
         workdir=sandbox.spec.workdir,
@@ -395,6 +403,7 @@ async def prepare_episode(
         duration_s=time.perf_counter() - start,
         desktop=desktop,
         network=plan,
+        network_ceiling=network_ceiling,
     )
 
 
@@ -446,6 +455,7 @@ async def run_verifier(
     then kills all of it first (every process but the sandbox's init), at the price of tasks
     whose tests need a service the agent started."""
     start = time.perf_counter()
+    task = await asyncio.to_thread(step_view, task, setup)
     v = task.verifier
     if v.kind == "answer":
         assert v.answer is not None
@@ -621,12 +631,169 @@ def _score(
     )
 
 
+# -- multi-step tasks ---------------------------------------------------------------------------
+
+
+class StepOutcome(BaseModel):
+    """What scoring one step means for the episode (`finish_step`)."""
+
+    done: bool = Field(description="the episode is over (last step, or a failed gate)")
+    reward: float = Field(description="done: the episode's reward; else 0.0")
+    instruction: str | None = Field(None, description="not done: the next step's instruction")
+    step: dict[str, Any] | None = Field(
+        None, description="multi-step: info.step (name, index, count, reward, rewards, ...)"
+    )
+
+
+def current_step(task: TaskSpec, setup: EpisodeSetup) -> StepSpec | None:
+    return task.steps[setup.step_index] if task.steps else None
+
+
+def step_view(task: TaskSpec, setup: EpisodeSetup) -> TaskSpec:
+    """The task as its current step sees it: the step's tests (its tests/ over the task's),
+    solution, timeouts and user. A single-step task is itself. (Thread: may copy files.)"""
+    step = current_step(task, setup)
+    if step is None:
+        return task
+    verifier = step.verifier
+    if step.tests_overlay is not None:
+        verifier = verifier.model_copy(
+            update={"tests_dir": _merged_tests(task.id, verifier.tests_dir, step.tests_overlay)}
+        )
+    timeouts = task.timeouts.model_copy(
+        update={
+            k: v
+            for k, v in (
+                ("agent_timeout_s", step.agent_timeout_s),
+                ("verifier_timeout_s", step.verifier_timeout_s),
+            )
+            if v is not None
+        }
+    )
+    return task.model_copy(
+        update={
+            "verifier": verifier,
+            "solution": step.solution,
+            "timeouts": timeouts,
+            "agent_user": step.agent_user or task.agent_user,
+            "instruction": step.instruction,
+        }
+    )
+
+
+def _merged_tests(task_id: str, shared: Path | None, overlay: Path) -> Path:
+    """A directory holding the task's tests/ with the step's tests/ copied over it, as Harbor
+    uploads them; cached by content."""
+    from sandboxes.spec import hash_directory
+
+    key = (hash_directory(shared) if shared else "") + hash_directory(overlay)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("SANDGYM_CACHE", Path.home() / ".cache" / "sandgym"))
+    dest = cache / "step-tests" / f"{task_id.replace('/', '_')}-{digest}"
+    if not dest.exists():
+        tmp = dest.with_name(dest.name + f".tmp{uuid.uuid4().hex[:6]}")
+        if shared is not None:
+            shutil.copytree(shared, tmp, symlinks=True)
+        shutil.copytree(overlay, tmp, symlinks=True, dirs_exist_ok=True)
+        try:
+            tmp.rename(dest)
+        except OSError:  # a concurrent caller won the race; theirs is identical
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+async def _begin_step(task: TaskSpec, sandbox: Sandbox, step: StepSpec) -> None:
+    """Before a step's agent: its workdir/ files into the workdir, then its setup.sh (as Harbor
+    runs them: `bash <workdir>/setup.sh`, as the step's agent user)."""
+    workdir = sandbox.spec.workdir
+    if step.workdir_dir is not None:
+        await sandbox.upload(step.workdir_dir, workdir)
+    if step.has_setup:
+        res = await sandbox.exec(
+            ["bash", posixpath.join(workdir, "setup.sh")],
+            timeout_s=task.timeouts.build_timeout_s,
+            cwd=workdir,
+            user=step.agent_user or task.agent_user,
+        )
+        if res.exit_code != 0:
+            raise TaskError(
+                f"task {task.id}: step {step.name!r}: setup.sh failed (exit {res.exit_code}, "
+                f"timed_out={res.timed_out}): {(res.stderr or res.stdout)[-1500:]}"
+            )
+
+
+def _gate_failure(step: StepSpec, result: VerifierResult) -> str | None:
+    """Why the step's `min_reward` gate stops the episode, or None (Harbor: a key missing
+    from the step's rewards counts as -inf)."""
+    if step.min_reward is None:
+        return None
+    rewards = result.details.get("rewards") or {"reward": result.reward}
+    for key, threshold in step.min_reward.items():
+        value = rewards.get(key, float("-inf"))
+        if not isinstance(value, int | float) or value < threshold:
+            return f"{key}={value} below min_reward {threshold}"
+    return None
+
+
+async def finish_step(
+    task: TaskSpec, sandbox: Sandbox, setup: EpisodeSetup, result: VerifierResult
+) -> StepOutcome:
+    """Record the current step's verifier result and move on: the episode ends after the last
+    step or a failed `min_reward` gate, with Harbor's aggregate (`mean` of the steps scored, or
+    the `final` one's); otherwise the next step's files and set-up are applied, its agent
+    network switched on, and its instruction returned."""
+    step = current_step(task, setup)
+    if step is None:
+        return StepOutcome(done=True, reward=result.reward)
+    setup.step_rewards.append(result.reward)
+    index = setup.step_index
+    gate = _gate_failure(step, result)
+    last = index + 1 >= len(task.steps)
+    done = last or gate is not None
+    info: dict[str, Any] = {
+        "name": step.name,
+        "index": index,
+        "count": len(task.steps),
+        "reward": result.reward,
+        "rewards": list(setup.step_rewards),
+    }
+    if gate is not None:
+        info["stopped"] = f"min_reward: {gate}"
+    if done:
+        rewards = setup.step_rewards
+        total = rewards[-1] if task.multi_step_reward == "final" else sum(rewards) / len(rewards)
+        info["aggregate"] = task.multi_step_reward
+        return StepOutcome(done=True, reward=total, step=info)
+    nxt = task.steps[index + 1]
+    if not sandbox.supports_private_exec:  # the step's tests were in the agent's file system
+        await _check(
+            sandbox, f"rm -rf {TESTS_DIR} {VERIFIER_LOGS}", "removing the last step's tests"
+        )
+    await _begin_step(task, sandbox, nxt)
+    setup.step_index = index + 1
+    setup.network = task.network_plan(nxt).clamp(setup.network_ceiling)
+    await sandbox.set_network(setup.network.agent)
+    setup.instruction = nxt.instruction
+    info["next"] = {"name": nxt.name, "index": index + 1}
+    return StepOutcome(done=False, reward=0.0, instruction=nxt.instruction, step=info)
+
+
+async def score_step(
+    task: TaskSpec, sandbox: Sandbox, setup: EpisodeSetup, **verifier_kw: Any
+) -> tuple[VerifierResult, StepOutcome]:
+    """`run_verifier` then `finish_step`: what a `submit` does."""
+    result = await run_verifier(task, sandbox, setup, **verifier_kw)
+    return result, await finish_step(task, sandbox, setup, result)
+
+
 # -- oracle -------------------------------------------------------------------------------------
 
 
 async def run_oracle(task: TaskSpec, sandbox: Sandbox, setup: EpisodeSetup) -> ExecResult:
     """Run the task's reference solution: `solve.sh`/`solution.sh` as the agent user, or replay
-    `solution.yaml` keystrokes through the sandbox's shell."""
+    `solution.yaml` keystrokes through the sandbox's shell. A multi-step task's oracle is the
+    current step's solution (its own, else the task's)."""
+    task = await asyncio.to_thread(step_view, task, setup)
     sol = task.solution
     if sol is None and task.verifier.answer is not None:
         # An answer task's oracle knows the ground truth: writing it checks the whole path

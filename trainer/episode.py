@@ -102,6 +102,8 @@ class Episode:
     started_at: float = field(default_factory=time.time)
     #: the task's instruction as the server sent it at reset (judges and harnesses read it)
     instruction: str = ""
+    #: a multi-step task's reward per step scored, in order (the server's `info.step.rewards`)
+    step_rewards: list[float] = field(default_factory=list)
 
     @property
     def reward(self) -> float:

@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 #: wire error codes that end an episode with a termination reason of that name (whether it is
 #: masked or scored 0 is `Episode.is_infra_failure`)
 INFRA_CODES = frozenset({"sandbox_lost", "action_timeout", "verifier_error"})
+#: the most steps a multi-step task may have before an episode's closing submits give up
+MAX_TASK_STEPS = 1000
 
 
 def classify_failure(exc: BaseException) -> str:
@@ -153,6 +155,18 @@ class EpisodeRunner:
                 raise
         raise AssertionError("unreachable")
 
+    async def _submit_to_the_end(self, client: Any, episode: Episode, traj: Trajectory) -> Any:
+        """Submit until the episode ends: once, or once per step left of a multi-step task
+        (a bounded loop: the server ends the episode after its last step)."""
+        for _ in range(MAX_TASK_STEPS):
+            t = time.monotonic()
+            res = await client.step({"kind": "submit"})
+            traj.steps.append(_env_step([], {"kind": "submit"}, res, time.monotonic() - t))
+            _record_step_rewards(episode, res)
+            if res.terminated or res.truncated:
+                return res
+        raise RuntimeError(f"the episode did not end after {MAX_TASK_STEPS} submits")
+
     async def _play(
         self, client: Any, episode: Episode, traj: Trajectory, params: SamplingParams
     ) -> None:
@@ -165,9 +179,7 @@ class EpisodeRunner:
                 res = await client.step(action)
                 traj.steps.append(_env_step([], action, res, time.monotonic() - t))
         if isinstance(self.agent, NoopAgent | OracleAgent) or self.engine is None:
-            t = time.monotonic()
-            res = await client.step({"kind": "submit"})
-            traj.steps.append(_env_step([], {"kind": "submit"}, res, time.monotonic() - t))
+            res = await self._submit_to_the_end(client, episode, traj)
             traj.reward = float(res.reward)
             episode.termination = "submitted"
             return
@@ -201,6 +213,7 @@ class EpisodeRunner:
             step.action = action
             t = time.monotonic()
             res = await client.step(action)
+            _record_step_rewards(episode, res)
             step.env_s = time.monotonic() - t
             step.observation = _as_dict(res.observation)
             step.reward, step.done = float(res.reward), bool(res.terminated or res.truncated)
@@ -213,13 +226,18 @@ class EpisodeRunner:
                 break
             conv.add_user(format_observation(step.observation, settings.max_observation_chars))
         # the turn limit (or a command-then-submit reply): submit so the verifier scores it
-        t = time.monotonic()
-        res = await client.step({"kind": "submit"})
-        traj.steps.append(_env_step([], {"kind": "submit"}, res, time.monotonic() - t))
+        # (every step left of a multi-step task is scored as the agent left it)
+        res = await self._submit_to_the_end(client, episode, traj)
         traj.reward = float(res.reward)
         episode.termination = (
             ("submitted" if submit_next else "turn_limit") if res.terminated else "env_truncated"
         )
+
+
+def _record_step_rewards(episode: Episode, res: Any) -> None:
+    step = (getattr(res, "info", None) or {}).get("step")
+    if isinstance(step, dict) and isinstance(step.get("rewards"), list):
+        episode.step_rewards = [float(r) for r in step["rewards"]]
 
 
 def _as_dict(obs: Any) -> dict[str, Any]:

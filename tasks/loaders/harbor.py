@@ -16,6 +16,7 @@ names its generator with `generator = "environment/generate.py"` (see `Generator
 from __future__ import annotations
 
 import logging
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from tasks.models import (
     GeneratorSpec,
     SolutionSpec,
     SourceFormat,
+    StepSpec,
     TaskSpec,
     TimeoutsSpec,
     VerifierSpec,
@@ -47,6 +49,9 @@ _KNOWN_TOP = {
     "solution",
     "source",
     "task",  # schema 1.1: name, description, authors, keywords
+    "steps",
+    "multi_step_reward_strategy",
+    "artifacts",
 }
 
 
@@ -107,6 +112,99 @@ def _baseline_network(env: dict[str, Any], where: Path) -> NetworkPolicy:
     return NetworkPolicy.from_bool(allow)
 
 
+_STEP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_STEP_KEYS = {"name", "agent", "verifier", "min_reward", "healthcheck", "artifacts"}
+
+
+def _min_reward(value: Any, where: str) -> dict[str, float] | None:
+    """Harbor's gate: a float gates on 'reward'; a table on each of its keys."""
+    if value is None:
+        return None
+    if isinstance(value, dict):
+        return {str(k): as_float(v, f"{where}.{k}") for k, v in value.items()}
+    return {"reward": as_float(value, where)}
+
+
+def _load_step(
+    path: Path,
+    toml_path: Path,
+    index: int,
+    raw: Any,
+    task_verifier_env: dict[str, str],
+    task_solution: SolutionSpec | None,
+) -> StepSpec:
+    where = f"{toml_path}: [[steps]] #{index + 1}"
+    if not isinstance(raw, dict):
+        raise TaskLoadError(f"{where}: expected a table, found {raw!r}")
+    name = raw.get("name")
+    if not isinstance(name, str) or not _STEP_NAME.match(name) or ".." in name:
+        raise TaskLoadError(
+            f"{where}: name must be a directory name (letters, digits, '.', '_', '-'), "
+            f"found {name!r}"
+        )
+    unknown = set(raw) - _STEP_KEYS
+    if unknown:
+        log.debug("%s: ignoring unknown step keys %s", where, sorted(unknown))
+    if raw.get("healthcheck") is not None:
+        log.debug("%s: step healthchecks are not run yet", where)
+    step_dir = path / "steps" / name
+    if not step_dir.is_dir():
+        raise TaskLoadError(f"{where}: expected the folder steps/{name}/, found none")
+    instruction = read_text(step_dir / "instruction.md", f"steps/{name}/instruction.md")
+    if not instruction.strip():
+        raise TaskLoadError(f"{step_dir / 'instruction.md'}: the instruction is empty")
+    agent = raw.get("agent") or {}
+    verifier = raw.get("verifier") or {}
+    if not isinstance(agent, dict) or not isinstance(verifier, dict):
+        raise TaskLoadError(f"{where}: [steps.agent] and [steps.verifier] must be tables")
+    overlay = step_dir / "tests"
+    shared = path / "tests"
+    script = overlay / "test.sh" if (overlay / "test.sh").is_file() else shared / "test.sh"
+    if not script.is_file():
+        raise TaskLoadError(
+            f"{where}: expected steps/{name}/tests/test.sh or tests/test.sh, found neither"
+        )
+    step_verifier = VerifierSpec(
+        kind="harbor",
+        tests_dir=shared if shared.is_dir() else None,
+        script="test.sh",
+        script_path=script,
+        env={**task_verifier_env, **str_dict(verifier.get("env"), f"steps.{name}.verifier.env")},
+    )
+    solve = step_dir / "solution" / "solve.sh"
+    solution = task_solution
+    if solve.is_file():
+        solution = SolutionSpec(
+            script=solve,
+            upload_dir=step_dir / "solution",
+            env=task_solution.env if task_solution else {},
+        )
+    workdir = step_dir / "workdir"
+    return StepSpec(
+        name=name,
+        instruction=instruction,
+        workdir_dir=workdir if workdir.is_dir() else None,
+        has_setup=(workdir / "setup.sh").is_file(),
+        verifier=step_verifier,
+        tests_overlay=overlay if overlay.is_dir() else None,
+        solution=solution,
+        min_reward=_min_reward(raw.get("min_reward"), f"steps.{name}.min_reward"),
+        agent_timeout_s=(
+            as_float(agent["timeout_sec"], f"steps.{name}.agent.timeout_sec")
+            if "timeout_sec" in agent
+            else None
+        ),
+        verifier_timeout_s=(
+            as_float(verifier["timeout_sec"], f"steps.{name}.verifier.timeout_sec")
+            if "timeout_sec" in verifier
+            else None
+        ),
+        agent_network=_phase_network(agent, f"steps.{name}.agent", toml_path),
+        verifier_network=_phase_network(verifier, f"steps.{name}.verifier", toml_path),
+        agent_user=str(agent["user"]) if agent.get("user") else None,
+    )
+
+
 def load_harbor_dir(path: Path, source_format: SourceFormat = "harbor") -> TaskSpec:
     toml_path = path / "task.toml"
     try:
@@ -126,18 +224,20 @@ def load_harbor_dir(path: Path, source_format: SourceFormat = "harbor") -> TaskS
     env = _table(data, "environment", toml_path)
     solution = _table(data, "solution", toml_path)
 
-    if data.get("steps") or ((path / "steps").is_dir() and not (path / "instruction.md").exists()):
-        # Harbor multi-step tasks: each steps/<name>/ carries its own instruction, tests and
-        # solution, scored per `multi_step_reward_strategy`. One TaskSpec holds one of each.
+    raw_steps = data.get("steps")
+    if raw_steps is None and (path / "steps").is_dir() and not (path / "instruction.md").exists():
         raise TaskLoadError(
-            f"{path}: a multi-step Harbor task ([[steps]] in task.toml, steps/<name>/ folders) "
-            "is not supported: expected one instruction.md, tests/test.sh and solution at the "
-            "top level"
+            f"{path}: expected [[steps]] in task.toml for the steps/ folders (a multi-step "
+            "task), or an instruction.md (a single-step one); found neither"
         )
+    if raw_steps is not None and (not isinstance(raw_steps, list) or not raw_steps):
+        raise TaskLoadError(f"{toml_path}: [[steps]] must be a non-empty array of tables")
     task_table = _table(data, "task", toml_path)
-    instruction = read_text(path / "instruction.md", "instruction.md")
-    if not instruction.strip():
-        raise TaskLoadError(f"{path / 'instruction.md'}: the instruction is empty")
+    instruction = ""
+    if raw_steps is None or (path / "instruction.md").exists():
+        instruction = read_text(path / "instruction.md", "instruction.md")
+        if not instruction.strip():
+            raise TaskLoadError(f"{path / 'instruction.md'}: the instruction is empty")
 
     memory_mb: int | None = 2048
     if "memory_mb" in env:
@@ -177,15 +277,18 @@ def load_harbor_dir(path: Path, source_format: SourceFormat = "harbor") -> TaskS
 
     tests_dir = path / "tests"
     test_sh = tests_dir / "test.sh"
-    if not test_sh.is_file():
+    verifier_env = str_dict(verifier.get("env"), "verifier.env")
+    verifier_spec = None
+    if test_sh.is_file():
+        verifier_spec = VerifierSpec(
+            kind="harbor",
+            tests_dir=tests_dir,
+            script="test.sh",
+            script_path=test_sh,
+            env=verifier_env,
+        )
+    elif raw_steps is None:
         raise TaskLoadError(f"{path}: expected tests/test.sh (the verifier), found no such file")
-    verifier_spec = VerifierSpec(
-        kind="harbor",
-        tests_dir=tests_dir,
-        script="test.sh",
-        script_path=test_sh,
-        env=str_dict(verifier.get("env"), "verifier.env"),
-    )
 
     solve = path / "solution" / "solve.sh"
     solution_spec = None
@@ -195,6 +298,25 @@ def load_harbor_dir(path: Path, source_format: SourceFormat = "harbor") -> TaskS
             upload_dir=path / "solution",
             env=str_dict(solution.get("env"), "solution.env"),
         )
+
+    steps: tuple[StepSpec, ...] = ()
+    if raw_steps is not None:
+        steps = tuple(
+            _load_step(path, toml_path, i, raw, verifier_env, solution_spec)
+            for i, raw in enumerate(raw_steps)
+        )
+        names = [st.name for st in steps]
+        if len(set(names)) != len(names):
+            raise TaskLoadError(f"{toml_path}: step names must be unique, found {names}")
+        instruction = instruction or steps[0].instruction
+        verifier_spec = steps[0].verifier
+    strategy = data.get("multi_step_reward_strategy") or "mean"
+    if strategy not in ("mean", "final"):
+        raise TaskLoadError(
+            f"{toml_path}: multi_step_reward_strategy must be 'mean' or 'final', "
+            f"found {strategy!r}"
+        )
+    assert verifier_spec is not None
 
     generator = None
     gen = metadata.get("generator")
@@ -218,6 +340,8 @@ def load_harbor_dir(path: Path, source_format: SourceFormat = "harbor") -> TaskS
         agent_user=agent.get("user") or None,
         verifier_user=str(verifier.get("user") or "root"),
         generator=generator,
+        steps=steps,
+        multi_step_reward=strategy,
         source_format=source_format,
         source_dir=path,
         metadata={
