@@ -29,6 +29,7 @@ from sandboxes.errors import (
     NetworkPolicyUnsupportedError,
     SandboxClosedError,
     SandboxError,
+    SandboxGroupUnsupportedError,
     SandboxPathError,
 )
 from sandboxes.network import NetworkPolicy
@@ -224,6 +225,15 @@ class SandboxBackend(abc.ABC):
             raise NetworkPolicyUnsupportedError(
                 f"the {self.name} backend cannot switch a sandbox's network between phases "
                 f"({[p.describe() for p in spec.network_policies]})"
+            )
+
+    def check_services(self, spec: SandboxSpec) -> None:
+        """Raise SandboxGroupUnsupportedError when `spec` asks for services beside the sandbox
+        (a multi-container group) and this backend cannot run one: all but docker."""
+        if spec.services:
+            raise SandboxGroupUnsupportedError(
+                f"the {self.name} backend cannot run a multi-container environment (services "
+                f"{[s.name for s in spec.services]} beside the main one); use docker"
             )
 
     async def reap(self, only_expired: bool = True) -> list[str]:

@@ -78,6 +78,14 @@ from sandboxes.base import (
     normalize_sandbox_path,
 )
 from sandboxes.cgroups import CPU_PERIOD_US
+from sandboxes.docker_group import (
+    LABEL_GROUP_OF,
+    DockerGroup,
+    owned_group_ids,
+    reap_group_networks,
+    remove_group,
+    wait_docker_health,
+)
 from sandboxes.egress import EgressProxy, proxy_env
 from sandboxes.errors import (
     BackendUnavailableError,
@@ -393,6 +401,7 @@ class DockerSandbox(Sandbox):
         self._bridge_dir: Path | None = None  # set by DockerBackend.create
         self._on_bridge = False  # attached to the engine's bridge network now
         self._proxy: EgressProxy | None = None  # the allowlist's egress proxy
+        self._group: DockerGroup | None = None  # the services beside it (docker_group)
         self.max_output_bytes = backend.max_output_bytes  # per stream, exec and shell
         self._shell: Any = None  # sandboxes.shell.PexpectShell, started on first use
         self._shell_lock = asyncio.Lock()
@@ -501,6 +510,8 @@ class DockerSandbox(Sandbox):
                 await self._proxy.close()
         # Shielded: a cancelled episode must still not leak its container.
         await asyncio.shield(self._backend._remove_container(self.container_id))
+        if self._group is not None:
+            await asyncio.shield(self._group.remove())
         if self._bridge_dir is not None:
             await asyncio.to_thread(_remove_bridge_dir, self._bridge_dir)
 
@@ -1364,8 +1375,13 @@ class DockerBackend(SandboxBackend):
         (attached and detached per phase), the others loopback only, an allowlist with its
         proxy in the container's namespace (which needs the engine's host: checked at create)."""
 
+    def check_services(self, spec: SandboxSpec) -> None:
+        """Any group: the services run beside the sandbox (`sandboxes.docker_group`)."""
+
     async def create(self, spec: SandboxSpec) -> DockerSandbox:
         import docker.errors
+
+        from sandboxes.health import ensure_healthy
 
         await self.ensure_available()
         image = await self.image_for(spec)
@@ -1377,20 +1393,26 @@ class DockerBackend(SandboxBackend):
         if spec.storage_mb and self._storage_opt_ok is not False:
             image_mb = await asyncio.to_thread(self._quota_image_mb, image)
         self.check_network(spec)
+        group = DockerGroup(self, spec, sandbox_id, labels) if spec.services else None
         host: dict[str, Any] = dict(
             # A sandbox that is public in some phase starts on the bridge and is disconnected
             # from it for its restricted phases (a container made with `none` can never join
-            # a network); one that never is public has loopback only, from the start.
-            network_mode="bridge" if spec.ever_public else "none",
+            # a network); one that never is public has loopback only, from the start. One
+            # with services is on its group's network in every phase (docker_group).
+            network_mode=group.network
+            if group is not None
+            else ("bridge" if spec.ever_public else "none"),
             binds={str(bridge_dir): {"bind": BRIDGE_MOUNT, "mode": "ro"}},
             **self._confinement(spec, image_mb),
         )
         api = self._client().api
         pids: dict[str, int] = {}
+        has_health: set[str] = set()  # containers whose image has a HEALTHCHECK
 
         def create_and_start() -> str:
             # Low-level calls: create + start (+ one inspect, for the fast liveness check).
             _make_bridge_dir(bridge_dir)
+            extra = group.main_create_kwargs() if group is not None else {}
             resp = api.create_container(
                 image,
                 entrypoint=["/bin/sh", "-c", MAIN_BOOT, HELPER_SCRIPT],
@@ -1401,14 +1423,22 @@ class DockerBackend(SandboxBackend):
                 environment={**(proxy_env() if spec.needs_proxy else {}), **spec.env},
                 working_dir=spec.workdir,  # Docker creates it when missing
                 host_config=api.create_host_config(**host),
+                **extra,
             )
+            if group is not None and spec.ever_public:
+                api.connect_container_to_network(resp["Id"], "bridge")
             api.start(resp["Id"])
             container_id: str = resp["Id"]
             with contextlib.suppress(Exception):
-                pids[container_id] = int(api.inspect_container(container_id)["State"]["Pid"])
+                state = api.inspect_container(container_id)["State"]
+                pids[container_id] = int(state["Pid"])
+                if state.get("Health") is not None:
+                    has_health.add(container_id)
             return container_id
 
         try:
+            if group is not None:
+                await group.start()
             try:
                 container_id = await asyncio.to_thread(create_and_start)
             except docker.errors.APIError as exc:
@@ -1443,6 +1473,8 @@ class DockerBackend(SandboxBackend):
         except BaseException:
             # Cancelled or failed mid-create: the container may exist already; do not leak it.
             await asyncio.shield(self._remove_container(sandbox_id))
+            if group is not None:
+                await asyncio.shield(group.remove())
             await asyncio.shield(asyncio.to_thread(_remove_bridge_dir, bridge_dir))
             raise
         if "storage_opt" in host and self._storage_opt_ok is None:
@@ -1459,11 +1491,15 @@ class DockerBackend(SandboxBackend):
         sb._bridge_dir = bridge_dir
         sb._watch_host_pid(pids.get(container_id))
         sb._on_bridge = spec.ever_public
+        sb._group = group
         try:
             await sb._start_network(pids.get(container_id))
+            if container_id in has_health:  # the image's HEALTHCHECK: Docker's own status
+                await wait_docker_health(api, container_id, f"sandbox {sandbox_id}")
         except BaseException:
             await asyncio.shield(sb.close())
             raise
+        await ensure_healthy(sb)  # spec.healthcheck (Harbor's), run inside; closes on failure
         return sb
 
     async def _remove_container(self, ref: str) -> None:
@@ -1496,11 +1532,16 @@ class DockerBackend(SandboxBackend):
             all=True,
             filters={"label": [f"{LABEL_MANAGED}=1", f"{LABEL_OWNER}={self.owner_id}"]},
         )
-        return [
-            (c.get("Names") or [c["Id"]])[0].lstrip("/")
+        ids = [
+            # a service container stands for its group's sandbox (docker_group)
+            (c.get("Labels") or {}).get(LABEL_GROUP_OF)
+            or (c.get("Names") or [c["Id"]])[0].lstrip("/")
             for c in found
             if LABEL_VERIFIER_OF not in (c.get("Labels") or {})  # a verify's, removed by it
         ]
+        owner = [f"{LABEL_MANAGED}=1", f"{LABEL_OWNER}={self.owner_id}"]
+        ids += await asyncio.to_thread(owned_group_ids, api, owner)
+        return list(dict.fromkeys(i for i in ids if i))
 
     async def remove_sandbox(self, sandbox_id: str) -> None:
         """Remove container `sandbox_id` and its bridge directory; only a container labelled
@@ -1508,9 +1549,11 @@ class DockerBackend(SandboxBackend):
         import docker.errors
 
         api = (await asyncio.to_thread(self._client)).api
+        owner = {LABEL_MANAGED: "1", LABEL_OWNER: self.owner_id}
         try:
             info = await asyncio.to_thread(api.inspect_container, sandbox_id)
         except docker.errors.NotFound:
+            await asyncio.to_thread(remove_group, api, sandbox_id, owner)  # a group's rest
             return
         labels = (info.get("Config") or {}).get("Labels") or {}
         if labels.get(LABEL_MANAGED) != "1" or labels.get(LABEL_OWNER) != self.owner_id:
@@ -1519,6 +1562,7 @@ class DockerBackend(SandboxBackend):
                 f", found {LABEL_OWNER}={labels.get(LABEL_OWNER)!r}: not removing it"
             )
         await self._remove_container(info["Id"])
+        await asyncio.to_thread(remove_group, api, sandbox_id, owner)
         bridge = labels.get(LABEL_BRIDGE_DIR)
         if bridge and Path(bridge).name == sandbox_id:  # only ever a directory named for it
             await asyncio.to_thread(_remove_bridge_dir, Path(bridge))
@@ -1576,6 +1620,13 @@ class DockerBackend(SandboxBackend):
                 bridge = labels.get(LABEL_BRIDGE_DIR)
                 if bridge and Path(bridge).name == name:  # only ever a directory named for it
                     await asyncio.to_thread(_remove_bridge_dir, Path(bridge))
+        await asyncio.to_thread(
+            reap_group_networks,
+            self._client().api,
+            lambda labels: should_reap(labels, owner_id=owner_id, everything=everything),
+            removed,
+            errors,
+        )
         live = {(c.get("Names") or [c["Id"]])[0].lstrip("/") for c in containers} - set(removed)
         await asyncio.to_thread(_sweep_bridge_root, self.bridge_root, live)
         await self._reap_snapshots(removed, errors, owner_id=owner_id, everything=everything)

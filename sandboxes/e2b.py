@@ -726,7 +726,10 @@ class E2BBackend(SandboxBackend):
 
     # -- create / kill -----------------------------------------------------------------------
     async def create(self, spec: SandboxSpec) -> E2BSandbox:
+        from sandboxes.health import ensure_healthy
+
         self.check_network(spec)  # public or no-network, for the sandbox's whole life
+        self.check_services(spec)
         sdk, api = self.sdk, self._api()
         template = self.template_for(spec)
         sandbox_id = "sg-" + uuid.uuid4().hex[:12]
@@ -769,6 +772,7 @@ class E2BBackend(SandboxBackend):
                     f"e2b: sandbox from template {template!r} could not be prepared: {exc}"
                 ) from exc
             raise
+        await ensure_healthy(sb)
         return sb
 
     def _unavailable(self, exc: Exception) -> BackendUnavailableError | None:

@@ -49,3 +49,17 @@ class SandboxFileNotFoundError(SandboxError, FileNotFoundError):
 class NetworkPolicyUnsupportedError(SandboxError, ValueError):
     """The backend cannot enforce the network policy asked for (or the switch between two);
     the task is refused rather than run with a more open network than it declares."""
+
+
+class SandboxGroupUnsupportedError(SandboxError, ValueError):
+    """The spec asks for services beside the sandbox (a multi-container group: a compose
+    file's other services) and this backend cannot run them; the task is refused."""
+
+
+class SandboxHealthcheckError(SandboxCreateError):
+    """A healthcheck never passed (the sandbox's own, or a service's Docker health): the
+    sandbox was not handed out. `output` holds the last attempt's output."""
+
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(message)
+        self.output = output

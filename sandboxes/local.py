@@ -654,7 +654,10 @@ class LocalBackend(SandboxBackend):
             )
 
     async def create(self, spec: SandboxSpec) -> LocalSandbox:
+        from sandboxes.health import ensure_healthy
+
         self.check_network(spec)
+        self.check_services(spec)
         if spec.user not in (None, "root", "0"):
             log.debug("local backend: spec.user=%s: exec(user=...) uses setpriv", spec.user)
         sb = LocalSandbox(spec, self, "sg-" + uuid.uuid4().hex[:12])
@@ -664,6 +667,7 @@ class LocalBackend(SandboxBackend):
         except BaseException:
             await asyncio.shield(sb.close())
             raise
+        await ensure_healthy(sb)
         return sb
 
     async def owned_sandbox_ids(self) -> list[str]:

@@ -205,6 +205,9 @@ class NullBackend(SandboxBackend):
         """Any policy: nothing in a null sandbox can reach anything."""
 
     async def create(self, spec: SandboxSpec) -> NullSandbox:
+        from sandboxes.health import ensure_healthy
+
+        self.check_services(spec)
         if self.create_delay_s:
             await asyncio.sleep(self.create_delay_s)
         if self.fail_creates:
@@ -214,4 +217,5 @@ class NullBackend(SandboxBackend):
         sb = NullSandbox(spec, self)
         self.created += 1
         self.live.add(sb.id)
+        await ensure_healthy(sb)
         return sb

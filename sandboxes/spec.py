@@ -16,6 +16,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sandboxes.network import NetworkPolicy
+from sandboxes.services import HealthcheckSpec, ServiceSpec, start_order
 
 #: Output beyond this many bytes per stream is cut and marked with `TRUNCATION_MARKER`.
 DEFAULT_MAX_OUTPUT_BYTES = 1_000_000
@@ -52,6 +53,13 @@ class SandboxSpec(BaseModel):
     allow_run: bool = Field(
         False, description="local/e2b: execute Dockerfile RUN lines on the host-side rootfs"
     )
+    services: tuple[ServiceSpec, ...] = Field(
+        (), description="containers beside this one on a private network (docker only)"
+    )
+    service_name: str = Field("main", description="the name the others reach this one by")
+    healthcheck: HealthcheckSpec | None = Field(
+        None, description="must pass inside the sandbox before it is handed out"
+    )
 
     @field_validator("network", mode="before")
     @classmethod
@@ -79,6 +87,10 @@ class SandboxSpec(BaseModel):
             raise ValueError(f"workdir must be absolute, got {self.workdir!r}")
         if self.memory_mb is not None and self.memory_mb < 16:
             raise ValueError(f"memory_mb must be >= 16, got {self.memory_mb}")
+        if self.services:
+            start_order(self.services)  # names unique, dependencies known, no cycle
+            if self.service_name in {s.name for s in self.services}:
+                raise ValueError(f"service name {self.service_name!r} is the sandbox's own")
         return self
 
     def __hash__(self) -> int:  # dict fields make pydantic's frozen hash fail; hash the JSON
@@ -105,7 +117,10 @@ class SandboxSpec(BaseModel):
     def needs_hashing(self, backend: str = "") -> bool:
         """Whether `fingerprint` would read the build context now (callers move it off the
         event loop then)."""
-        return self.build_context is not None and self._remembered(backend) is None
+        contexts = self.build_context is not None or any(
+            s.build_context is not None for s in self.services
+        )
+        return contexts and self._remembered(backend) is None
 
     def _remembered(self, backend: str) -> str | None:
         """The fingerprint remembered for `backend`, if younger than FINGERPRINT_TTL_S."""
@@ -115,8 +130,13 @@ class SandboxSpec(BaseModel):
         return None
 
     def _fingerprint(self, backend: str) -> str:
-        data = self.model_dump(mode="json", exclude={"labels", "build_context"})
+        group = {"services", "service_name", "healthcheck"}
+        data = self.model_dump(mode="json", exclude={"labels", "build_context", *group})
         data["context"] = self.context_hash()
+        if self.services or self.healthcheck is not None:  # (unchanged keys without them)
+            data["services"] = [s.fingerprint_data() for s in self.services]
+            data["service_name"] = self.service_name
+            data["healthcheck"] = self.model_dump(mode="json", include={"healthcheck"})
         data["backend"] = backend
         blob = json.dumps(data, sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

@@ -74,3 +74,8 @@ class RewardOutOfRangeError(VerifierError):
 
 class TaskUnsupportedError(TaskError, RuntimeError):
     """The task cannot run on the chosen backend (e.g. a multi-stage Dockerfile on `local`)."""
+
+
+class ComposeUnsupportedError(TaskLoadError):
+    """A task's docker-compose file uses something sandgym does not run (a key, a volume, a
+    network mode); the message names the file, the service and the key."""
