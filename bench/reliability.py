@@ -306,13 +306,15 @@ IMAGE = "sandgym/terminal:latest"
 
 def write_rel_task(root: Path, name: str = REL_TASK) -> Path:
     """A Harbor task on the terminal image: reward 1 iff /app/hello.txt holds `hello`. Small
-    limits so abuse hits them fast: 256 MiB memory, 1 CPU, 64 MiB storage (file size cap)."""
+    limits so abuse hits them fast: 256 MiB memory, 1 CPU, 64 MiB storage (file size cap); no
+    network."""
     t = root / name
     (t / "tests").mkdir(parents=True, exist_ok=True)
     (t / "solution").mkdir(exist_ok=True)
     (t / "task.toml").write_text(
         'version = "1.0"\n[verifier]\ntimeout_sec = 30\n[environment]\n'
         f'docker_image = "{IMAGE}"\ncpus = 1\nmemory_mb = 256\nstorage_mb = 64\n'
+        'network_mode = "no-network"\n'  # Harbor's default is public; abuse runs offline
     )
     (t / "instruction.md").write_text("Write hello to /app/hello.txt\n")
     (t / "tests" / "test.sh").write_text(
