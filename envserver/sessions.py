@@ -204,6 +204,7 @@ class EnvService:
         # A network this backend cannot enforce refuses the task here, before any sandbox.
         if self.backend is not None:
             self.backend.check_network(spec)
+            self.backend.check_services(spec)  # a multi-container task needs docker
         self._specs[task.id] = (task, spec)
         return spec
 

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from sandboxes.network import NetworkPolicy, clamp
+from sandboxes.services import HealthcheckSpec, ServiceSpec
 
 #: How the reward is obtained (see `tasks.verifier`).
 #: harbor: the test script writes /logs/verifier/reward.json or reward.txt.
@@ -43,6 +44,13 @@ class EnvironmentSpec(_Frozen):
     env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
     workdir: str | None = Field(
         None, description="working directory; None = the Dockerfile's last WORKDIR, else /app"
+    )
+    services: tuple[ServiceSpec, ...] = Field(
+        (), description="a compose file's other services, beside the main one (docker only)"
+    )
+    service_name: str = Field("main", description="the main service's compose name")
+    healthcheck: HealthcheckSpec | None = Field(
+        None, description="Harbor [environment] healthcheck: passes before the agent starts"
     )
 
     @field_validator("network", mode="before")

@@ -274,6 +274,9 @@ def sandbox_spec_for(
         user=task.agent_user,
         labels={"sandgym.task": task.id[:63]},
         allow_run=allow_run,
+        services=env.services,
+        service_name=env.service_name,
+        healthcheck=env.healthcheck,
     )
 
 

@@ -482,3 +482,68 @@ class _Ctx:
             if isinstance(opts, dict):
                 out += [str(a) for a in opts.get("aliases") or []]
         return out
+
+
+# -- Harbor ---------------------------------------------------------------------------------------
+
+_HARBOR_HEALTH = {
+    "command": "command",
+    "interval_sec": "interval_s",
+    "timeout_sec": "timeout_s",
+    "start_period_sec": "start_period_s",
+    "start_interval_sec": "start_interval_s",
+    "retries": "retries",
+}
+
+
+def harbor_healthcheck(value: Any, where: str) -> HealthcheckSpec:
+    """Harbor's `healthcheck` table (`HealthcheckConfig`: command, interval_sec, timeout_sec,
+    start_period_sec, start_interval_sec, retries), with Harbor's defaults."""
+    if not isinstance(value, dict):
+        raise TaskLoadError(f"{where}: expected a table, found {value!r}")
+    unknown = sorted(set(value) - set(_HARBOR_HEALTH))
+    if unknown:
+        raise TaskLoadError(f"{where}: unknown keys {unknown} (expected {sorted(_HARBOR_HEALTH)})")
+    if not isinstance(value.get("command"), str):
+        raise TaskLoadError(
+            f"{where}: expected `command` as a string, found {value.get('command')!r}"
+        )
+    try:
+        return HealthcheckSpec(**{_HARBOR_HEALTH[k]: v for k, v in value.items()})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        raise TaskLoadError(f"{where}: {loc}: {err['msg']}") from None
+
+
+def harbor_environment(task_dir: Path, table: dict[str, Any], environment: Any, where: Path) -> Any:
+    """A Harbor task's `EnvironmentSpec` with what `environment/docker-compose.yaml` (main
+    service `main`) and `[environment] healthcheck` add: the services beside the main one,
+    the main service's environment (under the task's own `env`), working directory (unless
+    task.toml names one), build override and healthcheck (task.toml's wins)."""
+    update: dict[str, Any] = {}
+    if table.get("healthcheck") is not None:
+        update["healthcheck"] = harbor_healthcheck(
+            table["healthcheck"], f"{where}: [environment.healthcheck]"
+        )
+    env_dir = task_dir / "environment"
+    compose_path = find_compose(env_dir)
+    if compose_path is not None:
+        c = load_compose(
+            compose_path,
+            main="main",
+            task_dir=task_dir,
+            variables={"CONTEXT_DIR": str(env_dir)},
+        )
+        update["services"] = c.services
+        update["service_name"] = "main"
+        update["env"] = {**c.env, **environment.env}
+        if environment.workdir is None and c.workdir:
+            update["workdir"] = c.workdir
+        if c.build_context is not None:
+            update["build_context"] = c.build_context
+            update["dockerfile"] = c.dockerfile or "Dockerfile"
+            update["image"] = None
+        if "healthcheck" not in update and c.healthcheck is not None:
+            update["healthcheck"] = c.healthcheck
+    return environment.model_copy(update=update) if update else environment

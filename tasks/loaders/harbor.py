@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from sandboxes.network import NetworkPolicy
 from tasks.errors import TaskLoadError
 from tasks.loaders.common import as_float, read_text, size_to_mb, str_dict
+from tasks.loaders.compose import harbor_environment
 from tasks.models import (
     EnvironmentSpec,
     GeneratorSpec,
@@ -267,6 +268,7 @@ def load_harbor_dir(path: Path, source_format: SourceFormat = "harbor") -> TaskS
         env=str_dict(env.get("env"), "environment.env"),
         workdir=env.get("workdir"),
     )
+    environment = harbor_environment(path, env, environment, toml_path)  # compose, healthcheck
     timeouts = TimeoutsSpec(
         agent_timeout_s=as_float(agent.get("timeout_sec", 600.0), "agent.timeout_sec"),
         verifier_timeout_s=as_float(verifier.get("timeout_sec", 120.0), "verifier.timeout_sec"),

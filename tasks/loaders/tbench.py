@@ -20,7 +20,8 @@ import yaml
 
 from sandboxes.network import NetworkPolicy
 from tasks.errors import TaskLoadError
-from tasks.loaders.common import as_float, read_text, read_yaml, str_dict
+from tasks.loaders.common import as_float, read_text, read_yaml
+from tasks.loaders.compose import ComposeEnvironment, find_compose, load_compose
 from tasks.models import (
     EnvironmentSpec,
     Keystroke,
@@ -60,16 +61,12 @@ def _instruction(data: dict[str, Any], where: Path) -> str:
     )
 
 
-def _compose_client(path: Path) -> dict[str, Any]:
-    for name in ("docker-compose.yaml", "docker-compose.yml"):
-        p = path / name
-        if p.is_file():
-            services = read_yaml(p).get("services") or {}
-            client = services.get("client")
-            if not isinstance(client, dict):
-                raise TaskLoadError(f"{p}: expected a 'client' service, found {sorted(services)}")
-            return client
-    return {}
+def _compose(path: Path) -> ComposeEnvironment | None:
+    """The task's compose file (main service `client`), or None when it has none."""
+    p = find_compose(path)
+    if p is None:
+        return None
+    return load_compose(p, main="client", task_dir=path, harness_prefix="T_BENCH_")
 
 
 def _keystrokes(path: Path) -> list[Keystroke]:
@@ -105,27 +102,16 @@ def load_tbench_dir(path: Path) -> TaskSpec:
     if parser_name != "pytest":
         raise TaskLoadError(f"{yaml_path}: expected parser_name 'pytest', found {parser_name!r}")
 
-    client = _compose_client(path)
-    build = client.get("build")
+    compose = _compose(path)  # the client's build, image, environment; the other services
     context, dockerfile = path, "Dockerfile"
-    if isinstance(build, dict):
-        context = (path / str(build.get("context", "."))).resolve()
-        dockerfile = str(build.get("dockerfile", "Dockerfile"))
-    elif isinstance(build, str):
-        context = (path / build).resolve()
-    if path.resolve() != context and path.resolve() not in context.parents:
-        raise TaskLoadError(f"{path}: compose build context {context} lies outside the task")
+    if compose is not None and compose.build_context is not None:
+        context, dockerfile = compose.build_context, compose.dockerfile or "Dockerfile"
     has_dockerfile = (context / dockerfile).is_file()
-    image = client.get("image")
-    if isinstance(image, str) and "${" in image:
-        image = None  # the harness's own T_BENCH_* name for the image it builds
+    image = compose.image if compose is not None else None
     if not has_dockerfile and not image:
         raise TaskLoadError(f"{path}: expected a Dockerfile or a compose image, found neither")
-    env = {
-        k: v
-        for k, v in str_dict(client.get("environment"), "client.environment").items()
-        if "${" not in v
-    }  # harness-substituted variables are set by us, not the task
+    # (harness-substituted variables, ${T_BENCH_...}, are set by us, not the task)
+    env = dict(compose.env) if compose is not None else {}
     environment = EnvironmentSpec(
         image=image if not has_dockerfile else None,
         build_context=context if has_dockerfile else None,
@@ -134,6 +120,8 @@ def load_tbench_dir(path: Path) -> TaskSpec:
         # Terminal-Bench's harness runs the client service on compose's default network, and
         # its run-tests.sh scripts install their test tools (curl | sh uv, pip) from it.
         network=NetworkPolicy(mode="public"),
+        services=compose.services if compose is not None else (),
+        service_name="client",
     )
     timeouts = TimeoutsSpec(
         agent_timeout_s=as_float(data.get("max_agent_timeout_sec", 360.0), "max_agent_timeout_sec"),
