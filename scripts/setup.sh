@@ -154,6 +154,7 @@ if [ "$WANT_DOCKER" = 1 ]; then
   if [ "$DOCKER_STORAGE" = btrfs-quota ] && [ "$driver" != btrfs ]; then
     echo "setup: WARNING: SANDGYM_DOCKER_STORAGE=btrfs-quota, but a Docker engine already runs with storage driver '$driver'; it is left as it is (sandboxes get a per-file cap, no total disk quota). Stop that engine and re-run setup to switch (its images are then built again)." >&2
   fi
-  # --desktop: sandgym/desktop:latest, the image of the desktop-* tasks (built once, ~3 min).
-  bash images/bootstrap-base.sh --desktop >&2
+  # --desktop: sandgym/desktop:latest, the image of the desktop-* tasks (built once, ~3 min);
+  # then the stand-ins for public base images and their aliases (~6 min once; see README).
+  .venv/bin/python -m sandboxes.images_cli build --desktop >&2
 fi

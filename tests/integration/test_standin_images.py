@@ -1,0 +1,209 @@
+"""The offline stand-ins behave like the public images they stand in for (real Docker engine).
+
+Each image is reached by its public name when that name is tagged here as our alias (the case
+with no registry, as in CI), else by our own tag. Missing stand-ins are built first with
+`python -m sandboxes.images_cli build` (idempotent; a few minutes on a fresh engine). Network
+from the containers: PyPI and the Debian mirror only.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sandboxes import images as im
+
+pytestmark = pytest.mark.docker
+
+REPO = Path(__file__).resolve().parents[2]
+BY_IMAGE = {s.image: s for s in im.STANDINS}
+PYTHON_STANDINS = [s for s in im.STANDINS if s.python]
+PLAIN_STANDINS = [
+    s
+    for s in im.STANDINS
+    if not s.python
+    and s.image
+    in {
+        "sandgym/standin:debian-bookworm",
+        "sandgym/standin:debian-trixie",
+        "sandgym/standin:ubuntu-24.04",
+        "sandgym/standin:ubuntu-22.04",
+    }
+]
+TBENCH = [s for s in im.STANDINS if "t-bench" in s.aliases[0]]
+
+
+def _client():  # type: ignore[no-untyped-def]
+    try:
+        import docker
+
+        c = docker.from_env(timeout=600)
+        c.ping()
+        return c
+    except Exception:
+        return None
+
+
+CLIENT = _client()
+if CLIENT is None:
+    pytest.skip("no Docker engine answers", allow_module_level=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def standins_built() -> None:
+    engine = im.DockerImages(CLIENT)
+    if all(engine.info(s.image) is not None for s in im.STANDINS):
+        return
+    subprocess.run(
+        [sys.executable, "-m", "sandboxes.images_cli", "build", "--no-progress"],
+        check=True,
+        timeout=1800,
+        cwd=REPO,
+    )
+
+
+def image_for(s: im.StandIn) -> str:
+    """The first public name of `s` when it is our alias here, else our own tag."""
+    engine = im.DockerImages(CLIENT)
+    holder = engine.info(s.aliases[0])
+    ours = engine.info(s.image)
+    assert ours is not None, f"{s.image} was not built"
+    if holder is not None and holder.id == ours.id:
+        return s.aliases[0]
+    return s.image
+
+
+def sh(image: str, script: str, network: bool = False) -> str:
+    """Run `script` with sh in a fresh container of `image`; stdout+stderr, or the failure."""
+    import docker.errors
+
+    assert CLIENT is not None
+    try:
+        out = CLIENT.containers.run(
+            image,
+            ["sh", "-c", script],
+            remove=True,
+            network_disabled=not network,
+            stdout=True,
+            stderr=True,
+        )
+    except docker.errors.ContainerError as exc:
+        pytest.fail(f"{image}: {script!r} failed ({exc.exit_status}): {exc.stderr!r}")
+    return out.decode()
+
+
+@pytest.mark.parametrize("standin", PYTHON_STANDINS, ids=lambda s: s.image.split(":")[1])
+def test_python_standin_is_the_version_its_tag_promises(standin: im.StandIn) -> None:
+    image = image_for(standin)
+    want = f"Python {standin.python}."
+    out = sh(
+        image,
+        "python --version; python3 --version; pip --version; pip3 --version;"
+        # headers for C extensions, as the official images have them
+        " python -c 'import sysconfig, os; print(os.path.exists(os.path.join("
+        'sysconfig.get_paths()["include"], "Python.h")))\';'
+        # TermiGen-style Dockerfiles link python themselves: that must not collide
+        " ln -s /usr/bin/python3 /usr/bin/python && echo linked;"
+        # apt's defaults are Debian's (recommends on)
+        " apt-config dump | grep -i 'APT::Install-Recommends'",
+    )
+    lines = out.splitlines()
+    assert lines[0].startswith(want) and lines[1].startswith(want), out
+    assert f"(python {standin.python})" in lines[2] and f"(python {standin.python})" in lines[3], (
+        out
+    )
+    assert lines[4] == "True" and lines[5] == "linked", out
+    assert lines[6] == 'APT::Install-Recommends "1";', out
+    # pip installs from PyPI as root without --break-system-packages (no PEP 668 marker)
+    out = sh(
+        image,
+        "pip install -q --no-deps --disable-pip-version-check six==1.16.0 2>&1"
+        " && python -c 'import six; print(six.__version__)'",
+        network=True,
+    )
+    assert out.strip().splitlines()[-1] == "1.16.0", out
+    if standin in TBENCH:
+        assert "tmux" in sh(image, "tmux -V") and sh(image, "asciinema --version").startswith(
+            "asciinema"
+        )
+
+
+def test_tbench_ubuntu_standin_has_tmux_and_asciinema() -> None:
+    s = im.standin_for("ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624")
+    assert s is not None
+    out = sh(image_for(s), "tmux -V && asciinema --version && command -v gcc || true")
+    assert out.startswith("tmux ") and "asciinema " in out and "gcc" not in out, out
+
+
+def test_task_dockerfile_on_python_standin_builds() -> None:
+    """A task Dockerfile FROM python:3.13-slim-bookworm that links python itself builds."""
+    s = im.standin_for("python:3.13-slim-bookworm")
+    assert s is not None
+    dockerfile = (
+        f"FROM {image_for(s)}\n"
+        "RUN ln -s /usr/bin/python3 /usr/bin/python && python --version\n"
+        "WORKDIR /app\n"
+    )
+    assert CLIENT is not None
+    image, _ = CLIENT.images.build(fileobj=io.BytesIO(dockerfile.encode()), rm=True, forcerm=True)
+    try:
+        assert sh(image.id, "python --version").startswith("Python 3.13.")
+    finally:
+        CLIENT.images.remove(image.id, force=True)
+
+
+@pytest.mark.parametrize("standin", PLAIN_STANDINS, ids=lambda s: s.image.split(":")[1])
+def test_plain_standin_carries_none_of_our_extras(standin: im.StandIn) -> None:
+    out = sh(
+        image_for(standin),
+        "for c in tmux python3 pip git jq curl vim; do command -v $c || true; done;"
+        " apt-config dump | grep -i 'APT::Install-Recommends'",
+    )
+    assert out.strip() == 'APT::Install-Recommends "1";', out
+
+
+def test_gcc_from_apt_compiles_stdio_on_ubuntu_standin() -> None:
+    """`apt-get install -y gcc` brings libc6-dev (recommends on, as on the real image), so a C
+    file that includes stdio.h compiles and runs (the one slow test: ~30-60 s)."""
+    s = im.standin_for("ubuntu:24.04")
+    assert s is not None
+    out = sh(
+        image_for(s),
+        "export DEBIAN_FRONTEND=noninteractive;"
+        " apt-get update -qq >/dev/null && apt-get install -y -qq gcc >/dev/null 2>&1"
+        " && printf '#include <stdio.h>\\nint main(void){puts(\"hi from c\");return 0;}\\n' > /t.c"
+        " && gcc -o /t /t.c && /t",
+        network=True,
+    )
+    assert out.strip().splitlines()[-1] == "hi from c", out
+
+
+def test_images_list_reads_labels_back_from_the_engine() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "sandboxes.images_cli", "list", "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    doc = json.loads(proc.stdout)  # exactly one JSON document on stdout
+    engine = im.DockerImages(CLIENT)
+    for entry in doc["stand_ins"]:
+        s = BY_IMAGE[entry["image"]]
+        assert entry["present"] and entry["stands_in_for"] == list(s.aliases)
+        info = engine.info(s.image)
+        assert info is not None
+        assert info.labels[im.LABEL_STANDIN_FOR] == ",".join(s.aliases)
+        assert info.labels[im.LABEL_STANDIN_FROM] == s.really
+        for a in entry["aliases"]:
+            # no registry here: every public name is our alias, unless a real image holds it
+            assert a["status"] in (im.ALIAS, im.REAL), a
+    # no stand-in can be made for 3.12: no alias of ours may sit on those names
+    [py312] = doc["unavailable"]
+    assert all(a["status"] in (im.ABSENT, im.REAL) for a in py312["status"]), py312
