@@ -345,6 +345,11 @@ def verdict(entry: Mapping[str, Any]) -> list[str]:
 _FAIL_WORD_RE = re.compile(
     r"(?i)error|fail|fatal|unable|couldn't|could not|refused|unreachable|timed out"
 )
+#: apt on a Debian stand-in for an Ubuntu image, asked for what only Ubuntu's archive has
+_UBUNTU_APT_RE = re.compile(
+    r"E: Version '[^']*(?:ubuntu|build\d)[^']*' for '[^']+' was not found|"
+    r"E: Unable to locate package|has no installation candidate"
+)
 _NO_PYTHON_RE = re.compile(r"No interpreter found for Python (\d+\.\d+)")
 
 
@@ -357,6 +362,8 @@ def unreachable_needs(entry: Mapping[str, Any]) -> list[str]:
     found: list[str] = []
     if entry.get("absent_files"):
         found.append("github.com (files absent from the public copy)")
+    base = entry.get("base_image") or ""
+    ubuntu = base.startswith(("ubuntu", "ghcr.io/laude-institute/t-bench/ubuntu"))
     texts = [
         entry.get(k) or ""
         for k in (
@@ -368,6 +375,10 @@ def unreachable_needs(entry: Mapping[str, Any]) -> list[str]:
         )
     ]
     for text in texts:
+        if ubuntu and _UBUNTU_APT_RE.search(text):
+            need = "archive.ubuntu.com (a package or version only Ubuntu's archive has)"
+            if need not in found:
+                found.append(need)
         m = _NO_PYTHON_RE.search(text)
         if m:
             need = f"github.com (a CPython {m.group(1)} build for uv)"
@@ -673,6 +684,19 @@ async def _check_one(
     return _trim(entry)
 
 
+def reclassify(entry: dict[str, Any]) -> dict[str, Any]:
+    """The entry with its reasons found again from what it recorded (so a document rebuilt
+    from a JSONL stream uses the current classification)."""
+    if entry.get("load_error") or "reasons" not in entry:
+        return entry
+    e = dict(entry)
+    e["reasons"] = verdict(e)
+    e["unreachable_hosts"] = (
+        unreachable_needs(e) if "needs_unreachable_host" in e["reasons"] else []
+    )
+    return e
+
+
 def load_error_entry(item: Item) -> dict[str, Any]:
     return {
         "dataset": item.dataset,
@@ -752,13 +776,13 @@ def dataset_doc(
     args: argparse.Namespace, index: int, items: list[Item], entries: list[dict[str, Any]]
 ) -> dict[str, Any]:
     name = dataset_name(args, index)
-    mine = [e for e in entries if e.get("dataset") == name]
+    mine = [reclassify(e) for e in entries if e.get("dataset") == name]
     selected = {i.task_id for i in items}
     mine = [e for e in mine if e["task_id"] in selected]
     bases: dict[str, int] = {}
-    for it in items:
-        if it.task is not None:
-            b = _base_image(it.task) or "?"
+    for e in mine:
+        if not e.get("load_error"):
+            b = e.get("base_image") or "?"
             bases[b] = bases.get(b, 0) + 1
     run_ids = {e["task_id"] for e in mine}
     return {

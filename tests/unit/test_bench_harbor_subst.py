@@ -135,6 +135,15 @@ def test_shortfalls_that_need_an_unreachable_host_are_classified_so() -> None:
         "this file\nrequests.exceptions.ConnectionError: Max retries exceeded",
     )
     assert hc.verdict(data)[0] == "needs_unreachable_host"
+    pinned = _entry(
+        base_image="ubuntu:24.04",
+        oracle_reward=0.0,
+        oracle_output="E: Version '4.3.3-2build2' for 'r-base-core' was not found",
+    )
+    assert hc.verdict(pinned)[0] == "needs_unreachable_host"
+    assert hc.unreachable_needs(pinned)[0].startswith("archive.ubuntu.com")
+    on_debian = dict(pinned, base_image="debian:13")
+    assert hc.verdict(on_debian) == ["oracle_below_one"]
     absent = _entry(oracle_reward=0.0, absent_files=["tests/weights.pt"])
     assert hc.verdict(absent)[0] == "needs_unreachable_host"
     # a failure on a reachable host, or a task that merely names one, is not such a need
