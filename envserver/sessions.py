@@ -345,6 +345,8 @@ class EnvService:
                     s.sandbox,
                     s.setup,
                     stop_agent_processes=self.settings.verifier_stop_agent_processes,
+                    backend=self.backend,  # a separate verifier's sandbox comes from it
+                    image_map=self.settings.image_map,
                 )
                 done = outcome.done
             finally:

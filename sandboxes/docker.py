@@ -1148,8 +1148,9 @@ class DockerSandbox(Sandbox):
                 reader = _ChunkReader(chunks)
                 try:
                     with tarfile.open(fileobj=io.BufferedReader(reader), mode="r|") as tar:
-                        # "data" refuses absolute paths, links out of the tree, device files.
-                        tar.extractall(tmpdir, filter="data")
+                        # "data" refuses absolute paths, links out of the tree, device files:
+                        # such a member is left out (a tree the agent made may hold them).
+                        tar.extractall(tmpdir, filter=_data_or_skip)
                 finally:
                     reader.close()
                 top = Path(tmpdir) / posixpath.basename(resolved)
@@ -1159,6 +1160,15 @@ class DockerSandbox(Sandbox):
                     shutil.move(str(top), dst)
 
         await asyncio.to_thread(fetch)
+
+
+def _data_or_skip(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
+    """tarfile's `data` filter, skipping (not failing on) the members it refuses."""
+    try:
+        return tarfile.data_filter(member, dest)
+    except tarfile.FilterError:
+        log.debug("download: left out %s (%s)", member.name, member.type)
+        return None
 
 
 class DockerBackend(SandboxBackend):

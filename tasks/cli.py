@@ -283,7 +283,9 @@ async def check_task(
                             res.exit_code,
                             (res.stderr or res.stdout)[-500:],
                         )
-                result, outcome = await score_step(task, sandbox, setup)
+                result, outcome = await score_step(
+                    task, sandbox, setup, backend=backend, image_map=image_map
+                )
                 if outcome.done:
                     break
             if outcome.step is not None:

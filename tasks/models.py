@@ -161,6 +161,12 @@ class StepSpec(_Frozen):
         None, description="None = the task's verifier's"
     )
     agent_user: str | None = Field(None, description="None = the task's agent user")
+    verifier_environment: EnvironmentSpec | None = Field(
+        None, description="a separate verifier for this step (None = the task's choice)"
+    )
+    verifier_shared: bool = Field(
+        False, description="`environment_mode = 'shared'` for this step: overrides the task's"
+    )
 
 
 class NetworkPlan(_Frozen):
@@ -214,6 +220,14 @@ class TaskSpec(_Frozen):
     verifier_network: NetworkPolicy | None = Field(
         None,
         description="the verifier phase's network (Harbor [verifier]); None = the environment's",
+    )
+    verifier_environment: EnvironmentSpec | None = Field(
+        None,
+        description="Harbor's separate verifier: the environment its own sandbox is made from "
+        "(None: the verifier runs in the agent's sandbox)",
+    )
+    artifacts: tuple[str, ...] = Field(
+        (), description="paths copied from the agent's sandbox to a separate verifier's"
     )
     agent_user: str | None = Field(None, description="user the agent runs as (None = root)")
     verifier_user: str = Field("root", description="user the verifier runs as")

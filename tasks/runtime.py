@@ -24,6 +24,7 @@ import random
 import re
 import shlex
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Mapping
@@ -32,7 +33,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandboxes import ExecResult, Sandbox, SandboxError, SandboxFileNotFoundError, SandboxSpec
+from sandboxes import (
+    ExecResult,
+    Sandbox,
+    SandboxBackend,
+    SandboxError,
+    SandboxFileNotFoundError,
+    SandboxSpec,
+)
 from sandboxes.desktop import start_task_desktop
 from sandboxes.network import NetworkPolicy, clamp
 from tasks import private_verify
@@ -444,7 +452,12 @@ async def _read_optional(sandbox: Sandbox, path: str) -> str | None:
 
 
 async def run_verifier(
-    task: TaskSpec, sandbox: Sandbox, setup: EpisodeSetup, stop_agent_processes: bool = False
+    task: TaskSpec,
+    sandbox: Sandbox,
+    setup: EpisodeSetup,
+    stop_agent_processes: bool = False,
+    backend: SandboxBackend | None = None,
+    image_map: Mapping[str, str] | None = None,
 ) -> VerifierResult:
     """Score the episode. Runs after the agent has finished: tests and secrets are copied in
     only now, `/logs/verifier` is emptied first (a reward file the agent wrote counts for
@@ -459,6 +472,8 @@ async def run_verifier(
     whose tests need a service the agent started."""
     start = time.perf_counter()
     task = await asyncio.to_thread(step_view, task, setup)
+    if task.verifier_environment is not None:  # Harbor's separate verifier
+        return await _run_separate_verifier(task, sandbox, setup, backend, image_map)
     v = task.verifier
     if v.kind == "answer":
         assert v.answer is not None
@@ -634,6 +649,109 @@ def _score(
     )
 
 
+# -- separate verifier ---------------------------------------------------------------------------
+
+#: where Harbor's agents leave files for the verifier by convention
+ARTIFACTS_DIR = "/logs/artifacts"
+
+
+def verifier_sandbox_spec(
+    task: TaskSpec,
+    image_map: Mapping[str, str] | None = None,
+    network_ceiling: NetworkPolicy | None = None,
+    workdir: str | None = None,
+) -> SandboxSpec:
+    """The sandbox a separate verifier runs in: made from `task.verifier_environment`, under
+    the verifier phase's network (clamped), with the agent's working directory."""
+    assert task.verifier_environment is not None
+    vtask = task.model_copy(
+        update={
+            "environment": task.verifier_environment,
+            "verifier_environment": None,
+            "steps": (),
+            "agent_network": None,
+            "id": f"{task.id}.verifier",
+        }
+    )
+    spec = sandbox_spec_for(vtask, image_map, network_ceiling=network_ceiling)
+    policy = clamp(task.verifier_network or task.verifier_environment.network, network_ceiling)
+    update: dict[str, Any] = {"network": policy, "network_later": ()}
+    if workdir is not None:
+        update["workdir"] = workdir
+    return spec.model_copy(update=update)
+
+
+def _keep_plain(root: Path) -> None:
+    """Drop symlinks and special files from a tree copied out of the agent's sandbox (as
+    tarfile's `data` filter would): the verifier gets the agent's data, never a link."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames + dirnames:
+            p = Path(dirpath) / name
+            if p.is_symlink() or not (p.is_file() or p.is_dir()):
+                p.unlink()
+        dirnames[:] = [d for d in dirnames if (Path(dirpath) / d).is_dir()]
+
+
+async def _copy_artifacts(
+    task: TaskSpec, src: Sandbox, dst: Sandbox, workdir: str, scratch: Path
+) -> list[str]:
+    """The agent's working directory, `/logs/artifacts` and the task's declared artifacts,
+    copied from the agent's sandbox to the verifier's at the same paths; the ones copied."""
+    copied = []
+    for i, path in enumerate(dict.fromkeys([workdir, ARTIFACTS_DIR, *task.artifacts])):
+        host = scratch / str(i) / (posixpath.basename(path.rstrip("/")) or "root")
+        try:
+            await src.download(path, host)
+        except (SandboxFileNotFoundError, FileNotFoundError):
+            continue
+        if not host.exists():
+            continue
+        await asyncio.to_thread(_keep_plain, host.parent)
+        if host.exists():
+            await dst.upload(host, path)
+            copied.append(path)
+    return copied
+
+
+async def _run_separate_verifier(
+    task: TaskSpec,
+    sandbox: Sandbox,
+    setup: EpisodeSetup,
+    backend: SandboxBackend | None,
+    image_map: Mapping[str, str] | None,
+) -> VerifierResult:
+    """Harbor's `environment_mode = "separate"`: the tests run in a sandbox of their own, made
+    from the verifier's environment, holding a copy of what the agent left (`_copy_artifacts`);
+    the agent's sandbox is never the verifier's."""
+    if backend is None:
+        raise TaskUnsupportedError(
+            f"task {task.id}: a separate verifier needs a backend to create its sandbox; "
+            "this caller passed none"
+        )
+    spec = verifier_sandbox_spec(task, image_map, setup.network_ceiling, setup.workdir)
+    backend.check_network(spec)
+    vsb = await backend.create(spec)
+    try:
+        warnings: list[str] = []
+        vtask = task.model_copy(
+            update={
+                "environment": task.verifier_environment,
+                "verifier_environment": None,
+                "steps": (),
+            }
+        )
+        if vsb.backend_name not in IMAGE_BUILDING_BACKENDS:
+            await _apply_dockerfile(vtask, vsb, warnings)
+        with tempfile.TemporaryDirectory(prefix="sandgym-artifacts-") as scratch:
+            copied = await _copy_artifacts(task, sandbox, vsb, setup.workdir, Path(scratch))
+        vsetup = setup.model_copy(update={"network": None, "desktop": None})
+        result = await run_verifier(vtask, vsb, vsetup)
+        result.details["verifier_sandbox"] = {"id": vsb.id, "artifacts": copied}
+        return result
+    finally:
+        await asyncio.shield(vsb.close())
+
+
 # -- multi-step tasks ---------------------------------------------------------------------------
 
 
@@ -680,6 +798,8 @@ def step_view(task: TaskSpec, setup: EpisodeSetup) -> TaskSpec:
             "timeouts": timeouts,
             "agent_user": step.agent_user or task.agent_user,
             "instruction": step.instruction,
+            "verifier_environment": (None if step.verifier_shared else step.verifier_environment)
+            or (None if step.verifier_shared else task.verifier_environment),
         }
     )
 

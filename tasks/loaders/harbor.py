@@ -133,6 +133,7 @@ def _load_step(
     raw: Any,
     task_verifier_env: dict[str, str],
     task_solution: SolutionSpec | None,
+    environment: EnvironmentSpec,
 ) -> StepSpec:
     where = f"{toml_path}: [[steps]] #{index + 1}"
     if not isinstance(raw, dict):
@@ -181,6 +182,9 @@ def _load_step(
             env=task_solution.env if task_solution else {},
         )
     workdir = step_dir / "workdir"
+    step_verifier_env, step_shared = _verifier_environment(
+        verifier, overlay, environment, f"steps.{name}.verifier", toml_path
+    )
     return StepSpec(
         name=name,
         instruction=instruction,
@@ -203,7 +207,70 @@ def _load_step(
         agent_network=_phase_network(agent, f"steps.{name}.agent", toml_path),
         verifier_network=_phase_network(verifier, f"steps.{name}.verifier", toml_path),
         agent_user=str(agent["user"]) if agent.get("user") else None,
+        verifier_environment=step_verifier_env,
+        verifier_shared=step_shared,
     )
+
+
+def _verifier_environment(
+    table: dict[str, Any], tests_dir: Path, base: EnvironmentSpec, where: str, toml_path: Path
+) -> tuple[EnvironmentSpec | None, bool]:
+    """Harbor's `[verifier] environment_mode` / `[verifier.environment]`: (the separate
+    verifier's environment or None, whether the table said `shared` explicitly). A verifier
+    environment implies `separate`; its image is the table's `docker_image`, else one built from
+    the tests' own Dockerfile, else the task's environment again."""
+    mode = table.get("environment_mode")
+    env_table = table.get("environment")
+    if mode not in (None, "shared", "separate"):
+        raise TaskLoadError(
+            f"{toml_path}: [{where}] environment_mode must be 'shared' or 'separate', "
+            f"found {mode!r}"
+        )
+    if env_table is not None and not isinstance(env_table, dict):
+        raise TaskLoadError(f"{toml_path}: [{where}.environment] must be a table")
+    if mode == "shared" and env_table is not None:
+        raise TaskLoadError(
+            f"{toml_path}: [{where}] environment_mode = 'shared' conflicts with a "
+            f"[{where}.environment] table"
+        )
+    if mode is None:
+        mode = "separate" if env_table is not None else None
+    if mode != "separate":
+        return None, mode == "shared"
+    env_table = env_table or {}
+    update: dict[str, Any] = {"services": (), "healthcheck": None}
+    if env_table.get("docker_image"):
+        update.update(image=str(env_table["docker_image"]), build_context=None)
+    elif (tests_dir / "Dockerfile").is_file():
+        update.update(image=None, build_context=tests_dir, dockerfile="Dockerfile")
+    if "cpus" in env_table:
+        update["cpus"] = as_float(env_table["cpus"], f"{where}.environment.cpus")
+    if "memory_mb" in env_table:
+        update["memory_mb"] = int(
+            as_float(env_table["memory_mb"], f"{where}.environment.memory_mb")
+        )
+    if env_table.get("env") is not None:
+        update["env"] = str_dict(env_table.get("env"), f"{where}.environment.env")
+    if any(k in env_table for k in ("network_mode", "allowed_hosts", "allow_internet")):
+        update["network"] = _baseline_network(env_table, toml_path)
+    return base.model_copy(update=update), False
+
+
+def _artifacts(data: dict[str, Any], toml_path: Path) -> tuple[str, ...]:
+    """Harbor's top-level `artifacts`: paths (or `{source = ...}` tables) to carry over."""
+    raw = data.get("artifacts") or []
+    if not isinstance(raw, list):
+        raise TaskLoadError(f"{toml_path}: artifacts must be a list, found {raw!r}")
+    out = []
+    for item in raw:
+        src = item.get("source") if isinstance(item, dict) else item
+        if not isinstance(src, str) or not src.startswith("/"):
+            raise TaskLoadError(
+                f"{toml_path}: artifacts entries must be absolute paths (or tables with an "
+                f"absolute 'source'), found {item!r}"
+            )
+        out.append(src)
+    return tuple(out)
 
 
 def load_harbor_dir(path: Path, source_format: SourceFormat = "harbor") -> TaskSpec:
@@ -280,6 +347,9 @@ def load_harbor_dir(path: Path, source_format: SourceFormat = "harbor") -> TaskS
     tests_dir = path / "tests"
     test_sh = tests_dir / "test.sh"
     verifier_env = str_dict(verifier.get("env"), "verifier.env")
+    verifier_environment, _ = _verifier_environment(
+        verifier, tests_dir, environment, "verifier", toml_path
+    )
     verifier_spec = None
     if test_sh.is_file():
         verifier_spec = VerifierSpec(
@@ -304,7 +374,7 @@ def load_harbor_dir(path: Path, source_format: SourceFormat = "harbor") -> TaskS
     steps: tuple[StepSpec, ...] = ()
     if raw_steps is not None:
         steps = tuple(
-            _load_step(path, toml_path, i, raw, verifier_env, solution_spec)
+            _load_step(path, toml_path, i, raw, verifier_env, solution_spec, environment)
             for i, raw in enumerate(raw_steps)
         )
         names = [st.name for st in steps]
@@ -315,8 +385,7 @@ def load_harbor_dir(path: Path, source_format: SourceFormat = "harbor") -> TaskS
     strategy = data.get("multi_step_reward_strategy") or "mean"
     if strategy not in ("mean", "final"):
         raise TaskLoadError(
-            f"{toml_path}: multi_step_reward_strategy must be 'mean' or 'final', "
-            f"found {strategy!r}"
+            f"{toml_path}: multi_step_reward_strategy must be 'mean' or 'final', found {strategy!r}"
         )
     assert verifier_spec is not None
 
@@ -337,6 +406,8 @@ def load_harbor_dir(path: Path, source_format: SourceFormat = "harbor") -> TaskS
         timeouts=timeouts,
         verifier=verifier_spec,
         solution=solution_spec,
+        verifier_environment=verifier_environment,
+        artifacts=_artifacts(data, toml_path),
         agent_network=_phase_network(agent, "agent", toml_path),
         verifier_network=_phase_network(verifier, "verifier", toml_path),
         agent_user=agent.get("user") or None,

@@ -114,3 +114,81 @@ def test_allowlisted_step_verifier(tmp_path: Path) -> None:
     allow = NetworkPolicy(mode="allowlist", allowed_hosts=["pypi.org"])
     assert task.network_plan(task.steps[0]).verifier == allow
     assert sandbox_spec_for(task).network_later == (allow,)
+
+
+# -- separate verifier environments (Harbor's environment_mode) ------------------------------
+
+
+def _single(tmp_path: Path, toml: str, tests_dockerfile: bool = False) -> Path:
+    d = tmp_path / "s"
+    (d / "environment").mkdir(parents=True)
+    (d / "tests").mkdir()
+    (d / "environment" / "Dockerfile").write_text("FROM sandgym/terminal:latest\n")
+    (d / "tests" / "test.sh").write_text("echo\n")
+    if tests_dockerfile:
+        (d / "tests" / "Dockerfile").write_text("FROM sandgym/base:bookworm\n")
+    (d / "instruction.md").write_text("x\n")
+    (d / "task.toml").write_text('version = "1.0"\n' + toml)
+    return d
+
+
+def test_shared_by_default(tmp_path: Path) -> None:
+    assert load_task_dir(_single(tmp_path, "")).verifier_environment is None
+
+
+def test_separate_builds_from_the_tests_dockerfile(tmp_path: Path) -> None:
+    toml = '[verifier]\nenvironment_mode = "separate"\n'
+    task = load_task_dir(_single(tmp_path, toml, tests_dockerfile=True))
+    env = task.verifier_environment
+    assert env is not None and env.build_context == task.source_dir / "tests"
+    from tasks.runtime import verifier_sandbox_spec
+
+    spec = verifier_sandbox_spec(task, workdir="/work")
+    assert spec.build_context == task.source_dir / "tests" and spec.workdir == "/work"
+
+
+def test_separate_without_a_dockerfile_reuses_the_task_environment(tmp_path: Path) -> None:
+    task = load_task_dir(_single(tmp_path, '[verifier]\nenvironment_mode = "separate"\n'))
+    assert task.verifier_environment == task.environment
+
+
+def test_a_verifier_environment_table_implies_separate(tmp_path: Path) -> None:
+    toml = (
+        '[verifier.environment]\ndocker_image = "grader:1"\nmemory_mb = 512\n'
+        'network_mode = "no-network"\n'
+    )
+    env = load_task_dir(_single(tmp_path, toml)).verifier_environment
+    assert env is not None and env.image == "grader:1" and env.build_context is None
+    assert env.memory_mb == 512 and env.network == NO_NETWORK
+
+
+def test_artifacts_are_read(tmp_path: Path) -> None:
+    toml = 'artifacts = ["/srv/out", { source = "/var/log/app.log" }]\n'
+    assert load_task_dir(_single(tmp_path, toml)).artifacts == ("/srv/out", "/var/log/app.log")
+
+
+@pytest.mark.parametrize(
+    ("toml", "match"),
+    [
+        ('[verifier]\nenvironment_mode = "elsewhere"\n', "'shared' or 'separate'"),
+        (
+            '[verifier]\nenvironment_mode = "shared"\n[verifier.environment]\ncpus = 1\n',
+            "conflicts",
+        ),
+        ('artifacts = ["relative/path"]\n', "absolute"),
+    ],
+)
+def test_bad_verifier_environments(tmp_path: Path, toml: str, match: str) -> None:
+    with pytest.raises(TaskLoadError, match=match):
+        load_task_dir(_single(tmp_path, toml))
+
+
+def test_a_step_can_go_back_to_a_shared_verifier(tmp_path: Path) -> None:
+    toml = (
+        '[verifier]\nenvironment_mode = "separate"\n[[steps]]\nname = "one"\n'
+        '[steps.verifier]\nenvironment_mode = "shared"\n'
+    )
+    task = load_task_dir(_task(tmp_path, toml, {"one": ONE}))
+    assert task.verifier_environment is not None
+    view = step_view(task, EpisodeSetup(instruction="", seed=0))
+    assert view.verifier_environment is None
