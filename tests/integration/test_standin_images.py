@@ -122,7 +122,7 @@ def test_python_standin_is_the_version_its_tag_promises(standin: im.StandIn) -> 
     # pip installs from PyPI as root without --break-system-packages (no PEP 668 marker)
     out = sh(
         image,
-        "pip install -q --no-deps --disable-pip-version-check six==1.16.0 2>&1"
+        "pip install -q --no-deps --disable-pip-version-check six==1.16.0"
         " && python -c 'import six; print(six.__version__)'",
         network=True,
     )
