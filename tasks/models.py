@@ -167,6 +167,9 @@ class StepSpec(_Frozen):
     verifier_shared: bool = Field(
         False, description="`environment_mode = 'shared'` for this step: overrides the task's"
     )
+    healthcheck: HealthcheckSpec | None = Field(
+        None, description="Harbor's step healthcheck: passes after its set-up, before its agent"
+    )
 
 
 class NetworkPlan(_Frozen):

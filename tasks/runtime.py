@@ -42,6 +42,7 @@ from sandboxes import (
     SandboxSpec,
 )
 from sandboxes.desktop import start_task_desktop
+from sandboxes.errors import SandboxHealthcheckError
 from sandboxes.network import NetworkPolicy, clamp
 from tasks import private_verify
 from tasks.dockerfile import CopyStep, Dockerfile, MkdirStep, RunStep, parse_dockerfile
@@ -827,7 +828,7 @@ def _merged_tests(task_id: str, shared: Path | None, overlay: Path) -> Path:
 
 async def _begin_step(task: TaskSpec, sandbox: Sandbox, step: StepSpec) -> None:
     """Before a step's agent: its workdir/ files into the workdir, then its setup.sh (as Harbor
-    runs them: `bash <workdir>/setup.sh`, as the step's agent user)."""
+    runs them: `bash <workdir>/setup.sh`, as the step's agent user), then its healthcheck."""
     workdir = sandbox.spec.workdir
     if step.workdir_dir is not None:
         await sandbox.upload(step.workdir_dir, workdir)
@@ -843,6 +844,10 @@ async def _begin_step(task: TaskSpec, sandbox: Sandbox, step: StepSpec) -> None:
                 f"task {task.id}: step {step.name!r}: setup.sh failed (exit {res.exit_code}, "
                 f"timed_out={res.timed_out}): {(res.stderr or res.stdout)[-1500:]}"
             )
+    if step.healthcheck is not None:  # after the step's set-up, before its agent
+        from sandboxes.health import run_healthcheck
+
+        await run_healthcheck(sandbox, step.healthcheck)
 
 
 def _gate_failure(step: StepSpec, result: VerifierResult) -> str | None:
@@ -883,22 +888,32 @@ async def finish_step(
     if gate is not None:
         info["stopped"] = f"min_reward: {gate}"
     if done:
-        rewards = setup.step_rewards
-        total = rewards[-1] if task.multi_step_reward == "final" else sum(rewards) / len(rewards)
-        info["aggregate"] = task.multi_step_reward
-        return StepOutcome(done=True, reward=total, step=info)
+        return _episode_end(task, setup, info)
     nxt = task.steps[index + 1]
     if not sandbox.supports_private_exec:  # the step's tests were in the agent's file system
         await _check(
             sandbox, f"rm -rf {TESTS_DIR} {VERIFIER_LOGS}", "removing the last step's tests"
         )
-    await _begin_step(task, sandbox, nxt)
+    try:
+        await _begin_step(task, sandbox, nxt)
+    except (TaskError, SandboxHealthcheckError) as exc:
+        # Harbor: a step whose set-up or healthcheck fails ends the trial, scored on the steps
+        # before it. The agent may have caused it (it had the sandbox): scored, not masked.
+        info["stopped"] = f"step {nxt.name!r}: {exc}"[:2000]
+        return _episode_end(task, setup, info)
     setup.step_index = index + 1
     setup.network = task.network_plan(nxt).clamp(setup.network_ceiling)
     await sandbox.set_network(setup.network.agent)
     setup.instruction = nxt.instruction
     info["next"] = {"name": nxt.name, "index": index + 1}
     return StepOutcome(done=False, reward=0.0, instruction=nxt.instruction, step=info)
+
+
+def _episode_end(task: TaskSpec, setup: EpisodeSetup, info: dict[str, Any]) -> StepOutcome:
+    rewards = setup.step_rewards
+    total = rewards[-1] if task.multi_step_reward == "final" else sum(rewards) / len(rewards)
+    info["aggregate"] = task.multi_step_reward
+    return StepOutcome(done=True, reward=total, step=info)
 
 
 async def score_step(

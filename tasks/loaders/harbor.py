@@ -26,7 +26,7 @@ from pydantic import ValidationError
 from sandboxes.network import NetworkPolicy
 from tasks.errors import TaskLoadError
 from tasks.loaders.common import as_float, read_text, size_to_mb, str_dict
-from tasks.loaders.compose import harbor_environment
+from tasks.loaders.compose import harbor_environment, harbor_healthcheck
 from tasks.models import (
     EnvironmentSpec,
     GeneratorSpec,
@@ -147,8 +147,6 @@ def _load_step(
     unknown = set(raw) - _STEP_KEYS
     if unknown:
         log.debug("%s: ignoring unknown step keys %s", where, sorted(unknown))
-    if raw.get("healthcheck") is not None:
-        log.debug("%s: step healthchecks are not run yet", where)
     step_dir = path / "steps" / name
     if not step_dir.is_dir():
         raise TaskLoadError(f"{where}: expected the folder steps/{name}/, found none")
@@ -209,6 +207,11 @@ def _load_step(
         agent_user=str(agent["user"]) if agent.get("user") else None,
         verifier_environment=step_verifier_env,
         verifier_shared=step_shared,
+        healthcheck=(
+            harbor_healthcheck(raw["healthcheck"], f"{where} healthcheck")
+            if raw.get("healthcheck") is not None
+            else None
+        ),
     )
 
 

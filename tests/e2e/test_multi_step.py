@@ -23,7 +23,9 @@ from tests.e2e.conftest import docker_image_available, local_available
 STEPS = ("one", "two", "three")
 
 
-def make_task(root: Path, name: str, strategy: str, gate: bool) -> Path:
+def make_task(
+    root: Path, name: str, strategy: str, gate: bool, health: str | None = None
+) -> Path:
     """Step N asks for /app/N.txt holding N; step two's setup.sh leaves a marker its tests
     need; every step's test.sh sources the task's shared tests/lib.sh."""
     d = root / name
@@ -31,8 +33,17 @@ def make_task(root: Path, name: str, strategy: str, gate: bool) -> Path:
     (d / "tests").mkdir()
     (d / "environment" / "Dockerfile").write_text("FROM sandgym/terminal:latest\nWORKDIR /app\n")
     gate_line = "min_reward = 1.0\n" if gate else ""
+    health_toml = (
+        f'[steps.healthcheck]\ncommand = "{health}"\ninterval_sec = 0.2\n'
+        "start_interval_sec = 0.2\ntimeout_sec = 5\nretries = 3\nstart_period_sec = 5\n"
+        if health
+        else ""
+    )
     steps_toml = "".join(
-        f'[[steps]]\nname = "{s}"\n' + (gate_line if s == "one" else "") for s in STEPS
+        f'[[steps]]\nname = "{s}"\n'
+        + (gate_line if s == "one" else "")
+        + (health_toml if s == "two" else "")
+        for s in STEPS
     )
     (d / "task.toml").write_text(
         f'version = "1.0"\nmulti_step_reward_strategy = "{strategy}"\n'
@@ -59,7 +70,11 @@ def make_task(root: Path, name: str, strategy: str, gate: bool) -> Path:
         (sd / "solution" / "solve.sh").write_text(f"#!/bin/bash\necho {s} > /app/{s}.txt\n")
     wd = d / "steps" / "two" / "workdir"
     wd.mkdir()
-    (wd / "setup.sh").write_text("#!/bin/bash\ntouch /app/setup-two.marker\n")
+    # the marker, and (for the healthcheck) a service that is ready only a second later
+    (wd / "setup.sh").write_text(
+        "#!/bin/bash\ntouch /app/setup-two.marker\n"
+        "(sleep 1; touch /app/ready) >/dev/null 2>&1 </dev/null &\n"
+    )
     (wd / "given.txt").write_text("a file step two brings\n")
     return d
 
@@ -70,6 +85,8 @@ def task_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     make_task(root, "ms-mean-gated", "mean", gate=True)
     make_task(root, "ms-final", "final", gate=False)
     make_task(root, "ms-mean", "mean", gate=False)
+    make_task(root, "ms-health", "mean", gate=False, health="test -f /app/ready")
+    make_task(root, "ms-health-fails", "mean", gate=False, health="test -f /app/never")
     return root
 
 
@@ -194,3 +211,24 @@ def test_tasks_check_runs_every_steps_oracle(task_root: Path) -> None:
     assert (entry["oracle_reward"], entry["noop_reward"]) == (1.0, 0.0)
     assert entry["oracle_step_rewards"] == [1.0, 1.0, 1.0]
     assert entry["noop_step_rewards"] == [0.0]
+
+
+async def test_a_step_healthcheck_holds_the_step_until_ready(server: BackgroundServer) -> None:
+    async with AsyncEnvClient(server.url) as env:
+        await env.reset("ms-health", seed=0)
+        res = await env.step({"kind": "submit"})
+        assert not res.terminated and "Step two" in res.observation["output"]
+        res = await env.step({"kind": "command", "command": "test -f /app/ready && echo READY"})
+        assert "READY" in res.observation["output"]
+
+
+async def test_a_failing_step_healthcheck_ends_the_episode_with_its_output(
+    server: BackgroundServer,
+) -> None:
+    async with AsyncEnvClient(server.url) as env:
+        await env.reset("ms-health-fails", seed=0)
+        res = await env.step({"kind": "submit"})
+        assert res.terminated and res.reward == 0.0
+        step = res.info["step"]
+        assert step["rewards"] == [0.0]
+        assert step["stopped"].startswith("step 'two'") and "test -f /app/never" in step["stopped"]
