@@ -84,4 +84,5 @@ def entropy_of(logp: Any) -> Any:
     import torch
 
     p = logp.exp()
-    return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
+    # masked entries: p = 0 and logp = -inf; 0 * -inf would be nan, in the value and the grad
+    return -(p * torch.where(p > 0, logp, 0.0)).sum(-1)
