@@ -117,6 +117,17 @@ class Sandbox(abc.ABC):
         a verifier that must not run beside it. Backends without a safe way raise SandboxError."""
         raise SandboxError(f"the {self.backend_name} backend cannot kill the agent's processes")
 
+    async def warm_up(self) -> None:
+        """Start what the first action would otherwise start (the persistent shell), so that a
+        sandbox the pool hands out answers its first command in one round trip. The pool calls
+        it as part of creating a sandbox; backends without a shell do nothing."""
+        return None
+
+    def shell_alive(self) -> bool | None:
+        """Whether the persistent shell answers (None: not started, or none on this backend);
+        part of the pool's health check of a ready sandbox."""
+        return None
+
     async def set_network(self, policy: NetworkPolicy) -> None:
         """Switch to `policy` (a phase change: Harbor's agent or verifier network). Only the
         policies the spec named (`network`, `network_later`) can be switched to; the one in

@@ -981,6 +981,12 @@ class DockerSandbox(Sandbox):
         _code, out = await self._raw_exec(["sh", "-c", count_children_script(inner_pid)])
         return int(out.decode().strip() or 0)
 
+    async def warm_up(self) -> None:
+        await self._get_shell()
+
+    def shell_alive(self) -> bool | None:
+        return None if self._shell is None else bool(self._shell.is_alive())
+
     async def run(self, command: str, timeout_s: float = 60.0) -> ShellResult:
         shell = await self._get_shell()
         try:

@@ -510,6 +510,12 @@ class E2BSandbox(Sandbox):
     async def _count_children(self, pid: int) -> int:
         return int((await self._raw_run(count_children_script(pid))).strip() or 0)
 
+    async def warm_up(self) -> None:
+        await self._get_shell()
+
+    def shell_alive(self) -> bool | None:
+        return None if self._shell is None else bool(self._shell.is_alive())
+
     async def run(self, command: str, timeout_s: float = 60.0) -> ShellResult:
         shell = await self._get_shell()
         try:

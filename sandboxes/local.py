@@ -456,6 +456,12 @@ class LocalSandbox(Sandbox):
         res = await self.exec(count_children_script(pid), timeout_s=10)
         return int(res.stdout.strip() or 0)
 
+    async def warm_up(self) -> None:
+        await self._get_shell()
+
+    def shell_alive(self) -> bool | None:
+        return None if self._shell is None else bool(self._shell.is_alive())
+
     async def run(self, command: str, timeout_s: float = 60.0) -> ShellResult:
         shell = await self._get_shell()
         try:

@@ -737,7 +737,7 @@ class SandboxPool:
             # asyncio.timeout, not wait_for: no extra task, so a check that never suspends
             # (local, null) does not hand the loop to whatever else is runnable.
             async with asyncio.timeout(self.settings.health_check_timeout_s):
-                return await sb.is_alive()
+                return await sb.is_alive() and sb.shell_alive() is not False
         except Exception as exc:  # a check that errors or hangs means "not usable"
             log.info("pool: health check of %s failed: %s", sb.id, exc)
             return False
@@ -882,6 +882,17 @@ class SandboxPool:
                         try:
                             sb = await self.backend.create(k.spec)
                             self._ledger.track(sb.id)
+                            try:
+                                # Ready means ready: the shell is started (and counted in the
+                                # creation) before the sandbox is handed out.
+                                await sb.warm_up()
+                            except BaseException:
+                                failed, sb = sb, None
+                                try:
+                                    await asyncio.shield(self._close_quietly(failed))
+                                finally:
+                                    self._ledger.tracked.discard(failed.id)
+                                raise
                         finally:
                             self._in_backend_create.discard(me)  # type: ignore[arg-type]
                             self._ledger.in_flight.discard(token)
