@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -64,6 +66,7 @@ async def sandbox_factory(request):
         made.append(sb)
         return sb
 
+    make.backend_name = name  # type: ignore[attr-defined]
     yield make
     for sb in made:
         await sb.close()
@@ -174,32 +177,132 @@ async def test_path_traversal_refused(sandbox_factory):
     assert not await asyncio.to_thread(os.path.exists, f"/tmp/{marker}")
 
 
+def _cgroup_dir(sb: object, controller: str) -> Path:
+    """Host path of the sandbox's own cgroup for `controller` (v1) or its unified group (v2)."""
+    cg = getattr(sb, "cg", None)
+    if cg is not None:  # local: the backend's CgroupSet
+        return cg.dirs["unified" if cg.v2 else controller]
+    container_id = sb.container_id  # type: ignore[attr-defined]
+    pid = subprocess.run(
+        ["docker", "inspect", "-f", "{{.State.Pid}}", container_id],
+        capture_output=True, text=True, check=True, timeout=30,
+    ).stdout.strip()  # fmt: skip
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            return Path("/sys/fs/cgroup", controller, path.lstrip("/"))
+        if controllers == "":  # v2 (listed last, after any v1 hierarchy)
+            return Path("/sys/fs/cgroup", path.lstrip("/"))
+    raise AssertionError(f"no {controller} cgroup for container {container_id}")
+
+
+def _read(d: Path, *names: str) -> str:
+    """The first of `names` (v1 / v2 spellings) that exists in `d`."""
+    for name in names:
+        if (d / name).exists():
+            return (d / name).read_text().strip()
+    raise AssertionError(f"none of {names} in {d}")
+
+
 async def test_memory_hog_is_killed(sandbox_factory):
     sb = await sandbox_factory(memory_mb=128)
+    mem = _cgroup_dir(sb, "memory")
+    limit = 128 * 2**20
+    assert int(_read(mem, "memory.limit_in_bytes", "memory.max")) == limit
     res = await sb.exec(
-        "python3 -c 'b = bytearray(1024 * 1024 * 1024); print(len(b))'", timeout_s=60
+        "python3 -c 'b = bytearray(1024 * 1024 * 1024); print(len(b))'; echo rc=$?",
+        timeout_s=60,
     )
-    assert res.exit_code != 0
+    # Killed by the memory limit: SIGKILL (the OOM killer; 128 + 9), not a timeout, not a
+    # MemoryError, and not a success.
+    assert not res.timed_out, res
+    assert res.stdout.strip().splitlines()[-1] == "rc=137", res
+    # ...after the sandbox's memory use reached the limit (and never went past it).
+    peak = int(_read(mem, "memory.max_usage_in_bytes", "memory.peak"))
+    assert 0.9 * limit <= peak <= limit, (peak, limit)
     assert (await sb.exec("echo alive")).stdout == "alive\n"
 
 
 async def test_fork_bomb_is_contained(sandbox_factory):
     sb = await sandbox_factory(pids_limit=64)
-    res = await sb.exec("bomb() { bomb | bomb & }; bomb; sleep 3", timeout_s=6)
-    assert res.exit_code is None or res.exit_code != 0 or "fork" in res.stderr
-    await asyncio.sleep(0.5)
+    pids = _cgroup_dir(sb, "pids")
+    assert _read(pids, "pids.max") == "64"
+    bomb = asyncio.create_task(
+        sb.exec("bomb() { bomb | bomb & }; bomb; sleep 60", timeout_s=10)
+    )
+    peak = 0
+    while not bomb.done() and peak < 64:  # the bomb is ended by its timeout (bounded)
+        peak = max(peak, int(_read(pids, "pids.current")))
+        await asyncio.sleep(0.02)
+    res = await bomb
+    # The process count reached the pids limit, and the kernel refused forks past it (bash
+    # says so and retries); the bomb was not merely slow until its timeout.
+    assert peak >= 64, peak
+    assert "fork: retry: Resource temporarily unavailable" in res.stderr, res.stderr[-500:]
     ok = await sb.exec("echo alive", timeout_s=30)
     assert ok.stdout == "alive\n"
 
 
+class _Banner:
+    """A TCP listener on this machine that greets each connection with a token, and counts
+    them: the target a sandbox without network must not reach."""
+
+    def __init__(self, host: str) -> None:
+        self.token = f"sg-probe-{os.urandom(4).hex()}"
+        self.sock = socket.create_server((host, 0))
+        self.host, self.port = host, self.sock.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            with conn:
+                conn.sendall(self.token.encode() + b"\n")
+
+    def probe(self) -> str:
+        return (
+            'python3 -c "import socket; '
+            f"s = socket.create_connection(('{self.host}', {self.port}), 3); "
+            'print(s.recv(64).decode().strip())"'
+        )
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _bridge_gateway(route_table: str) -> str:
+    """The default gateway in a /proc/net/route dump: the host's end of the bridge."""
+    for line in route_table.splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == "00000000":
+            return socket.inet_ntoa(int(fields[2], 16).to_bytes(4, "little"))
+    raise AssertionError(f"no default route in {route_table!r}")
+
+
 async def test_no_network_when_off(sandbox_factory):
-    sb = await sandbox_factory(network=False)
-    res = await sb.exec(
-        'python3 -c "import socket; s=socket.socket(); s.settimeout(3); '
-        "s.connect(('1.1.1.1', 80))\"",
-        timeout_s=20,
-    )
-    assert res.exit_code != 0
+    # The same probe of a listener on this machine must succeed from a public sandbox (so an
+    # offline host cannot make this pass) and fail from one with network=False.
+    public = await sandbox_factory(network=True)
+    if sandbox_factory.backend_name == "local":
+        host = "127.0.0.1"  # a public local sandbox shares the host's network
+    else:
+        host = _bridge_gateway((await public.exec("cat /proc/net/route")).stdout)
+    banner = _Banner(host)
+    try:
+        reached = await public.exec(banner.probe(), timeout_s=20)
+        assert (reached.exit_code, reached.stdout.strip()) == (0, banner.token), reached
+        assert banner.accepted == 1
+        sb = await sandbox_factory(network=False)
+        res = await sb.exec(banner.probe(), timeout_s=20)
+        assert res.exit_code != 0 and banner.token not in res.stdout, res
+        assert banner.accepted == 1
+    finally:
+        banner.close()
 
 
 async def test_close_twice_and_exec_after_close(sandbox_factory):
