@@ -223,6 +223,12 @@ class SandboxBackend(abc.ABC):
     async def create(self, spec: SandboxSpec) -> Sandbox:
         """Create and start a sandbox matching `spec`; raise SandboxCreateError on failure."""
 
+    async def prepare(self, spec: SandboxSpec) -> str:
+        """Make what sandboxes of `spec` are created from (an image built from its build
+        context), ahead of any episode: `built`, `reused` (already there) or `none` (this
+        backend builds nothing). Raises SandboxCreateError when it cannot be made."""
+        return "none"
+
     def check_network(self, spec: SandboxSpec) -> None:
         """Raise NetworkPolicyUnsupportedError unless this backend can enforce every network
         policy of `spec` and the switches between them. By default: public or no-network, one

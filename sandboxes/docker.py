@@ -1259,6 +1259,21 @@ class DockerBackend(SandboxBackend):
         except docker.errors.ImageNotFound:
             return False
 
+    async def prepare(self, spec: SandboxSpec) -> str:
+        """Build (once per content hash) the images a sandbox of `spec` and its services run;
+        `built` when any was built now, else `reused`."""
+        before = self.builds
+        await self.image_for(spec)
+        for svc in spec.services:
+            probe = SandboxSpec(
+                image=svc.image or None, build_context=svc.build_context, dockerfile=svc.dockerfile
+            )
+            try:
+                await self.image_for(probe)
+            except SandboxCreateError as exc:
+                raise SandboxCreateError(f"service {svc.name!r}: {exc}") from exc
+        return "built" if self.builds > before else "reused"
+
     async def image_for(self, spec: SandboxSpec) -> str:
         """The image a sandbox of `spec` runs: by name, or built (once per content hash)."""
         if spec.build_context is None:

@@ -62,6 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p_list.add_argument("--no-builtin", action="store_true", help="leave out the catalog")
     p_list.add_argument("--json", action="store_true", help="print one JSON document")
 
+    from tasks.prepare import add_prepare_arguments
+
+    add_prepare_arguments(
+        sub.add_parser("prepare", help="build every task's environment ahead of training")
+    )
     p_check = sub.add_parser("check", help="oracle must score 1.0 and a no-op episode 0.0")
     p_check.add_argument(
         "paths", nargs="+", metavar="PATH", help="task directories or dataset folders"
@@ -104,6 +109,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.tasks_command == "prepare":
+        from tasks.prepare import run_prepare
+
+        return run_prepare(args)
     if args.tasks_command == "list":
         return _list(args)
     if args.tasks_command == "check":
