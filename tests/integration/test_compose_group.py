@@ -56,9 +56,9 @@ KV = textwrap.dedent(
     """
 )
 
-#: kv: a compose healthcheck (Docker waits for it); slow: none, but the task's [environment]
-#: healthcheck polls it. slow starts listening well after kv is healthy and main has started,
-#: so each wait is needed for the first command to see its service.
+#: kv: a compose healthcheck (Docker's health, waited for) and 5 s before it listens. Without
+#: the wait, main would be handed out seconds before kv answers, and the first command would not
+#: see it.
 COMPOSE = textwrap.dedent(
     """\
     services:
@@ -72,7 +72,7 @@ COMPOSE = textwrap.dedent(
         build:
           context: ./kv
         environment:
-          KV_DELAY: "2.5"
+          KV_DELAY: "5"
           KV_NAME: kv
         healthcheck:
           test: ["CMD", "python3", "-c", "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/ready')"]
@@ -80,23 +80,8 @@ COMPOSE = textwrap.dedent(
           timeout: 5s
           retries: 30
         ports: ["8000"]
-      slow:
-        build: ./kv
-        command: ["python3", "/kv.py"]
-        environment:
-          KV_DELAY: "7"
-          KV_NAME: slow
     """
 )
-
-HEALTH_OK = """
-[environment.healthcheck]
-command = "curl -fsS -m 2 http://slow:8000/ready"
-interval_sec = 0.5
-start_interval_sec = 0.5
-retries = 40
-timeout_sec = 5
-"""
 
 HEALTH_FAIL = """
 [environment.healthcheck]
@@ -171,7 +156,7 @@ async def test_two_service_task_through_the_server(tmp_path: Path) -> None:
     from envserver.settings import ServerSettings
     from sandboxes.docker_group import LABEL_GROUP_OF
 
-    task_id = make_task(tmp_path, "kv-" + uuid.uuid4().hex[:8], HEALTH_OK)
+    task_id = make_task(tmp_path, "kv-" + uuid.uuid4().hex[:8], "")
     label = f"sandgym.task={task_id}"
     settings = ServerSettings(
         host="127.0.0.1", port=0, backend="docker", task_dirs=[tmp_path], include_builtin=False
@@ -183,20 +168,19 @@ async def test_two_service_task_through_the_server(tmp_path: Path) -> None:
             # oracle: 1.0
             obs, info = await env.reset(task_id, seed=0)
             sid = info["sandbox_id"]
-            # the first command sees both services up: kv (Docker health) and slow (the
-            # task's healthcheck); by name, from a sandbox whose agent phase has no network
+            # the first command sees the service up (Docker's health was waited for), by
+            # name, from a sandbox whose agent phase has no network
             res = await env.step(
                 {
                     "kind": "command",
-                    "command": "curl -fsS -m 3 http://kv:8000/ready; echo; "
-                    "curl -fsS -m 3 http://slow:8000/ready; echo; echo $FROM_COMPOSE",
+                    "command": "curl -fsS -m 3 http://kv:8000/ready; echo; echo $FROM_COMPOSE",
                 }
             )
             assert res.observation["exit_code"] == 0, res.observation["output"]
-            assert res.observation["output"].split() == ["kv", "slow", "yes"]
-            # the group: main + kv + slow on one network of its own, all labelled
+            assert res.observation["output"].split() == ["kv", "yes"]
+            # the group: main + kv on one network of its own, all labelled
             containers, networks = await asyncio.to_thread(leftovers, f"{LABEL_GROUP_OF}={sid}")
-            assert len(containers) == 2 and len(networks) == 1, (containers, networks)
+            assert len(containers) == 1 and len(networks) == 1, (containers, networks)
             res = await env.step(
                 {"kind": "command", "command": "curl -fsS -X PUT --data 42 http://kv:8000/answer"}
             )
@@ -271,9 +255,9 @@ async def test_sigkilled_server_leaves_a_group_the_restarted_one_reaps(tmp_path:
             await env.drop_connection()
         # SIGKILL ran no cleanup: the whole group is still there
         containers, networks = await asyncio.to_thread(leftovers, label)
-        assert len(containers) == 3 and len(networks) == 1, (containers, networks)
+        assert len(containers) == 2 and len(networks) == 1, (containers, networks)
         side, _ = await asyncio.to_thread(leftovers, f"{LABEL_GROUP_OF}={sid}")
-        assert len(side) == 2
+        assert len(side) == 1
         restarted = await asyncio.to_thread(start)
         await _wait_for(
             lambda: leftovers(label) == ([], []), 30, "the restarted server to reap the group"
@@ -283,3 +267,42 @@ async def test_sigkilled_server_leaves_a_group_the_restarted_one_reaps(tmp_path:
         if restarted is not None:
             await asyncio.to_thread(restarted.stop)
     assert await asyncio.to_thread(leftovers, label) == ([], [])
+
+
+async def test_healthcheck_delays_the_sandbox_until_it_passes() -> None:
+    """The sandbox's own healthcheck (Harbor's [environment] healthcheck) holds creation back:
+    it polls for a file that this test puts into the container 1.5 s after it appears;
+    `create` returns only after that, and the first command sees the file."""
+    from sandboxes import SandboxSpec
+    from sandboxes.docker import DockerBackend
+    from sandboxes.services import HealthcheckSpec
+
+    owner = "test-health-" + uuid.uuid4().hex[:6]
+    backend = DockerBackend(owner_id=owner)
+    spec = SandboxSpec(
+        healthcheck=HealthcheckSpec(
+            command="test -f /tmp/go", interval_s=0.2, start_interval_s=0.2, retries=100
+        )
+    )
+    released: list[float] = []
+
+    async def release() -> None:
+        def mine() -> list[str]:
+            return _docker("ps", "-q", "--filter", f"label=sandgym.owner={owner}")
+
+        await _wait_for(lambda: bool(mine()), 60, "the container")
+        await asyncio.sleep(1.5)
+        await asyncio.to_thread(_docker, "exec", mine()[0], "touch", "/tmp/go")
+        released.append(time.monotonic())
+
+    try:
+        releaser = asyncio.create_task(release())
+        sb = await backend.create(spec)
+        done = time.monotonic()
+        await releaser
+        assert released and done >= released[0], "create returned before the healthcheck passed"
+        assert (await sb.exec("test -f /tmp/go")).exit_code == 0
+        await sb.close()
+    finally:
+        await backend.reap(only_expired=False)
+        await backend.aclose()
