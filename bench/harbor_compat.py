@@ -86,15 +86,17 @@ REASONS: dict[str, str] = {
     "Debian's mirror and PyPI are)",
     "build_pip_unresolvable": "pip found no distribution for a pinned requirement (the version "
     "needs another Python than the mapped base's, or PyPI has none)",
-    "build_apt_package_missing": "an apt package does not exist on the mapped base (Debian "
-    "bookworm standing in for Ubuntu 24.04)",
+    "build_apt_package_missing": "an apt package (or a pinned version) does not exist in the "
+    "Debian release of the local stand-in image (e.g. Debian trixie standing in for "
+    "python:3.13-slim-bookworm); on a stand-in for an Ubuntu image this is reported as "
+    "needs_unreachable_host (archive.ubuntu.com) instead",
     "build_timeout": "the image did not build within the per-task timeout",
     "build_other": "the build failed for another reason (see the task's build_error)",
     "verifier_network": "the verifier failed while fetching something from the network",
     "verifier_timeout": "the verifier did not finish within its timeout_sec",
     "verifier_tool_missing": "the verifier calls a program its image lacks or cannot install "
     "there (e.g. a grader baked into a base image that had to be substituted, or one needing a "
-    "newer Python than the offline Debian bookworm base's 3.11)",
+    "newer Python than the stand-in's)",
     "verifier_no_reward": "the verifier wrote no reward.txt/reward.json (its tests did not run)",
     "verifier_other": "the verifier's reward file was unusable for another reason",
     "noop_nonzero": "the untouched environment already scores above 0 (a graded partial-credit "
@@ -345,6 +347,8 @@ def verdict(entry: Mapping[str, Any]) -> list[str]:
 _FAIL_WORD_RE = re.compile(
     r"(?i)error|fail|fatal|unable|couldn't|could not|refused|unreachable|timed out"
 )
+#: colour codes of docker build's streamed stderr (they split words, and so host names)
+_ANSI_RE = re.compile(r"\x1b?\[[0-9;]*m")
 #: apt on a Debian stand-in for an Ubuntu image, asked for what only Ubuntu's archive has
 _UBUNTU_APT_RE = re.compile(
     r"E: Version '[^']*(?:ubuntu|build\d)[^']*' for '[^']+' was not found|"
@@ -365,7 +369,7 @@ def unreachable_needs(entry: Mapping[str, Any]) -> list[str]:
     base = entry.get("base_image") or ""
     ubuntu = base.startswith(("ubuntu", "ghcr.io/laude-institute/t-bench/ubuntu"))
     texts = [
-        entry.get(k) or ""
+        _ANSI_RE.sub("", entry.get(k) or "")
         for k in (
             "build_error",
             "error",
@@ -767,7 +771,8 @@ def _stand_ins(bases: list[str], image_map: dict[str, str]) -> dict[str, Any]:
             "local_image": name,
             "id": iid[:19],
             "suite": lab.get("sandgym.suite"),
-            "stands_in_for": lab.get("sandgym.stands-in-for"),
+            "stands_in_for": lab.get("sandgym.stand-in-for"),
+            "made_from": lab.get("sandgym.stand-in-from"),
         }
     return out
 

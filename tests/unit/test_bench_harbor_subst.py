@@ -123,6 +123,13 @@ def test_shortfalls_that_need_an_unreachable_host_are_classified_so() -> None:
     )
     assert hc.verdict(build) == ["needs_unreachable_host", "build_network"]
     assert hc.unreachable_needs(build) == ["github.com"]
+    # docker build's coloured stderr splits the host name
+    coloured = dict(
+        build,
+        build_error="\x1b[91mc\x1b[0m\x1b[91mu\x1b[0mrl: (6) Could not resolve host: r\x1b[0m"
+        "\x1b[91maw.\x1b[0m\x1b[91mg\x1b[0mithubusercontent.com",
+    )
+    assert hc.unreachable_needs(coloured) == ["raw.githubusercontent.com"]
     nopy = _entry(
         oracle_reward=0.0,
         oracle_verifier_output="error: No interpreter found for Python 3.13 in managed "
