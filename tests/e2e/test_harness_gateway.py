@@ -17,7 +17,10 @@ import pytest
 
 from envserver.client import AsyncEnvClient, EnvError
 from envserver.runner import BackgroundServer
+from sandboxes import SandboxBackend, SandboxSpec, get_backend
+from sandboxes.network import PUBLIC
 from tests.e2e.conftest import local_available
+from tests.netprobe import Banner
 from trainer.config import ModelSettings
 from trainer.engines.base import Generation, InferenceEngine, SamplingParams
 from trainer.gateway import CallStore, GatewayServer, ModelGateway
@@ -70,6 +73,19 @@ class RecordingEngine(InferenceEngine):
         self.inner.load_state_dict(state_dict)
 
 
+async def assert_public_sandbox_reaches(
+    backend: SandboxBackend, banner: Banner, spec: SandboxSpec
+) -> None:
+    """The control of a no-network probe: the same probe from a public sandbox gets through."""
+    sb = await backend.create(spec.model_copy(update={"network": PUBLIC}))
+    try:
+        res = await sb.exec(banner.probe(), timeout_s=30)
+        assert (res.exit_code, res.stdout.strip()) == (0, banner.token), res
+    finally:
+        await sb.close()
+        await backend.aclose()
+
+
 @pytest.fixture(scope="module")
 def tok() -> Any:
     return load_tokenizer(ModelSettings(source="tiny"))
@@ -79,14 +95,18 @@ async def test_harness_in_sandbox_solves_hello_file_through_the_gateway(
     make_server: Callable[..., BackgroundServer], tok: Any, tmp_path: Path
 ) -> None:
     srv = make_server("local")
-    check = "```bash\ncurl -s -m 3 http://example.com >/dev/null 2>&1 || " + (
-        "python3 -c \"import socket; socket.create_connection(('1.1.1.1', 80), 2)\"\n```"
-    )
+    # The no-network probe: a listener on this machine's loopback, which a public local sandbox
+    # reaches (checked below), so the probe can fail only for want of a network.
+    banner = Banner("127.0.0.1")
+    check = f"```bash\n{banner.probe()}\n```"
     engine = ScriptedEngine(tok, [SOLVE, check, '<tool_call>{"name": "submit"}</tool_call>'])
     gw = ModelGateway([engine], tok, CallStore(tmp_path / "gateway.sqlite"))
-    async with GatewayServer(gw) as gsrv:
-        runner = HarnessRunner(gw, gsrv.root, lambda: AsyncEnvClient(srv.url), max_turns=5)
-        ep = await runner.run_episode("builtin/hello-file", 0)
+    with banner:
+        async with GatewayServer(gw) as gsrv:
+            runner = HarnessRunner(gw, gsrv.root, lambda: AsyncEnvClient(srv.url), max_turns=5)
+            ep = await runner.run_episode("builtin/hello-file", 0)
+        assert banner.accepted == 0
+        await assert_public_sandbox_reaches(get_backend("local"), banner, SandboxSpec())
     assert ep.error is None, ep.error
     assert ep.termination == "submitted" and ep.reward == 1.0
     steps = ep.trajectories[0].steps
@@ -100,7 +120,8 @@ async def test_harness_in_sandbox_solves_hello_file_through_the_gateway(
     second_obs = tok.decode(steps[1].prompt_ids[len(steps[0].prompt_ids) :])
     assert "Hello, world!" in second_obs
     third_obs = tok.decode(steps[2].prompt_ids[len(steps[1].prompt_ids) :])
-    assert "[exit code 0]" not in third_obs.split("[bash result]")[-1]
+    probe_result = third_obs.split("[bash result]")[-1]
+    assert "[exit code 0]" not in probe_result and banner.token not in probe_result
     assert gw.store.calls(gw.new_session()) == [] and not gw._sessions  # consumed
 
 

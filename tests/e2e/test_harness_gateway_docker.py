@@ -15,8 +15,11 @@ import pytest
 
 from envserver.client import AsyncEnvClient
 from envserver.runner import BackgroundServer
+from sandboxes import SandboxSpec, get_backend
+from sandboxes.network import PUBLIC
 from tests.e2e.conftest import docker_image_available
-from tests.e2e.test_harness_gateway import SOLVE, ScriptedEngine
+from tests.e2e.test_harness_gateway import SOLVE, ScriptedEngine, assert_public_sandbox_reaches
+from tests.netprobe import Banner, default_gateway
 from trainer.config import ModelSettings
 from trainer.gateway import CallStore, GatewayServer, ModelGateway
 from trainer.harness import HarnessRunner
@@ -33,18 +36,30 @@ async def test_harness_in_docker_sandbox_solves_hello_file_through_the_gateway(
 ) -> None:
     tok: Any = load_tokenizer(ModelSettings(source="tiny"))
     srv = make_server("docker")
-    offline = (
-        "```bash\npython3 -c \"import socket; socket.create_connection(('1.1.1.1', 80), 2)\"\n```"
-    )
+    # The no-network probe: a listener on this machine's end of Docker's bridge, which a public
+    # container reaches (checked below), so the probe can fail only for want of a network.
+    backend = get_backend("docker")
+    spec = SandboxSpec(image="sandgym/terminal:latest", network=PUBLIC)
+    sb = await backend.create(spec)
+    try:
+        bridge_host = default_gateway((await sb.exec("cat /proc/net/route")).stdout)
+    finally:
+        await sb.close()
+    banner = Banner(bridge_host)
+    offline = f"```bash\n{banner.probe()}\n```"
     engine = ScriptedEngine(tok, [SOLVE, offline, '<tool_call>{"name": "submit"}</tool_call>'])
     gw = ModelGateway([engine], tok, CallStore(tmp_path / "gateway.sqlite"))
-    async with GatewayServer(gw) as gsrv:
-        runner = HarnessRunner(gw, gsrv.root, lambda: AsyncEnvClient(srv.url), max_turns=5)
-        ep = await runner.run_episode("builtin/hello-file", 0)
+    with banner:
+        async with GatewayServer(gw) as gsrv:
+            runner = HarnessRunner(gw, gsrv.root, lambda: AsyncEnvClient(srv.url), max_turns=5)
+            ep = await runner.run_episode("builtin/hello-file", 0)
+        assert banner.accepted == 0
+        await assert_public_sandbox_reaches(backend, banner, spec)
     assert ep.error is None, ep.error
     assert ep.termination == "submitted" and ep.reward == 1.0
     steps = ep.trajectories[0].steps
     assert [s.prompt_ids for s in steps] == engine.prompts and len(steps) == 3
     assert "Hello, world!" in tok.decode(steps[1].prompt_ids[len(steps[0].prompt_ids) :])
     third_obs = tok.decode(steps[2].prompt_ids[len(steps[1].prompt_ids) :])
-    assert "[exit code 0]" not in third_obs.split("[bash result]")[-1]  # no network in there
+    probe_result = third_obs.split("[bash result]")[-1]  # no network in there
+    assert "[exit code 0]" not in probe_result and banner.token not in probe_result

@@ -10,9 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import subprocess
-import threading
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ from sandboxes import (
     SandboxSpec,
     get_backend,
 )
+from tests.netprobe import Banner, default_gateway
 
 DOCKER_IMAGE = os.environ.get("SANDGYM_TEST_IMAGE", "sandgym/terminal:latest")
 
@@ -227,9 +226,7 @@ async def test_fork_bomb_is_contained(sandbox_factory):
     sb = await sandbox_factory(pids_limit=64)
     pids = _cgroup_dir(sb, "pids")
     assert _read(pids, "pids.max") == "64"
-    bomb = asyncio.create_task(
-        sb.exec("bomb() { bomb | bomb & }; bomb; sleep 60", timeout_s=10)
-    )
+    bomb = asyncio.create_task(sb.exec("bomb() { bomb | bomb & }; bomb; sleep 60", timeout_s=10))
     peak = 0
     while not bomb.done() and peak < 64:  # the bomb is ended by its timeout (bounded)
         peak = max(peak, int(_read(pids, "pids.current")))
@@ -243,47 +240,6 @@ async def test_fork_bomb_is_contained(sandbox_factory):
     assert ok.stdout == "alive\n"
 
 
-class _Banner:
-    """A TCP listener on this machine that greets each connection with a token, and counts
-    them: the target a sandbox without network must not reach."""
-
-    def __init__(self, host: str) -> None:
-        self.token = f"sg-probe-{os.urandom(4).hex()}"
-        self.sock = socket.create_server((host, 0))
-        self.host, self.port = host, self.sock.getsockname()[1]
-        self.accepted = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            with conn:
-                conn.sendall(self.token.encode() + b"\n")
-
-    def probe(self) -> str:
-        return (
-            'python3 -c "import socket; '
-            f"s = socket.create_connection(('{self.host}', {self.port}), 3); "
-            'print(s.recv(64).decode().strip())"'
-        )
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def _bridge_gateway(route_table: str) -> str:
-    """The default gateway in a /proc/net/route dump: the host's end of the bridge."""
-    for line in route_table.splitlines()[1:]:
-        fields = line.split()
-        if fields[1] == "00000000":
-            return socket.inet_ntoa(int(fields[2], 16).to_bytes(4, "little"))
-    raise AssertionError(f"no default route in {route_table!r}")
-
-
 async def test_no_network_when_off(sandbox_factory):
     # The same probe of a listener on this machine must succeed from a public sandbox (so an
     # offline host cannot make this pass) and fail from one with network=False.
@@ -291,8 +247,8 @@ async def test_no_network_when_off(sandbox_factory):
     if sandbox_factory.backend_name == "local":
         host = "127.0.0.1"  # a public local sandbox shares the host's network
     else:
-        host = _bridge_gateway((await public.exec("cat /proc/net/route")).stdout)
-    banner = _Banner(host)
+        host = default_gateway((await public.exec("cat /proc/net/route")).stdout)
+    banner = Banner(host)
     try:
         reached = await public.exec(banner.probe(), timeout_s=20)
         assert (reached.exit_code, reached.stdout.strip()) == (0, banner.token), reached
