@@ -42,6 +42,12 @@ sandbox's network namespace shared, so nothing the agent left running can reach 
 reward files while its services stay reachable on localhost; container and image are removed
 after every verify (see `DockerSandbox.exec_private` for what a snapshot lacks, and the cost).
 
+Groups: a spec with `services` (a compose file's other services) runs them beside the sandbox
+on a private network of their own, the sandbox's container joined to it in every phase
+(`sandboxes.docker_group`); they go with it on close, sweep and reap. Healthchecks: an image's
+HEALTHCHECK is waited for through Docker's status, `spec.healthcheck` is run inside
+(`sandboxes.health`), before `create` returns.
+
 Reaping: `reap(only_expired=True)` removes containers of any owner whose lease expired or whose
 owning process on this host is dead; `reap(only_expired=False)` also removes every container this
 backend's owner created (what a server does when it shuts down or restarts under the same id).
