@@ -7,6 +7,8 @@ images/bootstrap-base.sh (idempotent; about 100 s the first time).
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import os
 import shutil
 import subprocess
@@ -415,12 +417,37 @@ async def test_unavailable_engine_is_a_clear_error(monkeypatch: pytest.MonkeyPat
     await b.aclose()
 
 
-async def test_storage_limit_is_applied_or_skipped_with_a_warning(backend) -> None:
-    # overlay2 supports a size limit only on xfs with pquota; elsewhere create must still work.
-    sb = await backend.create(SandboxSpec(storage_mb=512))
+async def test_storage_limit_is_applied_or_skipped_with_a_warning(backend, caplog) -> None:
+    # A total quota (`--storage-opt size`) needs btrfs, or overlay2 on xfs with pquota; elsewhere
+    # create must still work, with the per-file cap alone and a warning saying so.
+    mb = 16
+    with caplog.at_level(logging.INFO, logger="sandboxes.docker"):
+        sb = await backend.create(SandboxSpec(storage_mb=mb))
     try:
         assert (await sb.exec("echo ok")).stdout == "ok\n"
-        assert backend._storage_opt_ok in (True, False)
+        inspect = await asyncio.to_thread(
+            subprocess.run,
+            ["docker", "inspect", "-f", "{{json .HostConfig}}", sb.container_id],
+            capture_output=True, text=True, check=True, timeout=30,
+        )  # fmt: skip
+        host = json.loads(inspect.stdout)
+        # The per-file cap is always in force, and it holds.
+        assert {"Name": "fsize", "Soft": mb * 2**20, "Hard": mb * 2**20} in host["Ulimits"]
+        r = await sb.exec(f"head -c {mb + 1}M /dev/zero > /app/big; echo rc=$?; wc -c < /app/big")
+        rc, size = r.stdout.split()
+        assert rc != "rc=0" and int(size) <= mb * 2**20, r
+        if backend._storage_opt_ok:
+            assert int(host["StorageOpt"]["size"].rstrip("M")) >= mb, host["StorageOpt"]
+            assert "a total quota per sandbox" in caplog.text
+        else:
+            assert backend._storage_opt_ok is False  # decided by this create, never left open
+            assert not host.get("StorageOpt"), host["StorageOpt"]
+            assert "refuses a total quota" in caplog.text
+        if (
+            os.environ.get("SANDGYM_DOCKER_STORAGE") == "btrfs-quota"
+            or backend._driver() == "btrfs"
+        ):
+            assert backend._storage_opt_ok is True  # the engine CI makes has a total quota
     finally:
         await sb.close()
 
