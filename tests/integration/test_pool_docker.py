@@ -124,8 +124,25 @@ async def test_pool_on_docker_hits_replaces_caps_and_cleans_up(backend: Any) -> 
                 await pool.release(sb)
             return sb.id
 
-        ids = await asyncio.gather(*(episode() for _ in range(8)))
+        # The cap is read from the engine, not from the pool's own counter: the containers of
+        # this owner, in any state, listed over and over while the burst runs.
+        burst_done = asyncio.Event()
+        seen: list[int] = []
+
+        async def watch_engine() -> None:
+            while not burst_done.is_set():
+                seen.append(len(await backend.owned_sandbox_ids()))
+                await asyncio.sleep(0.02)
+
+        watcher = asyncio.create_task(watch_engine())
+        try:
+            ids = await asyncio.gather(*(episode() for _ in range(8)))
+        finally:
+            burst_done.set()
+            await watcher
         assert len(set(ids)) == 8
+        assert len(seen) >= 3 and max(seen) >= 2, seen  # the watcher saw the burst
+        assert max(seen) <= 4, seen
         assert pool.stats.peak_total <= 4
 
         # Creations in flight at close() are destroyed too.
