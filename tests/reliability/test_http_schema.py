@@ -32,7 +32,16 @@ def test_http_api_never_answers_5xx(http_schema: Any) -> None:
     paths = {op.path for op in operations}
     assert {"/healthz", "/v1/tasks", "/v1/pool", "/v1/sessions", "/v1/pool/prewarm"} <= paths
     statuses: dict[int, int] = {}
-    runs = [(op, mode) for op in operations for mode in schemathesis.GenerationMode]
+    # Negative cases need something to make invalid: an operation without parameters or body
+    # has none (hypothesis would report Unsatisfiable), so it runs in positive mode only.
+    # Nothing else is passed over: any error of the run fails the test.
+    runs = [
+        (op, mode)
+        for op in operations
+        for mode in schemathesis.GenerationMode
+        if mode is schemathesis.GenerationMode.POSITIVE or _has_inputs(op)
+    ]
+    assert any(mode is schemathesis.GenerationMode.NEGATIVE for _, mode in runs)
     for op, mode in runs:
 
         @settings(
@@ -47,11 +56,9 @@ def test_http_api_never_answers_5xx(http_schema: Any) -> None:
                 f"{response.status_code} {response.text[:300]}"
             )
 
-        try:
-            call()
-        except AssertionError:
-            raise
-        except Exception as exc:  # an operation with nothing to make invalid (no parameters)
-            if "negative" not in str(exc).lower() and "Unsatisfiable" not in type(exc).__name__:
-                raise
+        call()
     assert sum(statuses.values()) >= len(operations) and 422 in statuses, statuses
+
+
+def _has_inputs(op: Any) -> bool:
+    return any(True for _ in op.iter_parameters()) or any(True for _ in op.body)
