@@ -4,6 +4,7 @@ and `run_episodes` streaming results as they finish (null backend)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import gymnasium
 import pytest
@@ -43,17 +44,25 @@ def test_remote_env_surfaces_server_errors(null_server):
 
 
 async def test_run_episodes_streams_results(null_server):
+    # Episode 0 is held until the consumer has received the other five results: only a
+    # run_episodes that yields episodes as they finish gets there (one that yields in submission
+    # order would wait on episode 0 and time out, then yield it first).
+    others_received = asyncio.Event()
+
     async def agent(state: EpisodeState):
         if state.steps:
             return None  # submit after one command
         if state.request.seed == 0:
-            await asyncio.sleep(0.5)  # the slow episode must not hold back the others
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(others_received.wait(), 30)
         return f"echo {state.request.seed}"
 
     episodes = [EpisodeRequest(NULL_TASK, seed=i) for i in range(6)]
     order = []
     async for res in run_episodes(null_server.url, episodes, agent, concurrency=3):
         order.append(res.seed)
+        if len(order) == 5:
+            others_received.set()
         # the null backend's fake shell cannot run the verifier: submit fails with a code
         assert res.error is not None and res.error.code == "internal"
         assert res.steps[0]["observation"]["output"] == f"{res.seed}\n"
