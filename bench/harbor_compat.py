@@ -354,6 +354,7 @@ _UBUNTU_APT_RE = re.compile(
     r"E: Version '[^']*(?:ubuntu|build\d)[^']*' for '[^']+' was not found|"
     r"E: Unable to locate package|has no installation candidate"
 )
+_APT_VERSION_RE = re.compile(r"E: Version '[^']+' for '[^']+' was not found")
 _NO_PYTHON_RE = re.compile(r"No interpreter found for Python (\d+\.\d+)")
 
 
@@ -378,7 +379,13 @@ def unreachable_needs(entry: Mapping[str, Any]) -> list[str]:
             "noop_verifier_output",
         )
     ]
+    # a stand-in of the very Debian release the task names, short of a pinned older version
+    same_debian = base.startswith(("debian:13", "debian:trixie", "debian:12", "debian:bookworm"))
     for text in texts:
+        if same_debian and _APT_VERSION_RE.search(text):
+            need = "snapshot.debian.org (a pinned package version the Debian mirror no longer has)"
+            if need not in found:
+                found.append(need)
         if ubuntu and _UBUNTU_APT_RE.search(text):
             need = "archive.ubuntu.com (a package or version only Ubuntu's archive has)"
             if need not in found:

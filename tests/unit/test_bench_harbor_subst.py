@@ -149,8 +149,14 @@ def test_shortfalls_that_need_an_unreachable_host_are_classified_so() -> None:
     )
     assert hc.verdict(pinned)[0] == "needs_unreachable_host"
     assert hc.unreachable_needs(pinned)[0].startswith("archive.ubuntu.com")
-    on_debian = dict(pinned, base_image="debian:13")
+    on_debian = dict(pinned, base_image="python:3.13-slim-bookworm")  # a stand-in's gap
     assert hc.verdict(on_debian) == ["oracle_below_one"]
+    old_point = dict(
+        pinned,
+        base_image="debian:13.0-slim",
+        oracle_output="E: Version '20250419' for 'ca-certificates' was not found",
+    )
+    assert hc.unreachable_needs(old_point)[0].startswith("snapshot.debian.org")
     absent = _entry(oracle_reward=0.0, absent_files=["tests/weights.pt"])
     assert hc.verdict(absent)[0] == "needs_unreachable_host"
     # a failure on a reachable host, or a task that merely names one, is not such a need
