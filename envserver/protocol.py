@@ -206,6 +206,29 @@ DESKTOP_ACTION_KINDS = frozenset(
 
 
 # -- client -> server ---------------------------------------------------------------------------
+class GroupOptions(_Wire):
+    """`reset.options.group` (protocol 1.1): this episode is one of `size` that start from one
+    prepared state (GRPO/RLOO groups). The first reset of a group id prepares the sandbox
+    (environment, task set-up, the seed's instance); the others start from a copy of it and
+    then diverge on their own. Every member names the same task, seed and size; a failed
+    preparation fails every member with the same error. `info.group` reports `id`, `size`,
+    `member` (0 = the one prepared) and `forked`."""
+
+    id: str = Field(min_length=1, max_length=128, description="the group's id, unique per group")
+    size: int = Field(ge=1, le=1024, description="how many episodes the group holds")
+
+
+class ResetOptions(_Wire):
+    """`reset.options`: typed (protocol 1.1); unknown keys are refused."""
+
+    group: GroupOptions | None = Field(None, description="start from a group's prepared state")
+    gateway_url: str | None = Field(
+        None,
+        description="http://127.0.0.1:PORT of a model gateway, bridged into the sandbox as the "
+        "unix socket /run/sandgym/gateway.sock (local, docker)",
+    )
+
+
 class ResetMsg(_Wire):
     """Start a new episode of `task_id` on this connection (ending any previous one)."""
 
@@ -213,7 +236,7 @@ class ResetMsg(_Wire):
     request_id: str
     task_id: str
     seed: int | None = None
-    options: dict[str, Any] = Field(default_factory=dict)
+    options: ResetOptions = Field(default_factory=ResetOptions)
 
 
 class StepMsg(_Wire):

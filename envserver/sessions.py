@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from envserver.actions import apply_action, apply_desktop
 from envserver.errors import BusyError, CapacityError, NoEpisodeError
+from envserver.groups import Group, GroupRegistry, Prepared
 from envserver.metrics import ServerMetrics
 from envserver.protocol import (
     DESKTOP_ACTION_KINDS,
@@ -49,6 +50,7 @@ from envserver.protocol import (
 )
 from envserver.settings import ServerSettings
 from sandboxes import Sandbox, SandboxBackend, get_backend
+from sandboxes.errors import SnapshotUnsupportedError
 from sandboxes.pool import PoolSettings, SandboxPool
 
 if TYPE_CHECKING:
@@ -73,6 +75,7 @@ class Session:
     seed: int | None
     desktop: Any = None  # sandboxes.desktop.Desktop of a desktop task, else None
     bridge: Any = None  # envserver.gateway_bridge.GatewayBridge when reset asked for one
+    group: Any = None  # envserver.groups.Group when reset named one (until released)
     started: float = field(default_factory=time.monotonic)
     last_active: float = field(default_factory=time.monotonic)
     steps: int = 0
@@ -121,6 +124,7 @@ class EnvService:
         # task id -> (task object, its SandboxSpec): building a spec reads the task's files.
         self._specs: dict[str, tuple[Any, Any]] = {}
         self._network_ceiling = settings.network_ceiling_policy()
+        self.groups: GroupRegistry | None = None  # made with the pool, in start()
         self.metrics.sessions_active.set_function(lambda: len(self.sessions))
         self.metrics.sessions_detached.set_function(
             lambda: sum(1 for s in self.sessions.values() if s.conn is None)
@@ -153,6 +157,7 @@ class EnvService:
             PoolSettings(min_ready=s.pool_size, max_total=max(s.pool_max_total, s.max_sessions)),
         )
         await self.pool.start()
+        self.groups = GroupRegistry(self.backend, self.pool, ttl_s=s.group_ttl_s)
         self.metrics.watch_pool(self.pool.snapshot)
         self._sweeper = asyncio.create_task(self._sweep_loop(), name="sandgym-session-sweep")
         log.info(
@@ -182,6 +187,8 @@ class EnvService:
         await asyncio.gather(*(self._end(s, "shutdown") for s in sessions), return_exceptions=True)
         if self._ending:
             await asyncio.gather(*self._ending, return_exceptions=True)
+        if self.groups is not None:
+            await asyncio.shield(self.groups.close())
         if self.pool is not None:
             await asyncio.shield(self.pool.close())
         if self.backend is not None and self._own_backend:
@@ -221,28 +228,55 @@ class EnvService:
                 f"server is at capacity: {len(self.sessions)} episodes running, "
                 f"max_sessions={self.settings.max_sessions}"
             )
+        group, member = None, 0
+        if msg.options.group is not None:
+            assert self.groups is not None
+            group, member = self.groups.join(msg.options.group, msg.task_id, msg.seed)
         self._reserved += 1
         try:
             spec = self.spec_for(task)
+            prepared = None
+            if group is not None and member > 0:  # wait for member 0's preparation
+                prepared = await asyncio.shield(group.prepared)
             t0 = time.perf_counter()
-            sandbox = await self.pool.acquire(spec)
+            fork_spec = prepared.fork_spec if prepared is not None else None
+            forked = fork_spec is not None
+            sandbox = await self.pool.acquire(fork_spec if fork_spec is not None else spec)
             acquire_s = time.perf_counter() - t0
             self.metrics.acquire_latency.observe(acquire_s)
+            if group is not None and member > 0:
+                assert self.groups is not None
+                self.groups.acquired(group)
             try:
                 t1 = time.perf_counter()
-                setup = await prepare_episode(
-                    task, sandbox, msg.seed, network_ceiling=self._network_ceiling
-                )
+                if prepared is not None and forked:  # a copy of member 0's prepared sandbox
+                    setup = prepared.setup.model_copy(deep=True)  # and of its set-up
+                    if setup.network is not None:
+                        await sandbox.set_network(setup.network.agent)
+                else:
+                    setup = await prepare_episode(
+                        task, sandbox, msg.seed, network_ceiling=self._network_ceiling
+                    )
+                if group is not None and member == 0:
+                    await self._snapshot_group(group, sandbox, spec, setup)
+                    self.groups.acquired(group)  # type: ignore[union-attr]
                 desktop = setup.desktop  # brought up by prepare_episode for a desktop task
                 bridge = None
-                if "gateway_url" in msg.options:  # a harness in the sandbox calls a model gateway
+                if msg.options.gateway_url is not None:  # a harness in the sandbox calls a gateway
                     from envserver.gateway_bridge import GatewayBridge
 
-                    bridge = await GatewayBridge.open(sandbox, msg.options["gateway_url"])
+                    bridge = await GatewayBridge.open(sandbox, msg.options.gateway_url)
                 prepare_s = time.perf_counter() - t1
             except BaseException:
                 await asyncio.shield(self.pool.release(sandbox))
                 raise
+        except BaseException as exc:
+            if group is not None:
+                assert self.groups is not None
+                if member == 0:  # every member gets member 0's error
+                    self.groups.fail(group, exc)
+                self.groups.left(group)
+            raise
         finally:
             self._reserved -= 1
         session = Session(
@@ -256,6 +290,7 @@ class EnvService:
             desktop=desktop,
             bridge=bridge,
             conn=conn,
+            group=group,
         )
         self.sessions[session.id] = session
         conn.session = session
@@ -284,8 +319,26 @@ class EnvService:
                 "time_limit_s": self.settings.episode_time_limit_s,
                 **({"gateway_socket": "/run/sandgym/gateway.sock"} if bridge else {}),
                 **({"network": setup.network.describe()} if setup.network is not None else {}),
+                **({"group": group.describe(member, forked)} if group is not None else {}),
             },
         )
+
+    async def _snapshot_group(self, group: Group, sandbox: Sandbox, spec: Any, setup: Any) -> None:
+        """Member 0, prepared: snapshot its sandbox for the others and have the pool make their
+        copies now. A backend without snapshots, or a desktop task (its state is running
+        programs), leaves every member to prepare on its own."""
+        assert self.groups is not None and self.pool is not None
+        prepared = Prepared(setup=setup.model_copy(update={"desktop": None}, deep=True))
+        if group.size > 1 and setup.desktop is None:
+            try:
+                snap = await sandbox.snapshot()
+            except SnapshotUnsupportedError as exc:
+                log.info("group %s: members prepare on their own (%s)", group.id, exc)
+            else:
+                prepared.snapshot = snap
+                prepared.fork_spec = spec.model_copy(update={"snapshot": snap})
+                await self.pool.prewarm({prepared.fork_spec: group.size - 1})
+        self.groups.resolve(group, prepared)
 
     async def step(self, conn: Connection, msg: StepMsg) -> StepResultReply:
         s = conn.session
@@ -377,7 +430,9 @@ class EnvService:
                 )
             return StepResultReply(
                 request_id=msg.request_id,
-                observation=Observation(output=f"[sandgym: submitted; reward {outcome.reward:g}]\n"),
+                observation=Observation(
+                    output=f"[sandgym: submitted; reward {outcome.reward:g}]\n"
+                ),
                 reward=float(outcome.reward),
                 terminated=True,
                 info=info,
@@ -513,6 +568,9 @@ class EnvService:
             await asyncio.shield(self.pool.release(s.sandbox))
         except Exception:
             log.exception("releasing sandbox %s failed", s.sandbox.id)
+        if s.group is not None and self.groups is not None:
+            group, s.group = s.group, None
+            self.groups.left(group)
 
     async def _sweep_loop(self) -> None:
         while True:
@@ -523,8 +581,11 @@ class EnvService:
                 log.exception("session sweep failed")
 
     def sweep(self, now: float | None = None) -> list[str]:
-        """End abandoned (grace over) and idle episodes; return their ids."""
+        """End abandoned (grace over) and idle episodes; return their ids. Groups past their
+        ttl with no live member are removed."""
         now = time.monotonic() if now is None else now
+        if self.groups is not None:
+            self.groups.expire(now)
         ended = []
         st = self.settings
         for sid, s in list(self._finished.items()):

@@ -40,6 +40,12 @@ class ServerSettings(BaseSettings):
         default_factory=dict, description="task image name -> image to use instead"
     )
     token: str | None = Field(None, description="bearer token required on all but /healthz")
+    group_ttl_s: float = Field(
+        600.0,
+        gt=0,
+        description="a group (reset.options.group) whose members did not all come is removed "
+        "(with its snapshot) this long after its first reset, once none of them is live",
+    )
     network_ceiling: str | None = Field(
         None,
         description="the most open network any episode phase gets: 'no-network', "

@@ -31,6 +31,7 @@ from sandboxes.errors import (
     SandboxError,
     SandboxGroupUnsupportedError,
     SandboxPathError,
+    SnapshotUnsupportedError,
 )
 from sandboxes.network import NetworkPolicy
 from sandboxes.spec import ExecResult, SandboxSpec, ShellResult
@@ -116,6 +117,13 @@ class Sandbox(abc.ABC):
         """Kill whatever the agent left running (every process but the sandbox's own), before
         a verifier that must not run beside it. Backends without a safe way raise SandboxError."""
         raise SandboxError(f"the {self.backend_name} backend cannot kill the agent's processes")
+
+    async def snapshot(self) -> str:
+        """A snapshot of this sandbox's file system, labelled like it: a sandbox made from a
+        spec naming it (`SandboxSpec.snapshot`) starts with a copy of these files (processes
+        are not copied). Remove it with `SandboxBackend.remove_snapshot`; the reaper removes
+        those of a dead owner. Backends without one raise SnapshotUnsupportedError."""
+        raise SnapshotUnsupportedError(f"the {self.backend_name} backend cannot snapshot")
 
     async def warm_up(self) -> None:
         """Start what the first action would otherwise start (the persistent shell), so that a
@@ -222,6 +230,10 @@ class SandboxBackend(abc.ABC):
     @abc.abstractmethod
     async def create(self, spec: SandboxSpec) -> Sandbox:
         """Create and start a sandbox matching `spec`; raise SandboxCreateError on failure."""
+
+    async def remove_snapshot(self, snapshot: str) -> None:
+        """Remove a snapshot `Sandbox.snapshot` made (one already gone is no error)."""
+        return None
 
     async def prepare(self, spec: SandboxSpec) -> str:
         """Make what sandboxes of `spec` are created from (an image built from its build

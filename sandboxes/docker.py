@@ -125,6 +125,9 @@ LABEL_BRIDGE_DIR = "sandgym.bridge_dir"
 LABEL_VERIFIER_OF = "sandgym.verifier_of"
 #: repository of the snapshot images verifiers run from (tag: the verifier container's name)
 SNAPSHOT_REPO = "sandgym/verifier-snapshot"
+#: a group's prepared sandbox, committed once (`DockerSandbox.snapshot`); its members start from it
+GROUP_SNAPSHOT_REPO = "sandgym/group-snapshot"
+LABEL_SNAPSHOT_OF = "sandgym.snapshot_of"
 #: set in a verifier's own container, for tasks/private_verify.py's wrapper (no mounts needed)
 VERIFIER_OWN_CONTAINER_ENV = "SANDGYM_VERIFIER_OWN_CONTAINER"
 #: the verifier container's entrypoint: its stdin is a file put there before it started
@@ -1015,6 +1018,22 @@ class DockerSandbox(Sandbox):
     def _path(self, path: str) -> str:
         return normalize_sandbox_path(path, self.spec.workdir)
 
+    async def snapshot(self) -> str:
+        """`docker commit` of this container (paused for it) into a labelled image, which
+        sandboxes of a spec naming it start from (`SandboxSpec.snapshot`)."""
+        await self._check_running("snapshot")
+        tag = f"{self.id}-{uuid.uuid4().hex[:6]}"
+        labels = self._backend.labels_for(self.spec)
+        labels.update({LABEL_SNAPSHOT_OF: self.id, LABEL_BRIDGE_DIR: ""})
+        await asyncio.to_thread(
+            self._api.commit,
+            self.container_id,
+            repository=GROUP_SNAPSHOT_REPO,
+            tag=tag,
+            conf={"Labels": labels},
+        )
+        return f"{GROUP_SNAPSHOT_REPO}:{tag}"
+
     async def _check_running(self, what: str) -> None:
         """Archive calls still work on a stopped container; a stopped sandbox is lost, though
         (one inspect per file call, a few ms)."""
@@ -1265,6 +1284,18 @@ class DockerBackend(SandboxBackend):
         except docker.errors.ImageNotFound:
             return False
 
+    async def remove_snapshot(self, snapshot: str) -> None:
+        import docker.errors
+
+        if not snapshot.startswith(GROUP_SNAPSHOT_REPO + ":"):
+            raise SandboxError(f"expected a {GROUP_SNAPSHOT_REPO}:* snapshot, got {snapshot!r}")
+        # Not forced: a forced removal of an image a container still uses only untags it, and
+        # the untagged image then stays for good. In use, this raises; the caller retries.
+        try:
+            await asyncio.to_thread(self._client().api.remove_image, snapshot)
+        except docker.errors.ImageNotFound:
+            pass
+
     async def prepare(self, spec: SandboxSpec) -> str:
         """Build (once per content hash) the images a sandbox of `spec` and its services run;
         `built` when any was built now, else `reused`."""
@@ -1421,7 +1452,7 @@ class DockerBackend(SandboxBackend):
         from sandboxes.health import ensure_healthy
 
         await self.ensure_available()
-        image = await self.image_for(spec)
+        image = spec.snapshot or await self.image_for(spec)
         labels = await asyncio.to_thread(self.labels_for, spec)
         sandbox_id = "sg-" + uuid.uuid4().hex[:12]
         bridge_dir = self.bridge_root / sandbox_id
@@ -1684,11 +1715,13 @@ class DockerBackend(SandboxBackend):
 
         api = self._client().api
         images = await asyncio.to_thread(api.images, filters={"label": LABEL_VERIFIER_OF})
+        images += await asyncio.to_thread(api.images, filters={"label": LABEL_SNAPSHOT_OF})
         for img in images:
             labels = img.get("Labels") or {}
             if not should_reap(labels, owner_id=owner_id, everything=everything):
                 continue
-            for tag in img.get("RepoTags") or [img["Id"]]:
+            tags = [t for t in img.get("RepoTags") or [] if t != "<none>:<none>"]
+            for tag in tags or [img["Id"]]:  # an untagged one by its id
                 try:
                     await asyncio.to_thread(api.remove_image, tag)
                 except Exception as exc:

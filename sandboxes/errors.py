@@ -46,6 +46,10 @@ class SandboxFileNotFoundError(SandboxError, FileNotFoundError):
     """A file asked for by the file API does not exist inside the sandbox."""
 
 
+class SnapshotUnsupportedError(SandboxError, NotImplementedError):
+    """The backend cannot snapshot a sandbox (a group's members are then prepared one by one)."""
+
+
 class NetworkPolicyUnsupportedError(SandboxError, ValueError):
     """The backend cannot enforce the network policy asked for (or the switch between two);
     the task is refused rather than run with a more open network than it declares."""

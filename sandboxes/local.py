@@ -206,7 +206,13 @@ class LocalSandbox(Sandbox):
         # so a tree being created here is never taken for an orphan.
         self.dir.mkdir(parents=True)
         (self.dir / "labels.json").write_text(json.dumps(self.backend.labels_for(self.spec)))
-        self.fs.mkdir()
+        if self.spec.snapshot is not None:  # a copy of a prepared sandbox's tree
+            src = self.backend.snapshot_dir(self.spec.snapshot) / "fs"
+            if not src.is_dir():
+                raise SandboxCreateError(f"local snapshot {self.spec.snapshot!r} does not exist")
+            _copy_tree(src, self.fs)
+        else:
+            self.fs.mkdir()
         for d in PRIVATE_DIRS + VERIFIER_MOUNTS:
             (self.fs / d).mkdir(parents=True, exist_ok=True)
         for d in ("tmp", "var/tmp"):
@@ -279,6 +285,26 @@ class LocalSandbox(Sandbox):
 
     async def _destroy(self) -> None:
         await asyncio.shield(self._teardown())
+
+    async def snapshot(self) -> str:
+        """A copy of this sandbox's tree (regular files, directories, links; no sockets or
+        FIFOs) under the backend's root, labelled like it."""
+        await self._check_live()
+        snap = "snap-" + uuid.uuid4().hex[:12]
+        dest = self.backend.snapshot_dir(snap)
+
+        def copy() -> None:
+            dest.mkdir(parents=True)
+            labels = {**self.backend.labels_for(self.spec), "sandgym.snapshot_of": self.id}
+            (dest / "labels.json").write_text(json.dumps(labels))
+            _copy_tree(self.fs, dest / "fs")
+
+        try:
+            await asyncio.to_thread(copy)
+        except BaseException:
+            await asyncio.to_thread(_rmtree, dest)
+            raise
+        return snap
 
     async def _apply_network(self, policy: NetworkPolicy) -> None:
         """Between no-network and allowlist phases (`check_network` allows no other switch):
@@ -595,6 +621,29 @@ def _read_all(fd: int) -> bytes:
         return f.read()
 
 
+def _copy_tree(src: Path, dst: Path) -> None:
+    """`src` copied to `dst` (new) with modes, owners and links; sockets, FIFOs and devices
+    (a gateway bridge's socket, what the agent made) are left out."""
+
+    def ignore(dirpath: str, names: list[str]) -> set[str]:
+        # bwrap's mount points at the top (the host's system directories, /dev, /proc) are
+        # not the sandbox's files; copied, they would stop the copy's bwrap from starting
+        out = set(SYSTEM_DIRS + ("dev", "proc")) & set(names) if dirpath == str(src) else set()
+        for n in names:
+            p = os.path.join(dirpath, n)
+            if not (os.path.islink(p) or os.path.isfile(p) or os.path.isdir(p)):
+                out.add(n)
+        return out
+
+    shutil.copytree(src, dst, symlinks=True, ignore=ignore)
+    for dirpath, dirnames, filenames in os.walk(dst):
+        for n in dirnames + filenames:
+            p = os.path.join(dirpath, n)
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(src, os.path.relpath(p, dst)))
+                os.lchown(p, st.st_uid, st.st_gid)
+
+
 def _rmtree(path: Path) -> None:
     if not path.exists():
         return
@@ -717,10 +766,19 @@ class LocalBackend(SandboxBackend):
         await asyncio.to_thread(_rmtree, d)
         self.live.discard(sandbox_id)
 
+    def snapshot_dir(self, snapshot: str) -> Path:
+        if not snapshot.startswith("snap-") or "/" in snapshot or ".." in snapshot:
+            raise SandboxError(f"expected a local snapshot id snap-..., got {snapshot!r}")
+        return self.root / snapshot
+
+    async def remove_snapshot(self, snapshot: str) -> None:
+        await asyncio.to_thread(_rmtree, self.snapshot_dir(snapshot))
+
     async def reap(self, only_expired: bool = True) -> list[str]:
-        """Remove sandbox trees whose owner is gone (or all of ours with only_expired=False)."""
+        """Remove sandbox trees (and snapshots) whose owner is gone (or all of ours with
+        only_expired=False)."""
         removed: list[str] = []
-        for d in list(self.root.glob("sg-*")):
+        for d in [*self.root.glob("sg-*"), *self.root.glob("snap-*")]:
             try:
                 labels = json.loads((d / "labels.json").read_text())
             except (OSError, ValueError):

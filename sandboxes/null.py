@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import shlex
 import time
+import uuid
 from pathlib import Path
 
 from sandboxes.base import Sandbox, SandboxBackend, normalize_sandbox_path
@@ -38,6 +39,12 @@ class NullSandbox(Sandbox):
     def kill(self) -> None:
         """Simulate the sandbox dying underneath its user."""
         self.dead = True
+
+    async def snapshot(self) -> str:
+        self._check_open()
+        snap = "nullsnap-" + uuid.uuid4().hex[:12]
+        self._backend.snapshots[snap] = dict(self.files)
+        return snap
 
     async def _apply_network(self, policy: NetworkPolicy) -> None:
         """No network exists here: a switch is only recorded (`self.network`)."""
@@ -200,6 +207,11 @@ class NullBackend(SandboxBackend):
         self.created = 0
         self.destroyed = 0
         self.live: set[str] = set()
+        #: snapshot id -> the files it holds
+        self.snapshots: dict[str, dict[str, bytes]] = {}
+
+    async def remove_snapshot(self, snapshot: str) -> None:
+        self.snapshots.pop(snapshot, None)
 
     def check_network(self, spec: SandboxSpec) -> None:
         """Any policy: nothing in a null sandbox can reach anything."""
@@ -215,6 +227,10 @@ class NullBackend(SandboxBackend):
                 self.fail_creates -= 1
             raise SandboxCreateError("null backend: creation failure injected")
         sb = NullSandbox(spec, self)
+        if spec.snapshot is not None:
+            if spec.snapshot not in self.snapshots:
+                raise SandboxCreateError(f"null backend: no snapshot {spec.snapshot!r}")
+            sb.files = dict(self.snapshots[spec.snapshot])
         self.created += 1
         self.live.add(sb.id)
         await ensure_healthy(sb)

@@ -352,6 +352,7 @@ class _Key:
     failing_until: float = -math.inf
     last_error: BaseException | None = None
     last_served: int = 0  # dispatch sequence number, for round-robin tie breaks
+    forgotten: bool = False  # `forget`: make no more, destroy what comes ready unasked
 
     def in_demand(self, now: float, window_s: float) -> bool:
         return now - self.last_demand <= window_s
@@ -584,6 +585,24 @@ class SandboxPool:
             k.prewarm_target = n
         self._dispatch()
 
+    async def forget(self, spec: SandboxSpec, timeout_s: float = 60.0) -> None:
+        """Stop keeping sandboxes of `spec` (what they start from is about to be removed: a
+        group's snapshot): its ready ones are destroyed, no more are made, and one still being
+        created is destroyed when done unless an acquire waits for it. Returns once none is
+        being created (at most `timeout_s`)."""
+        k = self._keys.get(spec.fingerprint(self.backend.name))
+        if k is None:
+            return
+        k.forgotten = True
+        k.prewarm_target = k.replace_credit = 0
+        while k.ready:
+            self._destroy_bg(k.ready.popleft().sandbox)
+        deadline = time.monotonic() + timeout_s
+        # a bounded poll of one counter; an Event per key would cost every creation
+        while k.creating and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        self._dispatch()
+
     def snapshot(self) -> dict[str, Any]:
         """A JSON-able picture of the pool (for `GET /v1/pool` and benchmarks)."""
         now = time.monotonic()
@@ -749,7 +768,7 @@ class SandboxPool:
 
     def _target(self, k: _Key, now: float) -> int:
         """Ready sandboxes the refill aims to keep for this key."""
-        if not k.in_demand(now, self.settings.demand_window_s):
+        if k.forgotten or not k.in_demand(now, self.settings.demand_window_s):
             return 0
         # The credit is "episodes that just ended and will likely start again": it raises the
         # target only beyond what min_ready/prewarm already keep (max, not sum).
@@ -766,6 +785,9 @@ class SandboxPool:
                 continue
             self._lease(k, sb)
             fut.set_result(sb)
+            return
+        if k.forgotten:
+            self._destroy_bg(sb)
             return
         k.ready.append(_Ready(sb, time.monotonic()))
 

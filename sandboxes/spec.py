@@ -53,6 +53,11 @@ class SandboxSpec(BaseModel):
     allow_run: bool = Field(
         False, description="local/e2b: execute Dockerfile RUN lines on the host-side rootfs"
     )
+    snapshot: str | None = Field(
+        None,
+        description="start from this snapshot (`Sandbox.snapshot`) instead of the image: a "
+        "copy of a prepared sandbox's files",
+    )
     services: tuple[ServiceSpec, ...] = Field(
         (), description="containers beside this one on a private network (docker only)"
     )

@@ -63,6 +63,11 @@ class EnvSettings(_Settings):
         True, description="ask the servers to prewarm sandboxes of upcoming tasks"
     )
     connect_retries: int = Field(2, ge=0, description="reconnect attempts on a dropped connection")
+    fork_groups: bool = Field(
+        True,
+        description="start a group's members from one prepared sandbox (reset.options.group): "
+        "the task is set up once per group, not once per member; a group goes to one server",
+    )
 
 
 class AgentSettings(_Settings):

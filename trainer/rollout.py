@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -96,8 +97,11 @@ class EpisodeRunner:
 
         return AsyncEnvClient(url, token=self.config.env.token)
 
-    def pick_url(self) -> str:
-        """The server with the fewest of this runner's episodes in flight."""
+    def pick_url(self, group_id: str = "") -> str:
+        """The server with the fewest of this runner's episodes in flight; a forked group's
+        members all go to the one its id names (its snapshot is there)."""
+        if group_id:
+            return self.urls[zlib.crc32(group_id.encode()) % len(self.urls)]
         return min(self.urls, key=lambda u: self._in_flight[u])
 
     async def run_episode(
@@ -106,8 +110,13 @@ class EpisodeRunner:
         seed: int | None,
         group_id: str = "",
         params: SamplingParams | None = None,
+        group_size: int = 0,
     ) -> Episode:
-        url = self.pick_url()
+        """One episode. With `group_size` > 1 (and `env.fork_groups`) it is one of the group
+        `group_id`: its sandbox starts from the group's one prepared state on the server."""
+        fork = bool(group_id) and group_size > 1 and self.config.env.fork_groups
+        url = self.pick_url(group_id if fork else "")
+        reset_options = {"group": {"id": group_id, "size": group_size}} if fork else {}
         self._in_flight[url] += 1
         episode = Episode(task_id=task_id, seed=seed, group_id=group_id, server_url=url)
         traj = Trajectory(role="agent")
@@ -115,7 +124,7 @@ class EpisodeRunner:
         t0 = time.monotonic()
         try:
             async with self._client_factory(url) as client:
-                await self._play(client, episode, traj, params or self.params)
+                await self._play(client, episode, traj, params or self.params, reset_options)
         except Exception as exc:  # recorded, never raised: one bad episode must not stop a run
             episode.termination = classify_failure(exc)  # type: ignore[assignment]
             episode.error = f"{type(exc).__name__}: {exc}"[:500]
@@ -143,10 +152,14 @@ class EpisodeRunner:
         )
         return episode
 
-    async def _reset(self, client: Any, task_id: str, seed: int | None) -> tuple[Any, Any]:
+    async def _reset(
+        self, client: Any, task_id: str, seed: int | None, options: dict[str, Any] | None = None
+    ) -> tuple[Any, Any]:
         # `capacity` is the one retryable refusal worth waiting out at reset
         for attempt in range(self.config.env.connect_retries + 1):
             try:
+                if options:
+                    return await client.reset(task_id, seed=seed, options=options)
                 return await client.reset(task_id, seed=seed)
             except Exception as exc:
                 if getattr(exc, "retryable", False) and attempt < self.config.env.connect_retries:
@@ -168,9 +181,14 @@ class EpisodeRunner:
         raise RuntimeError(f"the episode did not end after {MAX_TASK_STEPS} submits")
 
     async def _play(
-        self, client: Any, episode: Episode, traj: Trajectory, params: SamplingParams
+        self,
+        client: Any,
+        episode: Episode,
+        traj: Trajectory,
+        params: SamplingParams,
+        reset_options: dict[str, Any] | None = None,
     ) -> None:
-        obs, _info = await self._reset(client, episode.task_id, episode.seed)
+        obs, _info = await self._reset(client, episode.task_id, episode.seed, reset_options)
         obs = _as_dict(obs)
         episode.instruction = str(obs.get("output") or "")
         if isinstance(self.agent, OracleAgent):
@@ -353,12 +371,20 @@ class RolloutWorker:
             self.workflow = HarnessRollout(cfg, engine, self.tokenizer, store)
 
     async def run_episode(
-        self, task_id: str, seed: int | None, group_id: str, greedy: bool = False
+        self,
+        task_id: str,
+        seed: int | None,
+        group_id: str,
+        greedy: bool = False,
+        group_size: int = 0,
     ) -> dict[str, Any]:
         params = None
         if greedy:
             params = SamplingParams(0.0, 1.0, self.config.sampling.max_new_tokens)
-        ep = await self.workflow.run_episode(task_id, seed, group_id, params)
+        if self.workflow is self.runner:  # (multi-role and harness workflows prepare per member)
+            ep = await self.runner.run_episode(task_id, seed, group_id, params, group_size)
+        else:
+            ep = await self.workflow.run_episode(task_id, seed, group_id, params)
         return ep.to_dict(with_tokens=True)
 
     async def update_weights(self, state_dict: dict[str, Any], version: int) -> int:

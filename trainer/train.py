@@ -26,6 +26,7 @@ import json
 import logging
 import sys
 import time
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ class Trainer:
         self.config = config
         self.run_dir = Path(run_dir or Path(config.run.output_dir) / config.run.name)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._run_token = uuid.uuid4().hex[:8]  # makes this run's group ids unique
         (self.run_dir / "config.yaml").write_text(
             yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
         )
@@ -123,10 +125,12 @@ class Trainer:
                     self._prewarm_warned = True
                     log.warning("prewarm on %s failed: %r", url, exc)
 
-    def _dispatch(self, task_id: str, seed: int, group_id: str, greedy: bool = False) -> Any:
+    def _dispatch(
+        self, task_id: str, seed: int, group_id: str, greedy: bool = False, group_size: int = 0
+    ) -> Any:
         w = min(range(len(self.rollouts)), key=lambda i: self._busy[i])
         self._busy[w] += 1
-        ref = self.rollouts[w].run_episode.remote(task_id, seed, group_id, greedy)
+        ref = self.rollouts[w].run_episode.remote(task_id, seed, group_id, greedy, group_size)
         self._ref_worker[ref] = w
         return ref
 
@@ -203,7 +207,9 @@ class Trainer:
                     task_id, seed = self._group_task(next_group)
                     if next_member == 0:
                         self._prewarm(next_group)
-                    in_flight.add(self._dispatch(task_id, seed, f"g{next_group}"))
+                    # a group id unique on the servers (a snapshot per group lives there)
+                    gid = f"{self._run_token}-g{next_group}"
+                    in_flight.add(self._dispatch(task_id, seed, gid, group_size=alg.group_size))
                     next_member += 1
                     if next_member == alg.group_size:
                         next_group, next_member = next_group + 1, 0

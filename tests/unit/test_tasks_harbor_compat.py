@@ -14,7 +14,6 @@ import pytest
 from sandboxes import ExecResult, SandboxSpec
 from sandboxes.null import NullBackend, NullSandbox
 from tasks import (
-    TaskLoadError,
     TaskUnsupportedError,
     load_task_dir,
     prepare_episode,
@@ -95,9 +94,12 @@ async def test_verifier_and_oracle_env_are_resolved(monkeypatch: pytest.MonkeyPa
     assert envs["/tests/test.sh"]["CHECK_LEVEL"] == "strict"  # the default, host var unset
 
 
-def test_multi_step_task_is_refused_by_name() -> None:
-    with pytest.raises(TaskLoadError, match="multi-step Harbor task"):
-        load_task_dir(FIXTURES / "harbor-multistep")
+def test_multi_step_task_loads_its_steps() -> None:
+    task = load_task_dir(FIXTURES / "harbor-multistep")
+    assert [s.name for s in task.steps] == ["01-write", "02-append"]
+    assert task.multi_step_reward == "final"
+    assert task.steps[0].verifier_timeout_s == 30.0 and task.steps[1].agent_timeout_s == 60.0
+    assert all(s.solution is not None and s.tests_overlay is not None for s in task.steps)
 
 
 def test_tasks_check_reports_an_unset_template_per_task(

@@ -74,6 +74,7 @@ class FakeClient:
         return None
 
     async def reset(self, task_id: str, seed: int | None = None, options: Any = None) -> Any:
+        self.reset_options = options
         return {"output": "Create hello.txt containing hi.", "exit_code": None, "screen": ""}, {}
 
     async def step(self, action: dict[str, Any]) -> StepResult:
@@ -251,3 +252,24 @@ def test_load_balancing_and_http_base(tokenizer: Any) -> None:
     assert runner.pick_url() != first
     assert http_base("ws://h:9/v1/env") == "http://h:9"
     assert http_base("wss://h/v1/env") == "https://h"
+
+
+async def test_a_group_member_resets_into_its_group_on_one_server(tokenizer: Any) -> None:
+    client = FakeClient()
+    runner, _ = _runner(tokenizer, ["```bash\necho hi > hello.txt\n```\n<submit/>"] * 4, client)
+    runner.urls = ["ws://a/v1/env", "ws://b/v1/env", "ws://c/v1/env"]
+    runner._in_flight = {u: 0 for u in runner.urls}
+    await runner.run_episode("builtin/x", 7, "run1-g5", group_size=4)
+    assert client.reset_options == {"group": {"id": "run1-g5", "size": 4}}
+    # every member of a group picks the same server, whatever the load
+    picks = set()
+    for busy in runner.urls:
+        runner._in_flight = {u: (9 if u == busy else 0) for u in runner.urls}
+        picks.add(runner.pick_url("run1-g5"))
+    assert len(picks) == 1
+    # a lone episode (eval) or fork_groups off: no group
+    await runner.run_episode("builtin/x", 7, "eval-x", group_size=0)
+    assert not client.reset_options
+    runner.config.env.fork_groups = False
+    await runner.run_episode("builtin/x", 7, "run1-g6", group_size=4)
+    assert not client.reset_options

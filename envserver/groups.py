@@ -1,0 +1,193 @@
+"""Episode groups (`reset.options.group`, protocol 1.1): one preparation, N copies.
+
+GRPO and RLOO play N episodes of one task and seed. The first reset that names a group id
+(member 0) prepares its sandbox as any reset does (environment, task set-up, the seed's
+instance), then snapshots it (`Sandbox.snapshot`: a `docker commit`, a copy of a local tree) and
+asks the pool to make `size - 1` sandboxes from that snapshot. Every other member waits for the
+preparation and is handed one of them with a copy of member 0's episode set-up: the same files,
+environment variables and instruction, and from then on its own (a write in one is never seen in
+another). Processes are not copied: a member's shell is a fresh one in the same directory. Where
+a snapshot cannot be made (a backend without one, a desktop task whose state lives in running
+programs) every member prepares on its own, still with the seed's identical instance.
+
+A preparation that fails fails every member with that same error. A group's snapshot is removed
+once all its members have joined and released their sandboxes, or, when some never come, once
+its `ttl_s` has passed with none of them live; the pool's ready copies go first. Snapshots carry
+the server's labels, so the reaper removes what a killed server left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from envserver.errors import InvalidMessageError
+from envserver.protocol import GroupOptions
+
+log = logging.getLogger(__name__)
+
+
+class GroupMismatchError(InvalidMessageError):
+    """A reset named a group but not its task, seed or size, or the group is already full."""
+
+
+class GroupAbandonedError(InvalidMessageError):
+    """Member 0's reset went away (cancelled, connection lost) before the group was prepared."""
+
+
+@dataclass
+class Prepared:
+    """What member 0's preparation hands the others."""
+
+    setup: Any  # tasks.runtime.EpisodeSetup of member 0, copied per member
+    fork_spec: Any = None  # SandboxSpec naming the snapshot; None: members prepare on their own
+    snapshot: str | None = None
+
+
+@dataclass
+class Group:
+    id: str
+    task_id: str
+    seed: int | None
+    size: int
+    created: float = field(default_factory=time.monotonic)
+    joined: int = 0
+    live: int = 0
+    acquired: int = 0  # members that got their sandbox
+    prepared: asyncio.Future[Prepared] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+    removing: bool = False
+
+    def describe(self, member: int, forked: bool) -> dict[str, Any]:
+        return {"id": self.id, "size": self.size, "member": member, "forked": forked}
+
+
+class GroupRegistry:
+    """The server's live groups, and the removal of their snapshots."""
+
+    def __init__(self, backend: Any, pool: Any, ttl_s: float = 600.0) -> None:
+        self.backend = backend
+        self.pool = pool
+        self.ttl_s = ttl_s
+        self.groups: dict[str, Group] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.snapshots_made = 0
+        self.snapshots_removed = 0
+
+    def join(self, opts: GroupOptions, task_id: str, seed: int | None) -> tuple[Group, int]:
+        """The group and this reset's member number (0 prepares); a named error when the
+        reset does not match the group or the group is full."""
+        g = self.groups.get(opts.id)
+        if g is None or g.removing:
+            g = self.groups[opts.id] = Group(opts.id, task_id, seed, opts.size)
+        elif (g.task_id, g.seed, g.size) != (task_id, seed, opts.size):
+            raise GroupMismatchError(
+                f"group {opts.id!r} is task {g.task_id!r} seed {g.seed} size {g.size}; this "
+                f"reset asked for task {task_id!r} seed {seed} size {opts.size}"
+            )
+        elif g.joined >= g.size:
+            raise GroupMismatchError(
+                f"group {opts.id!r} already has its {g.size} members; use a new group id"
+            )
+        member = g.joined
+        g.joined += 1
+        g.live += 1
+        return g, member
+
+    def resolve(self, g: Group, prepared: Prepared) -> None:
+        if prepared.snapshot is not None:
+            self.snapshots_made += 1
+        if not g.prepared.done():
+            g.prepared.set_result(prepared)
+
+    def fail(self, g: Group, exc: BaseException) -> None:
+        """Member 0's preparation failed: every member gets this error."""
+        if isinstance(exc, asyncio.CancelledError):  # member 0's reset went away
+            exc = GroupAbandonedError(
+                f"member 0 of group {g.id!r} stopped before the group was prepared; reset "
+                "with a new group id"
+            )
+        if not g.prepared.done():
+            g.prepared.set_exception(exc)
+            g.prepared.exception()  # retrieved: no "never retrieved" warning if none waits
+
+    def acquired(self, g: Group) -> None:
+        """A member got its sandbox. Once all have, the pool stops keeping copies of the
+        snapshot (it would otherwise replace each released one for a member that never
+        comes)."""
+        g.acquired += 1
+        if g.acquired >= g.size and g.prepared.done() and g.prepared.exception() is None:
+            fork_spec = g.prepared.result().fork_spec
+            if fork_spec is not None:
+                task = asyncio.create_task(self.pool.forget(fork_spec, timeout_s=0))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    def left(self, g: Group) -> None:
+        """A member's sandbox was released (or its reset failed)."""
+        g.live -= 1
+        if g.joined >= g.size and g.live <= 0:
+            self._remove_bg(g)
+
+    def expire(self, now: float | None = None) -> list[str]:
+        """Groups past their ttl with no live member: removed (their missing members never
+        came). Returns their ids."""
+        now = time.monotonic() if now is None else now
+        gone = [
+            g
+            for g in self.groups.values()
+            if not g.removing and g.live <= 0 and now - g.created >= self.ttl_s
+        ]
+        for g in gone:
+            self._remove_bg(g)
+        return [g.id for g in gone]
+
+    def _remove_bg(self, g: Group) -> None:
+        if g.removing:
+            return
+        g.removing = True
+        task = asyncio.create_task(self._remove(g), name=f"sandgym-group-remove-{g.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _remove(self, g: Group) -> None:
+        try:
+            if not g.prepared.done():
+                self.fail(g, GroupMismatchError(f"group {g.id!r} was removed before it was ready"))
+            elif g.prepared.exception() is None:
+                p = g.prepared.result()
+                if p.fork_spec is not None:
+                    await self.pool.forget(p.fork_spec)
+                if p.snapshot is not None:
+                    await self._remove_snapshot(p.snapshot)
+        finally:
+            if self.groups.get(g.id) is g:
+                del self.groups[g.id]
+
+    async def _remove_snapshot(self, snapshot: str) -> None:
+        # A copy still being destroyed keeps a docker image in use: retry for a while, then
+        # leave it to the reaper (it is labelled like the server's sandboxes).
+        for attempt in range(20):
+            try:
+                await self.backend.remove_snapshot(snapshot)
+            except Exception as exc:
+                if attempt == 19:
+                    log.warning("group snapshot %s not removed: %s", snapshot, exc)
+                    return
+                await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
+            else:
+                self.snapshots_removed += 1
+                return
+
+    async def close(self) -> None:
+        """Remove every group's snapshot (server shutdown)."""
+        for g in list(self.groups.values()):
+            self._remove_bg(g)
+        if self._tasks:
+            with contextlib.suppress(Exception):
+                await asyncio.gather(*self._tasks, return_exceptions=True)
