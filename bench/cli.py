@@ -17,6 +17,7 @@ BENCHES: dict[str, str] = {
     "sessions": "bench.sessions",
     "harbor_compat": "bench.harbor_compat",
     "reliability": "bench.reliability",
+    "group": "bench.group",
 }
 
 

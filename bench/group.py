@@ -1,0 +1,217 @@
+"""`sandgym bench group`: how long a GRPO group takes to get ready, forked against prepared
+one by one, per backend, through a real env server.
+
+For each backend (`--backends local,docker`) and each task it runs, alternating, `--repeats`
+times:
+
+- `fork`: `--size` clients reset one group (`reset.options.group`) at once: the first reset
+  prepares the sandbox and snapshots it, the others start from copies;
+- `independent`: `--size` clients reset the same task and seed at once, each prepared on its own;
+- `cold_create`: `--size` bare sandboxes created at once on the backend (no task set-up), the
+  floor either of the above pays for its sandboxes;
+
+each timed from the first reset sent to the last reply (all members ready), on a server with no
+ready pool (`pool_size` 0, so every way starts cold). Tasks: `slow-setup` (a Harbor task whose
+generator spends about `--setup-cpu-s` seconds of CPU, as a data build or compile would) and a
+catalog task (`--catalog-task`). Then `first_command`: on a server keeping ready sandboxes
+(`pool_size` 2), `--n-first` episodes each timed from the reset's reply to the result of the
+first `command` (`true`): with the pool's shell already started that is one round trip.
+
+Every figure is a median of its repeats, each repeat's raw seconds beside it; ratios are
+`independent / fork`. `--json` prints one JSON document; `--out PATH` also writes it (committed:
+`bench/results/group.json`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench.report import save_json
+
+SLOW_TASK = "slow-setup"
+
+GENERATOR = """\
+import argparse, hashlib, pathlib, time
+p = argparse.ArgumentParser(); p.add_argument("--seed", type=int); a = p.parse_args()
+h = hashlib.sha256(str(a.seed).encode())
+start = time.process_time()
+while time.process_time() - start < {cpu_s}:  # the set-up's own work: CPU, as a build is
+    for _ in range(2000):
+        h.update(h.digest())
+pathlib.Path("/app/data.txt").write_text(h.hexdigest())
+print(h.hexdigest())
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    parser.add_argument("--backends", default="local,docker", help="comma-separated backends")
+    parser.add_argument("--size", type=int, default=8, help="members per group")
+    parser.add_argument("--repeats", type=int, default=3, help="alternating repeats per way")
+    parser.add_argument("--setup-cpu-s", type=float, default=5.0, help="slow task's set-up CPU")
+    parser.add_argument("--catalog-task", default="builtin/hello-file", help="a catalog task")
+    parser.add_argument("--n-first", type=int, default=30, help="first-command samples")
+
+
+def write_slow_task(root: Path, cpu_s: float) -> Path:
+    t = root / SLOW_TASK
+    (t / "environment").mkdir(parents=True, exist_ok=True)
+    (t / "tests").mkdir(exist_ok=True)
+    (t / "environment" / "Dockerfile").write_text("FROM sandgym/terminal\nWORKDIR /app\n")
+    (t / "environment" / "generate.py").write_text(GENERATOR.format(cpu_s=cpu_s))
+    (t / "instruction.md").write_text("Benchmark task: nothing to do.\n")
+    (t / "task.toml").write_text(
+        'version = "1.0"\n[metadata]\ngenerator = "environment/generate.py"\n'
+        '[environment]\nnetwork_mode = "no-network"\n'
+    )
+    (t / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nmkdir -p /logs/verifier; echo 0 > /logs/verifier/reward.txt\n"
+    )
+    return root
+
+
+async def _resets(url: str, task_id: str, size: int, group: bool) -> tuple[float, list[bool]]:
+    """`size` clients reset at once; (seconds until the last reply, forked flags)."""
+    from envserver.client import AsyncEnvClient
+
+    clients = [AsyncEnvClient(url, request_timeout_s=900) for _ in range(size)]
+    for c in clients:
+        await c.connect()
+    gid = "bench-" + uuid.uuid4().hex[:10]
+    opts = {"group": {"id": gid, "size": size}} if group else None
+    try:
+        t0 = time.perf_counter()
+        replies = await asyncio.gather(*(c.reset(task_id, seed=1, options=opts) for c in clients))
+        took = time.perf_counter() - t0
+    finally:
+        for c in clients:
+            await c.close()
+    return took, [bool(info.get("group", {}).get("forked")) for _, info in replies]
+
+
+async def _cold_creates(backend: Any, spec: Any, size: int) -> float:
+    t0 = time.perf_counter()
+    boxes = await asyncio.gather(*(backend.create(spec) for _ in range(size)))
+    took = time.perf_counter() - t0
+    await asyncio.gather(*(b.close() for b in boxes))
+    return took
+
+
+async def _first_commands(url: str, task_id: str, n: int) -> list[float]:
+    from envserver.client import AsyncEnvClient
+
+    out = []
+    async with AsyncEnvClient(url, request_timeout_s=300) as c:
+        for _ in range(n):
+            _, info = await c.reset(task_id, seed=1)
+            t0 = time.perf_counter()
+            res = await c.step({"kind": "command", "command": "true"})
+            out.append(time.perf_counter() - t0)
+            assert res.observation["exit_code"] == 0
+            out_hit = info.get("from_pool")
+            if not out_hit:  # only pool hits count: the figure is about a ready sandbox
+                out.pop()
+            await asyncio.sleep(0.05)  # let the pool refill behind the hit (not timed)
+    return out
+
+
+def _median(xs: list[float]) -> float | None:
+    return round(statistics.median(xs), 4) if xs else None
+
+
+async def _bench_backend(name: str, root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    from envserver.runner import BackgroundServer
+    from envserver.settings import ServerSettings
+    from sandboxes import get_backend
+    from tasks import TaskRegistry
+    from tasks.runtime import sandbox_spec_for
+
+    registry = TaskRegistry([root], include_builtin=True)
+    out: dict[str, Any] = {"tasks": {}}
+    settings = ServerSettings(
+        host="127.0.0.1", port=0, backend=name, task_dirs=[root], pool_size=0, max_sessions=64
+    )
+    backend = get_backend(name)
+    try:
+        with BackgroundServer(settings) as srv:
+            for task_id in (SLOW_TASK, args.catalog_task):
+                spec = sandbox_spec_for(registry.get(task_id))
+                raw: dict[str, list[float]] = {"fork": [], "independent": [], "cold_create": []}
+                forked: list[list[bool]] = []
+                await _resets(srv.url, task_id, 1, group=False)  # images built, caches warm
+                for _ in range(args.repeats):
+                    took, flags = await _resets(srv.url, task_id, args.size, group=True)
+                    raw["fork"].append(took)
+                    forked.append(flags)
+                    took, _ = await _resets(srv.url, task_id, args.size, group=False)
+                    raw["independent"].append(took)
+                    raw["cold_create"].append(await _cold_creates(backend, spec, args.size))
+                med = {k: _median(v) for k, v in raw.items()}
+                out["tasks"][task_id] = {
+                    "ready_s_median": med,
+                    "independent_over_fork": (
+                        round(med["independent"] / med["fork"], 2)
+                        if med["fork"] and med["independent"]
+                        else None
+                    ),
+                    "raw_s": {k: [round(x, 4) for x in v] for k, v in raw.items()},
+                    "members_forked": [sum(f) for f in forked],
+                }
+        settings = ServerSettings(
+            host="127.0.0.1", port=0, backend=name, task_dirs=[root], pool_size=2
+        )
+        with BackgroundServer(settings) as srv:
+            await _resets(srv.url, args.catalog_task, 1, group=False)
+            samples = await _first_commands(srv.url, args.catalog_task, args.n_first)
+        samples.sort()
+        out["first_command_after_pool_hit"] = {
+            "task": args.catalog_task,
+            "samples": len(samples),
+            "p50_ms": round(1000 * samples[len(samples) // 2], 3) if samples else None,
+            "p90_ms": round(1000 * samples[int(len(samples) * 0.9)], 3) if samples else None,
+            "raw_ms": [round(1000 * s, 3) for s in samples],
+        }
+    finally:
+        await backend.aclose()
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    backends = [b for b in args.backends.split(",") if b]
+    doc: dict[str, Any] = {
+        "bench": "group",
+        "size": args.size,
+        "repeats": args.repeats,
+        "setup_cpu_s": args.setup_cpu_s,
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "loadavg_start": list(os.getloadavg()),
+        },
+        "backends": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="sandgym-bench-group-") as tmp:
+        root = write_slow_task(Path(tmp), args.setup_cpu_s)
+        for name in backends:
+            try:
+                doc["backends"][name] = asyncio.run(_bench_backend(name, root, args))
+            except Exception as exc:  # a backend that cannot run here is reported, not fatal
+                doc["backends"][name] = {"skipped": f"{type(exc).__name__}: {exc}"}
+            print(f"bench group: {name} done", file=sys.stderr)
+    doc["machine"]["loadavg_end"] = list(os.getloadavg())
+    text = save_json(doc, args.out)
+    if args.json:
+        print(text)
+    return 0
