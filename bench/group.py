@@ -73,6 +73,7 @@ def write_slow_task(root: Path, cpu_s: float) -> Path:
     (t / "instruction.md").write_text("Benchmark task: nothing to do.\n")
     (t / "task.toml").write_text(
         'version = "1.0"\n[metadata]\ngenerator = "environment/generate.py"\n'
+        "generator_timeout_sec = 900\n"
         '[environment]\nnetwork_mode = "no-network"\n'
     )
     (t / "tests" / "test.sh").write_text(

@@ -10,7 +10,8 @@ public); `[agent]` and `[verifier]` may each name their own `network_mode` / `al
 for their phase (see `TaskSpec.network_plan`).
 
 sandgym extension (kept inside `[metadata]`, which Harbor leaves free-form): a procedural task
-names its generator with `generator = "environment/generate.py"` (see `GeneratorSpec`).
+names its generator with `generator = "environment/generate.py"` (see `GeneratorSpec`), and
+may give it `generator_timeout_sec` (default 60).
 """
 
 from __future__ import annotations
@@ -400,7 +401,15 @@ def load_harbor_dir(path: Path, source_format: SourceFormat = "harbor") -> TaskS
             raise TaskLoadError(
                 f"{toml_path}: metadata.generator must name a file inside the task, found {gen!r}"
             )
-        generator = GeneratorSpec(script=gen_path)
+        timeout = metadata.get("generator_timeout_sec")
+        generator = GeneratorSpec(
+            script=gen_path,
+            **(
+                {"timeout_s": as_float(timeout, "metadata.generator_timeout_sec")}
+                if timeout is not None
+                else {}
+            ),
+        )
 
     return TaskSpec(
         id=path.name,

@@ -192,3 +192,12 @@ def test_a_step_can_go_back_to_a_shared_verifier(tmp_path: Path) -> None:
     assert task.verifier_environment is not None
     view = step_view(task, EpisodeSetup(instruction="", seed=0))
     assert view.verifier_environment is None
+
+
+def test_a_generator_timeout_from_metadata(tmp_path: Path) -> None:
+    d = _single(
+        tmp_path, '[metadata]\ngenerator = "environment/gen.py"\ngenerator_timeout_sec = 90\n'
+    )
+    (d / "environment" / "gen.py").write_text("print(1)\n")
+    task = load_task_dir(d)
+    assert task.generator is not None and task.generator.timeout_s == 90.0
