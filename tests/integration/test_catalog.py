@@ -80,6 +80,7 @@ def host_python_has_pytest() -> bool:
 # -- local ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.timeout(1200)  # a hang guard: 70 episodes, on a busy machine several minutes
 async def test_catalog_on_local() -> None:
     local_backend_or_skip()
     tasks = terminal_catalog()
@@ -125,6 +126,7 @@ async def test_tampering_does_not_change_reward_on_local(task_id: str) -> None:
 
 
 @pytest.mark.docker
+@pytest.mark.timeout(1800)  # a hang guard: 70 episodes with a snapshot verifier each
 async def test_catalog_on_docker() -> None:
     docker_or_skip()
     assert_all_pass(await check_tasks(terminal_catalog(), "docker", {}, seed=0, concurrency=3))
