@@ -141,9 +141,14 @@ _PIP_RE = re.compile(
 _FAILED_STEP_RE = re.compile(r"The command '(.*?)' returned a non-zero code", re.DOTALL)
 _FETCH_RE = re.compile(r"\b(wget|curl|git clone)\b[^|;&]*https?://(?!deb\.debian\.org|pypi)")
 _PYVER_RE = re.compile(r"does not satisfy Python|Requires-Python|requires a different python")
+_ENGINE_RE = re.compile(
+    r"failed to create endpoint|could not find bridge|no such network interface|"
+    r"Cannot connect to the Docker daemon"
+)
 _INFRA_RE = re.compile(
     r"ProtocolError|ConnectionError|SandboxLostError|BackendUnavailableError|"
-    r"Connection aborted|IncompleteRead|no Docker engine answers",
+    r"Connection aborted|IncompleteRead|no Docker engine answers|failed to create endpoint|"
+    r"could not find bridge|no such network interface",
 )
 
 
@@ -264,6 +269,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def classify_build_error(text: str) -> str:
     """The reason of a failed image build, from the build error and its log tail."""
+    if _ENGINE_RE.search(text):
+        return "infra"  # the engine could not run a build step at all (e.g. its bridge is gone)
     if _BASE_RE.search(text):
         return "base_image_unavailable"
     if _APT_MISSING_RE.search(text):
@@ -695,12 +702,20 @@ async def _check_one(
     return _trim(entry)
 
 
+def infra_only(entry: Mapping[str, Any]) -> bool:
+    """The entry's check failed in the sandbox layer and nowhere else."""
+    reasons = [r for r in entry.get("reasons") or [] if r != "oracle_not_shipped"]
+    return bool(reasons) and all(r == "infra" for r in reasons)
+
+
 def reclassify(entry: dict[str, Any]) -> dict[str, Any]:
     """The entry with its reasons found again from what it recorded (so a document rebuilt
     from a JSONL stream uses the current classification)."""
     if entry.get("load_error") or "reasons" not in entry:
         return entry
     e = dict(entry)
+    if e.get("build_error") and e.get("build_reason") not in ("build_timeout", "infra"):
+        e["build_reason"] = classify_build_error(e["build_error"])
     e["reasons"] = verdict(e)
     e["unreachable_hosts"] = (
         unreachable_needs(e) if "needs_unreachable_host" in e["reasons"] else []
@@ -864,6 +879,13 @@ def _prepare(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[list[
 
     jsonl: Path | None = args.jsonl
     earlier = read_jsonl(jsonl) if (args.resume or args.report_only) else []
+    if args.resume:
+        # a task whose check failed only in the sandbox layer (engine restarted, bridge gone)
+        # says nothing about the task: run it again
+        again = [e for e in earlier if infra_only(reclassify(e))]
+        if again:
+            log.info("resuming: %d task(s) that failed only in the engine run again", len(again))
+            earlier = [e for e in earlier if not infra_only(reclassify(e))]
     if jsonl is not None and not (args.resume or args.report_only) and jsonl.exists():
         jsonl.unlink()  # a fresh run starts a fresh file
     plans = [plan_dataset(args, i, load=not args.report_only) for i in range(len(args.tasks_dir))]

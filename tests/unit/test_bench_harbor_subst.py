@@ -264,3 +264,34 @@ async def test_compat_run_streams_to_jsonl_and_resumes(
     n = len(calls)
     again = await hc.run_compat(_args(tmp_path, *base, "--report-only"))
     assert len(calls) == n and again["summary"] == doc["summary"]
+
+
+def test_engine_failures_are_infra_and_run_again_on_resume(tmp_path: Path) -> None:
+    err = (
+        "SandboxCreateError: building x/Dockerfile failed: failed to create endpoint c on "
+        "network bridge: adding interface veth1 to bridge docker0 failed: could not find "
+        "bridge docker0: route ip+net: no such network interface"
+    )
+    assert hc.classify_build_error(err) == "infra"
+    old = _entry(
+        task_id="t1",
+        dataset="A",
+        env_builds=False,
+        build_error=err,
+        build_reason="build_other",  # as an older classification recorded it
+        reasons=["build_other"],
+    )
+    assert hc.reclassify(old)["reasons"] == ["infra"]
+    assert hc.infra_only(hc.reclassify(old))
+    good = _entry(task_id="t2", dataset="A", reasons=[])
+    jsonl = tmp_path / "r.jsonl"
+    jsonl.write_text(json.dumps(old) + "\n" + json.dumps(good) + "\n")
+    a = tmp_path / "a"
+    a.mkdir()
+    for n in ("t1", "t2"):
+        shutil.copytree(FIXTURES / "harbor-legacy", a / n)
+    args = _args(
+        tmp_path, "--tasks-dir", str(a), "--source-name", "A", "--jsonl", str(jsonl), "--resume"
+    )
+    earlier, plans = hc._prepare(args)
+    assert [e["task_id"] for e in earlier] == ["t2"]  # t1 runs again
