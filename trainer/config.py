@@ -185,6 +185,13 @@ class LearnerSettings(_Settings):
     """Data-parallel torch learner."""
 
     num_workers: int = Field(1, ge=1, description="data-parallel learner actors")
+    strategy: Literal["replicate", "fsdp"] = Field(
+        "replicate",
+        description="replicate = every worker holds the full weights and AdamW state and "
+        "gradients are all-reduced; fsdp = weights, gradients and AdamW state sharded across "
+        "the workers (torch FSDP2, per transformer block + root): for models larger than one "
+        "worker's memory (trainer/sharding.py)",
+    )
     device: Literal["cpu", "cuda"] = Field("cpu", description="cpu (gloo) or cuda (NCCL, bf16)")
     lr: float = Field(1e-6, gt=0, description="AdamW learning rate")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay")
@@ -246,6 +253,8 @@ class TrainConfig(_Settings):
             raise ValueError("env.task_ids is empty: expected at least one training task id")
         if self.engine.kind == "openai" and not self.engine.base_url:
             raise ValueError("engine.kind is openai but engine.base_url is not set")
+        if self.learner.strategy == "fsdp" and self.learner.lora_rank > 0:
+            raise ValueError("learner.strategy fsdp with lora_rank > 0 is not supported yet")
         if self.agent.kind == "harness" and self.agent.workflow != "single":
             raise ValueError(
                 f"agent.kind harness plays single-role episodes; agent.workflow is "

@@ -1,19 +1,31 @@
 """The learner: data-parallel torch workers (Ray actors) that turn samples into updates.
 
-Each `LearnerWorker` holds a full copy of the policy and its AdamW state. A step (`train`):
+Two strategies (`learner.strategy`):
+
+- `replicate` (default): each `LearnerWorker` holds a full copy of the policy and its AdamW state;
+  gradients are all-reduced by hand once per step.
+- `fsdp`: the policy is sharded with torch FSDP2 (`trainer/sharding.py`: `fully_shard` per
+  transformer block, then the root). Each worker holds 1/N of every parameter, of its gradient
+  and of the AdamW moments; forward/backward all-gather a block at a time and reduce-scatter its
+  gradients. This is the strategy for models larger than one worker's memory.
+
+A step (`train`), the same for both:
 
 1. every worker gets a shard of the batch's samples and the batch's *global* loss normalizer
    (see `algorithms.aggregation_norm`), so shard losses add up to the single-worker loss;
-2. it runs forward/backward over micro-batches, accumulating gradients (no all-reduce per
-   micro-batch);
-3. one all-reduce (SUM) of the flattened gradients over torch.distributed (gloo on CPU, NCCL on
-   GPU), gradient clipping, and an optimizer step: identical on every worker, so the replicas
-   stay bit-identical without broadcasting weights.
+2. it runs forward/backward over micro-batches, accumulating gradients (no gradient sync per
+   micro-batch; under fsdp every worker runs the same number of micro-batches, padded with
+   zero-loss ones, because each forward is a collective);
+3. one gradient sync (SUM): replicate all-reduces the flattened gradients over torch.distributed
+   (gloo on CPU, NCCL on GPU); fsdp reduce-scatters during the last micro-batch's backward;
+   then gradient clipping (global norm) and an optimizer step on what each worker holds.
 
-On GPU the forward runs under bf16 autocast (master weights stay fp32). Checkpoints (model,
-optimizer, version) are written by rank 0 and read by every rank on resume. `LearnerGroup` is
-the driver-side handle: it starts the actors, wires the process group, shards batches, and hands
-the rank-0 weights (with their version) to the rollout engines.
+On GPU the forward runs under bf16 autocast (master weights stay fp32; fsdp also all-gathers in
+bf16). Checkpoints: replicate writes a HF checkpoint + optimizer from rank 0; fsdp writes a
+sharded torch.distributed.checkpoint (each rank its own shards, `dcp/`) plus the config and
+tokenizer. `LearnerGroup` is the driver-side handle: it starts the actors, wires the process
+group, shards batches, and hands full weights (with their version) to the rollout engines:
+rank 0's replica, or under fsdp the shards gathered into rank 0's CPU memory for that push only.
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+from trainer import sharding
 from trainer.algorithms import (
     LossSettings,
     Sample,
@@ -88,7 +101,8 @@ class LearnerWorker:
         self.device = torch.device(
             f"cuda:{torch.cuda.current_device()}" if cfg.learner.device == "cuda" else "cpu"
         )
-        if self.world_size > 1:
+        self.fsdp = cfg.learner.strategy == "fsdp"
+        if self.world_size > 1 or self.fsdp:
             dist.init_process_group(
                 backend="nccl" if cfg.learner.device == "cuda" else "gloo",
                 init_method=f"tcp://{master_addr}:{master_port}",
@@ -97,35 +111,81 @@ class LearnerWorker:
             )
         torch.manual_seed(cfg.run.seed)
         self.tokenizer = load_tokenizer(cfg.model)
-        self.model = load_model(cfg.model).to(self.device)
+        self.model = load_model(cfg.model)
+        if self.fsdp:
+            # every rank loads the same weights (a checkpoint, or the seeded `tiny` init), on CPU;
+            # fully_shard keeps this rank's shards and moves only those to the device
+            full_params = sum(p.numel() for p in self.model.parameters())
+            if cfg.learner.gradient_checkpointing:
+                self.model.gradient_checkpointing_enable()
+            self.model = sharding.shard_model(
+                self.model, self.device.type, mixed_precision=self.device.type == "cuda"
+            )
+        else:
+            self.model = self.model.to(self.device)
+            full_params = sum(p.numel() for p in self.model.parameters())
         if cfg.learner.lora_rank > 0:  # adapters only: base weights frozen (trainer/lora.py)
             from trainer.lora import apply_lora
 
             self.model = apply_lora(self.model, cfg.learner)
-        if cfg.learner.gradient_checkpointing:
+        if cfg.learner.gradient_checkpointing and not self.fsdp:
             self.model.gradient_checkpointing_enable()
         self.model.train()
         self.ref_model = None
         if cfg.algorithm.kl_coef > 0:
-            self.ref_model = load_model(cfg.model).to(self.device).eval()
+            self.ref_model = load_model(cfg.model).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
+            self.ref_model = (
+                sharding.shard_model(self.ref_model, self.device.type)
+                if self.fsdp
+                else self.ref_model.to(self.device)
+            )
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=cfg.learner.lr,
             weight_decay=cfg.learner.weight_decay,
         )
-        if self.world_size > 1:
+        if self.world_size > 1 and not self.fsdp:
             # identical start even if initialisation differed somewhere
             for p in self.model.parameters():
                 dist.broadcast(p.data, src=0)
         self.loss_settings = loss_settings(cfg)
-        return {"rank": self.rank, "params": sum(p.numel() for p in self.model.parameters())}
+        return {
+            "rank": self.rank,
+            "params": full_params,
+            "local_params": sharding.local_numel(self.model),
+        }
+
+    def shard_info(self) -> dict[str, int]:
+        """Elements this rank holds vs the full model: parameters, gradients, optimizer state."""
+        import torch
+
+        params = list(self.model.parameters())
+        return {
+            "rank": self.rank,
+            "full_params": sum(p.numel() for p in params),
+            "local_params": sharding.local_numel(self.model),
+            "local_grads": sum(
+                sharding.local_tensor(p.grad).numel() for p in params if p.grad is not None
+            ),
+            "full_optimizer": sum(
+                v.numel()
+                for st in self.optimizer.state.values()
+                for v in st.values()
+                if isinstance(v, torch.Tensor) and v.dim() > 0
+            ),
+            "local_optimizer": sharding.optimizer_local_numel(self.optimizer),
+        }
 
     # -- the update step ---------------------------------------------------------------------
-    def train(self, samples: list[Sample], norm: float) -> dict[str, float]:
+    def train(
+        self, samples: list[Sample], norm: float, num_micro_batches: int = 0
+    ) -> dict[str, float]:
         """One batch: `epochs_per_batch` optimizer steps over this rank's shard (`norm` is the
-        global loss normalizer; 0 means the whole batch is empty and no step is taken)."""
+        global loss normalizer; 0 means the whole batch is empty and no step is taken).
+        Under fsdp, `num_micro_batches` (the most any rank has) pads this rank's micro-batches
+        with zero-loss ones: every forward/backward is a collective all ranks must join."""
         import torch
         import torch.distributed as dist
 
@@ -145,21 +205,33 @@ class LearnerWorker:
         batches = [
             collate(samples[i : i + mb], pad, self.device) for i in range(0, len(samples), mb)
         ]
+        real = len(batches)
+        if self.fsdp and norm > 0:
+            filler = Sample([pad, pad], [0, 0], [0.0, 0.0], 0.0)
+            batches += [
+                collate([filler], pad, self.device) for _ in range(num_micro_batches - real)
+            ]
         for _epoch in range(cfg.epochs_per_batch):
             self.optimizer.zero_grad(set_to_none=False)
-            for batch in batches:
+            for i, batch in enumerate(batches):
+                # fsdp: gradients stay local until the last micro-batch, whose backward
+                # reduce-scatters the accumulated sum (replicate: a no-op)
+                sharding.set_gradient_sync(self.model, i == len(batches) - 1)
                 with autocast:
                     loss, stats = compute_loss(
                         self.model, batch, self.loss_settings, norm, self.ref_model
                     )
+                if i >= real:  # a filler: joins the collectives, adds nothing
+                    loss = loss * 0.0
+                else:
+                    merge_stats(totals, stats)
+                    totals["loss_sum"] = totals.get("loss_sum", 0.0) + float(loss.detach())
                 loss.backward()
-                merge_stats(totals, stats)
-                totals["loss_sum"] = totals.get("loss_sum", 0.0) + float(loss.detach())
             params = [p for p in self.model.parameters() if p.requires_grad]
             for p in params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-            if self.world_size > 1:
+            if self.world_size > 1 and not self.fsdp:
                 flat = torch.cat([p.grad.reshape(-1) for p in params])
                 dist.all_reduce(flat, op=dist.ReduceOp.SUM)
                 offset = 0
@@ -172,28 +244,35 @@ class LearnerWorker:
                 self.optimizer.step()
             # else: the global batch is empty; stepping on zero gradients would still move the
             # weights through Adam's momentum, so only the version advances
-            totals["grad_norm"] = float(grad_norm)
+            totals["grad_norm"] = float(sharding.full(grad_norm))
         self.version += 1
         totals["version"] = float(self.version)
         return totals
 
     # -- weights, checkpoints ------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """What rollout engines load: the full weights, or the adapters alone under LoRA."""
+        """What rollout engines load: the full weights, or the adapters alone under LoRA.
+        Under fsdp every rank must call it: the shards are gathered into rank 0's CPU memory
+        (the other ranks return {})."""
         if self.config.learner.lora_rank > 0:
             from trainer.lora import adapter_state_dict
 
             return adapter_state_dict(self.model)
+        if self.fsdp:
+            return sharding.full_state_dict(self.model)
         return {k: v.detach().to("cpu").clone() for k, v in self.model.state_dict().items()}
 
     def weights_checksum(self) -> list[float]:
-        """Per-parameter sums (float64), for tests that compare replicas."""
-        return [float(p.detach().double().sum()) for p in self.model.parameters()]
+        """Per-parameter sums (float64) of the full weights, for tests that compare replicas
+        (under fsdp every rank must call it)."""
+        return [float(sharding.full(p.detach()).double().sum()) for p in self.model.parameters()]
 
     def save_checkpoint(self, path: str) -> str:
         import torch
 
         out = Path(path)
+        if self.fsdp:
+            return self._save_sharded(out)
         if self.rank == 0:
             tmp = out.with_name(out.name + ".tmp")
             tmp.mkdir(parents=True, exist_ok=True)
@@ -216,6 +295,16 @@ class LearnerWorker:
         from safetensors.torch import load_file
 
         p = Path(path)
+        sharded = (p / "dcp").is_dir()
+        if sharded != self.fsdp:
+            raise RuntimeError(
+                f"checkpoint {p} was written by learner.strategy "
+                f"{'fsdp' if sharded else 'replicate'}; this run uses {self.config.learner.strategy}"
+            )
+        if self.fsdp:
+            sharding.load_sharded(self.model, self.optimizer, str(p / "dcp"))
+            self.version = int(json.loads((p / "trainer_state.json").read_text())["version"])
+            return self.version
         if self.config.learner.lora_rank > 0:  # peft's save_pretrained wrote the adapter alone
             from trainer.lora import load_adapter_state
 
@@ -236,6 +325,33 @@ class LearnerWorker:
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
         return self.version
+
+    def _save_sharded(self, out: Path) -> str:
+        """fsdp: every rank writes its own shards of weights and AdamW state into `dcp/`
+        (torch.distributed.checkpoint; a shared filesystem across nodes); rank 0 adds the model
+        config, tokenizer and version, then publishes the directory atomically."""
+        import torch.distributed as dist
+
+        tmp = out.with_name(out.name + ".tmp")
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        dist.barrier()
+        sharding.save_sharded(self.model, self.optimizer, str(tmp / "dcp"))
+        if self.rank == 0:
+            self.model.config.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+            (tmp / "trainer_state.json").write_text(
+                json.dumps({"version": self.version, "strategy": "fsdp"})
+            )
+            if out.exists():
+                shutil.rmtree(out)
+            os.replace(tmp, out)
+            (out.parent / "latest.json").write_text(
+                json.dumps({"path": str(out), "version": self.version})
+            )
+        dist.barrier()
+        return str(out)
 
 
 def latest_checkpoint(run_dir: Path) -> tuple[str, int] | None:
@@ -280,8 +396,13 @@ class LearnerGroup:
         # norm 0 tells the workers the global batch is empty (no optimizer step)
         norm = aggregation_norm(samples, self.loss_settings) if samples else 0.0
         shards = shard_samples(samples, len(self.workers))
+        mb = self.config.learner.micro_batch_size
+        n_mb = max(-(-len(s) // mb) for s in shards)
         results = ray.get(
-            [w.train.remote(shard, norm) for w, shard in zip(self.workers, shards, strict=True)]
+            [
+                w.train.remote(shard, norm, n_mb)
+                for w, shard in zip(self.workers, shards, strict=True)
+            ]
         )
         out: dict[str, float] = {}
         for r in results:
@@ -292,8 +413,16 @@ class LearnerGroup:
         return out
 
     def state_dict_ref(self) -> Any:
-        """An object ref to rank 0's weights (fetched once, shared by every rollout worker)."""
+        """An object ref to rank 0's full weights (fetched once, shared by every rollout
+        worker). Under fsdp every rank joins the gather; only rank 0's CPU holds the result."""
+        if self.config.learner.strategy == "fsdp":
+            return [w.state_dict.remote() for w in self.workers][0]
         return self.workers[0].state_dict.remote()
+
+    def shard_info(self) -> list[dict[str, int]]:
+        import ray
+
+        return ray.get([w.shard_info.remote() for w in self.workers])
 
     def checksums(self) -> list[list[float]]:
         import ray

@@ -1,0 +1,140 @@
+"""FSDP2 sharding of the policy (`learner.strategy: fsdp`), torch-only helpers.
+
+The learner's `fsdp` strategy shards every transformer block, then the root module (embeddings,
+final norm, LM head), with torch's FSDP2 `fully_shard`: each rank keeps 1/world_size of every
+parameter (a `DTensor` sharded on dim 0), its gradient and, because the optimizer is built over
+those DTensors, its AdamW moments. A forward all-gathers one block at a time and frees it again;
+backward reduce-scatters each block's gradients. Nothing here keeps a full replica: full weights
+exist only transiently, on rank 0's CPU, when `full_state_dict` gathers them for the rollout
+engines.
+
+This module imports nothing but torch (and transformers' models are duck-typed), so that
+`scripts/gpu_fsdp_check.py` can use it on a machine without Ray or pydantic.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def decoder_layers(model: Any) -> list[Any]:
+    """The transformer blocks: modules whose class the model lists as `_no_split_modules`
+    (LlamaDecoderLayer, Qwen2DecoderLayer, ...), else `model.model.layers`."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:
+        inner = getattr(model, "model", None)
+        blocks = list(getattr(inner, "layers", []) or [])
+    if not blocks:
+        raise ValueError(f"cannot find the transformer blocks of {type(model).__name__} to shard")
+    return blocks
+
+
+def shard_model(model: Any, device_type: str = "cpu", mixed_precision: bool = False) -> Any:
+    """Apply FSDP2 to `model` in place: one `fully_shard` per block plus the root.
+
+    The process group must already be initialised. Gradients are reduced with SUM (divide factor
+    1): the learner's loss is already divided by the *global* normalizer, so the ranks'
+    gradients add up to the single-process gradient, as with the replicate strategy.
+    `mixed_precision` (GPU): blocks compute in bf16 (all-gathers move bf16), gradients are
+    reduced in fp32, master weights and AdamW state stay fp32."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device_type, (dist.get_world_size(),))
+    kwargs: dict[str, Any] = {"mesh": mesh}
+    if mixed_precision:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(
+            param_dtype=torch.bfloat16, reduce_dtype=torch.float32
+        )
+    for block in decoder_layers(model):
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+            # a plain SUM collective (gloo has no PREMUL_SUM; NCCL's SUM is zero-copy)
+            m.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def is_sharded(model: Any) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def set_gradient_sync(model: Any, enabled: bool) -> None:
+    """Whether the next backward reduce-scatters gradients (off for all but the last
+    micro-batch: the unsharded gradients accumulate locally, one reduce-scatter per step)."""
+    if is_sharded(model):
+        model.set_requires_gradient_sync(enabled)
+
+
+def local_tensor(t: Any) -> Any:
+    """This rank's part of `t` (a DTensor's local shard; a plain tensor itself)."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def local_numel(model: Any) -> int:
+    """Parameter elements held by this rank (tied parameters counted once)."""
+    seen: set[int] = set()
+    total = 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            total += local_tensor(p).numel()
+    return total
+
+
+def optimizer_local_numel(optimizer: Any) -> int:
+    """Optimizer-state elements (AdamW moments) held by this rank."""
+    total = 0
+    for state in optimizer.state.values():
+        for v in state.values():
+            if hasattr(v, "numel") and getattr(v, "dim", lambda: 0)() > 0:
+                total += local_tensor(v).numel()
+    return total
+
+
+def full_state_dict(model: Any) -> dict[str, Any]:
+    """The full weights on rank 0's CPU (an empty dict on other ranks). Every rank must call it
+    (the shards are all-gathered one parameter at a time and offloaded to CPU)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+
+
+def save_sharded(model: Any, optimizer: Any, path: str) -> None:
+    """Each rank writes its own shards of the weights and the optimizer state (torch.distributed
+    .checkpoint); no rank gathers anything. Every rank must call it; `path` must be one
+    directory every rank can reach (a shared filesystem across nodes)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+
+
+def load_sharded(model: Any, optimizer: Any, path: str) -> None:
+    """Read a `save_sharded` checkpoint into this rank's shards (DCP reshards if the world size
+    changed)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
+
+
+def full(t: Any) -> Any:
+    """The whole tensor: a DTensor all-gathered (a collective: every rank must call it), a plain
+    tensor itself."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
