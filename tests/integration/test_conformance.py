@@ -178,8 +178,9 @@ async def test_path_traversal_refused(sandbox_factory):
 
 def _cgroup_dir(sb: object, controller: str) -> Path:
     """Host path of the sandbox's own cgroup for `controller` (v1) or its unified group (v2)."""
-    cg = getattr(sb, "cg", None)
-    if cg is not None:  # local: the backend's CgroupSet
+    if not hasattr(sb, "container_id"):  # local: the backend's CgroupSet
+        cg = getattr(sb, "cg", None)
+        assert cg is not None, "local backend without cgroups (not root?): no limit to show"
         return cg.dirs["unified" if cg.v2 else controller]
     container_id = sb.container_id  # type: ignore[attr-defined]
     pid = subprocess.run(
