@@ -344,6 +344,10 @@ def verdict(entry: Mapping[str, Any]) -> list[str]:
         if oracle is not None and oracle != 1.0:
             reasons.append("oracle_below_one")
     failing = [r for r in reasons if r not in ("oracle_not_shipped", "noop_nonzero")]
+    if failing and reachable_host_failed(entry):
+        # a host that answers from this machine did not answer the sandbox: its network went
+        # away under it (the engine's bridge was removed), which says nothing about the task
+        return ["infra"]
     if failing and "base_image_unavailable" not in reasons:
         needs = unreachable_needs(entry)
         if needs:
@@ -363,6 +367,33 @@ _UBUNTU_APT_RE = re.compile(
 )
 _APT_VERSION_RE = re.compile(r"E: Version '[^']+' for '[^']+' was not found")
 _NO_PYTHON_RE = re.compile(r"No interpreter found for Python (\d+\.\d+)")
+
+
+_CONNECT_RE = re.compile(
+    r"Unable to connect to|Could not resolve|Temporary failure resolving|Connection refused|"
+    r"Connection timed out|Network is unreachable|Failed to connect to|Could not connect to|"
+    r"Failed to establish a new connection",
+    re.IGNORECASE,
+)
+_REACHABLE_RE = re.compile(
+    r"deb\.debian\.org|security\.debian\.org|pypi\.org|files\.pythonhosted\.org"
+)
+
+
+def reachable_host_failed(entry: Mapping[str, Any]) -> bool:
+    """A connection to a host that answers from this machine failed (so the sandbox's own
+    network failed: infrastructure, not the task)."""
+    for k in (
+        "build_error",
+        "error",
+        "oracle_output",
+        "oracle_verifier_output",
+        "noop_verifier_output",
+    ):
+        for line in _ANSI_RE.sub("", entry.get(k) or "").splitlines():
+            if _CONNECT_RE.search(line) and _REACHABLE_RE.search(line):
+                return True
+    return False
 
 
 def unreachable_needs(entry: Mapping[str, Any]) -> list[str]:
@@ -659,7 +690,8 @@ async def _check_one(
                         else "infra"
                     )
                     entry["build_s"] = round(time.perf_counter() - t0, 1)
-                    if entry["build_reason"] == "infra" and attempt < retries:
+                    engine = entry["build_reason"] == "infra" or reachable_host_failed(entry)
+                    if engine and attempt < retries:
                         log.warning(
                             "task %s: build hit an infra failure, retrying: %s", task.id, text[:200]
                         )
@@ -689,8 +721,7 @@ async def _check_one(
                 entry["build_error"] = f"no image within {timeout_s} s"
                 entry["build_reason"] = "build_timeout"
             break
-        phases = [classify_phase_error(p) for p in split_phase_errors(entry["error"])]
-        if phases and all(p == "infra" for p in phases) and attempt < retries:
+        if infra_only({"reasons": verdict(entry)}) and attempt < retries:
             log.warning("task %s: infra failure, retrying: %s", task.id, entry["error"])
             await _wait_for_engine()
             continue
@@ -803,7 +834,11 @@ def dataset_doc(
     args: argparse.Namespace, index: int, items: list[Item], entries: list[dict[str, Any]]
 ) -> dict[str, Any]:
     name = dataset_name(args, index)
-    mine = [reclassify(e) for e in entries if e.get("dataset") == name]
+    latest: dict[str, dict[str, Any]] = {}  # a task run again (after an infra failure): last wins
+    for e in entries:
+        if e.get("dataset") == name:
+            latest[e["task_id"]] = e
+    mine = [reclassify(e) for e in latest.values()]
     selected = {i.task_id for i in items}
     mine = [e for e in mine if e["task_id"] in selected]
     bases: dict[str, int] = {}

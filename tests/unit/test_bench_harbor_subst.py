@@ -159,12 +159,13 @@ def test_shortfalls_that_need_an_unreachable_host_are_classified_so() -> None:
     assert hc.unreachable_needs(old_point)[0].startswith("snapshot.debian.org")
     absent = _entry(oracle_reward=0.0, absent_files=["tests/weights.pt"])
     assert hc.verdict(absent)[0] == "needs_unreachable_host"
-    # a failure on a reachable host, or a task that merely names one, is not such a need
+    # a failure on a reachable host is the sandbox's network (infra), not such a need; a task
+    # that merely names an unreachable host does not need it
     pypi = _entry(
         oracle_reward=0.0,
         oracle_output="ERROR: Could not fetch https://pypi.org/simple/x: Connection refused",
     )
-    assert hc.verdict(pypi) == ["oracle_below_one"]
+    assert hc.verdict(pypi) == ["infra"]
     named = _entry(noop_reward=1.0, noop_verifier_output="see https://github.com/x/y")
     assert hc.verdict(named) == ["noop_nonzero"]
     clean = _entry(oracle_output="cloned https://github.com/x/y fine")
@@ -295,3 +296,21 @@ def test_engine_failures_are_infra_and_run_again_on_resume(tmp_path: Path) -> No
     )
     earlier, plans = hc._prepare(args)
     assert [e["task_id"] for e in earlier] == ["t2"]  # t1 runs again
+
+
+def test_a_reachable_host_that_did_not_answer_is_infra() -> None:
+    lost = _entry(
+        oracle_reward=0.0,
+        oracle_verifier_output="curl: (7) Failed to connect to deb.debian.org port 80\n"
+        "error: No interpreter found for Python 3.13 in managed installations",
+    )
+    assert hc.verdict(lost) == ["infra"] and hc.infra_only({"reasons": hc.verdict(lost)})
+    build = _entry(
+        env_builds=False,
+        build_error="E: Failed to fetch http://deb.debian.org/x.deb  Unable to connect to "
+        "deb.debian.org:http: [IP: 203.0.113.80 80]",
+        build_reason="build_network",
+    )
+    assert hc.verdict(build) == ["infra"]
+    gone = _entry(oracle_reward=0.0, oracle_output="E: Failed to fetch http://deb.debian.org/x 404")
+    assert hc.verdict(gone) == ["oracle_below_one"]  # a 404 is an answer
