@@ -68,6 +68,27 @@ class EnvSettings(_Settings):
         description="start a group's members from one prepared sandbox (reset.options.group): "
         "the task is set up once per group, not once per member; a group goes to one server",
     )
+    ray_servers: Literal["off", "place", "discover"] = Field(
+        "off",
+        description="env servers through Ray (trainer/cluster.py): place = start one on every "
+        "Ray node offering `server_resource` (each on its own backend; torn down at the end) "
+        "and use those others placed; discover = use those `sandgym cluster up` placed. "
+        "server_urls are used as well (servers started by hand)",
+    )
+    server_resource: str = Field(
+        "sandgym", description="the Ray custom resource that marks a node for an env server"
+    )
+    server_settings: dict[str, Any] = Field(
+        default_factory=lambda: {"backend": "local"},
+        description="ServerSettings of placed servers (backend, pool_size, max_sessions, "
+        "task_dirs, port: 0 = any free port, host: default the node's address)",
+    )
+    refresh_s: float = Field(
+        5.0, gt=0, description="how often the trainer looks for servers that came or went"
+    )
+    no_server_timeout_s: float = Field(
+        300.0, gt=0, description="fail the run when no server has answered for this long"
+    )
 
 
 class AgentSettings(_Settings):

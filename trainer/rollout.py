@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import zlib
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -87,7 +87,8 @@ class EpisodeRunner:
         self.engine = engine
         self.agent = agent
         self.urls = list(config.env.server_urls)
-        self._in_flight = dict.fromkeys(self.urls, 0)
+        self._in_flight: Counter[str] = Counter(dict.fromkeys(self.urls, 0))
+        self._group_urls: dict[str, tuple[str, int]] = {}  # group id -> (server, members left)
         self._client_factory = client_factory or self._default_client
         s = config.sampling
         self.params = SamplingParams(s.temperature, s.top_p, s.max_new_tokens, s.top_k)
@@ -97,12 +98,25 @@ class EpisodeRunner:
 
         return AsyncEnvClient(url, token=self.config.env.token)
 
-    def pick_url(self, group_id: str = "") -> str:
-        """The server with the fewest of this runner's episodes in flight; a forked group's
-        members all go to the one its id names (its snapshot is there)."""
-        if group_id:
-            return self.urls[zlib.crc32(group_id.encode()) % len(self.urls)]
-        return min(self.urls, key=lambda u: self._in_flight[u])
+    def pick_url(self, group_id: str = "", group_size: int = 0) -> str:
+        """The server with the fewest of this runner's episodes in flight, chosen once per
+        group: a group's other members follow its first (its pool and snapshot are there).
+
+        The trainer normally chooses (`run_episode(url=)`: the least-loaded server with room,
+        across all rollout workers, trainer/cluster.py); this is the fallback without it."""
+        if group_id and group_id in self._group_urls:
+            url, left = self._group_urls[group_id]
+            if left <= 1:
+                del self._group_urls[group_id]
+            else:
+                self._group_urls[group_id] = (url, left - 1)
+            return url
+        if not self.urls:
+            raise ValueError("no env server to pick: env.server_urls is empty and none was named")
+        url = min(self.urls, key=lambda u: self._in_flight[u])
+        if group_id and group_size > 1:
+            self._group_urls[group_id] = (url, group_size - 1)
+        return url
 
     async def run_episode(
         self,
@@ -111,11 +125,13 @@ class EpisodeRunner:
         group_id: str = "",
         params: SamplingParams | None = None,
         group_size: int = 0,
+        url: str = "",
     ) -> Episode:
         """One episode. With `group_size` > 1 (and `env.fork_groups`) it is one of the group
-        `group_id`: its sandbox starts from the group's one prepared state on the server."""
+        `group_id`: its sandbox starts from the group's one prepared state on the server.
+        `url` is the server the trainer chose for the group (default: `pick_url`)."""
         fork = bool(group_id) and group_size > 1 and self.config.env.fork_groups
-        url = self.pick_url(group_id if fork else "")
+        url = url or self.pick_url(group_id if fork else "", group_size)
         reset_options = {"group": {"id": group_id, "size": group_size}} if fork else {}
         self._in_flight[url] += 1
         episode = Episode(task_id=task_id, seed=seed, group_id=group_id, server_url=url)
@@ -350,7 +366,9 @@ class RolloutWorker:
         self.runner = EpisodeRunner(cfg, engine, agent)
         # spread the first picks of different workers over different servers
         urls = self.runner.urls
-        self.runner.urls = urls[worker_index % len(urls) :] + urls[: worker_index % len(urls)]
+        if urls:  # (none when the trainer finds its servers through Ray and names each one)
+            k = worker_index % len(urls)
+            self.runner.urls = urls[k:] + urls[:k]
         self.workflow: Any = self.runner
         if cfg.agent.workflow == "solver_judge":
             from trainer.roles import SolverJudgeWorkflow
@@ -377,12 +395,15 @@ class RolloutWorker:
         group_id: str,
         greedy: bool = False,
         group_size: int = 0,
+        server_url: str = "",
     ) -> dict[str, Any]:
         params = None
         if greedy:
             params = SamplingParams(0.0, 1.0, self.config.sampling.max_new_tokens)
         if self.workflow is self.runner:  # (multi-role and harness workflows prepare per member)
-            ep = await self.runner.run_episode(task_id, seed, group_id, params, group_size)
+            ep = await self.runner.run_episode(
+                task_id, seed, group_id, params, group_size, url=server_url
+            )
         else:
             ep = await self.workflow.run_episode(task_id, seed, group_id, params)
         return ep.to_dict(with_tokens=True)

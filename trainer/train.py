@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from trainer.algorithms import Sample, batch_advantages, episode_to_samples, mismatch_metrics
+from trainer.cluster import EnvServerFleet, ServerBalancer, discover_servers
 from trainer.config import TrainConfig
 from trainer.episode import Episode, EpisodeWriter
 from trainer.metrics import MetricsLogger
@@ -81,19 +82,114 @@ class Trainer:
             num_gpus=cfg.rollout.num_gpus_per_worker,
             max_concurrency=cfg.rollout.concurrent_episodes + 8,
         )
-        self.rollouts: list[Any] = [
-            actor.remote(cfg.model_dump(), i, str(self.run_dir.resolve()))
-            for i in range(cfg.rollout.num_workers)
-        ]
+        self._new_rollout = lambda i: actor.remote(cfg.model_dump(), i, str(self.run_dir.resolve()))
+        self.rollouts: list[Any] = [self._new_rollout(i) for i in range(cfg.rollout.num_workers)]
+        self._rollout_pending: dict[Any, int] = {}  # a replacement's first call -> its index
         self.version = self.start_version
+        self._start_servers()
         if self.start_version > 0:
             self._push_weights()
+
+    def _start_servers(self) -> None:
+        """The servers episodes go to: `env.server_urls` (started by hand) and, with
+        `env.ray_servers`, one per Ray node offering `env.server_resource` (trainer/cluster.py)."""
+        env = self.config.env
+        self.balancer = ServerBalancer(token=env.token)
+        self.fleet: EnvServerFleet | None = None
+        for url in env.server_urls:
+            self.balancer.add(url)
+        if env.ray_servers == "place":
+            self.fleet = EnvServerFleet(env.server_settings, resource=env.server_resource)
+            for info in self.fleet.start():
+                self.balancer.add(info.url, placed=True)
+        self._refreshed_at = 0.0
+        self._refresh_servers(force=True)
+        self._servers_seen_at = time.monotonic()
+        log.info("env servers: %s", self.balancer.describe())
+
+    def _refresh_servers(self, force: bool = False) -> None:
+        """Every `env.refresh_s`: place servers on nodes that joined, forget those whose node
+        died, pick up servers others placed, and ask each one its capacity."""
+        env = self.config.env
+        now = time.monotonic()
+        if not force and now - self._refreshed_at < env.refresh_s:
+            return
+        self._refreshed_at = now
+        if self.fleet is not None:
+            started, lost = self.fleet.refresh()
+            for info in lost:
+                self.balancer.remove(info.url)
+            for info in started:
+                self.balancer.add(info.url, placed=True)
+        if env.ray_servers != "off":
+            for info in discover_servers(timeout_s=5.0):
+                self.balancer.add(info.url, placed=True)
+        self.balancer.poll()
+        if self.balancer.healthy_urls():
+            self._servers_seen_at = now
+
+    def _choose_server(self, n: int, strict: bool = True) -> str | None:
+        """The least-loaded healthy server with room for `n` episodes; without `strict`, the
+        least-loaded healthy one (its `capacity` refusal is then waited out at reset)."""
+        url = self.balancer.choose(n)
+        if url is None and not strict:
+            healthy = [s for s in self.balancer.servers.values() if s.healthy]
+            if healthy:
+                url = min(healthy, key=lambda s: (s.in_flight, s.url)).url
+        if url is None:
+            self._refresh_servers()
+            if time.monotonic() - self._servers_seen_at > self.config.env.no_server_timeout_s:
+                raise TrainError(
+                    f"no env server answered for {self.config.env.no_server_timeout_s:g}s: "
+                    f"{self.balancer.describe()}"
+                )
+        return url
 
     def _push_weights(self) -> None:
         import ray
 
         ref = self.learners.state_dict_ref()
-        ray.get([r.update_weights.remote(ref, self.version) for r in self.rollouts])
+        ready = [i for i in range(len(self.rollouts)) if i not in self._rollout_pending.values()]
+        calls = [self.rollouts[i].update_weights.remote(ref, self.version) for i in ready]
+        for i, call in zip(ready, calls, strict=True):
+            try:
+                ray.get(call)
+            except ray.exceptions.RayActorError as exc:  # its node died: a new one gets weights
+                self._replace_rollout(i, self.rollouts[i], exc)
+
+    def _replace_rollout(self, i: int, dead: Any, exc: BaseException) -> None:
+        """A rollout actor died (its node, its engine): start another; it gets work (and the
+        current weights) once it answers."""
+        if self.rollouts[i] is not dead:  # replaced already
+            return
+        log.warning("rollout actor %d died (%s): starting a replacement", i, type(exc).__name__)
+        self.rollouts[i] = self._new_rollout(i)
+        self._busy[i] = 0
+        self._rollout_pending[self.rollouts[i].stats.remote()] = i
+
+    def _check_pending_rollouts(self) -> None:
+        import ray
+
+        if not self._rollout_pending:
+            return
+        done, _ = ray.wait(list(self._rollout_pending), num_returns=len(self._rollout_pending),
+                           timeout=0)  # fmt: skip
+        for ref in done:
+            i = self._rollout_pending.pop(ref)
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayError as exc:
+                self._replace_rollout(i, self.rollouts[i], exc)
+                continue
+            log.info("rollout actor %d is back", i)
+            if self.version > 0:
+                try:
+                    w = self.rollouts[i].update_weights.remote(
+                        self.learners.state_dict_ref(), self.version
+                    )
+                    ray.get(w)
+                except ray.exceptions.RayActorError as exc:
+                    self._replace_rollout(i, self.rollouts[i], exc)
 
     # -- scheduling ----------------------------------------------------------------------------
     def _group_task(self, g: int) -> tuple[str, int]:
@@ -105,15 +201,20 @@ class Trainer:
             return
         import httpx
 
-        task_ids = sorted({self._group_task(g + k)[0] for k in range(1, 3)})
+        # where the next groups will run: the balancer's choices as things stand (the first is
+        # group g's own server, its members not yet counted)
+        plan = self.balancer.plan(3, self.config.algorithm.group_size)[1:]
+        where: dict[str, set[str]] = {}
+        for k, url in enumerate(plan, start=1):
+            where.setdefault(url, set()).add(self._group_task(g + k)[0])
         headers = (
             {"Authorization": f"Bearer {self.config.env.token}"} if self.config.env.token else {}
         )
-        for url in self.config.env.server_urls:
+        for url, tasks in where.items():
             try:
                 r = httpx.post(
                     f"{http_base(url)}/v1/pool/prewarm",
-                    json={"task_ids": task_ids, "count": self.config.algorithm.group_size},
+                    json={"task_ids": sorted(tasks), "count": self.config.algorithm.group_size},
                     headers=headers,
                     timeout=2.0,
                 )
@@ -126,13 +227,58 @@ class Trainer:
                     log.warning("prewarm on %s failed: %r", url, exc)
 
     def _dispatch(
-        self, task_id: str, seed: int, group_id: str, greedy: bool = False, group_size: int = 0
+        self,
+        task_id: str,
+        seed: int,
+        group_id: str,
+        greedy: bool = False,
+        group_size: int = 0,
+        url: str = "",
     ) -> Any:
-        w = min(range(len(self.rollouts)), key=lambda i: self._busy[i])
+        """One episode on the least busy rollout actor that is up, on server `url`."""
+        pending = set(self._rollout_pending.values())
+        up = [i for i in range(len(self.rollouts)) if i not in pending] or list(
+            range(len(self.rollouts))
+        )
+        w = min(up, key=lambda i: self._busy[i])
         self._busy[w] += 1
-        ref = self.rollouts[w].run_episode.remote(task_id, seed, group_id, greedy, group_size)
+        actor = self.rollouts[w]
+        ref = actor.run_episode.remote(task_id, seed, group_id, greedy, group_size, url)
         self._ref_worker[ref] = w
+        self._ref_info[ref] = (actor, url, task_id, seed, group_id)
+        if url:
+            self.balancer.acquire(url)
         return ref
+
+    def _collect(self, ref: Any) -> Episode:
+        """The episode a dispatched call returned; a rollout actor that died (its node, its
+        engine) gives an infrastructure failure, masked like any other, and a replacement."""
+        import ray
+
+        w = self._ref_worker.pop(ref)
+        self._busy[w] -= 1
+        actor, url, task_id, seed, group_id = self._ref_info.pop(ref)
+        if url:
+            self.balancer.release(url)
+        try:
+            ep = Episode.from_dict(ray.get(ref))
+        except ray.exceptions.RayError as exc:
+            ep = Episode(task_id=task_id, seed=seed, group_id=group_id, server_url=url)
+            ep.termination = "error"
+            ep.error = f"rollout actor lost: {type(exc).__name__}: {exc}"[:500]
+            log.warning("episode %s on %s: %s (masked)", group_id, url, ep.error[:200])
+            if isinstance(exc, ray.exceptions.RayActorError):
+                self._replace_rollout(w, actor, exc)
+        if ep.termination == "connection" and url:
+            self.balancer.poll([url])  # gone? then no new group goes there
+        return ep
+
+    def _evaluate_server(self) -> str:
+        while True:
+            url = self._choose_server(1, strict=False)
+            if url is not None:
+                return url
+            time.sleep(min(1.0, self.config.env.refresh_s))
 
     # -- evaluation ----------------------------------------------------------------------------
     def evaluate(self, tag: str) -> dict[str, float]:
@@ -141,13 +287,12 @@ class Trainer:
 
         env = self.config.env
         refs = [
-            self._dispatch(t, s, f"eval-{tag}-{t}-{s}", greedy=True)
+            self._dispatch(t, s, f"eval-{tag}-{t}-{s}", greedy=True, url=self._evaluate_server())
             for t in (env.eval_task_ids or env.task_ids)
             for s in env.eval_seeds
         ]
-        eps = [Episode.from_dict(d) for d in ray.get(refs)]
-        for r in refs:
-            self._busy[self._ref_worker.pop(r)] -= 1
+        ray.wait(refs, num_returns=len(refs))
+        eps = [self._collect(r) for r in refs]
         for e in eps:
             self._eval_writer.write(e, eval_tag=tag, version=self.version)
         valid = [e for e in eps if not e.is_infra_failure]
@@ -172,6 +317,8 @@ class Trainer:
         self._eval_writer = EpisodeWriter(self.run_dir / "eval_episodes.jsonl")
         self._busy = [0] * len(self.rollouts)
         self._ref_worker: dict[Any, int] = {}
+        self._ref_info: dict[Any, tuple[Any, str, str, int, str]] = {}
+        group_url = ""
         self._prewarm_warned = False
         summary: dict[str, Any] = {"run_dir": str(self.run_dir), "start_version": self.version}
         if cfg.run.eval_before:
@@ -203,21 +350,34 @@ class Trainer:
                     log.info("%s exists: stopping after %d updates", stop_file, self.version)
                     summary["stopped_early"] = True
                     break
+                self._refresh_servers()
+                self._check_pending_rollouts()
                 while len(in_flight) < capacity:
                     task_id, seed = self._group_task(next_group)
                     if next_member == 0:
+                        # one server per group, chosen once: the least-loaded with room for it
+                        chosen = self._choose_server(alg.group_size)
+                        if chosen is None:
+                            break  # no room anywhere: wait for episodes to end
+                        group_url = chosen
                         self._prewarm(next_group)
                     # a group id unique on the servers (a snapshot per group lives there)
                     gid = f"{self._run_token}-g{next_group}"
-                    in_flight.add(self._dispatch(task_id, seed, gid, group_size=alg.group_size))
+                    in_flight.add(
+                        self._dispatch(task_id, seed, gid, group_size=alg.group_size, url=group_url)
+                    )
                     next_member += 1
                     if next_member == alg.group_size:
                         next_group, next_member = next_group + 1, 0
-                done, _ = ray.wait(list(in_flight), num_returns=1, timeout=60.0)
+                if not in_flight:
+                    time.sleep(min(1.0, cfg.env.refresh_s))
+                    continue
+                done, _ = ray.wait(
+                    list(in_flight), num_returns=1, timeout=min(60.0, cfg.env.refresh_s)
+                )
                 for ref in done:
                     in_flight.discard(ref)
-                    self._busy[self._ref_worker.pop(ref)] -= 1
-                    ep = Episode.from_dict(ray.get(ref))
+                    ep = self._collect(ref)
                     episodes_done += 1
                     gen_tokens += int(ep.metrics.get("generated_tokens", 0))
                     counts[ep.termination] += 1
@@ -384,5 +544,7 @@ class Trainer:
 
         for r in getattr(self, "rollouts", []):
             ray.kill(r)
+        if getattr(self, "fleet", None) is not None:
+            self.fleet.stop()  # drained: their sandboxes are removed
         if hasattr(self, "learners"):
             self.learners.shutdown()
