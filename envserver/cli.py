@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("envserver.run_cli", "play one episode and print its record"),
     "eval": ("trainer.eval_cli", "many episodes, pass@k table"),
     "train": ("trainer.cli", "the RL trainer"),
+    "cluster": ("trainer.cluster_cli", "env servers on every sandgym node of a Ray cluster"),
     "plot": ("trainer.plot_cli", "plot a run's reward curve"),
     "bench": ("bench.cli", "benchmarks (sandbox, pool, step, sessions)"),
     "reap": ("sandboxes.reaper_cli", "remove orphaned sandboxes"),

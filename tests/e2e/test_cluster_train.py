@@ -104,7 +104,8 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     (tmp_path / "sandboxes").mkdir()
     # Ray's single-machine mode: every node (and the driver) on 127.0.0.1, so the env
     # servers listen, and the trainer connects, on loopback only
-    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # (nodes, trainer)
+    monkeypatch.setattr(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False)  # (this one)
     node = {"object_store_memory": 100 * MB}
     c = Cluster(
         initialize_head=True,
