@@ -222,14 +222,19 @@ class EnvServerFleet:
         self.servers.clear()
 
 
-def discover_servers(namespace: str = NAMESPACE, timeout_s: float = 10.0) -> list[ServerInfo]:
-    """Env servers any driver placed in this cluster (named actors), those that answer."""
+def discover_servers(
+    namespace: str = NAMESPACE, timeout_s: float = 10.0, skip: set[str] | None = None
+) -> list[ServerInfo]:
+    """Env servers any driver placed in this cluster (named actors), those that answer; `skip`:
+    actor names not to ask (those the caller placed itself)."""
     import ray
 
     names = [
         a["name"]
         for a in ray.util.list_named_actors(all_namespaces=True)
-        if a.get("namespace") == namespace and str(a.get("name", "")).startswith(ACTOR_PREFIX)
+        if a.get("namespace") == namespace
+        and str(a.get("name", "")).startswith(ACTOR_PREFIX)
+        and a["name"] not in (skip or set())
     ]
     refs = {}
     for name in names:

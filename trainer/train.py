@@ -122,7 +122,8 @@ class Trainer:
             for info in started:
                 self.balancer.add(info.url, placed=True)
         if env.ray_servers != "off":
-            for info in discover_servers(timeout_s=5.0):
+            known = {i.name for i in self.fleet.servers.values()} if self.fleet else set()
+            for info in discover_servers(timeout_s=5.0, skip=known):
                 self.balancer.add(info.url, placed=True)
         self.balancer.poll()
         if self.balancer.healthy_urls():
@@ -160,9 +161,15 @@ class Trainer:
     def _replace_rollout(self, i: int, dead: Any, exc: BaseException) -> None:
         """A rollout actor died (its node, its engine): start another; it gets work (and the
         current weights) once it answers."""
+        import ray
+
         if self.rollouts[i] is not dead:  # replaced already
             return
         log.warning("rollout actor %d died (%s): starting a replacement", i, type(exc).__name__)
+        try:  # (an actor only "unavailable" must not come back beside its replacement)
+            ray.kill(dead, no_restart=True)
+        except Exception:
+            pass
         self.rollouts[i] = self._new_rollout(i)
         self._busy[i] = 0
         self._rollout_pending[self.rollouts[i].stats.remote()] = i
@@ -256,7 +263,7 @@ class Trainer:
         import ray
 
         w = self._ref_worker.pop(ref)
-        self._busy[w] -= 1
+        self._busy[w] = max(0, self._busy[w] - 1)  # (0 after a replacement)
         actor, url, task_id, seed, group_id = self._ref_info.pop(ref)
         if url:
             self.balancer.release(url)
@@ -326,7 +333,6 @@ class Trainer:
             metrics.log(self.version, ev)
             summary["eval_before"] = ev
 
-        capacity = cfg.rollout.num_workers * cfg.rollout.concurrent_episodes
         groups: dict[str, list[Episode]] = {}
         ready_groups: list[list[Episode]] = []
         in_flight: set[Any] = set()
@@ -352,7 +358,9 @@ class Trainer:
                     break
                 self._refresh_servers()
                 self._check_pending_rollouts()
-                while len(in_flight) < capacity:
+                # rollout actors being replaced take no work meanwhile
+                live = max(1, len(self.rollouts) - len(self._rollout_pending))
+                while len(in_flight) < live * cfg.rollout.concurrent_episodes:
                     task_id, seed = self._group_task(next_group)
                     if next_member == 0:
                         # one server per group, chosen once: the least-loaded with room for it
