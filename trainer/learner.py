@@ -111,19 +111,17 @@ class LearnerWorker:
             )
         torch.manual_seed(cfg.run.seed)
         self.tokenizer = load_tokenizer(cfg.model)
-        self.model = load_model(cfg.model)
         if self.fsdp:
-            # every rank loads the same weights (a checkpoint, or the seeded `tiny` init), on CPU;
-            # fully_shard keeps this rank's shards and moves only those to the device
-            full_params = sum(p.numel() for p in self.model.parameters())
+            # rank 0 loads the weights on CPU, the others build the model on the meta device;
+            # each rank allocates only its shards on the device, filled from rank 0's copy
+            self.model = sharding.load_sharded_model(
+                lambda: load_model(cfg.model), self.device, self.device.type == "cuda"
+            )
             if cfg.learner.gradient_checkpointing:
                 self.model.gradient_checkpointing_enable()
-            self.model = sharding.shard_model(
-                self.model, self.device.type, mixed_precision=self.device.type == "cuda"
-            )
         else:
-            self.model = self.model.to(self.device)
-            full_params = sum(p.numel() for p in self.model.parameters())
+            self.model = load_model(cfg.model).to(self.device)
+        full_params = sum(p.numel() for p in self.model.parameters())
         if cfg.learner.lora_rank > 0:  # adapters only: base weights frozen (trainer/lora.py)
             from trainer.lora import apply_lora
 
@@ -133,14 +131,13 @@ class LearnerWorker:
         self.model.train()
         self.ref_model = None
         if cfg.algorithm.kl_coef > 0:
-            self.ref_model = load_model(cfg.model).eval()
+            self.ref_model = (
+                sharding.load_sharded_model(lambda: load_model(cfg.model), self.device, frozen=True)
+                if self.fsdp
+                else load_model(cfg.model).to(self.device)
+            ).eval()
             for p in self.ref_model.parameters():
                 p.requires_grad_(False)
-            self.ref_model = (
-                sharding.shard_model(self.ref_model, self.device.type)
-                if self.fsdp
-                else self.ref_model.to(self.device)
-            )
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
             lr=cfg.learner.lr,

@@ -5,8 +5,9 @@ final norm, LM head), with torch's FSDP2 `fully_shard`: each rank keeps 1/world_
 parameter (a `DTensor` sharded on dim 0), its gradient and, because the optimizer is built over
 those DTensors, its AdamW moments. A forward all-gathers one block at a time and frees it again;
 backward reduce-scatters each block's gradients. Nothing here keeps a full replica: full weights
-exist only transiently, on rank 0's CPU, when `full_state_dict` gathers them for the rollout
-engines.
+exist only transiently on rank 0's CPU: when `load_sharded_model` loads the policy (the other
+ranks build it on the meta device and receive only their shards) and when `full_state_dict`
+gathers the weights for the rollout engines.
 
 This module imports nothing but torch (and transformers' models are duck-typed), so that
 `scripts/gpu_fsdp_check.py` can use it on a machine without Ray or pydantic.
@@ -14,6 +15,7 @@ This module imports nothing but torch (and transformers' models are duck-typed),
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -30,14 +32,18 @@ def decoder_layers(model: Any) -> list[Any]:
     return blocks
 
 
-def shard_model(model: Any, device_type: str = "cpu", mixed_precision: bool = False) -> Any:
+def shard_model(
+    model: Any, device_type: str = "cpu", mixed_precision: bool = False, frozen: bool = False
+) -> Any:
     """Apply FSDP2 to `model` in place: one `fully_shard` per block plus the root.
 
     The process group must already be initialised. Gradients are reduced with SUM (divide factor
     1): the learner's loss is already divided by the *global* normalizer, so the ranks'
     gradients add up to the single-process gradient, as with the replicate strategy.
     `mixed_precision` (GPU): blocks compute in bf16 (all-gathers move bf16), gradients are
-    reduced in fp32, master weights and AdamW state stay fp32."""
+    reduced in fp32, master weights and AdamW state stay fp32. `frozen` (a reference model that
+    only runs forwards): the root reshards after its forward too (by default FSDP2 keeps the
+    root's parameters gathered until backward, which a frozen model never runs)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -51,7 +57,7 @@ def shard_model(model: Any, device_type: str = "cpu", mixed_precision: bool = Fa
         )
     for block in decoder_layers(model):
         fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
+    fully_shard(model, **kwargs, reshard_after_forward=True if frozen else None)
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)
@@ -138,3 +144,40 @@ def full(t: Any) -> Any:
     """The whole tensor: a DTensor all-gathered (a collective: every rank must call it), a plain
     tensor itself."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def load_sharded_model(
+    load_full: Callable[[], Any], device: Any, mixed_precision: bool = False, frozen: bool = False
+) -> Any:
+    """The policy, sharded, without a full copy on every rank: rank 0 runs `load_full()` (the
+    model on CPU); the other ranks build the same architecture on the meta device from rank 0's
+    config (no memory); all shard it, allocate their shards on `device`, and rank 0's weights
+    are broadcast into them one tensor at a time (`set_model_state_dict(broadcast_from_rank0)`).
+    Buffers outside the state dict (rotary frequencies) are broadcast from rank 0 as well."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from transformers import AutoModelForCausalLM
+
+    rank = dist.get_rank()
+    full = load_full() if rank == 0 else None
+    box = [(full.config, next(full.parameters()).dtype) if full is not None else None]
+    dist.broadcast_object_list(box, src=0)
+    config, dtype = box[0]
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config).to(dtype)
+    shard_model(model, device.type, mixed_precision=mixed_precision, frozen=frozen)
+    model.to_empty(device=device)
+    set_model_state_dict(
+        model,
+        full.state_dict() if full is not None else {},
+        options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+    )
+    source = dict(full.named_buffers()) if full is not None else {}
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if full is not None:
+                buf.copy_(source[name].to(buf.device))
+            dist.broadcast(buf, src=0)
+    del full, source
+    return model

@@ -1,8 +1,9 @@
 """The sharded learner (`learner.strategy: fsdp`): two real Ray actors, real gloo, torch FSDP2.
 
-One fsdp group and one replicate group (2 workers each) take the same update on the same batch;
-the fsdp ranks hold half of the parameters, gradients and AdamW moments each, the update equals
-the replicate one, the gathered weights reach an hf engine, and a sharded checkpoint loads back.
+A 2-worker fsdp group and a single-process replicate learner (the reference, in this process)
+take the same update on the same batch; the fsdp ranks hold half of the parameters, gradients
+and AdamW moments each, the update equals the reference one, the gathered weights reach an hf
+engine, and a sharded checkpoint loads back.
 """
 
 from __future__ import annotations
@@ -42,31 +43,39 @@ def _samples(seed: int) -> list[Sample]:
     for i, length in enumerate([40, 9, 8, 7, 6]):
         ids = torch.randint(100, 2000, (length,), generator=g).tolist()
         mask = [0, 0] + [1] * (length - 2)
-        out.append(Sample(ids, mask, [0.0, 0.0] + [-7.0] * (length - 2), 1.0 if i % 2 else -1.0))
+        # behaviour logprobs near the random model's (log 1/49152 = -10.8): ratios near 1, so
+        # both advantage signs carry gradient (far below, the negative ones would be clipped)
+        old = [0.0, 0.0] + [-10.8] * (length - 2)
+        out.append(Sample(ids, mask, old, 1.0 if i % 2 else -1.0))
     return out
 
 
 @pytest.fixture(scope="module")
 def groups() -> Iterator[dict[str, Any]]:
     ray = pytest.importorskip("ray")
-    # 4 logical CPUs: both 2-worker groups live at once (the workers mostly wait)
-    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
-    from trainer.learner import LearnerGroup
+    # a private Ray instance (never another developer's running cluster)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    from trainer.algorithms import aggregation_norm
+    from trainer.learner import LearnerGroup, LearnerWorker
 
-    made = {s: LearnerGroup(_config(s)) for s in ("fsdp", "replicate")}
-    initial = ray.get(made["replicate"].state_dict_ref())
+    fsdp = LearnerGroup(_config("fsdp"))
+    reference = LearnerWorker(_config("replicate").model_dump(), rank=0, world_size=1)
+    reference.setup("127.0.0.1", 0)
+    initial = reference.state_dict()
     batch = _samples(seed=1)
-    stats = {s: g.train(batch) for s, g in made.items()}
-    yield {"groups": made, "stats": stats, "initial": initial}
-    for g in made.values():
-        g.shutdown()
+    stats = {
+        "fsdp": fsdp.train(batch),
+        "replicate": reference.train(batch, aggregation_norm(batch, reference.loss_settings)),
+    }
+    yield {"fsdp": fsdp, "reference": reference, "stats": stats, "initial": initial}
+    fsdp.shutdown()
     ray.shutdown()
 
 
 def test_fsdp_ranks_hold_half_of_parameters_gradients_and_optimizer_state(
     groups: dict[str, Any],
 ) -> None:
-    infos = groups["groups"]["fsdp"].shard_info()
+    infos = groups["fsdp"].shard_info()
     full = infos[0]["full_params"]
     assert full > 1_000_000  # the tiny Llama: 49152 x 32 tied embedding + 2 blocks
     for info in infos:
@@ -76,8 +85,9 @@ def test_fsdp_ranks_hold_half_of_parameters_gradients_and_optimizer_state(
         assert info["full_optimizer"] == 2 * full
         assert info["local_optimizer"] / info["full_optimizer"] == pytest.approx(0.5, abs=0.01)
     assert sum(i["local_params"] for i in infos) == full
-    replicate = groups["groups"]["replicate"].shard_info()
-    assert all(i["local_params"] == full for i in replicate)  # the contrast: full replicas
+    # the contrast: the replicate learner holds everything
+    replicate = groups["reference"].shard_info()
+    assert replicate["local_params"] == full and replicate["local_optimizer"] == 2 * full
 
 
 def test_fsdp_update_equals_replicate_update(groups: dict[str, Any]) -> None:
@@ -88,15 +98,22 @@ def test_fsdp_update_equals_replicate_update(groups: dict[str, Any]) -> None:
     assert fs["loss_tokens"] == rs["loss_tokens"] > 0
     assert fs["loss_sum"] == pytest.approx(rs["loss_sum"], rel=1e-5, abs=1e-7)
     assert fs["grad_norm"] == pytest.approx(rs["grad_norm"], rel=1e-5)
-    fw = ray.get(groups["groups"]["fsdp"].state_dict_ref())
-    rw = ray.get(groups["groups"]["replicate"].state_dict_ref())
+    fw = ray.get(groups["fsdp"].state_dict_ref())
+    rw = groups["reference"].state_dict()
     assert sorted(fw) == sorted(rw)
     err = max(float((fw[k] - rw[k]).abs().max()) for k in rw)
     moved = max(float((rw[k] - groups["initial"][k]).abs().max()) for k in rw)
+    # relative L2 error of the update itself (AdamW's first step is ~lr * g/|g|: elementwise,
+    # a gradient entry near Adam's eps turns float rounding into up to ~1e-3 of the step)
+    delta_err = sum(float((fw[k] - rw[k]).double().norm() ** 2) for k in rw) ** 0.5
+    delta = sum(float((rw[k] - groups["initial"][k]).double().norm() ** 2) for k in rw) ** 0.5
+    print(f"fsdp vs single-process replicate: max |w diff| {err:.2e}, relative update error "
+          f"{delta_err / delta:.2e} (update moved weights by up to {moved:.2e})")  # fmt: skip
     assert moved > 1e-3, "the update did not change the weights"
-    assert err < 1e-5, f"fsdp and replicate updates differ by {err}"
+    assert err < 1e-4, f"fsdp and replicate updates differ by {err}"
+    assert delta_err / delta < 1e-4
     # both fsdp ranks gathered the same full weights
-    c = groups["groups"]["fsdp"].checksums()
+    c = groups["fsdp"].checksums()
     assert c[0] == c[1]
 
 
@@ -122,12 +139,12 @@ def test_gathered_weights_reach_the_engine(groups: dict[str, Any]) -> None:
             return token_logprobs_and_entropy(engine.model, ids, torch.ones_like(ids))[0]
 
     before = engine_logprobs()
-    engine.update_weights(ray.get(groups["groups"]["fsdp"].state_dict_ref()), 1)
+    engine.update_weights(ray.get(groups["fsdp"].state_dict_ref()), 1)
     after = engine_logprobs()
     assert float((after - before).abs().max()) > 1e-3, "the engine's policy did not change"
     # ... and it is the trained policy: the replicate learner's weights give the same logprobs
     ref = load_model(settings)
-    ref.load_state_dict(ray.get(groups["groups"]["replicate"].state_dict_ref()))
+    ref.load_state_dict(groups["reference"].state_dict())
     with torch.no_grad():
         want = token_logprobs_and_entropy(ref, ids, torch.ones_like(ids))[0]
     assert float((after - want).abs().max()) < 1e-4
@@ -136,7 +153,7 @@ def test_gathered_weights_reach_the_engine(groups: dict[str, Any]) -> None:
 def test_sharded_checkpoint_loads_back_weights_and_optimizer(
     groups: dict[str, Any], tmp_path: Path
 ) -> None:
-    group = groups["groups"]["fsdp"]
+    group = groups["fsdp"]
     ckpt = tmp_path / "checkpoints" / "step_000001"
     saved = group.checksums()[0]
     group.save(str(ckpt))
