@@ -61,8 +61,10 @@ def shard_model(
     for m in model.modules():
         if isinstance(m, FSDPModule):
             m.set_gradient_divide_factor(1.0)
-            # a plain SUM collective (gloo has no PREMUL_SUM; NCCL's SUM is zero-copy)
-            m.set_force_sum_reduction_for_comms(True)
+            # a plain SUM collective (gloo has no PREMUL_SUM; NCCL's SUM is zero-copy); older
+            # torch (before 2.8) lacks the switch and uses PREMUL_SUM(1), which NCCL has
+            if hasattr(m, "set_force_sum_reduction_for_comms"):
+                m.set_force_sum_reduction_for_comms(True)
     return model
 
 

@@ -174,3 +174,13 @@ def test_sharded_checkpoint_loads_back_weights_and_optimizer(
     # the AdamW moments came back too: the same batch gives the same step again
     group.train(batch)
     assert group.checksums()[0] == pytest.approx(stepped, rel=1e-6, abs=1e-6)
+
+
+def test_strategy_config_default_and_refusals() -> None:
+    assert TrainConfig.model_validate({"env": {"task_ids": ["t"]}}).learner.strategy == "replicate"
+    with pytest.raises(ValueError, match="lora_rank"):
+        TrainConfig.model_validate(
+            {"env": {"task_ids": ["t"]}, "learner": {"strategy": "fsdp", "lora_rank": 8}}
+        )
+    with pytest.raises(ValueError, match="strategy"):
+        TrainConfig.model_validate({"env": {"task_ids": ["t"]}, "learner": {"strategy": "zero3"}})
