@@ -236,7 +236,7 @@ def discover_servers(
         and str(a.get("name", "")).startswith(ACTOR_PREFIX)
         and a["name"] not in (skip or set())
     ]
-    refs = {}
+    refs: dict[str, Any] = {}
     for name in names:
         try:
             refs[name] = ray.get_actor(name, namespace=namespace).info.remote()
@@ -255,7 +255,7 @@ def remove_servers(namespace: str = NAMESPACE, drain_timeout_s: float = 60.0) ->
     """Drain and remove every env server placed in the namespace (`sandgym cluster down`)."""
     import ray
 
-    actors = []
+    actors: list[tuple[str, Any]] = []
     for a in ray.util.list_named_actors(all_namespaces=True):
         name = str(a.get("name", ""))
         if a.get("namespace") == namespace and name.startswith(ACTOR_PREFIX):
