@@ -128,8 +128,7 @@ def train_steps(
         t0 = time.perf_counter()
         optimizer.zero_grad(set_to_none=False)
         total = 0.0
-        for i, ids in enumerate(batches):
-            sharding.set_gradient_sync(model, i == len(batches) - 1)
+        for ids in batches:  # fsdp: each backward reduce-scatters (as the learner does)
             with autocast:
                 loss = model(input_ids=ids, labels=ids).loss / len(batches)
             loss.backward()

@@ -13,11 +13,12 @@ A step (`train`), the same for both:
 
 1. every worker gets a shard of the batch's samples and the batch's *global* loss normalizer
    (see `algorithms.aggregation_norm`), so shard losses add up to the single-worker loss;
-2. it runs forward/backward over micro-batches, accumulating gradients (no gradient sync per
-   micro-batch; under fsdp every worker runs the same number of micro-batches, padded with
-   zero-loss ones, because each forward is a collective);
-3. one gradient sync (SUM): replicate all-reduces the flattened gradients over torch.distributed
-   (gloo on CPU, NCCL on GPU); fsdp reduce-scatters during the last micro-batch's backward;
+2. it runs forward/backward over micro-batches, accumulating gradients (under fsdp every worker
+   runs the same number of micro-batches, padded with zero-loss ones, because each forward and
+   backward is a collective);
+3. gradient sync (SUM): replicate all-reduces the flattened gradients once over
+   torch.distributed (gloo on CPU, NCCL on GPU); fsdp reduce-scatters each micro-batch's
+   gradients during its backward into the sharded gradients (no full gradient is ever held);
    then gradient clipping (global norm) and an optimizer step on what each worker holds.
 
 On GPU the forward runs under bf16 autocast (master weights stay fp32; fsdp also all-gathers in
@@ -211,9 +212,9 @@ class LearnerWorker:
         for _epoch in range(cfg.epochs_per_batch):
             self.optimizer.zero_grad(set_to_none=False)
             for i, batch in enumerate(batches):
-                # fsdp: gradients stay local until the last micro-batch, whose backward
-                # reduce-scatters the accumulated sum (replicate: a no-op)
-                sharding.set_gradient_sync(self.model, i == len(batches) - 1)
+                # fsdp: each backward reduce-scatters its gradients into the sharded .grad (sums
+                # across micro-batches); holding them unsharded until the last one would cost a
+                # full gradient's memory
                 with autocast:
                     loss, stats = compute_loss(
                         self.model, batch, self.loss_settings, norm, self.ref_model

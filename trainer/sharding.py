@@ -74,13 +74,6 @@ def is_sharded(model: Any) -> bool:
     return isinstance(model, FSDPModule)
 
 
-def set_gradient_sync(model: Any, enabled: bool) -> None:
-    """Whether the next backward reduce-scatters gradients (off for all but the last
-    micro-batch: the unsharded gradients accumulate locally, one reduce-scatter per step)."""
-    if is_sharded(model):
-        model.set_requires_gradient_sync(enabled)
-
-
 def local_tensor(t: Any) -> Any:
     """This rank's part of `t` (a DTensor's local shard; a plain tensor itself)."""
     return t.to_local() if hasattr(t, "to_local") else t
