@@ -8,6 +8,11 @@ gradient sync per step, global-norm clipping, AdamW) on a randomly initialised L
     python scripts/gpu_fsdp_check.py                       # 1b, every mode that fits the machine
     python scripts/gpu_fsdp_check.py --configs 1b,8b --out bench/results/gpu_fsdp_check.json
 
+On one GPU the default (1b) is 4 runs (single replicate, fake fsdp 2/4/8), each a fresh process
+(~10-30 s to start and build); `--configs 1b,8b` adds the 8B shapes (replicate needs ~160 GB
+for fp32 weights + grads + AdamW + the flat all-reduce buffer: expect an OOM recorded on a
+141 GB card, which is the point; fsdp over 8 fake ranks needs ~1/8 of the state).
+
 Runs, each in fresh processes (clean CUDA peak statistics; an OOM is recorded, not fatal):
 
 - `dist`: with >= 2 GPUs, `--world-size` processes (torch.multiprocessing spawn, NCCL), one per
@@ -313,7 +318,7 @@ def main() -> int:
     ap.add_argument("--micro-batches", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3, help="timed steps after one warm-up")
     ap.add_argument("--gradient-checkpointing", action="store_true")
-    ap.add_argument("--run-timeout-s", type=float, default=240.0)
+    ap.add_argument("--run-timeout-s", type=float, default=150.0, help="per run (processes killed)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
 
@@ -332,6 +337,12 @@ def main() -> int:
         "gpu_mem_gib": torch.cuda.get_device_properties(0).total_memory / GIB if gpus else None,
         "device_count": gpus,
         "settings": {k: v for k, v in vars(args).items() if k != "out"},
+        "notes": {
+            "single": "replicate on one GPU: its per-rank memory at any world size",
+            "dist": "real ranks, one per GPU (NCCL): memory and step time with communication",
+            "fake": "rank 0 of a fake N-rank group (FakeStore): fsdp per-rank memory for N ranks; "
+            "step time without communication; gathered weights are garbage, loss may be NaN",
+        },
         "runs": [],
     }
     for name in args.configs.split(","):
