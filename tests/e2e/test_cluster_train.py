@@ -213,8 +213,11 @@ def test_train_across_two_nodes_survives_a_dead_node(
         assert lost and all(e["termination"] in ("connection", "error") for e in lost), [
             (e["termination"], e["error"]) for e in lost
         ]
-        # nothing is scored on the dead server once it is gone
+        # nothing is scored on the dead server once it is gone, and no new group goes there
+        # once the trainer noticed (its next capacity poll, or the first lost connection)
         assert not [e for e in lost if e["termination"] == "submitted"]
+        late = [e for e in lost if e["started_at"] > killed_at + 10]
+        assert not late, [(e["started_at"] - killed_at, e["termination"]) for e in late]
 
         # 4. a node that joins is used, and its server reaps what the dead one left
         assert dead.owner_id in _owners(root).values(), "the dead server left sandboxes"
