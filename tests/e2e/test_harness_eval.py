@@ -134,8 +134,8 @@ def test_eval_harness_agent_through_the_gateway(
     assert [len(e["trajectories"][0]["steps"]) for e in eps] == [1, 1]
 
 
-@pytest.mark.timeout(1000)  # two serial episodes of a 135M model: 514 s on a 2-core machine
-# under a load average of 15-20
+# Two serial episodes of a 135M model: 514 s on this 2-core machine under a load average of 15-20.
+@pytest.mark.timeout(1000)
 def test_harness_agent_with_smollm2_solves_a_catalog_task(
     make_server: Callable[..., BackgroundServer], tmp_path: Path
 ) -> None:
