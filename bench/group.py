@@ -10,12 +10,13 @@ times:
 - `cold_create`: `--size` bare sandboxes created at once on the backend (no task set-up), the
   floor either of the above pays for its sandboxes;
 
-each timed from the first reset sent to the last reply (all members ready), on a server with no
-ready pool (`pool_size` 0, so every way starts cold). Tasks: `slow-setup` (a Harbor task whose
+each timed from the first reset sent to the last reply (all members ready), each on a fresh
+server with no ready pool (`pool_size` 0, so every way starts cold). Tasks: `slow-setup` (a Harbor task whose
 generator spends about `--setup-cpu-s` seconds of CPU, as a data build or compile would) and a
 catalog task (`--catalog-task`). Then `first_command`: on a server keeping ready sandboxes
-(`pool_size` 2), `--n-first` episodes each timed from the reset's reply to the result of the
-first `command` (`true`): with the pool's shell already started that is one round trip.
+(`pool_size` 2), `--n-first` episodes, each reset once the pool has a ready sandbox again, each
+timed from the reset's reply to the result of the first `command` (`true`): with the pool's
+shell already started that is one round trip.
 
 Every figure is a median of its repeats, each repeat's raw seconds beside it; ratios are
 `independent / fork`. `--json` prints one JSON document; `--out PATH` also writes it (committed:
@@ -109,12 +110,24 @@ async def _cold_creates(backend: Any, spec: Any, size: int) -> float:
     return took
 
 
-async def _first_commands(url: str, task_id: str, n: int) -> list[float]:
+async def _ready_count(http_url: str) -> int:
+    import httpx
+
+    async with httpx.AsyncClient() as h:
+        r = await h.get(f"{http_url}/v1/pool", timeout=10)
+        return int(r.json()["totals"]["ready"])
+
+
+async def _first_commands(url: str, http_url: str, task_id: str, n: int) -> list[float]:
     from envserver.client import AsyncEnvClient
 
     out = []
     async with AsyncEnvClient(url, request_timeout_s=300) as c:
         for _ in range(n):
+            for _ in range(600):  # until the pool has a ready sandbox again (bounded: 60 s)
+                if await _ready_count(http_url) > 0:
+                    break
+                await asyncio.sleep(0.1)
             _, info = await c.reset(task_id, seed=1)
             t0 = time.perf_counter()
             res = await c.step({"kind": "command", "command": "true"})
@@ -123,7 +136,6 @@ async def _first_commands(url: str, task_id: str, n: int) -> list[float]:
             out_hit = info.get("from_pool")
             if not out_hit:  # only pool hits count: the figure is about a ready sandbox
                 out.pop()
-            await asyncio.sleep(0.05)  # let the pool refill behind the hit (not timed)
     return out
 
 
@@ -140,41 +152,46 @@ async def _bench_backend(name: str, root: Path, args: argparse.Namespace) -> dic
 
     registry = TaskRegistry([root], include_builtin=True)
     out: dict[str, Any] = {"tasks": {}}
+    # a fresh server per measured run: no ready sandbox left over from the run before
     settings = ServerSettings(
         host="127.0.0.1", port=0, backend=name, task_dirs=[root], pool_size=0, max_sessions=64
     )
     backend = get_backend(name)
-    try:
+
+    async def one(task_id: str, group: bool, size: int) -> tuple[float, list[bool]]:
         with BackgroundServer(settings) as srv:
-            for task_id in (SLOW_TASK, args.catalog_task):
-                spec = sandbox_spec_for(registry.get(task_id))
-                raw: dict[str, list[float]] = {"fork": [], "independent": [], "cold_create": []}
-                forked: list[list[bool]] = []
-                await _resets(srv.url, task_id, 1, group=False)  # images built, caches warm
-                for _ in range(args.repeats):
-                    took, flags = await _resets(srv.url, task_id, args.size, group=True)
-                    raw["fork"].append(took)
-                    forked.append(flags)
-                    took, _ = await _resets(srv.url, task_id, args.size, group=False)
-                    raw["independent"].append(took)
-                    raw["cold_create"].append(await _cold_creates(backend, spec, args.size))
-                med = {k: _median(v) for k, v in raw.items()}
-                out["tasks"][task_id] = {
-                    "ready_s_median": med,
-                    "independent_over_fork": (
-                        round(med["independent"] / med["fork"], 2)
-                        if med["fork"] and med["independent"]
-                        else None
-                    ),
-                    "raw_s": {k: [round(x, 4) for x in v] for k, v in raw.items()},
-                    "members_forked": [sum(f) for f in forked],
-                }
+            return await _resets(srv.url, task_id, size, group)
+
+    try:
+        for task_id in (SLOW_TASK, args.catalog_task):
+            spec = sandbox_spec_for(registry.get(task_id))
+            raw: dict[str, list[float]] = {"fork": [], "independent": [], "cold_create": []}
+            forked: list[list[bool]] = []
+            await one(task_id, False, 1)  # images built, caches warm
+            for _ in range(args.repeats):
+                took, flags = await one(task_id, True, args.size)
+                raw["fork"].append(took)
+                forked.append(flags)
+                took, _ = await one(task_id, False, args.size)
+                raw["independent"].append(took)
+                raw["cold_create"].append(await _cold_creates(backend, spec, args.size))
+            med = {k: _median(v) for k, v in raw.items()}
+            out["tasks"][task_id] = {
+                "ready_s_median": med,
+                "independent_over_fork": (
+                    round(med["independent"] / med["fork"], 2)
+                    if med["fork"] and med["independent"]
+                    else None
+                ),
+                "raw_s": {k: [round(x, 4) for x in v] for k, v in raw.items()},
+                "members_forked": [sum(f) for f in forked],
+            }
         settings = ServerSettings(
             host="127.0.0.1", port=0, backend=name, task_dirs=[root], pool_size=2
         )
         with BackgroundServer(settings) as srv:
             await _resets(srv.url, args.catalog_task, 1, group=False)
-            samples = await _first_commands(srv.url, args.catalog_task, args.n_first)
+            samples = await _first_commands(srv.url, srv.http_url, args.catalog_task, args.n_first)
         samples.sort()
         out["first_command_after_pool_hit"] = {
             "task": args.catalog_task,
