@@ -17,6 +17,7 @@ import json
 import signal
 import sys
 import threading
+import time
 from dataclasses import asdict
 from typing import Any
 
@@ -39,6 +40,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--refresh-s", type=float, default=5.0, help="up: how often to look for new nodes"
+    )
+    parser.add_argument(
+        "--wait-s",
+        type=float,
+        default=300.0,
+        help="up: how long to wait for a first node offering the resource (nodes join late)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
@@ -84,11 +91,16 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps({"removed": names}) if args.json else f"removed {len(names)}")
             return 0
         fleet = EnvServerFleet(_settings(args), resource=args.resource, detached=args.detach)
-        try:
-            servers = fleet.start()
-        except ClusterError as exc:
-            print(f"sandgym cluster up: {exc}", file=sys.stderr)
-            return 1
+        deadline = time.monotonic() + args.wait_s
+        while True:
+            try:
+                servers = fleet.start()
+                break
+            except ClusterError as exc:
+                if time.monotonic() > deadline:
+                    print(f"sandgym cluster up: {exc}", file=sys.stderr)
+                    return 1
+                time.sleep(min(2.0, args.refresh_s))
         _print(args, servers, "" if args.detach else "serving; Ctrl-C drains and removes them")
         if args.detach:
             return 0
