@@ -108,11 +108,11 @@ def _uv_snippet(version: str | None, env: str | None) -> str:
     return (
         "{ " + pre + f'_sg_v="{pin}"; _sg_d="$(mktemp -d)"; '
         '_sg_bin="${UV_INSTALL_DIR:-${XDG_BIN_HOME:-$HOME/.local/bin}}"; '
-        "_sg_url=\"$(curl -fsSL https://pypi.org/simple/uv/ | grep -o 'https://files.pythonhosted"
+        "_sg_url=\"$(curl -fsSL --retry 4 --retry-all-errors --retry-delay 2 https://pypi.org/simple/uv/ | grep -o 'https://files.pythonhosted"
         '.org/[^\\"#]*/uv-\'"${_sg_v:-[0-9.]*}"\'-py3-none-manylinux_2_17_x86_64[^\\"#]*\\.whl\''
         ' | tail -n 1)"; '
         'echo "sandgym-substitution uv-installer-from-pypi: $_sg_url" >&2; '
-        'curl -fsSL "$_sg_url" -o "$_sg_d/uv.whl" && '
+        'curl -fsSL --retry 4 --retry-all-errors --retry-delay 2 "$_sg_url" -o "$_sg_d/uv.whl" && '
         '{ python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])"'
         ' "$_sg_d/uv.whl" "$_sg_d" 2>/dev/null || unzip -q -o "$_sg_d/uv.whl" -d "$_sg_d" '
         '|| { apt-get install -y -qq unzip >/dev/null 2>&1 && unzip -q -o "$_sg_d/uv.whl" '
@@ -141,7 +141,7 @@ def _python_snippet(ver: str, debs: list[str] | None) -> str:
         f"command -v {exe} >/dev/null 2>&1 || {{ "
         f"echo 'sandgym-substitution uv-python-from-debian: Debian CPython {ver} into {root}' >&2; "
         f'_sg_t="$(mktemp -d)"; for _sg_u in {urls}; do '
-        f'curl -fsSL "$_sg_u" -o "$_sg_t/p.deb" && dpkg-deb -x "$_sg_t/p.deb" {root} || break; '
+        f'curl -fsSL --retry 4 --retry-all-errors --retry-delay 2 "$_sg_u" -o "$_sg_t/p.deb" && dpkg-deb -x "$_sg_t/p.deb" {root} || break; '
         f'done; rm -rf "$_sg_t"; '
         f"mv {root}/usr/bin/{exe} {root}/usr/bin/{exe}.real && "
         f"printf '#!/bin/sh\\nexec {lib}/ld-linux-x86-64.so.2 --library-path {lib} "
