@@ -417,6 +417,15 @@ def unreachable_needs(entry: Mapping[str, Any]) -> list[str]:
             "noop_verifier_output",
         )
     ]
+    if entry.get("build_reason") == "build_network":
+        # a quiet download (wget -q, curl -s) says nothing: the step that failed names the host
+        err = _ANSI_RE.sub("", entry.get("build_error") or "")
+        failed = _FAILED_STEP_RE.search(err)
+        steps = re.findall(r"Step \d+/\d+ : (.*)", err)
+        step = failed.group(1) if failed else (steps[-1] if steps else "")
+        for h in unreachable_hosts(step):
+            if h not in found:
+                found.append(h)
     # a stand-in of the very Debian release the task names, short of a pinned older version
     same_debian = base.startswith(("debian:13", "debian:trixie", "debian:12", "debian:bookworm"))
     for text in texts:

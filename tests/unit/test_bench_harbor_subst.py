@@ -130,6 +130,12 @@ def test_shortfalls_that_need_an_unreachable_host_are_classified_so() -> None:
         "\x1b[91maw.\x1b[0m\x1b[91mg\x1b[0mithubusercontent.com",
     )
     assert hc.unreachable_needs(coloured) == ["raw.githubusercontent.com"]
+    quiet = dict(
+        build,
+        build_error="Step 4/13 : RUN cd /build && wget -q https://github.com/x/y.tar.gz\n"
+        " ---> Running in 245a4526e47c\nRemoving intermediate container 245a4526e47c",
+    )
+    assert hc.unreachable_needs(quiet) == ["github.com"]
     nopy = _entry(
         oracle_reward=0.0,
         oracle_verifier_output="error: No interpreter found for Python 3.13 in managed "
