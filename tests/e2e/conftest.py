@@ -93,3 +93,19 @@ def docker_image_available(image: str = "sandgym/terminal") -> bool:
         return True
     except Exception:
         return False
+
+
+#: the two real backends, as pytest params (a missing one skips; under CI=true it fails)
+REAL_BACKENDS = [
+    pytest.param(
+        "local",
+        marks=pytest.mark.skipif(not local_available(), reason="bubblewrap not installed"),
+    ),
+    pytest.param(
+        "docker",
+        marks=[
+            pytest.mark.docker,
+            pytest.mark.skipif(not docker_image_available(), reason="sandgym/terminal not built"),
+        ],
+    ),
+]

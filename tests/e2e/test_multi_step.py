@@ -18,7 +18,7 @@ from envserver.run_cli import oracle_step_actions
 from envserver.runner import BackgroundServer
 from envserver.settings import ServerSettings
 from tasks.loaders import load_task_dir
-from tests.e2e.conftest import docker_image_available, local_available
+from tests.e2e.conftest import REAL_BACKENDS, local_available
 
 STEPS = ("one", "two", "three")
 
@@ -90,19 +90,7 @@ def task_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-BACKENDS = [
-    pytest.param(
-        "local",
-        marks=pytest.mark.skipif(not local_available(), reason="bubblewrap not installed"),
-    ),
-    pytest.param(
-        "docker",
-        marks=[
-            pytest.mark.docker,
-            pytest.mark.skipif(not docker_image_available(), reason="sandgym/terminal not built"),
-        ],
-    ),
-]
+BACKENDS = REAL_BACKENDS
 
 
 @pytest.fixture(scope="module", params=BACKENDS)

@@ -15,7 +15,7 @@ import pytest
 from envserver.client import AsyncEnvClient
 from envserver.runner import BackgroundServer
 from envserver.settings import ServerSettings
-from tests.e2e.conftest import docker_image_available, local_available
+from tests.e2e.conftest import REAL_BACKENDS
 
 TEST_SH = """\
 #!/bin/bash
@@ -62,19 +62,7 @@ def task_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-BACKENDS = [
-    pytest.param(
-        "local",
-        marks=pytest.mark.skipif(not local_available(), reason="bubblewrap not installed"),
-    ),
-    pytest.param(
-        "docker",
-        marks=[
-            pytest.mark.docker,
-            pytest.mark.skipif(not docker_image_available(), reason="sandgym/terminal not built"),
-        ],
-    ),
-]
+BACKENDS = REAL_BACKENDS
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
