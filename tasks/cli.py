@@ -398,11 +398,10 @@ async def _check_all(args: argparse.Namespace) -> int:
     finally:
         sink.close()
     entries = earlier + failed + entries
-    if args.jsonl:
-        pass  # every line went out as its task finished
-    elif args.json:
+    # (with --jsonl every line already went out as its task finished)
+    if args.json and not args.jsonl:
         print(json.dumps({"tasks": entries}))
-    else:
+    elif not args.jsonl:
         for e in entries:
             mark = "ok  " if entry_ok(e) else "FAIL"
             print(
