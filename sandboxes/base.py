@@ -73,6 +73,11 @@ class Sandbox(abc.ABC):
     """One isolated environment for one episode. Create via a backend; `close()` when done."""
 
     backend_name: str = "?"
+    #: capabilities the task layer asks of a sandbox (never its backend's name): whether the
+    #: backend builds the spec's Dockerfile into the sandbox's image itself (else the task layer
+    #: applies what it can of it), and whether `exec` runs real commands (mkdir, chmod, chown)
+    builds_images: bool = False
+    runs_real_commands: bool = True
 
     def __init__(self, spec: SandboxSpec, sandbox_id: str | None = None) -> None:
         self.spec = spec

@@ -400,6 +400,7 @@ class DockerSandbox(Sandbox):
     """One container. Create through `DockerBackend.create`."""
 
     backend_name = "docker"
+    builds_images = True  # `DockerBackend.create` builds the spec's Dockerfile
 
     def __init__(
         self, spec: SandboxSpec, backend: DockerBackend, container_id: str, sandbox_id: str

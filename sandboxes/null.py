@@ -26,6 +26,7 @@ from sandboxes.spec import ExecResult, SandboxSpec, ShellResult
 
 class NullSandbox(Sandbox):
     backend_name = "null"
+    runs_real_commands = False  # a fake shell (no mkdir/chmod/chown); files live in a dict
 
     def __init__(self, spec: SandboxSpec, backend: NullBackend) -> None:
         super().__init__(spec)

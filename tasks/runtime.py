@@ -59,8 +59,6 @@ from tasks.verifier import (
 
 log = logging.getLogger(__name__)
 
-#: Backends that build the task's Dockerfile into an image themselves.
-IMAGE_BUILDING_BACKENDS = frozenset({"docker"})
 DEFAULT_WORKDIR = "/app"
 TESTS_DIR = "/tests"
 VERIFIER_LOGS = "/logs/verifier"
@@ -336,8 +334,8 @@ async def _apply_copy(sandbox: Sandbox, context: Path, step: CopyStep) -> None:
         else:
             target = dest
         await sandbox.upload(src, target)
-        if sandbox.backend_name == "null":
-            continue  # the null backend's fake shell has no chmod/chown
+        if not sandbox.runs_real_commands:
+            continue  # e.g. the null backend's fake shell: no chmod/chown
         if step.chmod:
             await _check(
                 sandbox, f"chmod -R {shlex.quote(step.chmod)} {shlex.quote(target)}", "COPY --chmod"
@@ -355,8 +353,8 @@ async def _apply_dockerfile(task: TaskSpec, sandbox: Sandbox, warnings: list[str
         return
     for step in df.steps:
         if isinstance(step, MkdirStep):
-            # the null backend keeps files in a dict: directories need no creating there
-            if sandbox.backend_name != "null":
+            # a fake shell (null) keeps files in a dict: directories need no creating there
+            if sandbox.runs_real_commands:
                 await _check(sandbox, f"mkdir -p {shlex.quote(step.path)}", "WORKDIR")
         elif isinstance(step, CopyStep):
             await _apply_copy(sandbox, context, step)
@@ -392,7 +390,7 @@ async def prepare_episode(
     start = time.perf_counter()
     seed = random.randrange(2**31) if seed is None else int(seed)
     warnings: list[str] = []
-    if sandbox.backend_name not in IMAGE_BUILDING_BACKENDS:
+    if not sandbox.builds_images:
         await _apply_dockerfile(task, sandbox, warnings)
     for path, content in task.input_files.items():
         await sandbox.write_file(path, content)
@@ -741,7 +739,7 @@ async def _run_separate_verifier(
                 "steps": (),
             }
         )
-        if vsb.backend_name not in IMAGE_BUILDING_BACKENDS:
+        if not vsb.builds_images:
             await _apply_dockerfile(vtask, vsb, warnings)
         with tempfile.TemporaryDirectory(prefix="sandgym-artifacts-") as scratch:
             copied = await _copy_artifacts(task, sandbox, vsb, setup.workdir, Path(scratch))
