@@ -47,7 +47,7 @@ def main() -> int:
     # a loaded CPU can take minutes per generation batch: do not let the server end idle episodes
     env = dict(os.environ, SANDGYM_IDLE_TIMEOUT_S="7200", SANDGYM_EPISODE_TIME_LIMIT_S="7200")
     server = subprocess.Popen(
-        [sys.executable, "-m", "envserver.cli", "serve", "--backend", "local", "--port", str(port)],
+        [sys.executable, "-m", "sandgym_cli", "serve", "--backend", "local", "--port", str(port)],
         cwd=REPO,
         env=env,
         stdout=subprocess.DEVNULL,
@@ -62,7 +62,7 @@ def main() -> int:
                 time.sleep(0.3)
         episodes = Path(args.out).with_suffix(".episodes.jsonl")
         episodes.unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "envserver.cli", "eval"]
+        cmd = [sys.executable, "-m", "sandgym_cli", "eval"]
         cmd += ["--server-url", f"ws://127.0.0.1:{port}/v1/env", "--tasks", *args.tasks]
         cmd += ["--agent", "llm", "--model", args.model, "--attempts", str(args.attempts)]
         cmd += ["--max-turns", str(args.max_turns), "--max-new-tokens", str(args.max_new_tokens)]

@@ -42,7 +42,7 @@ def _start_server() -> tuple[subprocess.Popen[bytes], str]:
 
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "envserver.cli", "serve", "--backend", "local", "--port", str(port)],
+        [sys.executable, "-m", "sandgym_cli", "serve", "--backend", "local", "--port", str(port)],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -167,6 +167,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    from envserver.cli import main
+    from envserver.standalone import run_module
 
-    sys.exit(main(["run", *sys.argv[1:]]))
+    sys.exit(run_module("sandgym run", sys.modules[__name__], sys.argv[1:]))

@@ -268,7 +268,7 @@ class ServerProcess:
 
         self.host = host
         self.port = free_port(host)
-        cmd = [sys.executable, "-m", "envserver.cli", "serve", "--host", host,
+        cmd = [sys.executable, "-m", "envserver.serve_cli", "--host", host,
                "--port", str(self.port), "--backend", backend, *(args or [])]  # fmt: skip
         self.proc = subprocess.Popen(
             cmd, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL

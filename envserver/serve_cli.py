@@ -100,3 +100,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"sandgym serve: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    from envserver.standalone import run_module
+
+    sys.exit(run_module("sandgym serve", sys.modules[__name__], sys.argv[1:]))

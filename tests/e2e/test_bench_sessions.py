@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from envserver.cli import main
+from sandgym_cli import main
 
 
 def _small_run(python: str, client: str, barrier: bool, capsys: pytest.CaptureFixture[str]):

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SANDGYM = [sys.executable, "-m", "envserver.cli"]
+SANDGYM = [sys.executable, "-m", "sandgym_cli"]
 SLOW_TASK = "slow-verify"
 MB = 1024 * 1024
 

@@ -95,7 +95,7 @@ async def test_lost_submit_reply_is_recovered_after_resume(local_server):
 
 
 def test_sandgym_run_cli_oracle(capsys):
-    from envserver.cli import main
+    from sandgym_cli import main
 
     rc = main(["run", "--task", "builtin/hello-file", "--backend", "local", "--json"])
     record = json.loads(capsys.readouterr().out)

@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SANDGYM = [sys.executable, "-m", "envserver.cli"]
+SANDGYM = [sys.executable, "-m", "sandgym_cli"]
 
 
 def _free_port() -> int:

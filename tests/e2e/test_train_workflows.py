@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(not local_available(), reason="bwrap missing")
 def _train(server_url: str, run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     pytest.importorskip("ray")
     pytest.importorskip("torch")
-    cmd = [sys.executable, "-m", "envserver.cli", "train", str(SMOKE), "--run-dir", str(run_dir)]
+    cmd = [sys.executable, "-m", "sandgym_cli", "train", str(SMOKE), "--run-dir", str(run_dir)]
     for ov in [f'env.server_urls=["{server_url}"]', "run.num_updates=1", *overrides]:
         cmd += ["--override", ov]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}

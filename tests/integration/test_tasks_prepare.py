@@ -35,7 +35,7 @@ def _task(root: Path, name: str, run: str) -> None:
 
 def _prepare(root: Path) -> dict:
     out = subprocess.run(
-        [sys.executable, "-m", "envserver.cli", "tasks", "prepare", str(root), "--json"],
+        [sys.executable, "-m", "sandgym_cli", "tasks", "prepare", str(root), "--json"],
         capture_output=True,
         text=True,
         timeout=600,

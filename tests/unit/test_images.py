@@ -339,6 +339,6 @@ def test_cli_build_json_reports_steps_and_failure(
 
 
 def test_images_is_a_sandgym_command() -> None:
-    from envserver.cli import COMMANDS
+    from sandgym_cli import COMMANDS
 
     assert COMMANDS["images"][0] == "sandboxes.images_cli"

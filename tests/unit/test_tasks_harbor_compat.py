@@ -105,7 +105,7 @@ def test_multi_step_task_loads_its_steps() -> None:
 def test_tasks_check_reports_an_unset_template_per_task(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from envserver.cli import main
+    from sandgym_cli import main
 
     monkeypatch.delenv("SANDGYM_FIXTURE_API_KEY", raising=False)
     code = main(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from envserver.cli import main
+from sandgym_cli import main
 from tasks import TaskLoadError, TaskRegistry, UnknownTaskError
 from tasks.cli import check_tasks, entry_ok
 from tasks.loaders import load_dataset

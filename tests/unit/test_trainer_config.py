@@ -87,7 +87,7 @@ def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 
 def test_train_cli_dry_run_and_help_config(capsys: pytest.CaptureFixture[str]) -> None:
-    from envserver.cli import main
+    from sandgym_cli import main
 
     assert (
         main(

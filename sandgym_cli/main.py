@@ -1,15 +1,18 @@
 """The `sandgym` command line: one argparse tree, each subcommand delegating to its package.
 
-Each subcommand module exposes `add_arguments(parser)` and `run(args) -> int`; they are imported
-only when their subcommand runs, so `sandgym --help` stays fast and vendor SDKs stay unloaded.
+It lives in its own top-level package because it names every package (envserver, tasks,
+sandboxes, trainer, bench); no one of those imports it, so `envserver` names neither `trainer`
+nor `bench`. Each subcommand module exposes `add_arguments(parser)` and `run(args) -> int`;
+modules are imported by name as the parser is built, never at import time of this module.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
+
+from envserver.standalone import configure_logging
 
 #: subcommand -> (module exposing add_arguments/run, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -57,11 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging(args.verbose)
     if args.command is None:
         parser.print_help()
         return 2
