@@ -9,6 +9,8 @@ Exit status: 0 when nothing failed, 1 when some removal failed or a backend was 
 (a backend explicitly asked for), 0 with `--backend all` when a backend is merely not present.
 `all` covers E2B only when `E2B_API_KEY` is set. `--images` also removes the Docker images built
 from task build contexts (`sandgym/ctx:*`) that no container uses; they are rebuilt when needed.
+On a Docker engine on btrfs, reaping docker then clears the qgroups that removed layers left
+(sandboxes/qgroups.py; root only), saying so on stderr; that never changes the exit status.
 """
 
 from __future__ import annotations
@@ -55,6 +57,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"error   {e['backend']} {e['id'] or '-'}: {e['error']}", file=sys.stderr)
         if not report.removed:
             print("nothing to reap")
+    if "docker" in backends:
+        from sandboxes.qgroups import clear_docker_stale
+
+        print(clear_docker_stale(), file=sys.stderr)
     # An unreachable backend counts as a failure only when it was asked for by name.
     failures = [e for e in report.errors if e["id"] or args.backend != "all"]
     return 1 if failures else 0

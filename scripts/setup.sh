@@ -157,4 +157,8 @@ if [ "$WANT_DOCKER" = 1 ]; then
   # --desktop: sandgym/desktop:latest, the image of the desktop-* tasks (built once, ~3 min);
   # then the stand-ins for public base images and their aliases (~6 min once; see README).
   .venv/bin/python -m sandboxes.images_cli build --desktop >&2
+  # btrfs engine: dockerd cannot delete a removed layer's qgroup ("Failed to delete btrfs
+  # qgroup ... busy" in its log; the subvolume is not dropped yet). Clear what is left once the
+  # subvolumes are dropped, here and in `sandgym reap` (why: sandboxes/qgroups.py).
+  if [ "$driver" = btrfs ]; then $SUDO .venv/bin/python -m sandboxes.qgroups >&2 || true; fi
 fi
