@@ -129,7 +129,10 @@ class GeneratorSpec(_Frozen):
 
     It is invoked as `python3 SCRIPT --seed N` in the task's workdir; it writes the instance
     files and prints the expected answer on stdout, which reaches the verifier only (as the
-    secret file `/tests/secret/expected`).
+    secret file `/tests/secret/expected`). It may also write the seed's own instruction to the
+    file named by `$SANDGYM_INSTRUCTION_FILE`: that text then replaces instruction.md as the
+    agent's prompt, and the oracle solution receives it as `$SANDGYM_INSTRUCTION` (single-step
+    tasks only; `file-ops` and `file-facts` of the catalog do this).
     """
 
     script: Path = Field(description="host path of the generator")

@@ -64,6 +64,10 @@ TESTS_DIR = "/tests"
 VERIFIER_LOGS = "/logs/verifier"
 SOLUTION_DIR = "/solution"
 SECRET_DIR = "/tests/secret"
+#: where a generator may write its seed's instruction (see `_run_generator`)
+INSTRUCTION_FILE_ENV = "SANDGYM_INSTRUCTION_FILE"
+#: the episode's instruction, given to the oracle solution of a procedural task
+INSTRUCTION_ENV = "SANDGYM_INSTRUCTION"
 
 
 class EpisodeSetup(BaseModel):
@@ -395,8 +399,14 @@ async def prepare_episode(
     for path, content in task.input_files.items():
         await sandbox.write_file(path, content)
     secret: dict[str, bytes] = {}
+    generated_instruction = None
     if task.generator is not None:
-        secret["expected"] = await _run_generator(task, sandbox, seed)
+        secret["expected"], generated_instruction = await _run_generator(task, sandbox, seed)
+        if generated_instruction is not None and task.steps:
+            raise TaskError(
+                f"task {task.id}: its generator wrote an instruction, which only a single-step "
+                f"task may have (found {len(task.steps)} steps)"
+            )
     # Desktop tasks: the display, window manager and the task's app are part of the instance.
     desktop = await start_task_desktop(sandbox, task.metadata, user=task.agent_user)
     first = task.steps[0] if task.steps else None
@@ -405,7 +415,13 @@ async def prepare_episode(
     plan = task.network_plan(first).clamp(network_ceiling)
     await sandbox.set_network(plan.agent)
     return EpisodeSetup(
-        instruction=first.instruction if first is not None else task.instruction,
+        instruction=(
+            generated_instruction
+            if generated_instruction is not None
+            else first.instruction
+            if first is not None
+            else task.instruction
+        ),
         seed=seed,
         secret=secret,
         workdir=sandbox.spec.workdir,
@@ -417,19 +433,36 @@ async def prepare_episode(
     )
 
 
-async def _run_generator(task: TaskSpec, sandbox: Sandbox, seed: int) -> bytes:
+async def _run_generator(task: TaskSpec, sandbox: Sandbox, seed: int) -> tuple[bytes, str | None]:
+    """(the expected answer, the instance's own instruction or None). A generator may write the
+    seed's instruction to the file `$SANDGYM_INSTRUCTION_FILE` names: it then replaces
+    instruction.md as the agent's prompt (and reaches the oracle as `$SANDGYM_INSTRUCTION`)."""
     assert task.generator is not None
     # A random name outside the workdir, removed right after: the agent never sees it.
     gen_dir = f"/tmp/.sandgym-gen-{uuid.uuid4().hex[:10]}"
     script = f"{gen_dir}/{task.generator.script.name}"
+    instruction_file = f"{gen_dir}/instruction.md"
     await sandbox.upload(task.generator.script, script)
+    instruction = None
     try:
         res = await sandbox.exec(
             ["python3", script, "--seed", str(seed)],
             timeout_s=task.generator.timeout_s,
             cwd=sandbox.spec.workdir,
+            env={INSTRUCTION_FILE_ENV: instruction_file},
             user="root",
         )
+        if res.exit_code == 0:
+            try:
+                raw = await sandbox.read_file(instruction_file, max_bytes=100_000)
+            except SandboxFileNotFoundError:
+                raw = None
+            if raw is not None:
+                instruction = raw.decode("utf-8", "replace")
+                if not instruction.strip():
+                    raise TaskError(
+                        f"task {task.id}: generator wrote an empty instruction for seed {seed}"
+                    )
     finally:
         await sandbox.exec(["rm", "-rf", gen_dir], user="root", timeout_s=30)
     if res.exit_code != 0:
@@ -437,7 +470,7 @@ async def _run_generator(task: TaskSpec, sandbox: Sandbox, seed: int) -> bytes:
             f"task {task.id}: generator failed for seed {seed} (exit {res.exit_code}, "
             f"timed_out={res.timed_out}): {res.stderr[-1500:]}"
         )
-    return res.stdout.encode()
+    return res.stdout.encode(), instruction
 
 
 # -- verifier -----------------------------------------------------------------------------------
@@ -951,7 +984,7 @@ async def run_oracle(task: TaskSpec, sandbox: Sandbox, setup: EpisodeSetup) -> E
             ["bash", f"{SOLUTION_DIR}/{rel}"],
             timeout_s=task.timeouts.agent_timeout_s,
             cwd=setup.workdir,
-            env=resolve_env_templates(sol.env, f"task {task.id}: solution.env") or None,
+            env=_oracle_env(task, setup, sol.env),
             user=task.agent_user,
         )
     start = time.perf_counter()
@@ -977,3 +1010,12 @@ async def run_oracle(task: TaskSpec, sandbox: Sandbox, setup: EpisodeSetup) -> E
     return ExecResult(
         exit_code=exit_code, stdout="".join(outputs), duration_s=time.perf_counter() - start
     )
+
+
+def _oracle_env(task: TaskSpec, setup: EpisodeSetup, env: dict[str, str]) -> dict[str, str] | None:
+    """The solution's environment: its own `solution.env`, and for a procedural task the
+    episode's instruction (a generated instruction is the only place the instance's ask is)."""
+    out = dict(resolve_env_templates(env, f"task {task.id}: solution.env") or {})
+    if task.generator is not None:
+        out[INSTRUCTION_ENV] = setup.instruction
+    return out or None

@@ -107,6 +107,34 @@ async def test_procedural_tasks_vary_with_seed_on_local() -> None:
         assert len(secrets) == 2, f"{task.id}: seeds 1 and 2 gave the same instance"
 
 
+@pytest.mark.parametrize("name", ["file-ops", "file-facts"])
+async def test_generated_instructions_vary_and_reach_the_agent_on_local(name: str) -> None:
+    """A generator's own instruction ($SANDGYM_INSTRUCTION_FILE) replaces instruction.md: it
+    differs between seeds, names the instance's directory, and the oracle (which reads it) solves
+    every seed while an untouched sandbox fails."""
+    local_backend_or_skip()
+    task = TaskRegistry().get(f"builtin/{name}")
+    backend = get_backend("local")
+    seen = set()
+    for seed in range(6):
+        for oracle in (True, False):
+            sb = await backend.create(sandbox_spec_for(task))
+            try:
+                setup = await prepare_episode(task, sb, seed)
+                assert setup.instruction != task.instruction
+                directory = setup.instruction.split("`")[1]
+                assert directory.startswith("/app/")
+                assert (await sb.exec(["ls", directory])).exit_code == 0
+                seen.add(setup.instruction)
+                if oracle:
+                    await run_oracle(task, sb, setup)
+                reward = (await run_verifier(task, sb, setup)).reward
+                assert reward == (1.0 if oracle else 0.0), (name, seed, setup.instruction)
+            finally:
+                await sb.close()
+    assert len(seen) == 6, "seeds gave repeated instructions"
+
+
 async def test_fixtures_on_local() -> None:
     local_backend_or_skip()
     tasks = load_dataset(FIXTURES) + load_dataset(FIXTURES / "lis" / "instances.jsonl")

@@ -1,0 +1,70 @@
+"""Procedural instance of file-ops: a directory of files under /app, one of them to be copied,
+moved, renamed or deleted. Which directory, which file (only its name's prefix is given: the
+agent lists the directory to find the rest), which operation and where to are all drawn from the
+seed, and so is the wording: the instruction is written to $SANDGYM_INSTRUCTION_FILE. Prints
+the instance as JSON (the verifier's secret)."""
+import argparse, json, os, random, string
+
+p = argparse.ArgumentParser(); p.add_argument("--seed", type=int, required=True)
+rng = random.Random(p.parse_args().seed)
+DIRS = ["inbox", "drop", "incoming", "batch", "spool", "queue", "archive", "work", "stage",
+        "uploads", "shared", "exports", "scans", "records", "outbox"]
+PREFIXES = ["report", "invoice", "notes", "draft", "summary", "ledger", "memo", "photo",
+            "budget", "letter", "plan", "receipt", "todo", "minutes", "quote", "survey"]
+WORDS = ["alpha", "beta", "gamma", "red", "green", "blue", "cat", "dog", "river", "stone",
+         "cloud", "seven", "ninety", "apple", "pear", "north", "south", "1024", "x"]
+EXTS = [".txt", ".csv", ".md", ".dat", ".log"]
+
+
+def tag(n=4):
+    return "".join(rng.choice(string.ascii_lowercase + string.digits) for _ in range(n))
+
+
+def text():
+    return "".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 6))) + "\n"
+                   for _ in range(rng.randint(2, 12)))
+
+
+d1, d2 = rng.sample(DIRS, 2)
+src_dir = f"{d1}_{rng.randint(100, 999)}"
+prefixes = rng.sample(PREFIXES, rng.randint(4, 7))
+prefix = prefixes[0]
+files = {f"{p}_{tag()}{rng.choice(EXTS)}": text() for p in prefixes}
+name = next(n for n in files if n.startswith(prefix + "_"))
+os.makedirs(src_dir)
+for n, content in files.items():
+    with open(os.path.join(src_dir, n), "w") as f:
+        f.write(content)
+
+op = rng.choice(["copy", "move", "rename", "delete"])
+src = f"/app/{src_dir}/{name}"
+look = rng.choice([
+    f"The directory `/app/{src_dir}` holds several files. Exactly one of them has a name that "
+    f"starts with `{prefix}`.",
+    f"In `/app/{src_dir}` there is exactly one file whose name begins with `{prefix}`.",
+    f"Among the files in `/app/{src_dir}`, one (and only one) is named `{prefix}...`.",
+])
+dest = None
+if op == "copy":
+    dest = f"/app/{rng.choice(PREFIXES)}-{rng.choice(['copy', 'backup', 'saved', 'kept'])}-{tag(3)}.txt"
+    act = rng.choice([f"Copy that file to `{dest}`; the original stays where it is.",
+                      f"Make a copy of it at `{dest}` (do not remove the original)."])
+elif op == "move":
+    dest_dir = f"/app/{d2}_{rng.randint(100, 999)}"
+    os.makedirs(dest_dir[len("/app/"):])
+    dest = f"{dest_dir}/{name}"
+    act = rng.choice([f"Move that file into the existing directory `{dest_dir}`, keeping its name.",
+                      f"Move it, under the same name, into `{dest_dir}/`."])
+elif op == "rename":
+    new = f"{rng.choice(PREFIXES)}_{rng.choice(['final', 'old', 'done', 'v2', 'new'])}_{tag(3)}.txt"
+    dest = f"/app/{src_dir}/{new}"
+    act = rng.choice([f"Rename that file to `{new}`, keeping it in the same directory.",
+                      f"Give it the new name `{new}` (it stays in `/app/{src_dir}`)."])
+else:
+    act = rng.choice(["Delete that file and leave the other files alone.",
+                      "Remove it; every other file must stay."])
+with open(os.environ["SANDGYM_INSTRUCTION_FILE"], "w") as f:
+    f.write(f"{look} {act}\n")
+others = {n: c for n, c in files.items() if n != name}
+print(json.dumps({"op": op, "src": src, "dest": dest, "content": files[name],
+                  "dir": f"/app/{src_dir}", "others": others}))

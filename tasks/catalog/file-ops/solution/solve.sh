@@ -1,0 +1,20 @@
+#!/bin/bash
+# Oracle solution: reads the instance's instruction ($SANDGYM_INSTRUCTION), lists the directory
+# to find the file, then does what was asked.
+set -euo pipefail
+python3 - <<'PY'
+import os, re, shutil
+text = os.environ["SANDGYM_INSTRUCTION"]
+paths = re.findall(r"`([^`]+)`", text)
+src_dir, prefix = paths[0], paths[1].rstrip(".")
+name = next(n for n in os.listdir(src_dir) if n.startswith(prefix))
+src = os.path.join(src_dir, name)
+if re.search(r"\b(Copy|copy)\b", text):
+    shutil.copyfile(src, paths[2])
+elif re.search(r"\bMove\b", text):
+    shutil.move(src, os.path.join(paths[2].rstrip("/"), name))
+elif re.search(r"\b(Rename|new name)\b", text):
+    os.rename(src, os.path.join(src_dir, paths[2]))
+else:
+    os.remove(src)
+PY
