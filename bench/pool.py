@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import math
 import os
 import platform
 import sys
@@ -29,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.report import save_json
+from bench.report import percentile_or_none, save_json
 from sandboxes import SandboxBackend, SandboxSpec, get_backend
 from sandboxes.pool import PoolSettings, SandboxPool
 
@@ -292,10 +291,7 @@ async def _steady_phase(
 
 # ---------------------------------------------------------------------------------------------
 def _quantile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    data = sorted(values)
-    return data[min(len(data) - 1, max(0, math.ceil(q * len(data)) - 1))]
+    return percentile_or_none(values, q * 100)
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

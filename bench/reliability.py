@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import math
 import os
 import platform
 import random
@@ -50,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.report import save_json
+from bench.report import percentile_or_none, save_json
 from envserver.protocol import ERROR_CODES
 
 REPLY_TYPES = frozenset({"observation", "step_result", "closed", "error"})
@@ -327,10 +326,7 @@ def write_rel_task(root: Path, name: str = REL_TASK) -> Path:
 
 
 def _pct(samples: list[float], q: float) -> float | None:
-    if not samples:
-        return None
-    ordered = sorted(samples)
-    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
+    return percentile_or_none(samples, q)
 
 
 def _ms(x: float | None) -> float | None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import math
 import os
 import platform
 import subprocess
@@ -31,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import report
 from bench.report import save_json
 from sandboxes import SandboxBackend, SandboxSpec, get_backend
 
@@ -60,9 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def percentile(samples: list[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100) of a non-empty sample list."""
-    ordered = sorted(samples)
-    rank = max(1, math.ceil(q / 100 * len(ordered)))
-    return ordered[rank - 1]
+    return report.percentile(samples, q)
 
 
 def summarize(samples: list[float]) -> dict[str, float | int]:

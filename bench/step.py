@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import os
 import platform
 import sys
@@ -28,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.report import save_json
+from bench.report import percentile, save_json
 
 TASK_ID = "bench-echo"
 
@@ -55,11 +54,6 @@ def write_bench_task(root: Path) -> Path:
         "#!/bin/bash\nmkdir -p /logs/verifier; echo 1 > /logs/verifier/reward.txt\n"
     )
     return root
-
-
-def percentile(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
 
 
 def summarize(samples: list[float]) -> dict[str, Any]:

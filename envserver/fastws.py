@@ -48,6 +48,11 @@ try:  # websockets' C extension; the pure-Python fallback is the same function, 
 except ImportError:  # pragma: no cover
     from websockets.utils import apply_mask
 
+#: The releases these overrides were written and verified against. pyproject.toml pins exactly
+#: these; tests/unit/test_fastws_pins.py fails when the installed ones (or the pins) differ, and
+#: checks each internal used here, so an upgrade is a deliberate step: re-verify, then bump both.
+VERIFIED_AGAINST = {"uvicorn": "0.54.0", "websockets": "17.4"}
+
 #: the app may fall this many messages behind before the socket stops being read
 PAUSE_AFTER = 16
 #: ASGI scope extension: `scope["extensions"][DIRECT_EXTENSION]["set_receiver"](fn)` makes

@@ -1,23 +1,29 @@
 """Prometheus metrics of one server, in a registry of its own (two apps in a process never clash).
 
 Per-step cost is one counter increment and one histogram observation on pre-bound children;
-pool gauges are read from `pool.snapshot()` only when `/metrics` is scraped.
+pool gauges are read from `pool.snapshot()` only when `/metrics` is scraped. A snapshot that
+fails is logged and counted (`sandgym_pool_snapshot_errors_total`), never dropped in silence.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from envserver.protocol import ACTION_KINDS, ERROR_CODES
+from sandboxes.pool import LATENCY_BUCKETS_S
 
-_LATENCY_BUCKETS = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300,
-)  # fmt: skip
+log = logging.getLogger(__name__)
+
+#: Snapshot fields whose dict is keyed by data (a pool key's fingerprint), not by field names:
+#: their keys always become a `key` label. (A fingerprint such as `e694ff01cb6f9c34` looks like
+#: a name, and became part of the metric name: one family per key, nothing to aggregate.)
+_DATA_KEYED = frozenset({"sandgym_pool_keys"})
 
 
 class _PoolCollector(Collector):
@@ -25,11 +31,23 @@ class _PoolCollector(Collector):
 
     def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
         self._snapshot = snapshot
+        self.errors = 0
 
     def collect(self) -> Iterator[Metric]:
         try:
             snap = self._snapshot()
-        except Exception:  # a scrape must never fail because the pool is shutting down
+        except Exception:
+            # The scrape still answers (every other metric is there), and says why the pool's
+            # gauges are missing: logged with the traceback, and counted in this same scrape.
+            log.exception("pool snapshot failed: /metrics carries no sandgym_pool_* gauges")
+            self.errors += 1
+            snap = None
+        yield CounterMetricFamily(
+            "sandgym_pool_snapshot_errors",
+            "scrapes whose pool snapshot failed (their pool gauges were left out; see the log)",
+            value=self.errors,
+        )
+        if snap is None:
             return
         flat: dict[str, list[tuple[dict[str, str], float]]] = {}
         _flatten(snap, "sandgym_pool", {}, flat)
@@ -46,14 +64,18 @@ def _flatten(
     prefix: str,
     labels: dict[str, str],
     out: dict[str, list[tuple[dict[str, str], float]]],
+    data_keyed: bool = False,
 ) -> None:
+    """Numbers of `obj` into `out` by metric name; `data_keyed`: `obj`'s keys are data."""
     if isinstance(obj, bool | int | float):
         out.setdefault(prefix, []).append((labels, float(obj)))
     elif isinstance(obj, dict):
         for key, value in obj.items():
             key = str(key)
-            if key.replace("_", "").isalnum() and not key[:1].isdigit():
-                _flatten(value, f"{prefix}_{key}", labels, out)
+            named = key.replace("_", "").isalnum() and not key[:1].isdigit()
+            if named and not data_keyed:
+                name = f"{prefix}_{key}"
+                _flatten(value, name, labels, out, data_keyed=name in _DATA_KEYED)
             else:  # a data key (a fingerprint, a spec name) becomes a label
                 _flatten(value, prefix, {**labels, "key": key}, out)
     elif isinstance(obj, list):
@@ -83,13 +105,13 @@ class ServerMetrics:
             "sandgym_action_latency_seconds",
             "time spent applying an action in the sandbox",
             ["kind"],
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
         self.acquire_latency = Histogram(
             "sandgym_acquire_latency_seconds",
             "time to get a sandbox from the pool at reset",
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
         # Pre-bind label children so the hot path does no label lookups.

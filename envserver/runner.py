@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any
 
+import psutil
 import uvicorn
 
 from envserver.app import create_app
@@ -304,19 +305,13 @@ class ServerProcess:
         return f"http://{self.host}:{self.port}"
 
     def rss_bytes(self) -> int:
-        """Resident set size of the server process (Linux /proc)."""
-        with open(f"/proc/{self.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-        raise RuntimeError(f"no VmRSS for pid {self.pid}")
+        """Resident set size of the server process (psutil)."""
+        return int(psutil.Process(self.pid).memory_info().rss)
 
     def cpu_seconds(self) -> float:
-        """User + system CPU time the server process has used so far (Linux /proc)."""
-        with open(f"/proc/{self.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        ticks = os.sysconf("SC_CLK_TCK")
-        return (int(fields[11]) + int(fields[12])) / ticks
+        """User + system CPU time the server process has used so far (psutil)."""
+        t = psutil.Process(self.pid).cpu_times()
+        return float(t.user + t.system)
 
     def stop(self) -> None:
         import signal

@@ -45,7 +45,6 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import bisect
 import contextlib
 import itertools
 import logging
@@ -57,6 +56,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+from prometheus_client import Histogram
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandboxes.base import Sandbox, SandboxBackend
@@ -197,64 +198,61 @@ class PoolSettings(BaseModel):
 # ---------------------------------------------------------------------------------------------
 # metrics
 # ---------------------------------------------------------------------------------------------
-#: Upper bounds (seconds) of the acquire-latency histogram buckets (Prometheus style, +Inf last).
+#: Upper bounds (seconds) of every latency histogram's buckets: the pool's own and the server's
+#: /metrics ones (envserver/metrics.py) share this one set (Prometheus style, +Inf last).
 LATENCY_BUCKETS_S: tuple[float, ...] = (
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    30.0,
-    60.0,
-    math.inf,
-)
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 300.0, math.inf,
+)  # fmt: skip
 
 
 class LatencyHistogram:
-    """A Prometheus-style histogram plus a window of recent samples for exact quantiles."""
+    """A prometheus_client histogram (in no registry) plus a window of recent samples whose
+    quantiles numpy computes exactly."""
 
     def __init__(self, window: int = 10_000, buckets: tuple[float, ...] = LATENCY_BUCKETS_S):
         self.bounds = buckets
-        self.counts = [0] * len(buckets)  # per bucket, not cumulative
-        self.sum_s = 0.0
-        self.count = 0
+        self._hist = Histogram(
+            "sandgym_pool_latency_seconds", "pool latency", buckets=buckets, registry=None
+        )
         self._recent: deque[float] = deque(maxlen=window)
 
     def observe(self, value_s: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value_s)] += 1
-        self.sum_s += value_s
-        self.count += 1
+        self._hist.observe(value_s)
         self._recent.append(value_s)
+
+    def _samples(self) -> list[Any]:
+        return list(self._hist.collect())[0].samples
+
+    @property
+    def count(self) -> int:
+        return int(next(s.value for s in self._samples() if s.name.endswith("_count")))
+
+    @property
+    def sum_s(self) -> float:
+        return float(next(s.value for s in self._samples() if s.name.endswith("_sum")))
 
     def cumulative(self) -> list[tuple[float, int]]:
         """(upper bound, count of samples <= bound) pairs, as Prometheus `_bucket` wants."""
-        out, running = [], 0
-        for bound, n in zip(self.bounds, self.counts, strict=True):
-            running += n
-            out.append((bound, running))
-        return out
+        return [
+            (float(s.labels["le"]), int(s.value))
+            for s in self._samples()
+            if s.name.endswith("_bucket")
+        ]
 
     def quantile(self, q: float) -> float | None:
-        """The q-quantile (nearest rank) of the recent window; None without samples."""
+        """The q-quantile (nearest rank: one of the samples) of the recent window; None
+        without samples."""
         if not self._recent:
             return None
-        data = sorted(self._recent)
-        idx = min(len(data) - 1, max(0, math.ceil(q * len(data)) - 1))
-        return data[idx]
+        return float(np.quantile(self._recent, q, method="inverted_cdf"))
 
     def to_dict(self) -> dict[str, Any]:
+        samples = self._samples()
+        value = {s.name.rsplit("_", 1)[-1]: s.value for s in samples if "le" not in s.labels}
         return {
-            "count": self.count,
-            "sum_s": self.sum_s,
+            "count": int(value["count"]),
+            "sum_s": float(value["sum"]),
             "p50_s": self.quantile(0.5),
             "p99_s": self.quantile(0.99),
             "buckets": [

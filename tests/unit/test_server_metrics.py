@@ -1,0 +1,112 @@
+"""The server's /metrics body (envserver/metrics.py) over a real pool on the null backend: pool
+gauges keyed by fingerprint as a label, a failed pool snapshot logged and counted (never
+dropped in silence), and one set of latency buckets for the pool and the server."""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from envserver.metrics import ServerMetrics
+from sandboxes import SandboxSpec, get_backend
+from sandboxes.pool import LATENCY_BUCKETS_S, LatencyHistogram, PoolSettings, SandboxPool
+
+
+def _samples(metrics: ServerMetrics) -> dict[str, list[tuple[dict[str, str], float]]]:
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for fam in text_string_to_metric_families(metrics.render().decode()):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def _spec_with_named_fingerprint() -> SandboxSpec:
+    """A spec whose fingerprint starts with a letter (so it looks like a metric name part)."""
+    for i in range(100):
+        spec = SandboxSpec(image=f"img{i}")
+        if spec.fingerprint("null")[0].isalpha():
+            return spec
+    raise AssertionError("no letter-first fingerprint among 100 specs")
+
+
+async def test_pool_gauges_carry_every_key_as_a_label() -> None:
+    named = _spec_with_named_fingerprint()
+    other = next(
+        SandboxSpec(image=f"dig{i}")
+        for i in range(100)
+        if SandboxSpec(image=f"dig{i}").fingerprint("null")[0].isdigit()
+    )
+    pool = SandboxPool(get_backend("null"), PoolSettings(min_ready=0))
+    await pool.start()
+    try:
+        for spec in (named, other):
+            await pool.release(await pool.acquire(spec))
+        metrics = ServerMetrics()
+        metrics.watch_pool(pool.snapshot)
+        samples = _samples(metrics)
+    finally:
+        await pool.close()
+    leased = {labels["key"]: v for labels, v in samples["sandgym_pool_keys_leased"]}
+    assert leased == {named.fingerprint("null"): 0.0, other.fingerprint("null"): 0.0}
+    stray = [n for n in samples if named.fingerprint("null") in n]
+    assert not stray, f"a fingerprint became part of a metric name: {stray}"
+    assert samples["sandgym_pool_misses"] == [({}, 2.0)]
+    assert samples["sandgym_pool_snapshot_errors_total"] == [({}, 0.0)]
+
+
+def test_failed_pool_snapshot_is_logged_and_counted(caplog: pytest.LogCaptureFixture) -> None:
+    def broken() -> dict[str, object]:
+        raise RuntimeError("snapshot exploded")
+
+    metrics = ServerMetrics()
+    metrics.watch_pool(broken)
+    metrics.steps.inc()
+    with caplog.at_level(logging.ERROR, logger="envserver.metrics"):
+        first = _samples(metrics)
+        second = _samples(metrics)
+    assert first["sandgym_steps_total"] == [({}, 1.0)], "the rest of the scrape must still answer"
+    assert not [n for n in first if n.startswith("sandgym_pool_") and "snapshot_errors" not in n]
+    assert first["sandgym_pool_snapshot_errors_total"] == [({}, 1.0)]
+    assert second["sandgym_pool_snapshot_errors_total"] == [({}, 2.0)]
+    failures = [r for r in caplog.records if "pool snapshot failed" in r.getMessage()]
+    assert len(failures) == 2 and failures[0].exc_info is not None
+    assert "snapshot exploded" in caplog.text
+
+
+async def test_one_set_of_latency_buckets() -> None:
+    pool = SandboxPool(get_backend("null"), PoolSettings(min_ready=0))
+    await pool.start()
+    try:
+        await pool.release(await pool.acquire(SandboxSpec(image="x")))
+        snap = pool.snapshot()
+    finally:
+        await pool.close()
+    pool_bounds = [
+        math.inf if b["le"] == "+Inf" else b["le"] for b in snap["acquire_latency_s"]["buckets"]
+    ]
+    assert pool_bounds == list(LATENCY_BUCKETS_S)
+    metrics = ServerMetrics()
+    metrics.acquire_latency.observe(0.01)
+    text = metrics.render().decode()
+    le = re.findall(r'sandgym_acquire_latency_seconds_bucket\{le="([^"]+)"\}', text)
+    assert [float(x) for x in le] == list(LATENCY_BUCKETS_S)
+
+
+def test_latency_histogram_counts_and_nearest_rank_quantiles() -> None:
+    h = LatencyHistogram(window=1000)
+    values = [0.0004, 0.003, 0.003, 0.2, 7.0, 400.0]
+    for v in values:
+        h.observe(v)
+    d = h.to_dict()
+    assert d["count"] == 6 and d["sum_s"] == pytest.approx(sum(values))
+    cumulative = dict(h.cumulative())
+    assert cumulative[0.0005] == 1 and cumulative[0.005] == 3 and cumulative[0.25] == 4
+    assert cumulative[10.0] == 5 and cumulative[300.0] == 5 and cumulative[math.inf] == 6
+    assert h.quantile(0.5) == 0.003 and h.quantile(0.99) == 400.0
+    assert h.quantile(0.5) == float(np.quantile(values, 0.5, method="inverted_cdf"))
+    assert LatencyHistogram().quantile(0.5) is None
