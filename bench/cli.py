@@ -40,4 +40,7 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "_bench_unavailable", None):
         print(f"sandgym bench {args._bench_unavailable}: not yet available", file=sys.stderr)
         return 3
+    from bench.report import start_run
+
+    start_run()
     return int(args._bench_run(args) or 0)

@@ -5,7 +5,9 @@ pairwise-selected accuracy over K candidates, side by side.
 
 Starts `sandgym serve --backend local` on a free port, runs the real `sandgym eval` CLI (K
 sampled attempts per task, then a pairwise self-verification knockout judged by the same model)
-and writes its JSON report with the command, the commit and the wall time.
+and writes its JSON report with the command, the commit and the wall time. `judge_check` and
+`note` are computed from the report's own brackets (`judge_check`), never typed in: how often
+the judge's reply began with A or B, and in how many tasks the knockout kept attempt 0.
 """
 
 from __future__ import annotations
@@ -13,11 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
+import shlex
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from bench.report import save_json, start_run
 
 REPO = Path(__file__).resolve().parents[1]
 # copy-file: the one family the base model sometimes solves (bench.train_probe: ~9/64 sampled)
@@ -30,6 +36,49 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def judge_check(report: dict) -> dict:
+    """What the pairwise judge did, from the brackets of `sandgym eval --select pairwise`."""
+    letters = {"A": 0, "B": 0, "other": 0}
+    tasks = kept_first = comparisons = challenger_wins = 0
+    for task in report.get("tasks", []):
+        selection = task.get("selection") or {}
+        if not selection:
+            continue
+        tasks += 1
+        kept_first += selection.get("selected_attempt") == 0
+        for match in selection.get("bracket", []):
+            comparisons += 1
+            challenger_wins += match.get("winner") == match.get("b")
+            for reply in match.get("replies", []):
+                first = reply.strip()[:1].upper()
+                letters[first if first in ("A", "B") else "other"] += 1
+    return {
+        "judge_replies": letters,
+        "comparisons": comparisons,
+        "challenger_wins": challenger_wins,
+        "tasks": tasks,
+        "kept_attempt_0": kept_first,
+    }
+
+
+def judge_note(check: dict) -> str:
+    """One sentence saying what the judge's figures mean, made from `judge_check`."""
+    n = sum(check["judge_replies"].values())
+    a, b = check["judge_replies"]["A"], check["judge_replies"]["B"]
+    text = (
+        f"the judge's replies began with A in {a} of {n} (B: {b}); the challenger (which must "
+        f"win in both orders) won {check['challenger_wins']} of {check['comparisons']} "
+        f"comparisons; the knockout kept attempt 0 in {check['kept_attempt_0']} of "
+        f"{check['tasks']} tasks"
+    )
+    if check["comparisons"] and check["challenger_wins"] == 0:
+        text += (
+            ": with no challenger winning, pairwise-selected is the success of attempt 0 "
+            "(expected value: pass@1) and measures no verification ability of this judge"
+        )
+    return text
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="bench/results/harness_eval.json")
@@ -40,9 +89,11 @@ def main() -> int:
     ap.add_argument("--temperature", type=float, default=0.5)
     ap.add_argument("--model", default="smollm2")
     args = ap.parse_args()
+    start_run(shlex.join(["python", "-m", "bench.harness_eval", *sys.argv[1:]]))
 
     import httpx
 
+    load_at_start = [round(x, 2) for x in os.getloadavg()]
     port = _free_port()
     # a loaded CPU can take minutes per generation batch: do not let the server end idle episodes
     env = dict(os.environ, SANDGYM_IDLE_TIMEOUT_S="7200", SANDGYM_EPISODE_TIME_LIMIT_S="7200")
@@ -83,6 +134,7 @@ def main() -> int:
         ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True
     ).stdout.strip()
     k = args.attempts
+    check = judge_check(report)
     result = {
         "model": "SmolLM2-135M-Instruct" if args.model == "smollm2" else args.model,
         "backend": "local",
@@ -94,12 +146,19 @@ def main() -> int:
             f"pairwise_selected@{k}": report.get("selected"),
         },
         "report": report,
+        "judge_check": check,
+        "note": judge_note(check),
         "command": " ".join(cmd[1:]),
         "commit": commit,
         "wall_s": round(wall_s, 1),
-        "machine": "2-core x86_64 CPU, no GPU",
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "loadavg_at_start": load_at_start,
+            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+        },
     }
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    save_json(result, Path(args.out))
     print(json.dumps(result["summary"]))
     return 0
 

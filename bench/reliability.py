@@ -1,7 +1,9 @@
 """`sandgym bench reliability`: fault, fuzz and abuse figures, and the fuzzer the tests share.
 
 Three parts, each reported in one JSON document (`--json`; `--out` writes it, committed as
-`bench/results/reliability.json`):
+`bench/results/reliability.json`). Each section (fuzz; abuse per backend; each faults check)
+carries its own `run` (start, duration, load, Docker engine); `--merge` re-measures some parts
+and keeps the file's other sections as they were, marked `kept_from` (see `merge_previous`):
 
 - `fuzz`: `--frames` hostile frames (default 50,000) against `sandgym serve --backend null` as a
   child process: verdicts per frame kind, error codes, failures (must be 0), frames/s, and the
@@ -49,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.report import percentile_or_none, save_json
+from bench.report import file_commit, percentile_or_none, save_json
 from envserver.protocol import ERROR_CODES
 
 REPLY_TYPES = frozenset({"observation", "step_result", "closed", "error"})
@@ -747,46 +749,121 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also kill and restart dockerd under load (disrupts every container on the engine)",
     )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the sections of the existing --out file that this run does not measure "
+        "(each with the provenance of the run that wrote it)",
+    )
+
+
+def _loadavg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _docker_engine() -> dict[str, Any] | None:
+    """The engine the Docker parts ran on: version, storage driver, quota label (setup.sh)."""
+    try:
+        r = subprocess.run(
+            ["docker", "info", "--format", "{{json .}}"],
+            capture_output=True, text=True, timeout=30, check=True,
+        )  # fmt: skip
+        info = json.loads(r.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    labels = [str(x) for x in info.get("Labels") or [] if str(x).startswith("sandgym.")]
+    return {"server_version": info.get("ServerVersion"), "storage_driver": info.get("Driver"),
+            "labels": labels}  # fmt: skip
+
+
+def _measured(
+    section: dict[str, Any], started: float, load_at_start: list[float], docker: bool
+) -> dict[str, Any]:
+    """Stamp one section with `run`: when its part began and how long the part took, the load,
+    and the Docker engine it ran on (written here, never by hand)."""
+    section["run"] = {
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "duration_s": round(time.time() - started, 1),
+        "loadavg_at_start": load_at_start,
+        "loadavg_at_end": _loadavg(),
+        "docker_engine": _docker_engine() if docker else None,
+    }
+    return section
+
+
+def merge_previous(
+    doc: dict[str, Any], previous: dict[str, Any], previous_commit: str | None
+) -> None:
+    """`--merge`: the sections this run did not measure are taken over from the previous
+    document (fuzz; abuse per backend; each faults check), each with its own `run`, and the
+    `provenance` of the run that wrote it (`kept_from`: the previous document's provenance, or
+    the last commit of the file when it has none). Nothing else of the old file is kept."""
+    kept_from = previous.get("provenance") or {"file_commit": previous_commit}
+
+    def keep(section: dict[str, Any]) -> dict[str, Any]:
+        return {**section, "kept_from": section.get("kept_from", kept_from)}
+
+    if "fuzz" not in doc and isinstance(previous.get("fuzz"), dict):
+        doc["fuzz"] = keep(previous["fuzz"])
+    for part in ("abuse", "faults"):
+        old = previous.get(part)
+        if not isinstance(old, dict):
+            continue
+        new = doc.setdefault(part, {})
+        for name, section in old.items():
+            if name not in new and isinstance(section, dict):
+                new[name] = keep(section)
 
 
 def run(args: argparse.Namespace) -> int:
     parts = {p.strip() for p in args.parts.split(",") if p.strip()}
+    previous: dict[str, Any] | None = None
+    if args.merge:
+        if args.out is None or not args.out.is_file():
+            raise SystemExit(
+                f"--merge: expected an existing --out file to merge into; found {args.out}"
+            )
+        previous = json.loads(args.out.read_text())
     doc: dict[str, Any] = {
         "bench": "reliability",
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
-        },
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
     }
     skipped: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="sandgym-bench-rel-") as tmp:
         task_root = write_rel_task(Path(tmp))
         if "fuzz" in parts:
             print(f"bench reliability: fuzz ({args.frames} frames)", file=sys.stderr)
-            doc["fuzz"] = bench_fuzz(task_root, args.frames, args.seed)
+            t0, m0 = time.time(), _loadavg()
+            doc["fuzz"] = _measured(bench_fuzz(task_root, args.frames, args.seed), t0, m0, False)
         if "abuse" in parts:
             doc["abuse"] = {}
             for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
                 print(f"bench reliability: abuse on {backend}", file=sys.stderr)
+                t0, m0 = time.time(), _loadavg()
                 try:
-                    doc["abuse"][backend] = bench_abuse(
-                        task_root, backend, args.window_s, args.neighbours, args.abuse_rounds
-                    )
+                    doc["abuse"][backend] = _measured(
+                        bench_abuse(
+                            task_root, backend, args.window_s, args.neighbours, args.abuse_rounds
+                        ),
+                        t0, m0, backend == "docker",
+                    )  # fmt: skip
                 except Exception as exc:  # a backend that cannot run here is reported
                     skipped[f"abuse/{backend}"] = f"{type(exc).__name__}: {exc}"
         if "faults" in parts:
             print("bench reliability: faults (docker)", file=sys.stderr)
+            t0, m0 = time.time(), _loadavg()
             try:
-                doc["faults"] = bench_faults(task_root, args.dockerd_restart, Path(tmp))
+                faults = bench_faults(task_root, args.dockerd_restart, Path(tmp))
+                doc["faults"] = {k: _measured(v, t0, m0, True) for k, v in faults.items()}
             except Exception as exc:
                 skipped["faults"] = f"{type(exc).__name__}: {exc}"
+    if previous is not None:
+        merge_previous(doc, previous, file_commit(args.out))
     doc["skipped"] = skipped
-    doc["machine"]["loadavg_at_end"] = [round(x, 2) for x in os.getloadavg()]
     text = save_json(doc, args.out)
     if args.json:
         print(text)
     else:
         print(text)  # the figures are nested; JSON is the readable form
-    fuzz_ok = "fuzz" not in doc or doc["fuzz"]["failures"] == 0
+    fuzz_ok = "fuzz" not in parts or doc["fuzz"]["failures"] == 0
     return 0 if fuzz_ok and not skipped else 1

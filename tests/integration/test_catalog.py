@@ -1,16 +1,24 @@
 """The built-in catalog and the real-format fixtures, end to end on real backends.
 
 For every terminal task of the catalog: the oracle solution scores 1.0 and a no-op episode 0.0,
-on `local` (bubblewrap, unmarked) and on `docker` (marked). Plus the tamper test: an agent that
-forges a reward file and rewrites a test file before submitting gains nothing.
+on `local` (bubblewrap, unmarked) and on `docker` (marked), one test per task. The catalog is
+checked once per backend in a background thread with its own concurrency (`CatalogRun`); each
+task's test waits only for its own entry, so its timeout bounds one task, not the whole catalog
+on a busy machine. Plus the tamper test: an agent that forges a reward file and rewrites a test
+file before submitting gains nothing.
 Desktop tasks of the catalog need their own image and are checked by the desktop tests.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import shutil
 import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,15 +85,81 @@ def host_python_has_pytest() -> bool:
     )
 
 
+CATALOG_IDS = [t.id for t in terminal_catalog()]
+#: one task's check (build, oracle episode, no-op episode) takes seconds to a minute on a busy
+#: machine; the per-task wait and the test's timeout are hang guards well above that
+TASK_WAIT_S = 540
+
+
+class CatalogRun:
+    """`check_tasks` over some catalog tasks, in a thread with its own event loop, started at
+    the first `entry()`; each finished entry resolves that task's future (in catalog order, as
+    the concurrency frees a slot)."""
+
+    def __init__(self, backend: str, task_ids: list[str], concurrency: int) -> None:
+        registry = TaskRegistry()
+        self.tasks = [registry.get(t) for t in task_ids]
+        self.backend, self.concurrency = backend, concurrency
+        self.futures: dict[str, concurrent.futures.Future[dict[str, Any]]] = {
+            t: concurrent.futures.Future() for t in task_ids
+        }
+        self.thread = threading.Thread(target=self._run, name=f"catalog-{backend}", daemon=True)
+
+    def _run(self) -> None:
+        def done(entry: dict[str, Any]) -> None:
+            self.futures[entry["task_id"]].set_result(entry)
+
+        try:
+            asyncio.run(
+                check_tasks(self.tasks, self.backend, {}, 0, self.concurrency, on_result=done)
+            )
+        except BaseException as exc:
+            for f in self.futures.values():
+                if not f.done():
+                    f.set_exception(exc)
+
+    def entry(self, task_id: str) -> dict[str, Any]:
+        if self.thread.ident is None:
+            self.thread.start()
+        try:
+            return self.futures[task_id].result(timeout=TASK_WAIT_S)
+        except concurrent.futures.TimeoutError:
+            pytest.fail(f"{task_id}: no result after {TASK_WAIT_S} s (a hang?)")
+
+    def close(self) -> None:
+        if self.thread.ident:  # let the sandboxes of the tasks still running be closed
+            self.thread.join(timeout=TASK_WAIT_S)
+
+
+def selected_ids(request: pytest.FixtureRequest, test_name: str) -> list[str]:
+    """The catalog tasks whose test of this name the session runs (after -k and friends)."""
+    ids = {
+        item.callspec.params["task_id"]
+        for item in request.session.items
+        if getattr(item, "originalname", None) == test_name and hasattr(item, "callspec")
+    }
+    return [t for t in CATALOG_IDS if t in ids]
+
+
 # -- local ----------------------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(1200)  # a hang guard: 70 episodes, on a busy machine several minutes
-async def test_catalog_on_local() -> None:
+@pytest.fixture(scope="module")
+def local_catalog(request: pytest.FixtureRequest) -> Iterator[CatalogRun]:
     local_backend_or_skip()
-    tasks = terminal_catalog()
-    assert len(tasks) >= 30
-    assert_all_pass(await check_tasks(tasks, "local", {}, seed=0, concurrency=2))
+    run = CatalogRun("local", selected_ids(request, "test_catalog_task_on_local"), 2)
+    yield run
+    run.close()
+
+
+def test_the_catalog_has_its_terminal_tasks() -> None:
+    assert len(CATALOG_IDS) >= 30
+
+
+@pytest.mark.timeout(TASK_WAIT_S + 60)
+@pytest.mark.parametrize("task_id", CATALOG_IDS)
+def test_catalog_task_on_local(local_catalog: CatalogRun, task_id: str) -> None:
+    assert_all_pass([local_catalog.entry(task_id)])
 
 
 async def test_procedural_tasks_vary_with_seed_on_local() -> None:
@@ -153,11 +227,19 @@ async def test_tampering_does_not_change_reward_on_local(task_id: str) -> None:
 # -- docker ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.docker
-@pytest.mark.timeout(1800)  # a hang guard: 70 episodes with a snapshot verifier each
-async def test_catalog_on_docker() -> None:
+@pytest.fixture(scope="module")
+def docker_catalog(request: pytest.FixtureRequest) -> Iterator[CatalogRun]:
     docker_or_skip()
-    assert_all_pass(await check_tasks(terminal_catalog(), "docker", {}, seed=0, concurrency=3))
+    run = CatalogRun("docker", selected_ids(request, "test_catalog_task_on_docker"), 3)
+    yield run
+    run.close()
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(TASK_WAIT_S + 60)
+@pytest.mark.parametrize("task_id", CATALOG_IDS)
+def test_catalog_task_on_docker(docker_catalog: CatalogRun, task_id: str) -> None:
+    assert_all_pass([docker_catalog.entry(task_id)])
 
 
 @pytest.mark.docker

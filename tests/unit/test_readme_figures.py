@@ -1,0 +1,118 @@
+"""The figures the README quotes are the committed results' figures (issue 19).
+
+Each entry names a results file, the path of a value in it, and the text the README shows for
+it (the value formatted as the README writes it). The test fails when a result is re-run and
+the README still shows the old figure, or when a README figure is edited by hand. It covers the
+figures quoted from bench/results/ in the sandbox table, the group table, the Harbor table and
+the reliability table; a new quoted figure belongs here too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "bench" / "results"
+
+
+@cache
+def result(name: str) -> Any:
+    return json.loads((RESULTS / name).read_text(encoding="utf-8"))
+
+
+def at(name: str, path: str) -> Any:
+    """The value at `path` (keys joined by `/`; `//` for a `/` inside a key) in a result."""
+    value = result(name)
+    for part in path.replace("//", "\0").split("/"):
+        part = part.replace("\0", "/")
+        value = value[int(part)] if isinstance(value, list) else value[part]
+    return value
+
+
+def s(ms: float) -> str:
+    return f"{ms / 1000:.2f}"
+
+
+SB, GR, HC = "sandbox_latency.json", "group.json", "harbor_compat.json"
+
+#: (what, the README's text made from the results)
+FIGURES: list[tuple[str, Callable[[], str]]] = [
+    (
+        "local create",
+        lambda: (
+            f"{at(SB, 'backends/local/create/min_ms'):.0f}-"
+            f"{at(SB, 'backends/local/create/max_ms'):.0f} ms, "
+            f"p50 {at(SB, 'backends/local/create/p50_ms'):.0f} ms (`bench sandbox`)"
+        ),
+    ),
+    (
+        "docker create",
+        lambda: (
+            f"{s(at(SB, 'backends/docker/create/min_ms'))}-"
+            f"{s(at(SB, 'backends/docker/create/max_ms'))} s, "
+            f"p50 {s(at(SB, 'backends/docker/create/p50_ms'))} s (`bench sandbox`)"
+        ),
+    ),
+    (
+        "docker cold pool acquire",
+        lambda: f"cold pool acquire p50 {at('pool.json', 'backends/docker/cold/p50_s'):.2f} s",
+    ),
+    *[
+        (
+            f"group {b}",
+            lambda b=b, fmt=fmt: "| {} | {} s / {} s ({}x) | {} s / {} s | {} ms / {} ms |".format(
+                b,
+                *(
+                    format(at(GR, f"backends/{b}/tasks/{p}"), f)
+                    for p, f in [
+                        ("slow-setup/ready_s_median/fork", ".1f"),
+                        ("slow-setup/ready_s_median/independent", ".1f"),
+                        ("slow-setup/independent_over_fork", ".1f"),
+                        ("builtin//hello-file/ready_s_median/fork", fmt),
+                        ("builtin//hello-file/ready_s_median/independent", fmt),
+                    ]
+                ),
+                format(at(GR, f"backends/{b}/first_command_after_pool_hit/p50_ms"), ".1f"),
+                format(at(GR, f"backends/{b}/first_command_after_pool_hit/p90_ms"), ".0f"),
+            ),
+        )
+        for b, fmt in [("local", ".2f"), ("docker", ".1f")]
+    ],
+    *[
+        (
+            f"harbor {i}",
+            lambda i=i: (
+                "| {name} | {run}/{sel} | {loaded} | {builds} | {unreach} | {reach} | "
+                "{o1}/{o1of} | {rw}/{rwof} | {sub} ({clean}) |".format(
+                    name=at(HC, f"datasets/{i}/name"),
+                    run=at(HC, f"datasets/{i}/tasks_run"),
+                    sel=at(HC, f"datasets/{i}/tasks_selected"),
+                    loaded=at(HC, f"datasets/{i}/summary/loaded/count"),
+                    builds=at(HC, f"datasets/{i}/summary/env_builds/count"),
+                    unreach=at(HC, f"datasets/{i}/summary/needs_unreachable_host/count"),
+                    reach=at(HC, f"datasets/{i}/summary/reachable/tasks"),
+                    o1=at(HC, f"datasets/{i}/summary/reachable/oracle_one_noop_zero/count"),
+                    o1of=at(HC, f"datasets/{i}/summary/reachable/oracle_one_noop_zero/of"),
+                    rw=at(HC, f"datasets/{i}/summary/reachable/reward_no_verifier_error/count"),
+                    rwof=at(HC, f"datasets/{i}/summary/reachable/reward_no_verifier_error/of"),
+                    sub=at(HC, f"datasets/{i}/summary/substituted/tasks"),
+                    clean=at(HC, f"datasets/{i}/summary/substituted/clean"),
+                )
+            ),
+        )
+        for i in range(2)
+    ],
+]
+
+
+@pytest.mark.parametrize(("what", "text"), FIGURES, ids=[w for w, _ in FIGURES])
+def test_the_readme_quotes_the_committed_figure(what: str, text: Callable[[], str]) -> None:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    expected = text()
+    assert expected in readme, f"README should show {what} as {expected!r} (bench/results/)"
