@@ -28,7 +28,7 @@ _ID_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def looks_like_number(text: str) -> bool:
-    from tasks.verifier import parse_number
+    from tasks.verifier.rewards import parse_number
 
     return parse_number(text) is not None
 

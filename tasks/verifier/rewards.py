@@ -11,9 +11,9 @@ reward outside [0, 1] (or the range the task declares in `metadata.reward_range`
 
 pytest results (Terminal-Bench, SETA): pytest's own machine-readable report, a JUnit XML file
 the runtime asks for (`PYTEST_ADDOPTS=--junitxml=...` pointing into the verifier's private
-/logs/verifier, tasks/runtime.py), is the source when it exists. Only when no report was written
-is the text read instead: the `short test summary info` section of `pytest -rA` (or `-v` result
-lines); the details then say `result_source: "text"`, because code the tests import from the
+/logs/verifier, tasks/verifier/run.py), is the source when it exists. Only when no report was
+written is the text read instead: the `short test summary info` section of `pytest -rA` (or `-v`
+result lines); the details then say `result_source: "text"`, because code the tests import from the
 agent's files can print a fake summary. A pass also needs the test script's exit code to be 0
 (when it is known). Terminal-Bench is all-or-nothing; SETA is the weighted share of passed tests.
 

@@ -1,0 +1,124 @@
+"""An episode's start and its scoring: `prepare_episode` makes a fresh sandbox ready for the
+agent (the Dockerfile applied where the backend built no image, input files, a procedural
+task's instance, a desktop task's display, the first step's set-up, the agent's network), and
+`score_step` is what a `submit` does (run the verifier, then move the episode on)."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from typing import Any
+
+from sandboxes import Sandbox, SandboxFileNotFoundError
+from sandboxes.desktop import start_task_desktop
+from sandboxes.network import NetworkPolicy
+from tasks.dockerfile import apply_dockerfile
+from tasks.episode_models import EpisodeSetup, StepOutcome, VerifierResult
+from tasks.errors import TaskError
+from tasks.models import TaskSpec
+from tasks.steps import begin_step, finish_step
+from tasks.verifier.run import run_verifier
+
+#: where a generator may write its seed's instruction (see `_run_generator`)
+INSTRUCTION_FILE_ENV = "SANDGYM_INSTRUCTION_FILE"
+
+
+async def prepare_episode(
+    task: TaskSpec,
+    sandbox: Sandbox,
+    seed: int | None,
+    network_ceiling: NetworkPolicy | None = None,
+) -> EpisodeSetup:
+    """Make a fresh sandbox ready for the agent: environment files, input files, and (for a
+    procedural task) this seed's instance. Tests are *not* copied: they arrive at verify time.
+    The set-up runs under the environment's network; the sandbox is then switched to the
+    agent's (both clamped by `network_ceiling`, as in `sandbox_spec_for`)."""
+    start = time.perf_counter()
+    seed = random.randrange(2**31) if seed is None else int(seed)
+    warnings: list[str] = []
+    if not sandbox.builds_images:
+        await apply_dockerfile(task, sandbox, warnings)
+    for path, content in task.input_files.items():
+        await sandbox.write_file(path, content)
+    secret: dict[str, bytes] = {}
+    generated_instruction = None
+    if task.generator is not None:
+        secret["expected"], generated_instruction = await _run_generator(task, sandbox, seed)
+        if generated_instruction is not None and task.steps:
+            raise TaskError(
+                f"task {task.id}: its generator wrote an instruction, which only a single-step "
+                f"task may have (found {len(task.steps)} steps)"
+            )
+    # Desktop tasks: the display, window manager and the task's app are part of the instance.
+    desktop = await start_task_desktop(sandbox, task.metadata, user=task.agent_user)
+    first = task.steps[0] if task.steps else None
+    if first is not None:
+        await begin_step(task, sandbox, first)
+    plan = task.network_plan(first).clamp(network_ceiling)
+    await sandbox.set_network(plan.agent)
+    return EpisodeSetup(
+        instruction=(
+            generated_instruction
+            if generated_instruction is not None
+            else first.instruction
+            if first is not None
+            else task.instruction
+        ),
+        seed=seed,
+        secret=secret,
+        workdir=sandbox.spec.workdir,
+        warnings=warnings,
+        duration_s=time.perf_counter() - start,
+        desktop=desktop,
+        network=plan,
+        network_ceiling=network_ceiling,
+    )
+
+
+async def _run_generator(task: TaskSpec, sandbox: Sandbox, seed: int) -> tuple[bytes, str | None]:
+    """(the expected answer, the instance's own instruction or None). A generator may write the
+    seed's instruction to the file `$SANDGYM_INSTRUCTION_FILE` names: it then replaces
+    instruction.md as the agent's prompt (and reaches the oracle as `$SANDGYM_INSTRUCTION`)."""
+    assert task.generator is not None
+    # A random name outside the workdir, removed right after: the agent never sees it.
+    gen_dir = f"/tmp/.sandgym-gen-{uuid.uuid4().hex[:10]}"
+    script = f"{gen_dir}/{task.generator.script.name}"
+    instruction_file = f"{gen_dir}/instruction.md"
+    await sandbox.upload(task.generator.script, script)
+    instruction = None
+    try:
+        res = await sandbox.exec(
+            ["python3", script, "--seed", str(seed)],
+            timeout_s=task.generator.timeout_s,
+            cwd=sandbox.spec.workdir,
+            env={INSTRUCTION_FILE_ENV: instruction_file},
+            user="root",
+        )
+        if res.exit_code == 0:
+            try:
+                raw = await sandbox.read_file(instruction_file, max_bytes=100_000)
+            except SandboxFileNotFoundError:
+                raw = None
+            if raw is not None:
+                instruction = raw.decode("utf-8", "replace")
+                if not instruction.strip():
+                    raise TaskError(
+                        f"task {task.id}: generator wrote an empty instruction for seed {seed}"
+                    )
+    finally:
+        await sandbox.exec(["rm", "-rf", gen_dir], user="root", timeout_s=30)
+    if res.exit_code != 0:
+        raise TaskError(
+            f"task {task.id}: generator failed for seed {seed} (exit {res.exit_code}, "
+            f"timed_out={res.timed_out}): {res.stderr[-1500:]}"
+        )
+    return res.stdout.encode(), instruction
+
+
+async def score_step(
+    task: TaskSpec, sandbox: Sandbox, setup: EpisodeSetup, **verifier_kw: Any
+) -> tuple[VerifierResult, StepOutcome]:
+    """`run_verifier` then `finish_step`: what a `submit` does."""
+    result = await run_verifier(task, sandbox, setup, **verifier_kw)
+    return result, await finish_step(task, sandbox, setup, result)

@@ -1,0 +1,60 @@
+"""The models the runtime's calls hand back and pass on: `EpisodeSetup` (what `prepare_episode`
+returns and every later call reads), `VerifierResult` (one verifier run) and `StepOutcome`
+(what scoring a step means for the episode). A module of their own, so that each part of the
+runtime (episode, steps, verifier, oracle) imports them without importing the others."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandboxes.network import NetworkPolicy
+from tasks.models import NetworkPlan
+from tasks.paths import DEFAULT_WORKDIR
+
+
+class EpisodeSetup(BaseModel):
+    """What `prepare_episode` hands back: the prompt, and what only the verifier may see."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    instruction: str = Field(description="the prompt shown to the agent")
+    seed: int = Field(description="the seed this instance was generated from")
+    secret: dict[str, bytes] = Field(
+        default_factory=dict, description="files copied to /tests/secret/ for the verifier only"
+    )
+    workdir: str = DEFAULT_WORKDIR
+    warnings: list[str] = Field(default_factory=list, description="e.g. RUN lines skipped")
+    duration_s: float = 0.0
+    desktop: Any = Field(
+        None, description="sandboxes.desktop.Desktop of a desktop task (display started, app up)"
+    )
+    network: NetworkPlan | None = Field(
+        None, description="each phase's network (after the server's clamp); info.network"
+    )
+    network_ceiling: NetworkPolicy | None = Field(None, description="the server's clamp")
+    step_index: int = Field(0, description="multi-step tasks: the step being played")
+    step_rewards: list[float] = Field(
+        default_factory=list, description="multi-step tasks: the rewards of the steps scored"
+    )
+
+
+class VerifierResult(BaseModel):
+    """The outcome of one verifier run."""
+
+    reward: float
+    output: str = Field("", description="the verifier's stdout+stderr")
+    duration_s: float = 0.0
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class StepOutcome(BaseModel):
+    """What scoring one step means for the episode (`finish_step`)."""
+
+    done: bool = Field(description="the episode is over (last step, or a failed gate)")
+    reward: float = Field(description="done: the episode's reward; else 0.0")
+    instruction: str | None = Field(None, description="not done: the next step's instruction")
+    step: dict[str, Any] | None = Field(
+        None, description="multi-step: info.step (name, index, count, reward, rewards, ...)"
+    )

@@ -1,0 +1,240 @@
+"""Running a task's verifier and scoring what it leaves (`run_verifier`): in the sandbox's
+private verifier namespace where the backend has one (tasks/private_verify.py), in the shared
+file system where it has not, or in a sandbox of its own (`tasks.verifier.separate`); the text
+it leaves is turned into a reward by the pure rules of `tasks.verifier.rewards`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Mapping
+
+from sandboxes import ExecResult, Sandbox, SandboxBackend, SandboxError, SandboxFileNotFoundError
+from tasks import private_verify
+from tasks.commands import run_checked
+from tasks.episode_models import EpisodeSetup, VerifierResult
+from tasks.errors import VerifierError
+from tasks.models import TaskSpec
+from tasks.paths import SECRET_DIR, TESTS_DIR, VERIFIER_LOGS
+from tasks.sandbox_spec import resolve_env_templates
+from tasks.steps import step_view
+from tasks.verifier.rewards import (
+    DEFAULT_REWARD_RANGE,
+    answer_reward,
+    reward_from_files,
+    seta_reward,
+    tbench_reward,
+)
+from tasks.verifier.separate import separate_verifier_sandbox
+
+log = logging.getLogger(__name__)
+
+
+async def _read_optional(sandbox: Sandbox, path: str) -> str | None:
+    try:
+        return (await sandbox.read_file(path, max_bytes=1_000_000)).decode("utf-8", "replace")
+    except SandboxFileNotFoundError:
+        return None
+
+
+async def run_verifier(
+    task: TaskSpec,
+    sandbox: Sandbox,
+    setup: EpisodeSetup,
+    stop_agent_processes: bool = False,
+    backend: SandboxBackend | None = None,
+    image_map: Mapping[str, str] | None = None,
+) -> VerifierResult:
+    """Score the episode. Runs after the agent has finished: tests and secrets are copied in
+    only now, `/logs/verifier` is emptied first (a reward file the agent wrote counts for
+    nothing), and the script runs as the verifier user (root) under the verifier timeout.
+
+    Where the sandbox has a private exec, tests and reward files live where nothing the agent
+    left running can reach them (tasks/private_verify.py): local, the verifier's own mount
+    namespace; docker, a container of its own started from a snapshot of the sandbox, sharing
+    only its network (`DockerSandbox.exec_private`). `stop_agent_processes` is then ignored.
+    Elsewhere (e2b) they are shared with whatever the agent left running; `stop_agent_processes`
+    then kills all of it first (every process but the sandbox's init), at the price of tasks
+    whose tests need a service the agent started."""
+    start = time.perf_counter()
+    task = await asyncio.to_thread(step_view, task, setup)
+    if task.verifier_environment is not None:  # Harbor's separate verifier
+        async with separate_verifier_sandbox(task, sandbox, setup, backend, image_map) as sep:
+            result = await run_verifier(sep.task, sep.sandbox, sep.setup)
+            result.details["verifier_sandbox"] = {"id": sep.sandbox.id, "artifacts": sep.artifacts}
+            return result
+    v = task.verifier
+    if v.kind == "answer":
+        assert v.answer is not None
+        answer = await _read_optional(sandbox, v.answer.answer_path)
+        reward, details = answer_reward(answer, v.answer)
+        return VerifierResult(
+            reward=reward,
+            output=answer or "",
+            duration_s=time.perf_counter() - start,
+            details=details,
+        )
+
+    assert v.script_path is not None
+    if setup.network is not None:  # the verifier phase's network (Harbor [verifier])
+        await sandbox.set_network(setup.network.verifier)
+    script = f"{TESTS_DIR}/{v.script or v.script_path.name}"
+    env = {**resolve_env_templates(v.env, f"task {task.id}: verifier.env"), "TEST_DIR": TESTS_DIR}
+    if v.kind in ("tbench", "seta"):
+        # pytest's own report, written into the verifier's private /logs/verifier: scored
+        # instead of the printed summary, which code the tests import can forge
+        opt = f"--junitxml={VERIFIER_LOGS}/{private_verify.JUNIT_FILE}"
+        env["PYTEST_ADDOPTS"] = (
+            f"{env['PYTEST_ADDOPTS']} {opt}" if env.get("PYTEST_ADDOPTS") else opt
+        )
+    argv = ["bash", script]
+    if task.verifier_user not in (None, "root", "0"):
+        user = task.verifier_user
+        argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *argv]
+    if sandbox.supports_private_exec:
+        return await _run_private_verifier(task, sandbox, setup, argv, env, start)
+    # No private exec on this backend (e2b): tests go into the shared file system and the
+    # script runs next to whatever the agent left running (see tasks/private_verify.py).
+    if stop_agent_processes:
+        try:
+            await sandbox.kill_agent_processes()
+        except SandboxError as exc:  # this backend has no safe way: say so, score anyway
+            log.warning("verifier: agent processes not stopped: %s", exc)
+    # Anything the agent left at /tests or /logs/verifier (files, symlinks) is removed.
+    await run_checked(
+        sandbox,
+        f"rm -rf {TESTS_DIR} {VERIFIER_LOGS} && mkdir -p {TESTS_DIR} {VERIFIER_LOGS} "
+        f"&& chmod 777 {VERIFIER_LOGS}",
+        "resetting /tests and /logs/verifier",
+        timeout_s=60,
+    )
+    if v.tests_dir is not None and v.tests_dir.is_dir():
+        await sandbox.upload(v.tests_dir, TESTS_DIR)
+    if v.kind in ("tbench", "seta"):
+        await sandbox.upload(v.script_path, f"{TESTS_DIR}/{v.script_path.name}")
+    for name, data in setup.secret.items():
+        await sandbox.write_file(f"{SECRET_DIR}/{name}", data, mode=0o600)
+    res = await sandbox.exec(
+        ["bash", script],
+        timeout_s=task.timeouts.verifier_timeout_s,
+        cwd=setup.workdir,
+        env=env,
+        user=task.verifier_user,
+    )
+    output = res.stdout + (("\n" + res.stderr) if res.stderr else "")
+    _raise_on_timeout(task, res, output)
+    txt = js = junit = None
+    if v.kind == "harbor":
+        txt = await _read_optional(sandbox, f"{VERIFIER_LOGS}/reward.txt")
+        js = await _read_optional(sandbox, f"{VERIFIER_LOGS}/reward.json")
+    else:
+        junit = await _read_optional(sandbox, f"{VERIFIER_LOGS}/{private_verify.JUNIT_FILE}")
+    return _score(task, output, res.exit_code, txt, js, start, junit)
+
+
+async def _run_private_verifier(
+    task: TaskSpec,
+    sandbox: Sandbox,
+    setup: EpisodeSetup,
+    argv: list[str],
+    env: dict[str, str],
+    start: float,
+) -> VerifierResult:
+    """The test script in the sandbox's private verifier namespace (tasks/private_verify.py)."""
+    v = task.verifier
+    assert v.script_path is not None
+    extra = {f"secret/{name}": (data, 0o600) for name, data in setup.secret.items()}
+    if v.kind in ("tbench", "seta"):
+        extra[v.script_path.name] = (v.script_path.read_bytes(), 0o755)
+    nonce = private_verify.new_nonce()
+    payload = await asyncio.to_thread(private_verify.build_payload, nonce, v.tests_dir, extra)
+    res = await sandbox.exec_private(
+        private_verify.wrapper_argv(argv),
+        payload,
+        timeout_s=task.timeouts.verifier_timeout_s,
+        cwd=setup.workdir,
+        env=env,
+    )
+    output = res.stdout
+    _raise_on_timeout(task, res, output)
+    if res.exit_code in (private_verify.NO_PAYLOAD, private_verify.SETUP_FAILED):
+        raise VerifierError(
+            f"task {task.id}: the private verifier could not be set up in sandbox {sandbox.id} "
+            f"(exit {res.exit_code}): {res.stderr.strip()[-1500:]}",
+            output,
+            cause="setup",
+        )
+    report = private_verify.parse_report(res.stderr, nonce, output)
+    return _score(
+        task,
+        output,
+        report.exit_code,
+        report.files.get("reward.txt"),
+        report.files.get("reward.json"),
+        start,
+        report.files.get(private_verify.JUNIT_FILE),
+    )
+
+
+def _raise_on_timeout(task: TaskSpec, res: ExecResult, output: str) -> None:
+    """A verifier past its timeout is a `VerifierError` (cause `timeout`); the agent can cause it
+    (a FIFO where the tests read, a service that hangs), so it is scored 0, never masked."""
+    if res.timed_out:
+        raise VerifierError(
+            f"task {task.id}: the verifier did not finish within {task.timeouts.verifier_timeout_s} s",
+            output,
+            cause="timeout",
+        )
+
+
+def reward_range(task: TaskSpec) -> tuple[float, float]:
+    """The rewards the task's verifier may give: [0, 1] unless `metadata.reward_range = [lo, hi]`."""
+    declared = task.metadata.get("reward_range")
+    if declared is None:
+        return DEFAULT_REWARD_RANGE
+    ok = (
+        isinstance(declared, list | tuple)
+        and len(declared) == 2
+        and all(isinstance(x, int | float) and not isinstance(x, bool) for x in declared)
+        and all(math.isfinite(x) for x in declared)
+        and declared[0] < declared[1]
+    )
+    if not ok:
+        raise VerifierError(
+            f"task {task.id}: metadata.reward_range must be [low, high] with finite low < high, "
+            f"found {declared!r}",
+            cause="task",
+        )
+    return float(declared[0]), float(declared[1])
+
+
+def _score(
+    task: TaskSpec,
+    output: str,
+    exit_code: int | None,
+    txt: str | None,
+    js: str | None,
+    start: float,
+    junit: str | None = None,
+) -> VerifierResult:
+    v = task.verifier
+    if v.kind == "harbor":
+        if txt is None and js is None and exit_code not in (None, 0):
+            raise VerifierError(
+                f"task {task.id}: the test script exited {exit_code} without writing a reward "
+                "(it crashed, or its checker could not run)",
+                output,
+                cause="no_reward",
+            )
+        reward, details = reward_from_files(txt, js, output, reward_range(task))
+    elif v.kind == "seta":
+        assert v.weights is not None
+        reward, details = seta_reward(output, v.weights, junit, exit_code)
+    else:
+        reward, details = tbench_reward(output, junit, exit_code)
+    details["exit_code"] = exit_code
+    return VerifierResult(
+        reward=reward, output=output, duration_s=time.perf_counter() - start, details=details
+    )
