@@ -52,13 +52,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import file_commit, percentile_or_none, save_json
-from envserver.protocol import ERROR_CODES
+from envserver import protocol
+from envserver.protocol import ERROR_CODES, REPLY_TYPES
 
-REPLY_TYPES = frozenset({"observation", "step_result", "closed", "error"})
-ACTION_KINDS = (
-    "command", "keys", "write_file", "read_file", "submit", "click", "double_click", "move",
-    "drag", "scroll", "type", "key", "screenshot", "bogus",
-)  # fmt: skip
+#: every kind the protocol has, and one it has not
+ACTION_KINDS = (*protocol.ACTION_KINDS, "bogus")
 HUGE_NUMBERS = (
     "1e308", "-1e308", "1e999", "-0", "0.0000000000000000000001", "9" * 400, "-" + "9" * 400,
     "NaN", "Infinity", "-Infinity", "18446744073709551616", "4294967296", "1.5",

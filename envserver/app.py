@@ -25,7 +25,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocketDisconnect
@@ -36,6 +36,9 @@ from envserver.protocol import (
     CLOSE_UNAUTHORIZED,
     CloseMsg,
     ErrorReply,
+    HttpErrorBody,
+    PrewarmReply,
+    PrewarmRequest,
     ResetMsg,
     ResumeMsg,
     StepMsg,
@@ -48,15 +51,6 @@ from sandboxes import SandboxBackend
 log = logging.getLogger(__name__)
 
 _REQUEST_ID = re.compile(rb'"request_id"\s*:\s*"((?:[^"\\]|\\.){0,200})"')
-
-
-class PrewarmRequest(BaseModel):
-    """Body of `POST /v1/pool/prewarm`."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    task_ids: list[str] = Field(min_length=1, description="tasks whose sandboxes to keep ready")
-    count: int = Field(1, ge=0, description="ready sandboxes per task environment")
 
 
 def _request_id_of(raw: bytes) -> str | None:
@@ -315,11 +309,11 @@ def create_app(
             except Exception as exc:
                 err = to_wire_error(exc)
                 return JSONResponse(
-                    {"code": err.code, "message": err.message, "retryable": err.retryable},
+                    HttpErrorBody(**err._asdict()).model_dump(),
                     status_code=404 if err.code == "unknown_task" else 500,
                 )
         await service.pool.prewarm(pairs)
-        return JSONResponse({"scheduled": len(pairs), "count": body.count})
+        return JSONResponse(PrewarmReply(scheduled=len(pairs), count=body.count).model_dump())
 
     @app.websocket(ENV_PATH)
     async def env(ws: WebSocket) -> None:

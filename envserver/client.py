@@ -1,6 +1,15 @@
 """`AsyncEnvClient`: the asyncio client of the env server (what the trainer uses).
 
-It imports only the wire models (`envserver.protocol`), never server code.
+It imports only the wire models (`envserver.protocol`), never server code. Requests are built
+from those models (`reset.options` is validated as `ResetOptions` before it is sent) and every
+reply is parsed as a `ServerReply`; `reset` and `step` still hand back plain dicts (what Gymnasium
+users expect), with the typed `info` at `StepResult.typed_info` and `AsyncEnvClient.reset_info`.
+
+Failures: an `error` reply raises `EnvError`, whose `code` is one of the protocol's `ErrorCode`s
+(callers decide by the code, never by the message). A connection that dropped and could not be
+resumed, or could not be opened, raises `ConnectionLostError` (an `EnvError`, so a caller that
+only catches `EnvError` still catches it). `prewarm()` asks the server's pool to keep sandboxes
+ready (`POST /v1/pool/prewarm`).
 
 One client drives one episode at a time over one websocket. When the connection drops in the
 middle of an episode, the client reconnects, sends `resume` with the session's token, and
@@ -32,22 +41,46 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from envserver.protocol import CLOSE_UNAUTHORIZED
+from envserver.protocol import (
+    CLOSE_UNAUTHORIZED,
+    ERROR_CODES,
+    ErrorCode,
+    ErrorReply,
+    HttpErrorBody,
+    ObservationReply,
+    PrewarmReply,
+    PrewarmRequest,
+    ResetInfo,
+    ResetOptions,
+    StepInfo,
+    StepResultReply,
+    parse_server_reply,
+)
 
 log = logging.getLogger(__name__)
 
 
 class EnvError(Exception):
-    """An `error` reply from the server (or a connection failure the client gave up on)."""
+    """An `error` reply from the server: `code` (an `ErrorCode`), `message`, `retryable`."""
 
-    def __init__(self, code: str, message: str, retryable: bool = False) -> None:
+    def __init__(self, code: ErrorCode, message: str, retryable: bool = False) -> None:
+        if code not in ERROR_CODES:
+            raise ValueError(f"expected an error code in {ERROR_CODES}, got {code!r}")
         super().__init__(f"{code}: {message}")
-        self.code = code
+        self.code: ErrorCode = code
         self.message = message
         self.retryable = retryable
+
+
+class ConnectionLostError(EnvError):
+    """The connection to the server dropped and could not be resumed, or could not be opened
+    (refused, handshake refused, timed out). It is the network's doing, not the server's nor the
+    sandbox's; `code` stays what earlier clients reported (`sandbox_lost` when an episode was
+    running, since it is lost to this client, else `internal`) and `retryable` is True."""
 
 
 @dataclass
@@ -63,6 +96,17 @@ class StepResult:
     def __iter__(self):  # type: ignore[no-untyped-def]
         """Unpacks like Gymnasium: `obs, reward, terminated, truncated, info = result`."""
         return iter((self.observation, self.reward, self.terminated, self.truncated, self.info))
+
+    @property
+    def typed_info(self) -> StepInfo:
+        """`info` parsed as the protocol's `StepInfo`."""
+        return StepInfo.model_validate(self.info)
+
+
+def http_base(ws_url: str) -> str:
+    """ws://host:port/v1/env -> http://host:port (where the HTTP ops endpoints are)."""
+    url = ws_url.replace("wss://", "https://", 1).replace("ws://", "http://", 1)
+    return url.split("/v1/", 1)[0].rstrip("/")
 
 
 def to_action(action: dict[str, Any] | str) -> dict[str, Any]:
@@ -99,6 +143,8 @@ class AsyncEnvClient:
         self.ping_interval_s = ping_interval_s
         self.session_id: str | None = None
         self.resume_token: str | None = None
+        #: the typed `info` of the latest reset
+        self.reset_info: ResetInfo | None = None
         self.reconnects = 0
         self._ws: ClientConnection | None = None
         self._ids = itertools.count(1)
@@ -128,7 +174,9 @@ class AsyncEnvClient:
                 self.connect_timeout_s,
             )
         except InvalidStatus as exc:
-            raise EnvError("internal", f"websocket handshake refused: {exc}") from exc
+            raise ConnectionLostError(
+                "internal", f"websocket handshake refused: {exc}", retryable=True
+            ) from exc
 
     @property
     def in_episode(self) -> bool:
@@ -156,31 +204,84 @@ class AsyncEnvClient:
 
     # -- the episode API -------------------------------------------------------------------------
     async def reset(
-        self, task_id: str, seed: int | None = None, options: dict[str, Any] | None = None
+        self,
+        task_id: str,
+        seed: int | None = None,
+        options: ResetOptions | dict[str, Any] | None = None,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """Start an episode of `task_id`; returns (observation, info)."""
-        msg = {"type": "reset", "task_id": task_id, "seed": seed, "options": options or {}}
+        """Start an episode of `task_id`; returns (observation, info). `options` is a
+        `ResetOptions` or its dict; one that is not valid raises `EnvError("invalid_message")`
+        without a round trip, as the server would."""
+        try:
+            opts = (
+                options
+                if isinstance(options, ResetOptions)
+                else ResetOptions.model_validate(options or {})
+            )
+        except ValidationError as exc:
+            raise EnvError("invalid_message", f"reset.options: {exc}") from exc
+        msg = {
+            "type": "reset",
+            "task_id": task_id,
+            "seed": seed,
+            "options": opts.model_dump(exclude_unset=True),
+        }
         reply = await self._request(msg, resumable=False)
-        self.session_id = reply["session_id"]
-        self.resume_token = reply["resume_token"]
-        return reply["observation"], reply.get("info", {})
+        if not isinstance(reply, ObservationReply):
+            raise _unexpected(reply, "observation")
+        self.session_id = reply.session_id
+        self.resume_token = reply.resume_token
+        self.reset_info = ResetInfo.model_validate(reply.info)
+        return reply.observation.model_dump(exclude_unset=True), reply.info
 
     async def step(self, action: dict[str, Any] | str) -> StepResult:
         """Apply one action (an ACTION dict, or a command string)."""
         reply = await self._request({"type": "step", "action": to_action(action)}, resumable=True)
+        if not isinstance(reply, StepResultReply):
+            raise _unexpected(reply, "step_result")
         result = StepResult(
-            observation=reply["observation"],
-            reward=float(reply.get("reward", 0.0)),
-            terminated=bool(reply.get("terminated", False)),
-            truncated=bool(reply.get("truncated", False)),
-            info=reply.get("info", {}),
+            observation=reply.observation.model_dump(exclude_unset=True),
+            reward=reply.reward,
+            terminated=reply.terminated,
+            truncated=reply.truncated,
+            info=reply.info,
         )
         if result.terminated or result.truncated:
             self.session_id = self.resume_token = None
         return result
 
+    async def prewarm(
+        self, task_ids: list[str], count: int = 1, *, timeout_s: float = 2.0
+    ) -> PrewarmReply:
+        """Ask the server's pool to keep `count` sandboxes ready for each task's environment
+        (`POST /v1/pool/prewarm`, with this client's token). A refusal raises `EnvError` with
+        the server's code (`unknown_task` for an id it does not serve); an unreachable server
+        raises `ConnectionLostError`."""
+        import httpx  # lazy: only prewarm callers pay for it
+
+        body = PrewarmRequest(task_ids=task_ids, count=count)
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        url = f"{http_base(self.url)}/v1/pool/prewarm"
+        try:
+            async with httpx.AsyncClient(timeout=timeout_s) as http:
+                r = await http.post(url, json=body.model_dump(), headers=headers)
+        except httpx.HTTPError as exc:
+            raise ConnectionLostError(
+                "internal", f"prewarm: {url} unreachable: {exc!r}", retryable=True
+            ) from exc
+        if r.status_code >= 400:
+            try:
+                err = HttpErrorBody.model_validate_json(r.content)
+            except ValidationError:
+                code: ErrorCode = "unauthorized" if r.status_code in (401, 403) else "internal"
+                raise EnvError(code, f"prewarm: HTTP {r.status_code}: {r.text[:200]}") from None
+            raise EnvError(err.code, err.message, err.retryable)
+        return PrewarmReply.model_validate_json(r.content)
+
     # -- plumbing --------------------------------------------------------------------------------
-    async def _request(self, msg: dict[str, Any], *, resumable: bool) -> dict[str, Any]:
+    async def _request(
+        self, msg: dict[str, Any], *, resumable: bool
+    ) -> ObservationReply | StepResultReply | Any:
         async with self._lock:
             msg["request_id"] = str(next(self._ids))
             text = json.dumps(msg)
@@ -196,7 +297,7 @@ class AsyncEnvClient:
                     # it), a close after a drop is moot.
                     if not resumable or self.session_id is None or attempt >= self.max_reconnects:
                         self._ws = None
-                        raise EnvError(
+                        raise ConnectionLostError(
                             "sandbox_lost" if self.session_id else "internal",
                             f"connection to {self.url} lost: {exc!r}",
                             retryable=True,
@@ -204,22 +305,25 @@ class AsyncEnvClient:
                     attempt += 1
                     await self._reconnect_and_resume(attempt)
 
-    async def _roundtrip(self, text: str, request_id: str) -> dict[str, Any]:
+    async def _roundtrip(self, text: str, request_id: str) -> Any:
         ws = self._ws
         assert ws is not None
         await ws.send(text)
         while True:
             raw = await asyncio.wait_for(ws.recv(), self.request_timeout_s)
-            reply = json.loads(raw)
-            rid = reply.get("request_id")
+            try:
+                reply = parse_server_reply(raw)
+            except ValidationError as exc:
+                raise EnvError(
+                    "internal", f"the server sent a reply this client cannot read: {exc}"
+                ) from exc
+            rid = reply.request_id
             if rid is not None and rid != request_id:
                 continue  # a stale reply to a request given up on before a reconnect
-            if reply.get("type") == "error":
-                if reply.get("code") in ("sandbox_lost", "no_episode"):
+            if isinstance(reply, ErrorReply):
+                if reply.code in ("sandbox_lost", "no_episode"):
                     self.session_id = self.resume_token = None
-                raise EnvError(
-                    reply["code"], reply.get("message", ""), reply.get("retryable", False)
-                )
+                raise EnvError(reply.code, reply.message, reply.retryable)
             return reply
 
     def _raise_if_unauthorized(self, exc: BaseException) -> None:
@@ -251,6 +355,12 @@ class AsyncEnvClient:
             await self._roundtrip(json.dumps(resume), rid)
         except (ConnectionClosed, OSError):
             self._ws = None
+
+
+def _unexpected(reply: Any, expected: str) -> EnvError:
+    return EnvError(
+        "internal", f"expected a {expected!r} reply, got {getattr(reply, 'type', reply)!r}"
+    )
 
 
 # -- many episodes at once ------------------------------------------------------------------------
@@ -392,11 +502,13 @@ async def _play(
 
 __all__ = [
     "AsyncEnvClient",
+    "ConnectionLostError",
     "EnvError",
     "EpisodeRequest",
     "EpisodeResult",
     "EpisodeState",
     "StepResult",
+    "http_base",
     "run_episodes",
     "to_action",
 ]

@@ -33,7 +33,8 @@ from gymnasium import spaces
 
 from envserver.gym_env import SAMPLE_CHARSET, AnyText, RemoteEnv
 
-#: What the integer `kind` of a sampled action means.
+#: What the integer `kind` of a sampled action means: the desktop actions that need no more
+#: than a point (a subset of the protocol's `DESKTOP_ACTION_KINDS`; a unit test checks it).
 POINTER_KINDS = ("click", "double_click", "move", "screenshot")
 
 

@@ -33,17 +33,16 @@ import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
 
+from envserver import protocol
 from envserver.client import AsyncEnvClient
 
 T = TypeVar("T")
 
-#: Server info keys that differ between otherwise identical steps (timings, sandbox identity).
-#: Gymnasium expects `info` to be deterministic for a seed, so `RemoteEnv` keeps them out of
-#: `info` unless `volatile_info=True`; the full server info is always in `last_server_info`.
-VOLATILE_INFO_KEYS = frozenset(
-    {"acquire_s", "prepare_s", "action_s", "verifier_s", "verifier_duration_s", "elapsed_s",
-     "sandbox_id", "from_pool"}
-)  # fmt: skip
+#: Server info keys that differ between otherwise identical steps (timings, sandbox identity;
+#: the protocol's info models mark them). Gymnasium expects `info` to be deterministic for a seed,
+#: so `RemoteEnv` keeps them out of `info` unless `volatile_info=True`; the full server info is
+#: always in `last_server_info`.
+VOLATILE_INFO_KEYS = protocol.VOLATILE_INFO_KEYS
 
 #: What `Text.sample()` draws from: letters, digits and spaces only, never shell syntax.
 SAMPLE_CHARSET = string.ascii_letters + string.digits + " "

@@ -10,6 +10,12 @@ Server replies: `observation` (to reset and resume), `step_result` (to step), `c
 and `error` (to anything that failed). An `error` carries one of `ERROR_CODES`; the connection
 stays usable after every code but `unauthorized`.
 
+This module is the whole contract: the `info` objects of replies (`ResetInfo`, `StepInfo`,
+`ResumeInfo`: typed, open to keys added later, so older clients keep working), the HTTP body of
+`POST /v1/pool/prewarm` (`PrewarmRequest`, `PrewarmReply`, `HttpErrorBody`), and the lists of
+codes and kinds (`ERROR_CODES`, `ACTION_KINDS`, `DESKTOP_ACTION_KINDS`, `REPLY_TYPES`), which are
+read off the models rather than written out a second time.
+
 Two conditions that are not in the fixed code list map onto `invalid_message` (with a message
 saying which): a second request while one is in flight on the same session (`retryable: true`;
 the server answers it at once rather than queueing it) and a message above the size limit.
@@ -22,24 +28,13 @@ Example:
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 PROTOCOL_VERSION = 1
 
 #: Every error code the server may send, in the order of the contract.
-ERROR_CODES: tuple[str, ...] = (
-    "invalid_message",
-    "unknown_task",
-    "no_episode",
-    "capacity",
-    "sandbox_lost",
-    "action_timeout",
-    "verifier_error",
-    "unauthorized",
-    "internal",
-)
 ErrorCode = Literal[
     "invalid_message",
     "unknown_task",
@@ -51,6 +46,7 @@ ErrorCode = Literal[
     "unauthorized",
     "internal",
 ]
+ERROR_CODES: tuple[ErrorCode, ...] = get_args(ErrorCode)
 
 #: Websocket close code sent when the bearer token is missing or wrong.
 CLOSE_UNAUTHORIZED = 4401
@@ -58,6 +54,10 @@ CLOSE_UNAUTHORIZED = 4401
 
 class _Wire(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class _DesktopAction(_Wire):
+    """Base of the actions only a desktop task's sandbox performs (`DESKTOP_ACTION_KINDS`)."""
 
 
 # -- actions ------------------------------------------------------------------------------------
@@ -101,7 +101,7 @@ class SubmitAction(_Wire):
     kind: Literal["submit"] = "submit"
 
 
-class ClickAction(_Wire):
+class ClickAction(_DesktopAction):
     """Desktop: click at pixel (x, y)."""
 
     kind: Literal["click"] = "click"
@@ -110,7 +110,7 @@ class ClickAction(_Wire):
     button: Literal["left", "middle", "right"] = "left"
 
 
-class DoubleClickAction(_Wire):
+class DoubleClickAction(_DesktopAction):
     """Desktop: double-click at pixel (x, y)."""
 
     kind: Literal["double_click"] = "double_click"
@@ -119,7 +119,7 @@ class DoubleClickAction(_Wire):
     button: Literal["left", "middle", "right"] = "left"
 
 
-class MoveAction(_Wire):
+class MoveAction(_DesktopAction):
     """Desktop: move the pointer to pixel (x, y)."""
 
     kind: Literal["move"] = "move"
@@ -127,7 +127,7 @@ class MoveAction(_Wire):
     y: int = Field(ge=0)
 
 
-class DragAction(_Wire):
+class DragAction(_DesktopAction):
     """Desktop: press at (x, y), move to (to_x, to_y), release."""
 
     kind: Literal["drag"] = "drag"
@@ -138,7 +138,7 @@ class DragAction(_Wire):
     button: Literal["left", "middle", "right"] = "left"
 
 
-class ScrollAction(_Wire):
+class ScrollAction(_DesktopAction):
     """Desktop: scroll by (dx, dy) notches, optionally after moving to (x, y)."""
 
     kind: Literal["scroll"] = "scroll"
@@ -148,21 +148,21 @@ class ScrollAction(_Wire):
     y: int | None = Field(None, ge=0)
 
 
-class TypeAction(_Wire):
+class TypeAction(_DesktopAction):
     """Desktop: type `text` as keystrokes into the focused window."""
 
     kind: Literal["type"] = "type"
     text: str
 
 
-class KeyAction(_Wire):
+class KeyAction(_DesktopAction):
     """Desktop: press a key chord in X keysym names, e.g. `ctrl+s`, `Return`."""
 
     kind: Literal["key"] = "key"
     key: str = Field(min_length=1)
 
 
-class ScreenshotAction(_Wire):
+class ScreenshotAction(_DesktopAction):
     """Desktop: return a screenshot (base64 PNG in the observation's `image`)."""
 
     kind: Literal["screenshot"] = "screenshot"
@@ -185,23 +185,19 @@ Action = Annotated[
     | ScreenshotAction,
     Field(discriminator="kind"),
 ]
-ACTION_KINDS: tuple[str, ...] = (
-    "command",
-    "keys",
-    "write_file",
-    "read_file",
-    "submit",
-    "click",
-    "double_click",
-    "move",
-    "drag",
-    "scroll",
-    "type",
-    "key",
-    "screenshot",
-)
+_ACTION_TYPES: tuple[type[_Wire], ...] = get_args(get_args(Action)[0])
+
+
+def _kind_of(model: type[BaseModel]) -> str:
+    (kind,) = get_args(model.model_fields["kind"].annotation)
+    return str(kind)
+
+
+#: Every action kind, in the order of the contract (read off the `Action` union).
+ACTION_KINDS: tuple[str, ...] = tuple(_kind_of(t) for t in _ACTION_TYPES)
+#: The kinds only a desktop sandbox performs (the `_DesktopAction` subclasses).
 DESKTOP_ACTION_KINDS = frozenset(
-    {"click", "double_click", "move", "drag", "scroll", "type", "key", "screenshot"}
+    _kind_of(t) for t in _ACTION_TYPES if issubclass(t, _DesktopAction)
 )
 
 
@@ -322,6 +318,102 @@ class TaskStepInfo(BaseModel):
     aggregate: Literal["mean", "final"] | None = None
 
 
+class _Info(BaseModel):
+    """Base of the `info` objects. Unlike messages, an info accepts keys it does not name: the
+    server may report more in a later version and an older client must still read the reply.
+    Fields marked `volatile` differ between otherwise identical episodes (timings, identities);
+    `VOLATILE_INFO_KEYS` lists them."""
+
+    model_config = ConfigDict(extra="allow")
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON object sent as a reply's `info`: the keys that were set, no others."""
+        return self.model_dump(exclude_unset=True)
+
+
+def _volatile(description: str) -> Any:
+    return Field(None, description=description, json_schema_extra={"volatile": True})
+
+
+class GroupInfo(BaseModel):
+    """`info.group` of a group member's reset (protocol 1.1)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    size: int
+    member: int = Field(description="0 = the member whose sandbox was prepared")
+    forked: bool = Field(description="this member started from a copy of the prepared state")
+
+
+class ResetInfo(_Info):
+    """`info` of the reply to `reset`."""
+
+    task_id: str | None = None
+    seed: int | None = None
+    acquire_s: float | None = _volatile("seconds spent getting a sandbox (pool or fresh)")
+    prepare_s: float | None = _volatile("seconds spent preparing the task in it")
+    from_pool: bool | None = _volatile("the sandbox came ready from the warm pool")
+    desktop: bool | None = Field(None, description="a desktop task: observations carry `image`")
+    sandbox_id: str | None = _volatile("the backend's id of the episode's sandbox")
+    backend: str | None = None
+    max_steps: int | None = Field(None, description="the server's step limit per episode")
+    time_limit_s: float | None = Field(None, description="the server's time limit per episode")
+    gateway_socket: str | None = Field(
+        None, description="where a `reset.options.gateway_url` gateway is reachable in the sandbox"
+    )
+    network: dict[str, Any] | None = Field(
+        None, description="the network policy in force (after any server clamp), per phase"
+    )
+    group: GroupInfo | None = None
+
+
+class StepInfo(_Info):
+    """`info` of a `step_result`."""
+
+    step: int | TaskStepInfo | None = Field(
+        None,
+        description="actions taken so far; for the `submit` of a multi-step task the step just "
+        "scored (`TaskStepInfo`), the action count then being `actions`",
+    )
+    actions: int | None = None
+    action_s: float | None = _volatile("seconds the action took on the server")
+    elapsed_s: float | None = _volatile("seconds since the episode started")
+    verifier_s: float | None = _volatile("seconds the submit took (verifier included)")
+    verifier_duration_s: float | None = _volatile("seconds the verifier itself ran")
+    verifier_output: str | None = Field(None, description="the tail of the verifier's output")
+    from_pool: bool | None = _volatile("the sandbox came ready from the warm pool")
+    truncation: Literal["max_steps", "time_limit"] | None = Field(
+        None, description="why the episode was truncated (with `truncated: true`)"
+    )
+    timed_out: bool | None = Field(None, description="the command ran past its timeout")
+    output_truncated: bool | None = Field(None, description="the output was cut to the cap")
+
+
+class ResumeInfo(_Info):
+    """`info` of the reply to `resume`."""
+
+    resumed: bool = True
+    ended: bool | None = Field(None, description="the episode ended while the client was away")
+    task_id: str | None = None
+    step: int | None = None
+    last_request_id: str | None = Field(
+        None,
+        description="the last request the server handled (a resend of it is answered "
+        "from its cache)",
+    )
+    elapsed_s: float | None = _volatile("seconds since the episode started")
+
+
+#: `info` keys whose values differ between otherwise identical episodes (read off the models).
+VOLATILE_INFO_KEYS = frozenset(
+    name
+    for model in (ResetInfo, StepInfo, ResumeInfo)
+    for name, f in model.model_fields.items()
+    if isinstance(f.json_schema_extra, dict) and f.json_schema_extra.get("volatile")
+)
+
+
 class StepResultReply(_Wire):
     """Reply to `step`."""
 
@@ -360,8 +452,38 @@ _SERVER_REPLY: TypeAdapter[ObservationReply | StepResultReply | ClosedReply | Er
 )
 
 
+#: Every reply `type` (read off the `ServerReply` union).
+REPLY_TYPES: tuple[str, ...] = tuple(
+    str(get_args(t.model_fields["type"].annotation)[0]) for t in get_args(get_args(ServerReply)[0])
+)
+
+
 def parse_server_reply(
     data: str | bytes,
 ) -> ObservationReply | StepResultReply | ClosedReply | ErrorReply:
     """Validate one server frame (used by the clients)."""
     return _SERVER_REPLY.validate_json(data)
+
+
+# -- HTTP ops endpoints -------------------------------------------------------------------------
+class PrewarmRequest(_Wire):
+    """Body of `POST /v1/pool/prewarm`: keep `count` sandboxes ready for each task's
+    environment (a trainer asks this for the tasks of its next groups)."""
+
+    task_ids: list[str] = Field(min_length=1, description="tasks whose sandboxes to keep ready")
+    count: int = Field(1, ge=0, description="ready sandboxes per task environment")
+
+
+class PrewarmReply(_Wire):
+    """Answer of `POST /v1/pool/prewarm` (HTTP 200)."""
+
+    scheduled: int = Field(description="how many task environments the pool now prepares")
+    count: int
+
+
+class HttpErrorBody(_Wire):
+    """Body of an HTTP ops endpoint's failure (4xx/5xx): the same code as a websocket error."""
+
+    code: ErrorCode
+    message: str
+    retryable: bool = False

@@ -40,9 +40,12 @@ from envserver.protocol import (
     CommandAction,
     Observation,
     ObservationReply,
+    ResetInfo,
     ResetMsg,
+    ResumeInfo,
     ResumeMsg,
     ScreenshotAction,
+    StepInfo,
     StepMsg,
     StepResultReply,
     SubmitAction,
@@ -306,21 +309,21 @@ class EnvService:
             session_id=session.id,
             resume_token=session.resume_token,
             observation=obs,
-            info={
-                "task_id": msg.task_id,
-                "seed": msg.seed,
-                "acquire_s": acquire_s,
-                "prepare_s": prepare_s,
-                "from_pool": sandbox.from_pool,
-                "desktop": desktop is not None,
-                "sandbox_id": sandbox.id,
-                "backend": self.backend.name if self.backend else None,
-                "max_steps": self.settings.max_steps,
-                "time_limit_s": self.settings.episode_time_limit_s,
+            info=ResetInfo(
+                task_id=msg.task_id,
+                seed=msg.seed,
+                acquire_s=acquire_s,
+                prepare_s=prepare_s,
+                from_pool=sandbox.from_pool,
+                desktop=desktop is not None,
+                sandbox_id=sandbox.id,
+                backend=self.backend.name if self.backend else None,
+                max_steps=self.settings.max_steps,
+                time_limit_s=self.settings.episode_time_limit_s,
                 **({"gateway_socket": "/run/sandgym/gateway.sock"} if bridge else {}),
                 **({"network": setup.network.describe()} if setup.network is not None else {}),
                 **({"group": group.describe(member, forked)} if group is not None else {}),
-            },
+            ).wire(),
         )
 
     async def _snapshot_group(self, group: Group, sandbox: Sandbox, spec: Any, setup: Any) -> None:
@@ -384,7 +387,7 @@ class EnvService:
                 request_id=msg.request_id,
                 observation=Observation(output="[sandgym: episode time limit reached]\n"),
                 truncated=True,
-                info={"step": s.steps, "elapsed_s": elapsed, "truncation": "time_limit"},
+                info=StepInfo(step=s.steps, elapsed_s=elapsed, truncation="time_limit").wire(),
             )
         info: dict[str, Any] = {}
         t0 = time.perf_counter()
@@ -426,7 +429,10 @@ class EnvService:
                 obs = Observation(output=outcome.instruction or "")
                 s.last_observation = obs
                 return StepResultReply(
-                    request_id=msg.request_id, observation=obs, reward=0.0, info=info
+                    request_id=msg.request_id,
+                    observation=obs,
+                    reward=0.0,
+                    info=StepInfo(**info).wire(),
                 )
             return StepResultReply(
                 request_id=msg.request_id,
@@ -435,7 +441,7 @@ class EnvService:
                 ),
                 reward=float(outcome.reward),
                 terminated=True,
-                info=info,
+                info=StepInfo(**info).wire(),
             )
         timeout_s = settings.default_action_timeout_s
         if isinstance(action, CommandAction) and action.timeout_s is not None:
@@ -463,7 +469,10 @@ class EnvService:
         if truncated:
             await self._end(s, str(info["truncation"]))
         return StepResultReply(
-            request_id=msg.request_id, observation=obs, truncated=truncated, info=info
+            request_id=msg.request_id,
+            observation=obs,
+            truncated=truncated,
+            info=StepInfo(**info).wire(),
         )
 
     async def close(self, conn: Connection, msg: CloseMsg) -> ClosedReply:
@@ -491,12 +500,9 @@ class EnvService:
                 session_id=s.id,
                 resume_token=s.resume_token,
                 observation=s.last_observation,
-                info={
-                    "resumed": True,
-                    "ended": True,
-                    "step": s.steps,
-                    "last_request_id": s.last_id,
-                },
+                info=ResumeInfo(
+                    resumed=True, ended=True, step=s.steps, last_request_id=s.last_id
+                ).wire(),
             )
         if s.conn is not None and s.conn is not conn:
             # The old socket may be half-open and not yet noticed dead: the resumer wins.
@@ -511,13 +517,13 @@ class EnvService:
             session_id=s.id,
             resume_token=s.resume_token,
             observation=s.last_observation,
-            info={
-                "resumed": True,
-                "task_id": s.task_id,
-                "step": s.steps,
-                "last_request_id": s.last_id,
-                "elapsed_s": time.monotonic() - s.started,
-            },
+            info=ResumeInfo(
+                resumed=True,
+                task_id=s.task_id,
+                step=s.steps,
+                last_request_id=s.last_id,
+                elapsed_s=time.monotonic() - s.started,
+            ).wire(),
         )
 
     # -- detaching, ending, sweeping -------------------------------------------------------------

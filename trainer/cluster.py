@@ -29,6 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from envserver.client import http_base
+
 log = logging.getLogger(__name__)
 
 NAMESPACE = "sandgym"
@@ -289,11 +291,6 @@ class ServerState:
     placed: bool = False  # placed by our fleet (forgotten when its node dies)
     episodes: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-def http_base(ws_url: str) -> str:
-    url = ws_url.replace("wss://", "https://", 1).replace("ws://", "http://", 1)
-    return url.split("/v1/", 1)[0].rstrip("/")
 
 
 def probe_capacity(url: str, token: str | None = None, timeout_s: float = 2.0) -> int | None:

@@ -6,24 +6,11 @@ parsed from the response, and what the environment answered. A `Trajectory` is o
 steps (single-agent episodes have one, role "agent"); an `Episode` groups trajectories with the
 task, the seed, why it ended, and timings.
 
-Infrastructure failures (`INFRA_FAILURES`) are recorded as such and are *masked out* of their
-advantage group by the trainer: an episode that died because a sandbox vanished says nothing about
-the policy, so scoring it 0 would push the policy away from whatever it did.
-
-Scores are sacred: only a failure the agent cannot cause may be masked, or a policy learns to
-escape a bad score by causing it. The decision, per cause:
-
-| termination | who can cause it | trainer |
-|---|---|---|
-| `sandbox_lost` | the engine (container or VM gone) | masked |
-| `connection` | the network between trainer and server | masked |
-| `error` | the server or the trainer (`internal`, `unknown_task`, a bug) | masked |
-| `verifier_error` | the agent too: the verifier runs on the files it left (a FIFO where the tests read makes it time out; a file that crashes the tests; a broken `python3`) | **scored 0**, recorded as `verifier_error` with its cause (`[timeout]`, `[no_reward]`, ... in `error`) |
-| `action_timeout` | the agent: an action it chose blocked past its time limit | **scored 0**, recorded |
-
-A genuine bug in a task's verifier (a checker that cannot run) is therefore a 0 for every member
-of its groups (dropped as zero-variance) and is counted under `terminations.verifier_error`,
-where it is seen and fixed; it is never silently a 0 the agent earned (tasks/catalog/README.md).
+Infrastructure failures are recorded as such and are *masked out* of their advantage group by the
+trainer: an episode that died because a sandbox vanished says nothing about the policy, so scoring
+it 0 would push the policy away from whatever it did. Which failures those are, and why
+`verifier_error` and `action_timeout` are not among them, is decided in one place:
+trainer/failures.py (its table).
 """
 
 from __future__ import annotations
@@ -32,24 +19,14 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-#: Why an episode ended. The first three are normal ends; the rest are failures, of which only
-#: `INFRA_FAILURES` are masked (see the table above).
-TerminationReason = Literal[
-    "submitted",  # the agent submitted and the verifier scored it
-    "turn_limit",  # the agent ran out of turns (the trainer submits for it: see agents.py)
-    "env_truncated",  # the server's step or time limit
-    "sandbox_lost",
-    "action_timeout",  # scored 0: the agent can cause it
-    "verifier_error",  # scored 0: the agent can cause it
-    "connection",
-    "error",  # anything else (a bug, an unknown_task): masked, counted
-]
-#: failures the agent cannot cause: masked out of their group instead of scored
-INFRA_FAILURES: frozenset[str] = frozenset({"sandbox_lost", "connection", "error"})
-#: failures the agent can cause: scored 0 like any failed episode, but recorded under their name
-AGENT_CAUSABLE_FAILURES: frozenset[str] = frozenset({"verifier_error", "action_timeout"})
+from trainer.failures import (
+    AGENT_CAUSABLE_FAILURES,
+    INFRA_FAILURES,
+    TerminationReason,
+    is_masked,
+)
 
 
 @dataclass
@@ -111,7 +88,7 @@ class Episode:
 
     @property
     def is_infra_failure(self) -> bool:
-        return self.termination in INFRA_FAILURES
+        return is_masked(self.termination)
 
     @property
     def min_policy_version(self) -> int:
@@ -161,6 +138,18 @@ class EpisodeWriter:
 
     def close(self) -> None:
         self._fh.close()
+
+
+__all__ = [
+    "AGENT_CAUSABLE_FAILURES",
+    "INFRA_FAILURES",
+    "Episode",
+    "EpisodeWriter",
+    "Step",
+    "TerminationReason",
+    "Trajectory",
+    "read_episodes",
+]
 
 
 def read_episodes(path: Path) -> list[dict[str, Any]]:

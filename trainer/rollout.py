@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from envserver.client import http_base as http_base  # re-exported: older imports name it here
 from trainer.agents import (
     NO_ACTION_HINT,
     NoopAgent,
@@ -39,38 +40,12 @@ from trainer.agents import (
 from trainer.config import TrainConfig
 from trainer.engines.base import InferenceEngine, SamplingParams
 from trainer.episode import Episode, Step, Trajectory
+from trainer.failures import classify_failure
 
 log = logging.getLogger(__name__)
 
-#: wire error codes that end an episode with a termination reason of that name (whether it is
-#: masked or scored 0 is `Episode.is_infra_failure`)
-INFRA_CODES = frozenset({"sandbox_lost", "action_timeout", "verifier_error"})
 #: the most steps a multi-step task may have before an episode's closing submits give up
 MAX_TASK_STEPS = 1000
-
-
-def classify_failure(exc: BaseException) -> str:
-    """The termination reason for an exception raised by the env client."""
-    code = getattr(exc, "code", None)
-    if isinstance(code, str):
-        # the client reports a dropped websocket it could not resume as an EnvError whose
-        # message says so; that is the network, not the sandbox
-        message = str(getattr(exc, "message", ""))
-        if message.startswith("connection to ") or "handshake refused" in message:
-            return "connection"
-        return code if code in INFRA_CODES else "error"
-    mod = type(exc).__module__
-    if isinstance(exc, ConnectionError | OSError | EOFError) or mod.startswith(
-        ("websockets", "httpx")
-    ):
-        return "connection"
-    return "error"
-
-
-def http_base(ws_url: str) -> str:
-    """ws://host:port/v1/env -> http://host:port (for the HTTP ops endpoints)."""
-    url = ws_url.replace("wss://", "https://", 1).replace("ws://", "http://", 1)
-    return url.split("/v1/", 1)[0].rstrip("/")
 
 
 class EpisodeRunner:

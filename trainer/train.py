@@ -22,6 +22,7 @@ The run directory holds `config.yaml` (resolved), `metrics.jsonl`, `tensorboard/
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
@@ -38,7 +39,6 @@ from trainer.cluster import EnvServerFleet, ServerBalancer, discover_servers
 from trainer.config import TrainConfig
 from trainer.episode import Episode, EpisodeWriter
 from trainer.metrics import MetricsLogger
-from trainer.rollout import http_base
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ class Trainer:
     def _prewarm(self, g: int) -> None:
         if not self.config.env.prewarm:
             return
-        import httpx
+        from envserver.client import AsyncEnvClient, EnvError
 
         # where the next groups will run: the balancer's choices as things stand (the first is
         # group g's own server, its members not yet counted)
@@ -214,24 +214,14 @@ class Trainer:
         where: dict[str, set[str]] = {}
         for k, url in enumerate(plan, start=1):
             where.setdefault(url, set()).add(self._group_task(g + k)[0])
-        headers = (
-            {"Authorization": f"Bearer {self.config.env.token}"} if self.config.env.token else {}
-        )
         for url, tasks in where.items():
+            client = AsyncEnvClient(url, token=self.config.env.token)
             try:
-                r = httpx.post(
-                    f"{http_base(url)}/v1/pool/prewarm",
-                    json={"task_ids": sorted(tasks), "count": self.config.algorithm.group_size},
-                    headers=headers,
-                    timeout=2.0,
-                )
-                if r.status_code >= 400 and not self._prewarm_warned:
-                    self._prewarm_warned = True
-                    log.warning("prewarm on %s answered %s: %s", url, r.status_code, r.text[:200])
-            except httpx.HTTPError as exc:
+                asyncio.run(client.prewarm(sorted(tasks), self.config.algorithm.group_size))
+            except EnvError as exc:  # a hint to the pool: warn once, never stop the run
                 if not self._prewarm_warned:
                     self._prewarm_warned = True
-                    log.warning("prewarm on %s failed: %r", url, exc)
+                    log.warning("prewarm on %s failed: %s", url, exc)
 
     def _dispatch(
         self,

@@ -68,3 +68,63 @@ async def test_run_episodes_streams_results(null_server):
         assert res.steps[0]["observation"]["output"] == f"{res.seed}\n"
     assert sorted(order) == list(range(6))
     assert order[-1] == 0  # yielded as finished, not in submission order
+
+
+async def test_client_prewarms_and_reads_typed_info(null_server):
+    """`AsyncEnvClient.prewarm` fills the pool (the next reset is a hit, as its typed info says);
+    a refused prewarm raises the server's code; an unreachable server raises
+    `ConnectionLostError`."""
+    from envserver.client import AsyncEnvClient, ConnectionLostError
+    from envserver.protocol import PrewarmReply, ResetInfo
+
+    async with AsyncEnvClient(null_server.url) as env:
+        reply = await env.prewarm([NULL_TASK], count=2)
+        assert reply == PrewarmReply(scheduled=1, count=2)
+        for _ in range(500):  # the pool fills in the background
+            if null_server.service.pool.snapshot()["totals"]["ready"] == 2:
+                break
+            await asyncio.sleep(0.02)
+        _, info = await env.reset(NULL_TASK, seed=4)
+        assert isinstance(env.reset_info, ResetInfo)
+        assert env.reset_info.from_pool is True and info["from_pool"] is True
+        assert (env.reset_info.task_id, env.reset_info.seed) == (NULL_TASK, 4)
+        res = await env.step("echo hi")
+        assert res.typed_info.step == 1 and res.typed_info.action_s is not None
+        with pytest.raises(EnvError) as refused:
+            await env.prewarm(["no/such-task"])
+        assert refused.value.code == "unknown_task"
+        assert not isinstance(refused.value, ConnectionLostError)
+    nobody = AsyncEnvClient("ws://127.0.0.1:9/v1/env")  # the discard port: nothing listens
+    with pytest.raises(ConnectionLostError):
+        await nobody.prewarm([NULL_TASK])
+
+
+async def test_invalid_reset_options_are_refused_by_the_client(null_server):
+    from envserver.client import AsyncEnvClient
+
+    async with AsyncEnvClient(null_server.url) as env:
+        with pytest.raises(EnvError) as exc:
+            await env.reset(NULL_TASK, options={"group": {"id": "g", "size": 0}})
+        assert exc.value.code == "invalid_message" and "group.size" in exc.value.message
+        with pytest.raises(EnvError) as exc:
+            await env.reset(NULL_TASK, options={"colour": "red"})
+        assert exc.value.code == "invalid_message"
+        assert not null_server.service.sessions  # nothing reached the server
+
+
+async def test_a_dropped_connection_is_connection_lost(make_server):
+    """A server that goes away mid-episode: the client's resume attempts fail, and it raises
+    `ConnectionLostError` (still an `EnvError`), not a server error code alone."""
+    from envserver.client import AsyncEnvClient, ConnectionLostError
+
+    srv = make_server("null")
+    env = AsyncEnvClient(srv.url, max_reconnects=1, reconnect_backoff_s=0.01)
+    try:
+        await env.reset(NULL_TASK)
+        srv.stop()
+        with pytest.raises(ConnectionLostError) as exc:
+            await env.step("echo hi")
+        assert exc.value.retryable is True and "lost" in exc.value.message
+    finally:
+        env._ws = None  # the socket is gone with its server
+        await env.close()

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from envserver.client import EnvError, StepResult
+from envserver.client import ConnectionLostError, EnvError, StepResult
 from trainer.agents import TerminalAgent, format_observation, parse_action
 from trainer.algorithms import episode_to_samples
 from trainer.config import TrainConfig
@@ -176,7 +176,11 @@ async def test_context_budget_drops_oldest_turns(tokenizer: Any) -> None:
     [
         # failures the agent cannot cause: masked out of the group
         (EnvError("sandbox_lost", "container vanished"), "sandbox_lost", True),
-        (EnvError("sandbox_lost", "connection to ws://x lost: EOF", True), "connection", True),
+        (
+            ConnectionLostError("sandbox_lost", "connection to ws://x lost: EOF", True),
+            "connection",
+            True,
+        ),
         (ConnectionResetError("reset by peer"), "connection", True),
         (EnvError("unknown_task", "no such task"), "error", True),
         (EnvError("internal", "internal error: KeyError"), "error", True),
