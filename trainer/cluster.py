@@ -213,8 +213,8 @@ class EnvServerFleet:
         refs = [a.stop.remote() for a in actors]
         try:
             ray.wait(refs, num_returns=len(refs), timeout=drain_timeout_s)
-        except Exception:
-            pass
+        except Exception as exc:  # the servers are killed below whether they drained or not
+            log.warning("env servers did not all drain before being killed: %r", exc)
         for a in actors:
             try:
                 ray.kill(a)

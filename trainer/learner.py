@@ -86,7 +86,8 @@ class LearnerWorker:
             import ray
 
             host = ray.util.get_node_ip_address()
-        except Exception:
+        except Exception as exc:  # fine on one node; on several the rendezvous cannot work
+            log.warning("no node address from ray (%r): rendezvous on 127.0.0.1", exc)
             host = "127.0.0.1"
         with socket.socket() as s:
             s.bind(("", 0))
