@@ -12,13 +12,16 @@ Both use the same task environment (a tiny Harbor task written to a temp dir), s
 difference of the p50s is the server's own cost: protocol, validation, dispatch, metrics and
 the websocket hop. On `null` the direct figure is ~0 and the websocket figure is the whole
 server overhead. A backend that cannot run here is skipped with its reason. `--json` prints one
-JSON document; `--out PATH` also writes it (committed: `bench/results/step.json`).
+JSON document; `--out PATH` also writes it (committed: `bench/results/step.json`) and, beside it
+(`PATH` with `.raw.jsonl`), every timed round trip and the server's CPU readings per backend,
+from which `summarize_backend` recomputes each reported figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import platform
 import sys
@@ -91,7 +94,9 @@ async def _direct(backend_name: str, task_root: Path, n: int, warmup: int) -> li
         await backend.aclose()
 
 
-async def _websocket(url: str, n: int, warmup: int, cpu: Any) -> tuple[list[float], float]:
+async def _websocket(
+    url: str, n: int, warmup: int, cpu: Any
+) -> tuple[list[float], tuple[float, float]]:
     from envserver.client import AsyncEnvClient
 
     action = {"kind": "command", "command": "true"}
@@ -105,20 +110,34 @@ async def _websocket(url: str, n: int, warmup: int, cpu: Any) -> tuple[list[floa
             t0 = time.perf_counter()
             await env.step(action)
             samples.append(time.perf_counter() - t0)
-        return samples, (cpu() - cpu0) / n
+        return samples, (cpu0, cpu())
 
 
 def _bench_backend(name: str, task_root: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The raw record of one backend: every timed round trip (us) and the CPU readings."""
     from envserver.runner import ServerProcess
 
     # max_steps must exceed the bench's own steps, or the episode truncates mid-run.
     env = {"SANDGYM_MAX_STEPS": str(args.n + args.warmup + 10), "SANDGYM_INCLUDE_BUILTIN": "false"}
     direct = asyncio.run(_direct(name, task_root, args.n, args.warmup))
     with ServerProcess(name, args=["--tasks", str(task_root)], env=env) as srv:
-        ws, cpu_per_step = asyncio.run(_websocket(srv.url, args.n, args.warmup, srv.cpu_seconds))
-    d, w = summarize(direct), summarize(ws)
+        ws, cpu = asyncio.run(_websocket(srv.url, args.n, args.warmup, srv.cpu_seconds))
     return {
         "backend": name,
+        "direct_us": [round(x * 1e6, 1) for x in direct],
+        "websocket_us": [round(x * 1e6, 1) for x in ws],
+        "server_cpu_s": {"before": cpu[0], "after": cpu[1]},
+    }
+
+
+def summarize_backend(raw: dict[str, Any]) -> dict[str, Any]:
+    """The reported figures of one backend, from its raw record alone."""
+    d = summarize([x / 1e6 for x in raw["direct_us"]])
+    w = summarize([x / 1e6 for x in raw["websocket_us"]])
+    cpu = raw["server_cpu_s"]
+    cpu_per_step = (cpu["after"] - cpu["before"]) / max(1, len(raw["websocket_us"]))
+    return {
+        "backend": raw["backend"],
         "direct": d,
         "websocket": w,
         "overhead_p50_us": round(w["p50_us"] - d["p50_us"], 1),
@@ -134,12 +153,14 @@ def run(args: argparse.Namespace) -> int:
     load_start = [round(x, 2) for x in os.getloadavg()]
     names = [b.strip() for b in args.backends.split(",") if b.strip()]
     results: list[dict[str, Any]] = []
+    raws: list[dict[str, Any]] = []
     skipped: dict[str, str] = {}
     with tempfile.TemporaryDirectory(prefix="sandgym-bench-step-") as tmp:
         task_root = write_bench_task(Path(tmp))
         for name in names:
             try:
-                results.append(_bench_backend(name, task_root, args))
+                raws.append(_bench_backend(name, task_root, args))
+                results.append(summarize_backend(raws[-1]))
             except Exception as exc:  # a backend that cannot run here is reported, not fatal
                 skipped[name] = f"{type(exc).__name__}: {exc}"
                 print(f"bench step: {name} skipped: {skipped[name]}", file=sys.stderr)
@@ -156,7 +177,13 @@ def run(args: argparse.Namespace) -> int:
         },
         "results": results,
         "skipped": skipped,
+        "raw": None,
     }
+    if args.out is not None:
+        raw_path = Path(args.out).with_suffix(".raw.jsonl")
+        raw_path.parent.mkdir(parents=True, exist_ok=True)
+        raw_path.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in raws))
+        doc["raw"] = raw_path.name
     text = save_json(doc, args.out)
     if args.json:
         print(text)
