@@ -79,11 +79,19 @@ from typing import Any
 from sandboxes.base import (
     LABEL_MANAGED,
     LABEL_OWNER,
-    Sandbox,
     SandboxBackend,
     normalize_sandbox_path,
 )
 from sandboxes.cgroups import CPU_PERIOD_US
+from sandboxes.common.files import files_tar, one_file_tar
+from sandboxes.common.kill import (
+    EXEC_MARKER_ENV,
+    KILL_ALL_BUT_INIT_SCRIPT,
+    kill_marked_bash_script,
+    kill_marked_script,
+)
+from sandboxes.common.lazy_shell import ShellSandbox
+from sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES, CappedBuffer
 from sandboxes.docker_group import (
     LABEL_GROUP_OF,
     DockerGroup,
@@ -103,19 +111,12 @@ from sandboxes.errors import (
     SandboxPathError,
 )
 from sandboxes.network import NetworkPolicy
-from sandboxes.spec import (
-    DEFAULT_MAX_OUTPUT_BYTES,
-    TRUNCATION_MARKER,
-    ExecResult,
-    SandboxSpec,
-    ShellResult,
-)
+from sandboxes.spec import ExecResult, SandboxSpec
 
 log = logging.getLogger(__name__)
 
 DEFAULT_IMAGE = "sandgym/terminal:latest"
 CTX_REPO = "sandgym/ctx"
-EXEC_MARKER_ENV = "SANDGYM_EXEC_ID"
 #: where the per-container bridge directory appears inside the container
 BRIDGE_MOUNT = "/run/sandgym"
 DEFAULT_BRIDGE_ROOT = "/tmp/sandgym-bridge"
@@ -199,47 +200,6 @@ _GO_MODE_DIR = 1 << 31
 _GO_MODE_SYMLINK = 1 << 27
 
 
-def kill_marked_script(marker: str) -> str:
-    """A POSIX sh script, run inside the container, that kills every process whose environment
-    holds `SANDGYM_EXEC_ID=<marker>`. Processes are stopped as found (so none forks away during
-    the walk), then killed; a few rounds catch children forked while the first walk ran."""
-    return (
-        "set +e; m='%s=%s'; for r in 1 2 3 4; do hit=''; "
-        "for e in /proc/[0-9]*/environ; do p=${e#/proc/}; p=${p%%/environ}; "
-        '[ "$p" = "$$" ] && continue; '
-        "if tr '\\0' '\\n' < \"$e\" 2>/dev/null | grep -qxF \"$m\"; then "
-        'kill -STOP "$p" 2>/dev/null; hit="$hit $p"; fi; done; '
-        '[ -z "$hit" ] && break; kill -KILL $hit 2>/dev/null; done; exit 0'
-    ) % (EXEC_MARKER_ENV, marker)
-
-
-#: kills every process but pid 1, the oldest other process (the kill helper) and itself
-KILL_ALL_BUT_INIT_SCRIPT = r"""
-keep=$(for p in /proc/[0-9]*; do
-  st=$(sed 's/.*) //' "$p/stat" 2>/dev/null | cut -d' ' -f20)
-  [ -n "$st" ] && [ "${p#/proc/}" != 1 ] && echo "$st ${p#/proc/}"
-done | sort -n | head -n 1 | cut -d' ' -f2)
-for p in /proc/[0-9]*; do
-  pid=${p#/proc/}
-  [ "$pid" = 1 ] || [ "$pid" = "$keep" ] || [ "$pid" = $$ ] || kill -9 "$pid" 2>/dev/null
-done
-exit 0
-"""
-
-
-def kill_marked_bash_script(marker: str) -> str:
-    """The same as `kill_marked_script` with bash builtins only: it forks nothing, so it still
-    works when a fork bomb holds every pid the sandbox's pids limit allows (it needs one)."""
-    return (
-        "m='%s=%s'; for r in 1 2 3 4; do hit=(); "
-        "for e in /proc/[0-9]*/environ; do p=${e#/proc/}; p=${p%%/environ}; "
-        "[[ $p == $$ ]] && continue; "
-        "while IFS= read -r -d '' v; do if [[ $v == \"$m\" ]]; then "
-        'kill -STOP "$p" 2>/dev/null; hit+=("$p"); break; fi; done 2>/dev/null < "$e"; done; '
-        '((${#hit[@]})) || break; kill -KILL "${hit[@]}" 2>/dev/null; done; exit 0'
-    ) % (EXEC_MARKER_ENV, marker)
-
-
 #: Where the in-container kill helper looks for requests (one file per exec marker).
 HELPER_DIR = "/run/sandgym/kill"
 
@@ -285,27 +245,6 @@ def _read_exactly(sock: Any, n: int) -> bytes:
             break
         buf += chunk
     return bytes(buf)
-
-
-class _CappedStream:
-    """Collects one output stream up to `limit` bytes and counts what it drops."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.data = bytearray()
-        self.dropped = 0
-
-    def add(self, chunk: bytes) -> None:
-        room = self.limit - len(self.data)
-        if room > 0:
-            self.data += chunk[:room]
-        self.dropped += max(0, len(chunk) - max(room, 0))
-
-    def text(self) -> tuple[str, bool]:
-        out = self.data.decode("utf-8", errors="replace")
-        if self.dropped:
-            return out + TRUNCATION_MARKER.format(dropped=self.dropped), True
-        return out, False
 
 
 class _ChunkReader(io.RawIOBase):
@@ -360,7 +299,7 @@ def _proc_start_time(pid: int) -> str | None:
     return fields[19]
 
 
-def _demux(sock: Any, out: _CappedStream, err: _CappedStream) -> None:
+def _demux(sock: Any, out: CappedBuffer, err: CappedBuffer) -> None:
     """(Thread) read Docker's multiplexed stdout/stderr stream (exec or attach, no tty) into the
     two capped buffers until it ends or the socket is shut down; then close the socket."""
     try:
@@ -387,16 +326,7 @@ def _demux(sock: Any, out: _CappedStream, err: _CappedStream) -> None:
                 raw.close()
 
 
-def _one_file_tar(path: str, data: bytes, mode: int) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        info = tarfile.TarInfo(posixpath.basename(path))
-        info.size, info.mode, info.mtime = len(data), mode, int(time.time())
-        tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-class DockerSandbox(Sandbox):
+class DockerSandbox(ShellSandbox):
     """One container. Create through `DockerBackend.create`."""
 
     backend_name = "docker"
@@ -413,8 +343,6 @@ class DockerSandbox(Sandbox):
         self._proxy: EgressProxy | None = None  # the allowlist's egress proxy
         self._group: DockerGroup | None = None  # the services beside it (docker_group)
         self.max_output_bytes = backend.max_output_bytes  # per stream, exec and shell
-        self._shell: Any = None  # sandboxes.shell.PexpectShell, started on first use
-        self._shell_lock = asyncio.Lock()
         # Markers of recent execs, for recovering a sandbox whose pids their leftovers hold.
         self._markers: collections.deque[str] = collections.deque(maxlen=256)
 
@@ -511,10 +439,7 @@ class DockerSandbox(Sandbox):
             self._proxy.set_policy(policy)
 
     async def _destroy(self) -> None:
-        shell, self._shell = self._shell, None
-        if shell is not None:
-            with contextlib.suppress(Exception):
-                await shell.close()
+        await self._close_shell()
         if self._proxy is not None:
             with contextlib.suppress(Exception):
                 await self._proxy.close()
@@ -591,7 +516,7 @@ class DockerSandbox(Sandbox):
                 raise lost from exc
             raise SandboxError(f"docker exec_create failed in sandbox {self.id}: {exc}") from exc
 
-        out, err = _CappedStream(self.max_output_bytes), _CappedStream(self.max_output_bytes)
+        out, err = CappedBuffer(self.max_output_bytes), CappedBuffer(self.max_output_bytes)
         holder: dict[str, Any] = {}
         done = threading.Event()
         reader = asyncio.create_task(
@@ -660,8 +585,8 @@ class DockerSandbox(Sandbox):
     def _pump(
         self,
         exec_id: str,
-        out: _CappedStream,
-        err: _CappedStream,
+        out: CappedBuffer,
+        err: CappedBuffer,
         holder: dict[str, Any],
         done: threading.Event,
     ) -> None:
@@ -716,16 +641,9 @@ class DockerSandbox(Sandbox):
         log.warning("docker: could not kill the processes of a timed-out exec in %s", self.id)
 
     async def _ask_helper(self, *markers: str) -> bool:
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            for marker in markers:
-                info = tarfile.TarInfo(marker)
-                info.size, info.mode = 5, 0o600
-                tar.addfile(info, io.BytesIO(b"kill\n"))
+        requests = files_tar(dict.fromkeys(markers, b"kill\n"), 0o600)
         try:
-            await asyncio.to_thread(
-                self._api.put_archive, self.container_id, HELPER_DIR, buf.getvalue()
-            )
+            await asyncio.to_thread(self._api.put_archive, self.container_id, HELPER_DIR, requests)
             return True
         except Exception:  # no helper in this image (no bash), or the container is gone
             return False
@@ -866,7 +784,7 @@ class DockerSandbox(Sandbox):
                 user="0",
                 host_config=api.create_host_config(**host),
             )["Id"]
-            api.put_archive(cid, "/", _one_file_tar(stdin_path, stdin, 0o600))
+            api.put_archive(cid, "/", one_file_tar(stdin_path, stdin, 0o600))
             mounts = api.inspect_container(self.container_id).get("Mounts") or []
             unseen = sorted(m.get("Destination", "?") for m in mounts if m.get("Type") == "volume")
             if unseen:
@@ -878,7 +796,7 @@ class DockerSandbox(Sandbox):
                 )
             return cid
 
-        out, err = _CappedStream(self.max_output_bytes), _CappedStream(self.max_output_bytes)
+        out, err = CappedBuffer(self.max_output_bytes), CappedBuffer(self.max_output_bytes)
         timed_out = False
         exit_code: int | None = None
         try:
@@ -944,76 +862,41 @@ class DockerSandbox(Sandbox):
             log.warning("docker: could not remove verifier snapshot %s: %s", image, exc)
 
     # -- the persistent shell ----------------------------------------------------------------
-    async def _get_shell(self) -> Any:
-        self._check_open()
-        async with self._shell_lock:
-            if self._shell is not None and not self._shell.is_alive():
-                # The shell exited (`exit` typed, client killed): a new one, if the container
-                # still runs; state of the old shell is gone.
-                old, self._shell = self._shell, None
-                await old.close()
-                lost = await self._lost("shell")
-                if lost is not None:
-                    raise lost
-            if self._shell is None:
-                from sandboxes.shell import PexpectShell
+    async def _after_shell_exit(self) -> None:
+        lost = await self._lost("shell")
+        if lost is not None:
+            raise lost
 
-                argv = [self._backend.docker_cli, "exec", "-it", "-w", self.spec.workdir]
-                for k, v in self.spec.env.items():
-                    argv += ["-e", f"{k}={v}"]
-                if self.spec.user:
-                    argv += ["-u", self.spec.user]
-                # An empty prompt from the first line on, so no `bash-5.2#` lands on the screen.
-                argv += ["-e", "PS1=", "-e", "PS2="]
-                argv += [self.container_id, "bash", "--noprofile", "--norc", "-i"]
-                shell = PexpectShell(
-                    argv,
-                    kill_tree=self._kill_tree,
-                    count_children=self._count_children,
-                    max_output_bytes=self.max_output_bytes,
-                )
-                try:
-                    await shell.start()
-                except SandboxLostError as exc:
-                    lost = await self._lost("shell start")
-                    raise (lost or exc) from exc
-                self._shell = shell
-            return self._shell
+    async def _start_shell(self) -> Any:
+        from sandboxes.shell import PexpectShell
 
-    async def _kill_tree(self, inner_pid: int) -> None:
-        from sandboxes.shell import kill_tree_script
-
-        await self._raw_exec(["sh", "-c", kill_tree_script(inner_pid)])
-
-    async def _count_children(self, inner_pid: int) -> int:
-        from sandboxes.shell import count_children_script
-
-        _code, out = await self._raw_exec(["sh", "-c", count_children_script(inner_pid)])
-        return int(out.decode().strip() or 0)
-
-    async def warm_up(self) -> None:
-        await self._get_shell()
-
-    def shell_alive(self) -> bool | None:
-        return None if self._shell is None else bool(self._shell.is_alive())
-
-    async def run(self, command: str, timeout_s: float = 60.0) -> ShellResult:
-        shell = await self._get_shell()
+        argv = [self._backend.docker_cli, "exec", "-it", "-w", self.spec.workdir]
+        for k, v in self.spec.env.items():
+            argv += ["-e", f"{k}={v}"]
+        if self.spec.user:
+            argv += ["-u", self.spec.user]
+        # An empty prompt from the first line on, so no `bash-5.2#` lands on the screen.
+        argv += ["-e", "PS1=", "-e", "PS2="]
+        argv += [self.container_id, "bash", "--noprofile", "--norc", "-i"]
+        shell = PexpectShell(
+            argv,
+            kill_tree=self._kill_tree,
+            count_children=self._count_children,
+            max_output_bytes=self.max_output_bytes,
+        )
         try:
-            result: ShellResult = await shell.run(command, timeout_s)
+            await shell.start()
         except SandboxLostError as exc:
-            lost = await self._lost("shell")
+            lost = await self._lost("shell start")
             raise (lost or exc) from exc
-        return result
+        return shell
 
-    async def send_keys(self, keys: str) -> None:
-        shell = await self._get_shell()
-        await shell.send_keys(keys)
+    async def _run_helper(self, script: str) -> str:
+        _code, out = await self._raw_exec(["sh", "-c", script])
+        return out.decode()
 
-    async def screen(self) -> str:
-        shell = await self._get_shell()
-        text: str = shell.screen()
-        return text
+    async def _shell_error(self, exc: SandboxLostError) -> SandboxLostError:
+        return await self._lost("shell") or exc
 
     # -- files -------------------------------------------------------------------------------
     def _path(self, path: str) -> str:
@@ -1082,12 +965,7 @@ class DockerSandbox(Sandbox):
         if p == "/":
             raise SandboxPathError("expected a file path, got the root directory")
         data = content.encode() if isinstance(content, str) else bytes(content)
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            info = tarfile.TarInfo(posixpath.basename(p))
-            info.size, info.mode, info.mtime = len(data), mode, int(time.time())
-            tar.addfile(info, io.BytesIO(data))
-        await self._put_archive(posixpath.dirname(p), buf.getvalue())
+        await self._put_archive(posixpath.dirname(p), one_file_tar(p, data, mode))
 
     async def _stat(self, path: str) -> tuple[str, dict[str, Any]]:
         """Follow symlinks (Docker resolves them inside the container's root, so a link can

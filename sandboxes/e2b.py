@@ -52,8 +52,10 @@ from typing import Any
 
 import pyte
 
-from sandboxes.base import LABEL_MANAGED, Sandbox, SandboxBackend, normalize_sandbox_path
-from sandboxes.docker import EXEC_MARKER_ENV, kill_marked_bash_script
+from sandboxes.base import LABEL_MANAGED, SandboxBackend, normalize_sandbox_path
+from sandboxes.common.kill import EXEC_MARKER_ENV, kill_marked_bash_script
+from sandboxes.common.lazy_shell import ShellSandbox
+from sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES, CappedBuffer
 from sandboxes.errors import (
     BackendUnavailableError,
     SandboxCreateError,
@@ -62,14 +64,8 @@ from sandboxes.errors import (
     SandboxLostError,
     SandboxPathError,
 )
-from sandboxes.shell import PexpectShell, count_children_script, kill_tree_script
-from sandboxes.spec import (
-    DEFAULT_MAX_OUTPUT_BYTES,
-    TRUNCATION_MARKER,
-    ExecResult,
-    SandboxSpec,
-    ShellResult,
-)
+from sandboxes.shell import PexpectShell
+from sandboxes.spec import ExecResult, SandboxSpec
 
 log = logging.getLogger(__name__)
 
@@ -99,28 +95,6 @@ def template_for_image(image: str) -> str:
     if not name:
         raise SandboxCreateError(f"expected an image name that maps to a template, got {image!r}")
     return name
-
-
-class _Capped:
-    """Collects one stream's text up to `limit` bytes (UTF-8) and counts what it drops."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.data = bytearray()
-        self.dropped = 0
-
-    def add(self, chunk: str | bytes) -> None:
-        raw = chunk.encode() if isinstance(chunk, str) else chunk
-        room = self.limit - len(self.data)
-        if room > 0:
-            self.data += raw[:room]
-        self.dropped += max(0, len(raw) - max(room, 0))
-
-    def text(self) -> tuple[str, bool]:
-        out = self.data.decode("utf-8", errors="replace")
-        if self.dropped:
-            return out + TRUNCATION_MARKER.format(dropped=self.dropped), True
-        return out, False
 
 
 class _PtyChild:
@@ -274,7 +248,7 @@ class _E2BPtyShell(PexpectShell):
         self._ours = self._theirs = None
 
 
-class E2BSandbox(Sandbox):
+class E2BSandbox(ShellSandbox):
     """One E2B micro-VM. Create through `E2BBackend.create`."""
 
     backend_name = "e2b"
@@ -289,8 +263,6 @@ class E2BSandbox(Sandbox):
         self.e2b_id: str = sbx.sandbox_id
         self.template = template
         self.max_output_bytes = backend.max_output_bytes
-        self._shell: _E2BPtyShell | None = None
-        self._shell_lock = asyncio.Lock()
 
     # -- SDK calls and error mapping ---------------------------------------------------------
     def _user(self, user: str | None) -> str:
@@ -369,10 +341,7 @@ class E2BSandbox(Sandbox):
         await asyncio.shield(self._teardown())
 
     async def _teardown(self) -> None:
-        shell, self._shell = self._shell, None
-        if shell is not None:
-            with contextlib.suppress(Exception):
-                await shell.close()
+        await self._close_shell()
         await self._backend._kill_sandbox(self.e2b_id, self._sbx)
 
     # -- exec --------------------------------------------------------------------------------
@@ -390,7 +359,7 @@ class E2BSandbox(Sandbox):
         marker = uuid.uuid4().hex
         envs = {**self.spec.env, **(env or {}), EXEC_MARKER_ENV: marker}
         run_user = self._user(user)
-        out, err = _Capped(self.max_output_bytes), _Capped(self.max_output_bytes)
+        out, err = CappedBuffer(self.max_output_bytes), CappedBuffer(self.max_output_bytes)
         start = time.perf_counter()
         handle = await self._call(
             "start a command",
@@ -482,55 +451,28 @@ class E2BSandbox(Sandbox):
         return str(res.stdout or "")
 
     # -- the persistent shell ----------------------------------------------------------------
-    async def _get_shell(self) -> _E2BPtyShell:
-        self._check_open()
-        async with self._shell_lock:
-            if self._shell is None or not self._shell.is_alive():
-                if self._shell is not None:
-                    old, self._shell = self._shell, None
-                    with contextlib.suppress(Exception):
-                        await old.close()
-                    lost = await self._lost("shell")
-                    if lost is not None:
-                        raise lost
-                shell = _E2BPtyShell(
-                    self,
-                    kill_tree=self._kill_tree,
-                    count_children=self._count_children,
-                    max_output_bytes=self.max_output_bytes,
-                    start_timeout_s=self._backend.request_timeout_s,
-                )
-                await shell.start()
-                self._shell = shell
-            return self._shell
+    async def _after_shell_exit(self) -> None:
+        lost = await self._lost("shell")
+        if lost is not None:
+            raise lost
 
-    async def _kill_tree(self, pid: int) -> None:
-        await self._raw_run(kill_tree_script(pid))
+    async def _start_shell(self) -> PexpectShell:
+        shell = _E2BPtyShell(
+            self,
+            kill_tree=self._kill_tree,
+            count_children=self._count_children,
+            max_output_bytes=self.max_output_bytes,
+            start_timeout_s=self._backend.request_timeout_s,
+        )
+        await shell.start()
+        return shell
 
-    async def _count_children(self, pid: int) -> int:
-        return int((await self._raw_run(count_children_script(pid))).strip() or 0)
+    async def _run_helper(self, script: str) -> str:
+        return await self._raw_run(script)
 
-    async def warm_up(self) -> None:
-        await self._get_shell()
-
-    def shell_alive(self) -> bool | None:
-        return None if self._shell is None else bool(self._shell.is_alive())
-
-    async def run(self, command: str, timeout_s: float = 60.0) -> ShellResult:
-        shell = await self._get_shell()
-        try:
-            return await shell.run(command, timeout_s)
-        except SandboxLostError:
-            lost = await self._lost("shell")
-            raise (lost or SandboxLostError(f"sandbox {self.id}: the shell exited")) from None
-
-    async def send_keys(self, keys: str) -> None:
-        shell = await self._get_shell()
-        await shell.send_keys(keys)
-
-    async def screen(self) -> str:
-        shell = await self._get_shell()
-        return shell.screen()
+    async def _shell_error(self, exc: SandboxLostError) -> SandboxLostError:
+        lost = await self._lost("shell")
+        return lost or SandboxLostError(f"sandbox {self.id}: the shell exited")
 
     # -- files -------------------------------------------------------------------------------
     def _path(self, path: str) -> str:

@@ -35,11 +35,13 @@ from pathlib import Path
 from sandboxes import cgroups
 from sandboxes.base import (
     LABEL_OWNER,
-    Sandbox,
     SandboxBackend,
     normalize_sandbox_path,
     owner_is_gone,
 )
+from sandboxes.common.files import remove_tree
+from sandboxes.common.lazy_shell import ShellSandbox
+from sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES, CappedBuffer
 from sandboxes.egress import EgressProxy, proxy_env
 from sandboxes.errors import (
     BackendUnavailableError,
@@ -52,8 +54,8 @@ from sandboxes.errors import (
 )
 from sandboxes.network import NetworkPolicy
 from sandboxes.reaper import local_root
-from sandboxes.shell import PexpectShell, count_children_script, kill_tree_script
-from sandboxes.spec import DEFAULT_MAX_OUTPUT_BYTES, ExecResult, SandboxSpec, ShellResult
+from sandboxes.shell import PexpectShell
+from sandboxes.spec import ExecResult, SandboxSpec
 
 log = logging.getLogger(__name__)
 
@@ -83,12 +85,10 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 class _Capture:
-    """Reads one stream in the background keeping at most `limit` bytes (the rest counted)."""
+    """Reads one stream in the background into a capped buffer (the rest is counted)."""
 
     def __init__(self, stream: asyncio.StreamReader | None, limit: int) -> None:
-        self.buf = bytearray()
-        self.dropped = 0
-        self.limit = limit
+        self.out = CappedBuffer(limit)
         self.task = asyncio.ensure_future(self._pump(stream))
 
     async def _pump(self, stream: asyncio.StreamReader | None) -> None:
@@ -98,17 +98,14 @@ class _Capture:
             chunk = await stream.read(65536)
             if not chunk:
                 return
-            room = self.limit - len(self.buf)
-            if room > 0:
-                self.buf += chunk[:room]
-            self.dropped += max(0, len(chunk) - max(room, 0))
+            self.out.add(chunk)
 
     async def finish(self, grace_s: float) -> tuple[str, bool]:
         """Wait up to `grace_s` for EOF (a background child may hold the pipe), then stop."""
         with contextlib.suppress(TimeoutError, asyncio.CancelledError):
             await asyncio.wait_for(asyncio.shield(self.task), grace_s)
         self.task.cancel()
-        return _limit_output(bytes(self.buf), self.dropped)
+        return self.out.text()
 
 
 async def _feed(pipe: asyncio.StreamWriter | None, data: bytes) -> None:
@@ -122,16 +119,7 @@ async def _feed(pipe: asyncio.StreamWriter | None, data: bytes) -> None:
         pipe.close()
 
 
-def _limit_output(data: bytes, dropped: int) -> tuple[str, bool]:
-    from sandboxes.spec import TRUNCATION_MARKER
-
-    text = data.decode("utf-8", errors="replace")
-    if dropped:
-        return text + TRUNCATION_MARKER.format(dropped=dropped), True
-    return text, False
-
-
-class LocalSandbox(Sandbox):
+class LocalSandbox(ShellSandbox):
     backend_name = "local"
 
     def __init__(self, spec: SandboxSpec, backend: LocalBackend, sandbox_id: str) -> None:
@@ -142,8 +130,6 @@ class LocalSandbox(Sandbox):
         self.cg: cgroups.CgroupSet | None = None
         self.init_proc: asyncio.subprocess.Process | None = None
         self.init_pid: int | None = None  # host pid of the namespace init (bwrap's child)
-        self._shell: PexpectShell | None = None
-        self._shell_lock = asyncio.Lock()
         self.env = {"PATH": DEFAULT_PATH, "HOME": "/root", "TERM": "xterm", "LANG": "C.UTF-8"}
         if spec.needs_proxy:
             self.env.update(proxy_env())
@@ -316,9 +302,7 @@ class LocalSandbox(Sandbox):
         if self._proxy is not None:
             with contextlib.suppress(Exception):
                 await self._proxy.close()
-        if self._shell is not None:
-            with contextlib.suppress(Exception):
-                await self._shell.close()
+        await self._close_shell()
         if self.init_proc is not None and self.init_proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.init_proc.pid, signal.SIGKILL)
@@ -456,53 +440,28 @@ class LocalSandbox(Sandbox):
         )
 
     # -- shell -------------------------------------------------------------------------------
-    async def _get_shell(self) -> PexpectShell:
+    async def _before_shell(self) -> None:
         await self._check_live()
-        async with self._shell_lock:
-            if self._shell is None or not self._shell.is_alive():
-                if self._shell is not None:
-                    await self._shell.close()
-                argv = self._join_prefix() + self._enter_argv(self.spec.workdir, self.env)
-                argv += ["bash", "--noprofile", "--norc", "-i"]
-                shell = PexpectShell(
-                    argv,
-                    env={"PATH": os.environ.get("PATH", DEFAULT_PATH)},
-                    kill_tree=self._kill_tree,
-                    count_children=self._count_children,
-                    max_output_bytes=self.backend.max_output_bytes,
-                )
-                await shell.start()
-                self._shell = shell
-            return self._shell
 
-    async def _kill_tree(self, pid: int) -> None:
-        await self.exec(kill_tree_script(pid), timeout_s=10)
+    async def _start_shell(self) -> PexpectShell:
+        argv = self._join_prefix() + self._enter_argv(self.spec.workdir, self.env)
+        argv += ["bash", "--noprofile", "--norc", "-i"]
+        shell = PexpectShell(
+            argv,
+            env={"PATH": os.environ.get("PATH", DEFAULT_PATH)},
+            kill_tree=self._kill_tree,
+            count_children=self._count_children,
+            max_output_bytes=self.backend.max_output_bytes,
+        )
+        await shell.start()
+        return shell
 
-    async def _count_children(self, pid: int) -> int:
-        res = await self.exec(count_children_script(pid), timeout_s=10)
-        return int(res.stdout.strip() or 0)
+    async def _run_helper(self, script: str) -> str:
+        return (await self.exec(script, timeout_s=10)).stdout
 
-    async def warm_up(self) -> None:
-        await self._get_shell()
-
-    def shell_alive(self) -> bool | None:
-        return None if self._shell is None else bool(self._shell.is_alive())
-
-    async def run(self, command: str, timeout_s: float = 60.0) -> ShellResult:
-        shell = await self._get_shell()
-        try:
-            return await shell.run(command, timeout_s)
-        except SandboxLostError:
-            await self._check_live()  # distinguish a dead sandbox from a dead shell
-            raise
-
-    async def send_keys(self, keys: str) -> None:
-        shell = await self._get_shell()
-        await shell.send_keys(keys)
-
-    async def screen(self) -> str:
-        shell = await self._get_shell()
-        return shell.screen()
+    async def _shell_error(self, exc: SandboxLostError) -> SandboxLostError:
+        await self._check_live()  # distinguish a dead sandbox from a dead shell
+        return exc
 
     # -- files -------------------------------------------------------------------------------
     def _host_path(self, path: str, for_write: bool) -> Path:
@@ -645,14 +604,8 @@ def _copy_tree(src: Path, dst: Path) -> None:
 
 
 def _rmtree(path: Path) -> None:
-    if not path.exists():
-        return
     # Files the sandbox made read-only (chmod 000 dirs) must not stop the cleanup.
-    for dirpath, dirnames, _ in os.walk(path):
-        for d in dirnames:
-            with contextlib.suppress(OSError):
-                os.chmod(os.path.join(dirpath, d), 0o755)
-    shutil.rmtree(path, ignore_errors=True)
+    remove_tree(path, ignore_errors=True)
 
 
 class LocalBackend(SandboxBackend):

@@ -20,18 +20,16 @@ live pool's to remove: its periodic sweep lists the sandboxes under its owner id
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
-import shutil
-import stat
 from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sandboxes.base import LABEL_MANAGED, LABEL_OWNER, owner_is_gone
+from sandboxes.common.files import remove_tree
 
 log = logging.getLogger(__name__)
 
@@ -186,18 +184,6 @@ def read_local_labels(sandbox_dir: Path) -> dict[str, str] | None:
     return {str(k): str(v) for k, v in data.items()}
 
 
-def _rmtree(path: Path) -> None:
-    """rm -rf that also gets through read-only directories a sandboxed command may leave."""
-
-    def onerror(func, p, _exc):  # type: ignore[no-untyped-def]
-        with contextlib.suppress(OSError):
-            os.chmod(os.path.dirname(p), stat.S_IRWXU)
-            os.chmod(p, stat.S_IRWXU)
-        func(p)
-
-    shutil.rmtree(path, onerror=onerror)
-
-
 def _kill_local_processes(name: str) -> None:
     """Kill what still runs in a local sandbox and drop its cgroups (the local backend puts
     each sandbox in cgroups named after its directory)."""
@@ -232,7 +218,7 @@ def reap_local_sync(
             continue
         try:
             _kill_local_processes(d.name)
-            _rmtree(d)
+            remove_tree(d)
         except OSError as exc:
             report.errors.append({"backend": "local", "id": d.name, "error": str(exc)})
         else:

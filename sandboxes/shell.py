@@ -36,8 +36,11 @@ from collections.abc import Awaitable, Callable
 import pexpect
 import pyte
 
+from sandboxes.common.kill import count_children_script as count_children_script
+from sandboxes.common.kill import kill_tree_script as kill_tree_script
+from sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES, CappedBuffer, mark_truncated
 from sandboxes.errors import SandboxLostError
-from sandboxes.spec import DEFAULT_MAX_OUTPUT_BYTES, TRUNCATION_MARKER, ShellResult
+from sandboxes.spec import ShellResult
 
 KillTree = Callable[[int], Awaitable[None]]
 CountChildren = Callable[[int], Awaitable[int]]
@@ -122,33 +125,6 @@ def ansi_c_quote(text: str) -> str:
             out.append("".join(f"\\x{b:02x}" for b in ch.encode()))
     out.append("'")
     return "".join(out)
-
-
-def kill_tree_script(pid: int) -> str:
-    """A POSIX sh script, run inside the sandbox, that SIGKILLs every descendant of `pid`.
-
-    It walks /proc (no procps needed), stops each process first so none can fork away while
-    the walk runs, then kills them all. `pid` itself survives.
-    """
-    return (
-        "set +e; root=%d; kids() { for s in /proc/[0-9]*/stat; do "
-        'read -r p rest < "$s" 2>/dev/null || continue; '
-        'pp=$(echo "$rest" | sed "s/.*) [A-Za-z] \\([0-9]*\\).*/\\1/"); '
-        '[ "$pp" = "$1" ] && echo "$p"; done; }; '
-        "all=''; todo=$root; while [ -n \"$todo\" ]; do next=''; for t in $todo; do "
-        'for c in $(kids "$t"); do kill -STOP "$c" 2>/dev/null; all="$all $c"; next="$next $c"; '
-        "done; done; todo=$next; done; "
-        '[ -n "$all" ] && kill -KILL $all 2>/dev/null; exit 0'
-    ) % pid
-
-
-def count_children_script(pid: int) -> str:
-    """A sh script printing how many direct children `pid` has (inside the sandbox)."""
-    return (
-        'n=0; for s in /proc/[0-9]*/stat; do read -r p rest < "$s" 2>/dev/null || continue; '
-        'pp=$(echo "$rest" | sed "s/.*) [A-Za-z] \\([0-9]*\\).*/\\1/"); '
-        '[ "$pp" = "%d" ] && n=$((n+1)); done; echo $n'
-    ) % pid
 
 
 class _Screen(pyte.Screen):
@@ -250,8 +226,7 @@ class PexpectShell:
         self.restarts = 0
         self._child: pexpect.spawn | _PtyChild | None = None
         self._fd: int = -1
-        self._buf = bytearray()  # output of the current command (bounded)
-        self._dropped = 0
+        self._out = CappedBuffer(max_output_bytes)  # output of the current command
         self._tail = bytearray()  # last bytes seen, for sentinel matching past the cap
         self._screen_pending = bytearray()
         self._waiter: asyncio.Future[bool] | None = None  # a `_next_data` waiting for output
@@ -283,7 +258,7 @@ class PexpectShell:
         pattern = re.compile(rb"%s_(\d+)__" % marker.encode())
         m = await self._wait_for(pattern, self.start_timeout_s)
         if m is None:
-            out = bytes(self._buf[-500:]).decode(errors="replace")
+            out = bytes(self._out.data[-500:]).decode(errors="replace")
             await self.close()
             raise SandboxLostError(f"shell did not start: expected a ready marker, got {out!r}")
         self.inner_pid = int(m.group(1))
@@ -339,10 +314,7 @@ class PexpectShell:
                 asyncio.get_running_loop().remove_reader(self._fd)
             self._wake()
             return
-        room = self.max_output_bytes - len(self._buf)
-        if room > 0:
-            self._buf += data[:room]
-        self._dropped += max(0, len(data) - max(room, 0))
+        self._out.add(data)
         self._tail = (self._tail + data)[-256:]
         self._screen_pending += data
         if len(self._screen_pending) > 262144:
@@ -350,9 +322,8 @@ class PexpectShell:
         self._wake()
 
     def _reset_buffers(self) -> None:
-        self._buf.clear()
+        self._out.clear()
         self._tail.clear()
-        self._dropped = 0
 
     def _wake(self) -> None:
         if self._waiter is not None:
@@ -363,7 +334,7 @@ class PexpectShell:
     ) -> re.Match[bytes] | None:
         deadline = time.monotonic() + timeout_s
         while True:
-            m = pattern.search(bytes(self._tail)) or pattern.search(bytes(self._buf[-4096:]))
+            m = pattern.search(bytes(self._tail)) or pattern.search(bytes(self._out.data[-4096:]))
             if m:
                 return m
             if self._eof:
@@ -448,7 +419,7 @@ class PexpectShell:
         )
 
     def _take_output(self, m: re.Match[bytes] | None) -> tuple[str, bool]:
-        data = bytes(self._buf)
+        data = bytes(self._out.data)
         if m is not None:
             idx = data.rfind(m.group(0))
             if idx >= 0:
@@ -456,11 +427,9 @@ class PexpectShell:
             else:  # sentinel only in the tail: output was cut before it
                 data = data[: self.max_output_bytes]
         text = data.decode("utf-8", errors="replace").replace("\r\n", "\n")
-        dropped = self._dropped
+        dropped = self._out.dropped
         self._reset_buffers()
-        if dropped:
-            return text + TRUNCATION_MARKER.format(dropped=dropped), True
-        return text, False
+        return mark_truncated(text, dropped)
 
     async def _interrupt(self) -> str:
         with contextlib.suppress(SandboxLostError):

@@ -15,14 +15,15 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+# The output cap lives with the capped buffer (sandboxes.common.output); re-exported here.
+from sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES as DEFAULT_MAX_OUTPUT_BYTES
+from sandboxes.common.output import TRUNCATION_MARKER as TRUNCATION_MARKER
+from sandboxes.common.output import truncate_output as truncate_output
 from sandboxes.network import NetworkPolicy
 from sandboxes.services import HealthcheckSpec, ServiceSpec, start_order
 
-#: Output beyond this many bytes per stream is cut and marked with `TRUNCATION_MARKER`.
-DEFAULT_MAX_OUTPUT_BYTES = 1_000_000
 #: how long a spec remembers its fingerprint (see `SandboxSpec.fingerprint`)
 FINGERPRINT_TTL_S = 2.0
-TRUNCATION_MARKER = "\n[sandgym: output truncated: {dropped} bytes dropped]\n"
 
 
 class SandboxSpec(BaseModel):
@@ -225,11 +226,3 @@ class ShellResult(BaseModel):
     timed_out: bool = False
     truncated: bool = False
     duration_s: float = 0.0
-
-
-def truncate_output(data: bytes, limit: int = DEFAULT_MAX_OUTPUT_BYTES) -> tuple[str, bool]:
-    """Decode `data`, keeping at most `limit` bytes plus a marker that says how much was cut."""
-    if len(data) <= limit:
-        return data.decode("utf-8", errors="replace"), False
-    head = data[:limit].decode("utf-8", errors="replace")
-    return head + TRUNCATION_MARKER.format(dropped=len(data) - limit), True
