@@ -10,7 +10,8 @@ server without a hand-kept URL list.
 - `EnvServerFleet` (driver side) places servers on the nodes that offer the resource, and each
   `refresh()` places one on a node that joined (or came back: a restarted node is a new node id)
   and forgets those whose node died. A server's URL uses the node's address as Ray reports it.
-- `discover_servers()` lists the servers some other driver placed (`sandgym cluster up`).
+- `discover_servers()` lists the servers some other driver placed (`sandgym cluster up`);
+  `ray_servers(mode)` is what `sandgym train` and `sandgym eval` start from (off|place|discover).
 - `ServerBalancer` is the trainer's bookkeeping: every group goes to the least-loaded healthy
   server that has room for the whole group (its pool and its snapshot live there), using each
   server's capacity answer (`GET /v1/sessions`: `max_sessions` less the episodes others run there);
@@ -251,6 +252,27 @@ def discover_servers(
         except Exception as exc:
             log.warning("env server %s does not answer: %r", name, exc)
     return found
+
+
+def ray_servers(
+    mode: str, resource: str = DEFAULT_RESOURCE, settings: dict[str, Any] | None = None
+) -> tuple[EnvServerFleet | None, list[ServerInfo]]:
+    """The env servers a driver uses through Ray (`env.ray_servers` of train, `--ray-servers` of
+    eval): `off` none; `discover` those other drivers placed; `place` one placed by this driver
+    on every node offering `resource` (the fleet, to `stop()` at the end; ClusterError when none
+    starts) and those others placed. Ray must be initialised."""
+    if mode not in ("off", "place", "discover"):
+        raise ValueError(f"ray servers mode {mode!r}: expected off, place or discover")
+    if mode == "off":
+        return None, []
+    fleet = None
+    found: list[ServerInfo] = []
+    if mode == "place":
+        fleet = EnvServerFleet(settings, resource=resource)
+        found += fleet.start()
+    placed = {i.name for i in found}
+    found += discover_servers(timeout_s=5.0, skip=placed)
+    return fleet, found
 
 
 def remove_servers(namespace: str = NAMESPACE, drain_timeout_s: float = 60.0) -> list[str]:

@@ -3,11 +3,17 @@
     sandgym eval --server-url ws://127.0.0.1:8765/v1/env --tasks builtin/hello-file \\
         --agent llm --attempts 4 --json
 
-Episodes run concurrently in this process (no Ray): `noop`, `oracle` (solutions read from
+Episodes run concurrently in this process: `noop`, `oracle` (solutions read from
 `--solutions-dir`, default the built-in catalog) or `llm` (the model of `--model`, with the
 terminal agent and the hf engine). Infrastructure failures are reported and left out of pass@k.
 pass@k is the unbiased estimator of Chen et al. (2021): 1 - C(n-c, k) / C(n, k) over the n valid
 attempts of which c succeeded (reward >= --success-threshold).
+
+The env servers: `--server-url`, and with `--ray-servers discover` those `sandgym cluster up`
+placed on a Ray cluster (`--ray-address`), or with `--ray-servers place` also one started for
+this run on every node offering `--server-resource` (removed at the end), as `sandgym train`
+finds them (`trainer.cluster.ray_servers`); each episode goes to the server with the fewest of
+this run's episodes in flight.
 
 Every episode is written to `--out` (JSONL, one record per episode). `--select pairwise` adds
 best-of-K selection by pairwise self-verification (`trainer.selection`): the model (`--model`,
@@ -30,6 +36,7 @@ from typing import Any
 from trainer.episode import EpisodeWriter
 
 DEFAULT_CATALOG = Path(__file__).resolve().parents[1] / "tasks" / "catalog"
+DEFAULT_SERVER = "ws://127.0.0.1:8765/v1/env"
 
 
 def pass_at_k(n: int, c: int, k: int) -> float | None:
@@ -42,7 +49,30 @@ def pass_at_k(n: int, c: int, k: int) -> float | None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--server-url", default="ws://127.0.0.1:8765/v1/env", help="env server")
+    parser.add_argument(
+        "--server-url",
+        help=f"env server (default {DEFAULT_SERVER}, unless --ray-servers finds servers)",
+    )
+    parser.add_argument(
+        "--ray-servers",
+        choices=["off", "place", "discover"],
+        default="off",
+        help="env servers through Ray, as `env.ray_servers` of train (trainer/cluster.py): "
+        "discover = those `sandgym cluster up` placed; place = also start one on every node "
+        "offering --server-resource for this run; episodes go to the least busy",
+    )
+    parser.add_argument(
+        "--ray-address", default="auto", help="Ray cluster of --ray-servers (default: auto)"
+    )
+    parser.add_argument(
+        "--server-resource", default="sandgym", help="the Ray node resource of --ray-servers"
+    )
+    parser.add_argument(
+        "--server-backend",
+        choices=["local", "docker", "e2b", "null"],
+        default="local",
+        help="--ray-servers place: sandbox backend of the servers it starts",
+    )
     parser.add_argument("--token", help="bearer token of the env server")
     parser.add_argument(
         "--tasks", nargs="+", required=True, metavar="TASK_ID", help="task ids to evaluate"
@@ -88,64 +118,80 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document")
 
 
-def _load_hf(source: str) -> tuple[Any, Any]:
-    """(tokenizer, hf engine) for a model source."""
-    from trainer.config import ModelSettings
-    from trainer.engines import create_engine
-    from trainer.models import load_model, load_tokenizer
-
-    settings = ModelSettings(source=source)  # type: ignore[arg-type]
-    tok = load_tokenizer(settings)
-    engine = create_engine(
-        "hf",
-        model=load_model(settings),
-        eos_token_ids=[tok.eos_token_id],
-        pad_token_id=tok.pad_token_id,
-    )
-    return tok, engine
+#: `--agent` -> `agent.kind` of the config the agent and engine are built from
+AGENT_KINDS = {"noop": "noop", "oracle": "oracle", "llm": "terminal", "harness": "harness"}
 
 
-async def _evaluate(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]]:
-    from tqdm import tqdm
-
-    from trainer.agents import NoopAgent, OracleAgent, TerminalAgent, solutions_from_dir
+def eval_config(args: argparse.Namespace, server_urls: list[str]) -> Any:
+    """The `TrainConfig` this evaluation's agent and engine are built from (trainer.builders)."""
     from trainer.config import TrainConfig
-    from trainer.rollout import EpisodeRunner
 
-    cfg = TrainConfig.model_validate(
+    return TrainConfig.model_validate(
         {
-            "env": {"server_urls": [args.server_url], "token": args.token, "task_ids": args.tasks},
+            "env": {"server_urls": server_urls, "token": args.token, "task_ids": args.tasks},
             "model": {"source": args.model},
-            "agent": {"max_turns": args.max_turns},
+            "agent": {
+                "kind": AGENT_KINDS[args.agent],
+                "solutions_dir": args.solutions_dir,
+                "max_turns": args.max_turns,
+            },
             "sampling": {"temperature": args.temperature, "max_new_tokens": args.max_new_tokens},
         }
     )
+
+
+class EvalError(RuntimeError):
+    """The evaluation cannot start (no env server to run episodes on)."""
+
+
+def server_urls(args: argparse.Namespace) -> tuple[list[str], Any]:
+    """(the env servers' URLs, the fleet this run placed or None): `--server-url`, and with
+    `--ray-servers` those found (or placed) through Ray (initialised by the caller)."""
+    urls = [args.server_url] if args.server_url else []
+    if args.ray_servers == "off":
+        return urls or [DEFAULT_SERVER], None
+    from trainer.cluster import ray_servers
+
+    settings = {"backend": args.server_backend}
+    fleet, found = ray_servers(args.ray_servers, args.server_resource, settings)
+    urls += [info.url for info in found if info.url not in urls]
+    if not urls:
+        raise EvalError(
+            f"--ray-servers {args.ray_servers}: no env server found through Ray at "
+            f"{args.ray_address} (expected servers placed by `sandgym cluster up`, or nodes "
+            f"offering the {args.server_resource!r} resource with --ray-servers place)"
+        )
+    return urls, fleet
+
+
+async def _evaluate(args: argparse.Namespace, urls: list[str]) -> tuple[list[Any], dict[str, Any]]:
+    import itertools
+
+    from tqdm import tqdm
+
+    from trainer.builders import build_agent, load_engine, uses_model
+    from trainer.rollout import EpisodeRunner
+
+    cfg = eval_config(args, urls)
     engine = None
-    agent: Any
-    if args.agent == "noop":
-        agent = NoopAgent()
-    elif args.agent == "oracle":
-        agent = OracleAgent(solutions_from_dir(args.solutions_dir))
-    elif args.agent == "llm":
-        tok, engine = await asyncio.to_thread(_load_hf, args.model)
-        agent = TerminalAgent(tok, cfg.agent, cfg.sampling.max_new_tokens)
-    else:
-        agent = NoopAgent()  # replaced by the harness runner below
+    tok = None
+    if uses_model(cfg):
+        tok, engine = await asyncio.to_thread(load_engine, cfg)
+    agent: Any = build_agent(cfg, tok)
     runner: Any = EpisodeRunner(cfg, engine, agent)
     gateway_server = None
-    if args.agent == "harness":
+    if args.agent == "harness" and engine is not None:  # (harness uses the model: engine set)
         from envserver.client import AsyncEnvClient
         from trainer.gateway import CallStore, GatewayServer, ModelGateway
         from trainer.harness import HarnessRunner
 
-        tok, engine = await asyncio.to_thread(_load_hf, args.model)
         store_path = Path(args.out or "runs/eval/episodes.jsonl").with_suffix(".gateway.sqlite")
         gateway = ModelGateway([engine], tok, CallStore(store_path))
         gateway_server = await GatewayServer(gateway).__aenter__()
         runner = HarnessRunner(
             gateway,
             gateway_server.root,
-            lambda: AsyncEnvClient(args.server_url, token=args.token),
+            lambda servers=itertools.cycle(urls): AsyncEnvClient(next(servers), token=args.token),
             max_turns=args.max_turns,
             max_tokens=args.max_new_tokens,
             temperature=args.temperature,
@@ -161,7 +207,7 @@ async def _evaluate(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]
         bar.update(1)
         return ep
 
-    judge_engine = None
+    judge_engine: Any = None
     try:
         episodes = list(
             await asyncio.gather(*(one(t, i) for t in args.tasks for i in range(args.attempts)))
@@ -173,10 +219,13 @@ async def _evaluate(args: argparse.Namespace) -> tuple[list[Any], dict[str, Any]
 
             judge_source = args.judge_model or args.model
             if engine is not None and judge_source == args.model:
-                judge_tok, judge_engine = tok, engine
-            else:
-                judge_tok, judge_engine = await asyncio.to_thread(_load_hf, judge_source)
-            judge = PairwiseJudge(judge_engine, judge_tok, swap=not args.no_swap)
+                judge = PairwiseJudge(engine, tok, swap=not args.no_swap)
+            else:  # the judge's own model
+                judge_cfg = cfg.model_copy(
+                    update={"model": cfg.model.model_copy(update={"source": judge_source})}
+                )
+                judge_tok, judge_engine = await asyncio.to_thread(load_engine, judge_cfg)
+                judge = PairwiseJudge(judge_engine, judge_tok, swap=not args.no_swap)
             sbar = tqdm(total=len(args.tasks), desc="pairwise selection", file=sys.stderr)
 
             async def select(task_id: str) -> None:
@@ -227,7 +276,28 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    episodes, selections = asyncio.run(_evaluate(args))
+    from trainer.cluster import NAMESPACE, ClusterError
+
+    ray_started = False
+    fleet = None
+    try:
+        try:
+            if args.ray_servers != "off":
+                import ray
+
+                if not ray.is_initialized():
+                    ray.init(address=args.ray_address, namespace=NAMESPACE, log_to_driver=False)
+                    ray_started = True
+            urls, fleet = server_urls(args)
+        except (EvalError, ClusterError, ConnectionError) as exc:  # no servers, no Ray cluster
+            print(f"sandgym eval: {exc}", file=sys.stderr)
+            return 2
+        episodes, selections = asyncio.run(_evaluate(args, urls))
+    finally:
+        if fleet is not None:
+            fleet.stop()
+        if ray_started:
+            ray.shutdown()
     out = Path(args.out) if args.out else Path("runs/eval") / f"episodes-{int(time.time())}.jsonl"
     writer = EpisodeWriter(out, with_tokens=False)
     for ep in episodes:

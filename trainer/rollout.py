@@ -35,7 +35,6 @@ from trainer.agents import (
     TerminalAgent,
     format_observation,
     parse_action,
-    solutions_from_dir,
 )
 from trainer.config import TrainConfig
 from trainer.engines.base import InferenceEngine, SamplingParams
@@ -280,64 +279,19 @@ class RolloutWorker:
     def __init__(
         self, config_dict: dict[str, Any], worker_index: int = 0, run_dir: str | None = None
     ) -> None:
-        from trainer.engines import create_engine
-        from trainer.models import load_model, load_tokenizer
+        from trainer.builders import build_agent, build_engine, uses_model
+        from trainer.models import load_tokenizer
 
         logging.basicConfig(level=logging.INFO)
         self.config = TrainConfig.model_validate(config_dict)
         self.index = worker_index
         cfg = self.config
         self.tokenizer = load_tokenizer(cfg.model)
-        eos = [self.tokenizer.eos_token_id]
-        engine: InferenceEngine | None
-        if cfg.agent.kind in ("noop", "oracle"):
-            engine = None
-        elif cfg.engine.kind == "hf":
-            import torch
-
-            torch.manual_seed(cfg.run.seed + 1000 + worker_index)
-            engine = create_engine(
-                "hf",
-                model=load_model(cfg.model),
-                eos_token_ids=eos,
-                pad_token_id=self.tokenizer.pad_token_id,
-                device=cfg.engine.device,
-                max_batch_size=cfg.engine.max_batch_size,
-                batch_wait_s=cfg.engine.batch_wait_s,
-                lora=cfg.learner,
-            )
-        elif cfg.engine.kind == "vllm":
-            from trainer.models import smollm2_dir
-
-            path = (
-                cfg.model.path
-                if cfg.model.source == "hf"
-                else str(smollm2_dir(cfg.model.cache_dir))
-            )
-            engine = create_engine(
-                "vllm",
-                model_path=path,
-                eos_token_ids=eos,
-                gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
-            )
-        else:
-            engine = create_engine(
-                "openai",
-                base_url=cfg.engine.base_url,
-                model_name=cfg.engine.model_name or "default",
-                api_key=cfg.engine.api_key,
-                eos_token_ids=eos,
-            )
+        engine: InferenceEngine | None = None
+        if uses_model(cfg):
+            engine = build_engine(cfg, self.tokenizer, seed=cfg.run.seed + 1000 + worker_index)
         self.engine = engine
-        agent: TerminalAgent | NoopAgent | OracleAgent
-        if cfg.agent.kind == "noop":
-            agent = NoopAgent()
-        elif cfg.agent.kind == "oracle":
-            if not cfg.agent.solutions_dir:
-                raise ValueError("agent.kind is oracle but agent.solutions_dir is not set")
-            agent = OracleAgent(solutions_from_dir(cfg.agent.solutions_dir))
-        else:
-            agent = TerminalAgent(self.tokenizer, cfg.agent, cfg.sampling.max_new_tokens)
+        agent = build_agent(cfg, self.tokenizer)
         self.runner = EpisodeRunner(cfg, engine, agent)
         # spread the first picks of different workers over different servers
         urls = self.runner.urls

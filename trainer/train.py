@@ -35,7 +35,7 @@ from typing import Any
 import yaml
 
 from trainer.algorithms import Sample, batch_advantages, episode_to_samples, mismatch_metrics
-from trainer.cluster import EnvServerFleet, ServerBalancer, discover_servers
+from trainer.cluster import EnvServerFleet, ServerBalancer, discover_servers, ray_servers
 from trainer.config import TrainConfig
 from trainer.episode import Episode, EpisodeWriter
 from trainer.metrics import MetricsLogger
@@ -98,10 +98,9 @@ class Trainer:
         self.fleet: EnvServerFleet | None = None
         for url in env.server_urls:
             self.balancer.add(url)
-        if env.ray_servers == "place":
-            self.fleet = EnvServerFleet(env.server_settings, resource=env.server_resource)
-            for info in self.fleet.start():
-                self.balancer.add(info.url, placed=True)
+        self.fleet, found = ray_servers(env.ray_servers, env.server_resource, env.server_settings)
+        for info in found:
+            self.balancer.add(info.url, placed=True)
         self._refreshed_at = 0.0
         self._refresh_servers(force=True)
         self._servers_seen_at = time.monotonic()

@@ -1,16 +1,7 @@
-"""Model gateway: an OpenAI-compatible chat endpoint in front of the rollout engines that records
-every call with exact token ids, so a third-party harness (any program that speaks the OpenAI
-API) can be trained on.
+"""Chat handling of the model gateway: `ModelGateway` turns an OpenAI chat request into one
+engine generation for its session, with exact prompt token ids, and records the call.
 
-    POST /sessions/{sid}/v1/chat/completions   (tools, tool_calls, `stream: true` as SSE)
-    GET  /sessions/{sid}/v1/models
-
-Each episode gets its own base URL, `.../sessions/<sid>/v1`, so the harness needs no change
-beyond `OPENAI_BASE_URL`. A session sticks to one engine replica (the one with the fewest
-sessions when it first calls). Every call is recorded (`CallRecord`: prompt and completion token
-ids, logprobs, weight version, latency) in memory (at most `max_sessions_in_memory` sessions, the
-least recently used spill to SQLite only) and in SQLite under the run directory; `consume(sid)`
-hands a session's calls over and deletes them.
+A session sticks to one engine replica (the one with the fewest sessions when it first calls).
 
 Token rule (what makes `calls_to_steps` exact): the gateway tokenises a call's messages with the
 chat template. When the messages *keep the history* (they start with the previous call's messages
@@ -27,174 +18,23 @@ native tool template); the reply is parsed with `trainer.agents.parse_action` (a
 a JSON / <tool_call> call), and a command becomes a `tool_calls` entry for the first offered tool
 that takes a `command` argument; `submit` becomes a call of a tool named `submit` when offered.
 Assistant turns with `tool_calls` and `tool` results in the history are rendered back as text.
-Streaming (`stream: true`) sends OpenAI `chat.completion.chunk` events: the role, then one
-content chunk per generated token that adds text (decoded incrementally; a token that ends in the
-middle of a UTF-8 character waits for the next), then the tool calls, then a final chunk with
-`finish_reason` and `usage`, then `[DONE]`. The engines generate whole replies, so the chunks
-follow the finished generation; their concatenated content equals the non-streamed content.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
-import threading
 import time
 import uuid
 from collections import OrderedDict
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
-
-from fastapi import Request  # at module level: FastAPI resolves the handler's annotations here
 
 from trainer.agents import parse_action
 from trainer.engines.base import InferenceEngine, SamplingParams
 from trainer.episode import Step
-
-
-class GatewayError(RuntimeError):
-    """The gateway could not serve or convert a call."""
-
-
-class UnknownSessionError(GatewayError, KeyError):
-    """No calls are recorded for this session id."""
-
-
-class MissingTokensError(GatewayError):
-    """A recorded call lacks the token ids (or logprobs) a training step needs."""
-
-
-class TokenAlignmentError(GatewayError):
-    """A call that keeps the conversation's history does not extend the previous prompt +
-    completion token for token."""
-
-
-@dataclass
-class CallRecord:
-    """One chat completion served to a session."""
-
-    session_id: str
-    index: int
-    prompt_ids: list[int]
-    completion_ids: list[int]
-    logprobs: list[float]
-    weight_version: int
-    latency_s: float
-    #: the messages keep the history of the previous call (see the module's token rule)
-    extends_previous: bool
-    completion_text: str
-    finish_reason: str
-    replica: int
-    created_at: float = field(default_factory=time.time)
-
-
-def calls_to_steps(calls: list[CallRecord]) -> list[Step]:
-    """A session's calls as `Step`s, in order, checked against the token rule.
-
-    Raises `MissingTokensError` when a call has no prompt or completion ids or its logprobs do not
-    match its completion, and `TokenAlignmentError` when a call marked `extends_previous` does not
-    start with the previous call's prompt + completion ids (an end-of-turn token the model did
-    not generate may follow the completion: it is part of the template text between turns).
-    """
-    steps: list[Step] = []
-    prev: CallRecord | None = None
-    for c in sorted(calls, key=lambda r: r.index):
-        if not c.prompt_ids or not c.completion_ids:
-            raise MissingTokensError(
-                f"call {c.index} of session {c.session_id} has {len(c.prompt_ids)} prompt ids and "
-                f"{len(c.completion_ids)} completion ids; both must be recorded"
-            )
-        if len(c.logprobs) != len(c.completion_ids):
-            raise MissingTokensError(
-                f"call {c.index} of session {c.session_id}: {len(c.logprobs)} logprobs for "
-                f"{len(c.completion_ids)} completion ids"
-            )
-        if c.extends_previous:
-            if prev is None:
-                raise TokenAlignmentError(
-                    f"call {c.index} of session {c.session_id} extends a previous call, but it "
-                    "is the first call recorded"
-                )
-            head = prev.prompt_ids + prev.completion_ids
-            if c.prompt_ids[: len(head)] != head:
-                at = next(
-                    (i for i, (x, y) in enumerate(zip(c.prompt_ids, head, strict=False)) if x != y),
-                    min(len(c.prompt_ids), len(head)),
-                )
-                raise TokenAlignmentError(
-                    f"call {c.index} of session {c.session_id} keeps the history but its prompt "
-                    f"does not extend call {prev.index}'s prompt + completion ({len(head)} ids): "
-                    f"first difference at token {at} of {len(c.prompt_ids)}"
-                )
-        steps.append(
-            Step(
-                prompt_ids=list(c.prompt_ids),
-                response_ids=list(c.completion_ids),
-                response_logprobs=list(c.logprobs),
-                loss_mask=[1] * len(c.completion_ids),
-                response_text=c.completion_text,
-                policy_version=c.weight_version,
-                generate_s=c.latency_s,
-            )
-        )
-        prev = c
-    return steps
-
-
-class CallStore:
-    """Calls per session: SQLite at `path` (durable) plus a bounded in-memory LRU."""
-
-    def __init__(self, path: Path | str, max_sessions_in_memory: int = 256) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.max_sessions = max_sessions_in_memory
-        self._mem: OrderedDict[str, list[CallRecord]] = OrderedDict()
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(self.path), check_same_thread=False)
-        self._db.execute(
-            "CREATE TABLE IF NOT EXISTS calls (session_id TEXT, idx INTEGER, record TEXT, "
-            "PRIMARY KEY (session_id, idx))"
-        )
-        self._db.commit()
-
-    def add(self, rec: CallRecord) -> None:
-        with self._lock:
-            self._db.execute(
-                "INSERT OR REPLACE INTO calls VALUES (?, ?, ?)",
-                (rec.session_id, rec.index, json.dumps(asdict(rec))),
-            )
-            self._db.commit()
-            self._mem.setdefault(rec.session_id, []).append(rec)
-            self._mem.move_to_end(rec.session_id)
-            while len(self._mem) > self.max_sessions:
-                self._mem.popitem(last=False)  # still in SQLite
-
-    def in_memory(self) -> int:
-        return len(self._mem)
-
-    def calls(self, session_id: str) -> list[CallRecord]:
-        with self._lock:
-            if session_id in self._mem:
-                return list(self._mem[session_id])
-            rows = self._db.execute(
-                "SELECT record FROM calls WHERE session_id = ? ORDER BY idx", (session_id,)
-            ).fetchall()
-        return [CallRecord(**json.loads(r[0])) for r in rows]
-
-    def consume(self, session_id: str) -> list[CallRecord]:
-        """The session's calls, removed from memory and SQLite (its episode is consumed)."""
-        calls = self.calls(session_id)
-        with self._lock:
-            self._mem.pop(session_id, None)
-            self._db.execute("DELETE FROM calls WHERE session_id = ?", (session_id,))
-            self._db.commit()
-        return calls
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
+from trainer.gateway.errors import GatewayError, UnknownSessionError
+from trainer.gateway.records import CallRecord, CallStore, calls_to_steps
 
 
 def _text(content: Any) -> str:
@@ -373,7 +213,7 @@ class ModelGateway:
     # -- the endpoint ----------------------------------------------------------------------------
     async def chat(self, sid: str, body: dict[str, Any]) -> dict[str, Any]:
         """One chat completion for session `sid` (an OpenAI request body); records the call."""
-        resp, _ids = await self._chat(sid, body)
+        resp, _ids = await self.complete(sid, body)
         return resp
 
     def token_deltas(self, ids: list[int]) -> list[str]:
@@ -397,7 +237,8 @@ class ModelGateway:
             deltas[-1] = full
         return deltas
 
-    async def _chat(self, sid: str, body: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
+    async def complete(self, sid: str, body: dict[str, Any]) -> tuple[dict[str, Any], list[int]]:
+        """`chat`, and the generated token ids (what streaming decodes chunk by chunk)."""
         lock = self._locks.setdefault(sid, asyncio.Lock())
         async with lock:  # one call at a time per session keeps the token chain well defined
             st = self._state(sid)
@@ -491,102 +332,7 @@ class ModelGateway:
         return message, finish
 
     def app(self) -> Any:
-        """The FastAPI application."""
-        from fastapi import FastAPI, HTTPException
-        from fastapi.responses import JSONResponse, StreamingResponse
+        """The FastAPI application (`trainer.gateway.server.gateway_app`)."""
+        from trainer.gateway.server import gateway_app
 
-        app = FastAPI(title="sandgym model gateway")
-
-        @app.get("/sessions/{sid}/v1/models")
-        async def models(sid: str) -> dict[str, Any]:
-            return {
-                "object": "list",
-                "data": [{"id": self.model_name, "object": "model", "owned_by": "sandgym"}],
-            }
-
-        @app.post("/sessions/{sid}/v1/chat/completions", response_model=None)
-        async def completions(sid: str, request: Request) -> Any:
-            try:
-                body = await request.json()
-            except json.JSONDecodeError as exc:
-                raise HTTPException(400, f"request body is not JSON: {exc}") from exc
-            if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
-                raise HTTPException(400, "expected a JSON object with a `messages` list")
-            try:
-                resp, ids = await self._chat(sid, body)
-            except GatewayError as exc:
-                return JSONResponse({"error": {"message": str(exc), "type": "gateway"}}, 400)
-            if not body.get("stream"):
-                return resp
-            deltas = await asyncio.to_thread(self.token_deltas, ids)
-            return StreamingResponse(_sse(resp, deltas), media_type="text/event-stream")
-
-        return app
-
-
-def _sse(resp: dict[str, Any], deltas: list[str]) -> Any:
-    """A finished completion as OpenAI `chat.completion.chunk` events, one content chunk per
-    token that adds text (`deltas`, see `ModelGateway.token_deltas`)."""
-
-    async def events() -> Any:
-        choice = resp["choices"][0]
-        msg = choice["message"]
-        base = {k: resp[k] for k in ("id", "created", "model")} | {
-            "object": "chat.completion.chunk"
-        }
-
-        def chunk(delta: dict[str, Any]) -> str:
-            return f"data: {json.dumps(base | {'choices': [{'index': 0, 'delta': delta}]})}\n\n"
-
-        yield chunk({"role": "assistant", "content": ""})
-        content = msg.get("content") or ""
-        # the reply's text is the tokens' text (else, never expected, send it in one piece)
-        parts = deltas if "".join(deltas) == content else [content]
-        for d in parts:
-            if d:
-                yield chunk({"content": d})
-        if msg.get("tool_calls"):
-            yield chunk({"tool_calls": [dict(c, index=i) for i, c in enumerate(msg["tool_calls"])]})
-        last = {"index": 0, "delta": {}, "finish_reason": choice["finish_reason"]}
-        yield f"data: {json.dumps(base | {'choices': [last], 'usage': resp['usage']})}\n\n"
-        yield "data: [DONE]\n\n"
-
-    return events()
-
-
-class GatewayServer:
-    """Serves a gateway with uvicorn on this event loop (so it shares the engines' batcher).
-
-    `async with GatewayServer(gw, port=0) as srv: srv.root` -> "http://127.0.0.1:PORT"."""
-
-    def __init__(self, gateway: ModelGateway, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.gateway = gateway
-        self.host, self.port = host, port
-        self._server: Any = None
-        self._task: asyncio.Task[None] | None = None
-
-    @property
-    def root(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    async def __aenter__(self) -> GatewayServer:
-        import uvicorn
-
-        config = uvicorn.Config(
-            self.gateway.app(), host=self.host, port=self.port, log_level="warning", lifespan="off"
-        )
-        self._server = uvicorn.Server(config)
-        self._task = asyncio.get_running_loop().create_task(self._server.serve())
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()
-                raise GatewayError("the gateway server stopped while starting")
-            await asyncio.sleep(0.02)
-        self.port = self._server.servers[0].sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._task is not None:
-            await self._task
+        return gateway_app(self)
