@@ -38,33 +38,29 @@ for n, content in files.items():
 
 op = rng.choice(["copy", "move", "rename", "delete"])
 src = f"/app/{src_dir}/{name}"
-look = rng.choice([
-    f"The directory `/app/{src_dir}` holds several files. Exactly one of them has a name that "
-    f"starts with `{prefix}`.",
-    f"In `/app/{src_dir}` there is exactly one file whose name begins with `{prefix}`.",
-    f"Among the files in `/app/{src_dir}`, one (and only one) is named `{prefix}...`.",
+the = rng.choice([
+    f"the file in `/app/{src_dir}` whose name starts with `{prefix}`",
+    f"the one file in `/app/{src_dir}` whose name begins with `{prefix}`",
 ])
 dest = None
 if op == "copy":
     dest = f"/app/{rng.choice(PREFIXES)}-{rng.choice(['copy', 'backup', 'saved', 'kept'])}-{tag(3)}.txt"
-    act = rng.choice([f"Copy that file to `{dest}`; the original stays where it is.",
-                      f"Make a copy of it at `{dest}` (do not remove the original)."])
+    ask = rng.choice([f"Copy {the} to `{dest}`.", f"Make a copy of {the} at `{dest}`."])
 elif op == "move":
     dest_dir = f"/app/{d2}_{rng.randint(100, 999)}"
     os.makedirs(dest_dir[len("/app/"):])
     dest = f"{dest_dir}/{name}"
-    act = rng.choice([f"Move that file into the existing directory `{dest_dir}`, keeping its name.",
-                      f"Move it, under the same name, into `{dest_dir}/`."])
+    ask = rng.choice([f"Move {the} into the directory `{dest_dir}`.",
+                      f"Move {the} into `{dest_dir}/`, keeping its name."])
 elif op == "rename":
     new = f"{rng.choice(PREFIXES)}_{rng.choice(['final', 'old', 'done', 'v2', 'new'])}_{tag(3)}.txt"
     dest = f"/app/{src_dir}/{new}"
-    act = rng.choice([f"Rename that file to `{new}`, keeping it in the same directory.",
-                      f"Give it the new name `{new}` (it stays in `/app/{src_dir}`)."])
+    ask = rng.choice([f"Rename {the} to `{new}` (in the same directory).",
+                      f"Give {the} the new name `{new}`, in the same directory."])
 else:
-    act = rng.choice(["Delete that file and leave the other files alone.",
-                      "Remove it; every other file must stay."])
+    ask = rng.choice([f"Delete {the}.", f"Remove {the}; leave the other files alone."])
 with open(os.environ["SANDGYM_INSTRUCTION_FILE"], "w") as f:
-    f.write(f"{look} {act}\n")
+    f.write(ask + "\n")
 others = {n: c for n, c in files.items() if n != name}
 print(json.dumps({"op": op, "src": src, "dest": dest, "content": files[name],
                   "dir": f"/app/{src_dir}", "others": others}))

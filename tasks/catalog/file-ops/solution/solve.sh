@@ -9,11 +9,11 @@ paths = re.findall(r"`([^`]+)`", text)
 src_dir, prefix = paths[0], paths[1].rstrip(".")
 name = next(n for n in os.listdir(src_dir) if n.startswith(prefix))
 src = os.path.join(src_dir, name)
-if re.search(r"\b(Copy|copy)\b", text):
+if re.match(r"(Copy|Make a copy)", text):
     shutil.copyfile(src, paths[2])
-elif re.search(r"\bMove\b", text):
+elif text.startswith("Move"):
     shutil.move(src, os.path.join(paths[2].rstrip("/"), name))
-elif re.search(r"\b(Rename|new name)\b", text):
+elif re.match(r"(Rename|Give)", text):
     os.rename(src, os.path.join(src_dir, paths[2]))
 else:
     os.remove(src)
