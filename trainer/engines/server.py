@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import Request  # at module level: FastAPI resolves the handler's annotations here
 
 from trainer.engines.base import EngineError, InferenceEngine, SamplingParams
+from trainer.loop_server import LoopServer
 
 
 def completions_app(engine: InferenceEngine, model_name: str, tokenizer: Any = None) -> Any:
@@ -97,7 +98,7 @@ def completions_app(engine: InferenceEngine, model_name: str, tokenizer: Any = N
     return app
 
 
-class CompletionsServer:
+class CompletionsServer(LoopServer):
     """Serves `completions_app` with uvicorn on this event loop (it shares the engine's batcher).
 
     `async with CompletionsServer(engine, "m") as srv: srv.base_url` -> "http://127.0.0.1:PORT/v1".
@@ -111,36 +112,22 @@ class CompletionsServer:
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
+        super().__init__(host, port)
         self.app = completions_app(engine, model_name, tokenizer)
-        self.host, self.port = host, port
-        self._server: Any = None
-        self._task: asyncio.Task[None] | None = None
 
     @property
     def base_url(self) -> str:
         return f"http://{self.host}:{self.port}/v1"
 
+    def make_app(self) -> Any:
+        return self.app
+
+    def start_error(self) -> Exception:
+        return EngineError("the completions server stopped while starting")
+
     async def __aenter__(self) -> CompletionsServer:
-        import uvicorn
-
-        config = uvicorn.Config(
-            self.app, host=self.host, port=self.port, log_level="warning", lifespan="off"
-        )
-        self._server = uvicorn.Server(config)
-        self._task = asyncio.get_running_loop().create_task(self._server.serve())
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()
-                raise EngineError("the completions server stopped while starting")
-            await asyncio.sleep(0.02)
-        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        await super().__aenter__()
         return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._task is not None:
-            await self._task
 
 
 def main(argv: list[str] | None = None) -> int:

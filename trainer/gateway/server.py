@@ -21,6 +21,7 @@ from fastapi import Request  # at module level: FastAPI resolves the handler's a
 
 from trainer.gateway.chat import ModelGateway
 from trainer.gateway.errors import GatewayError
+from trainer.loop_server import LoopServer
 
 
 def gateway_app(gateway: ModelGateway) -> Any:
@@ -87,39 +88,25 @@ def _sse(resp: dict[str, Any], deltas: list[str]) -> Any:
     return events()
 
 
-class GatewayServer:
+class GatewayServer(LoopServer):
     """Serves a gateway with uvicorn on this event loop (so it shares the engines' batcher).
 
     `async with GatewayServer(gw, port=0) as srv: srv.root` -> "http://127.0.0.1:PORT"."""
 
     def __init__(self, gateway: ModelGateway, host: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__(host, port)
         self.gateway = gateway
-        self.host, self.port = host, port
-        self._server: Any = None
-        self._task: asyncio.Task[None] | None = None
 
     @property
     def root(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    def make_app(self) -> Any:
+        return self.gateway.app()
+
+    def start_error(self) -> Exception:
+        return GatewayError("the gateway server stopped while starting")
+
     async def __aenter__(self) -> GatewayServer:
-        import uvicorn
-
-        config = uvicorn.Config(
-            self.gateway.app(), host=self.host, port=self.port, log_level="warning", lifespan="off"
-        )
-        self._server = uvicorn.Server(config)
-        self._task = asyncio.get_running_loop().create_task(self._server.serve())
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()
-                raise GatewayError("the gateway server stopped while starting")
-            await asyncio.sleep(0.02)
-        self.port = self._server.servers[0].sockets[0].getsockname()[1]
+        await super().__aenter__()
         return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-        if self._task is not None:
-            await self._task
