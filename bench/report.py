@@ -62,9 +62,10 @@ def _utc(t: float | None = None) -> str:
 
 def provenance(command: str | None = None) -> dict[str, Any]:
     """Where a result comes from: the command line (default: `sandgym` and this process's
-    arguments), the code's commit, whether tracked files differed from it (`git_dirty`), and
-    the time (UTC) the run started."""
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    arguments), the code's commit, whether tracked files outside bench/results/ differed from
+    it (`git_dirty`), and the time (UTC) the run started."""
+    # bench/results/ is the benchmarks' output (a --merge run starts from a changed file there)
+    status = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results")
     return {
         "command": command or "sandgym " + shlex.join(sys.argv[1:]),
         "git_commit": git_commit(),
