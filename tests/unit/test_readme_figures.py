@@ -39,7 +39,34 @@ def s(ms: float) -> str:
     return f"{ms / 1000:.2f}"
 
 
-SB, GR, HC = "sandbox_latency.json", "group.json", "harbor_compat.json"
+SB, GR, HC, RE = "sandbox_latency.json", "group.json", "harbor_compat.json", "reliability.json"
+ABUSES = {
+    "fork_bomb": "fork bomb",
+    "memory_hog": "memory hog",
+    "disk_fill": "disk fill",
+    "endless_output": "endless output",
+    "sigterm_ignorer": "sigterm ignorer",
+    "network_probes": "network probes",
+}
+
+
+def abuse_ratios() -> str:
+    return "; ".join(
+        f"{label} {at(RE, f'abuse/local/abuses/{k}/p99_ratio_to_quiet'):.2f}x local / "
+        f"{at(RE, f'abuse/docker/abuses/{k}/p99_ratio_to_quiet'):.2f}x docker"
+        for k, label in ABUSES.items()
+    )
+
+
+def fuzz_figures() -> str:
+    rss = at(RE, "fuzz/rss_mb")
+    points = [c["rss_mb"] for c in rss["checkpoints"]]
+    return (
+        f"{at(RE, 'fuzz/sent'):,} frames, {at(RE, 'fuzz/failures')} failures, server RSS "
+        f"{rss['after_warmup']:.1f} MiB after warm-up -> {rss['end']:.1f} MiB at the end "
+        f"(checkpoints within {min(points):.1f}-{max(points):.1f} MiB"
+    )
+
 
 #: (what, the README's text made from the results)
 FIGURES: list[tuple[str, Callable[[], str]]] = [
@@ -108,6 +135,33 @@ FIGURES: list[tuple[str, Callable[[], str]]] = [
         )
         for i in range(2)
     ],
+    (
+        "server SIGKILL",
+        lambda: (
+            f"0 orphans left {at(RE, 'faults/sigkill_restart/restart_to_zero_orphans_s'):.2f} "
+            "s after the restart began (healthy at "
+            f"{at(RE, 'faults/sigkill_restart/restart_to_healthy_s'):.2f} s)"
+        ),
+    ),
+    (
+        "container killed",
+        lambda: (
+            "error {:.2f} s after the kill; others {} ok; pool back to 2 ready in {:.2f} s".format(
+                at(RE, "faults/container_killed_mid_episode/kill_to_error_s"),
+                at(RE, "faults/container_killed_mid_episode/others_ok"),
+                at(RE, "faults/container_killed_mid_episode/pool_ready_2_after_kill_s"),
+            )
+        ),
+    ),
+    (
+        "dockerd restart",
+        lambda: "engine back in {:.2f} s, an episode worked {:.2f} s later".format(
+            at(RE, "faults/dockerd_restart/engine_back_after_s"),
+            at(RE, "faults/dockerd_restart/engine_back_to_episode_ok_s"),
+        ),
+    ),
+    ("fuzz", fuzz_figures),
+    ("abuse ratios", abuse_ratios),
 ]
 
 
