@@ -35,6 +35,7 @@ def ray_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     # sandboxes here
     mp.setenv("SANDGYM_LOCAL_ROOT", str(tmp_path_factory.mktemp("sandboxes")))
     ray.init(
+        address="local",  # a new instance, never a cluster someone else started on this host
         num_cpus=2,
         resources={"sandgym": 1},
         include_dashboard=False,
