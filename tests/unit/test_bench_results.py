@@ -1,0 +1,220 @@
+"""Every field of a committed benchmark result is one its writer produces (issue 19).
+
+A result under bench/results/ is written by code (`sandgym bench NAME --out ...`, or the command
+named below); a field typed in by hand afterwards (a note, a reproduction, a commit) is not
+traceable to a measurement. For each results file this test reads its writer's source and
+accepts a key only when the writer spells it (a string constant, or the fixed part of an
+f-string key), or when it sits in a map whose keys are data (backend names, task ids, error
+codes: `DATA_MAPS`). A new file under bench/results/ must be listed here with its writer.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RESULTS = REPO / "bench" / "results"
+
+#: results file -> the modules whose code writes its fields
+WRITERS: dict[str, tuple[str, ...]] = {
+    "group.json": ("bench/group.py", "bench/report.py"),
+    # each task's entry is `sandgym tasks check`'s (tasks/cli.py), with the bench's fields added
+    "harbor_compat.json": (
+        "bench/harbor_compat.py",
+        "bench/substitutions.py",
+        "tasks/cli.py",
+        "bench/report.py",
+    ),
+    "harbor_compat.jsonl": ("bench/harbor_compat.py", "bench/substitutions.py", "tasks/cli.py"),
+    # `sandgym tasks check --jsonl` on the multi-step tasks (see the README's Harbor section)
+    "harbor_multistep_check.jsonl": ("tasks/cli.py",),
+    "harness_eval.json": ("bench/harness_eval.py", "trainer/eval_cli.py"),
+    "pool.json": ("bench/pool.py", "bench/report.py"),
+    "reliability.json": ("bench/reliability.py", "bench/report.py"),
+    "sandbox_latency.json": ("bench/sandbox.py", "bench/report.py"),
+    "sessions.json": ("bench/sessions.py", "bench/report.py"),
+    "step.json": ("bench/step.py", "bench/report.py"),
+    # its config is the trainer's config model dumped; held-out figures are `sandgym eval`'s
+    "train_demo.json": (
+        "bench/train_demo.py",
+        "trainer/config.py",
+        "trainer/eval_cli.py",
+        "bench/report.py",
+    ),
+}
+
+#: key paths (`*`: any key of a data map, `[]`: any list item) of the maps whose keys are data
+DATA_MAPS: dict[str, tuple[str, ...]] = {
+    "group.json": ("backends", "backends/*/tasks"),
+    "harbor_compat.json": (
+        "image_map",
+        "stand_in_images",
+        "substitution_table",
+        "reasons",
+        "reason_meanings",
+        "datasets/[]/absent_files",
+        "tasks/[]/absent_files",
+        "tasks/[]/referenced_unreachable_hosts",
+        "summary/by_dataset",
+    ),
+    "harbor_compat.jsonl": ("absent_files", "referenced_unreachable_hosts"),
+    "harbor_multistep_check.jsonl": (),
+    "harness_eval.json": (),
+    "pool.json": ("backends",),
+    "reliability.json": (
+        "abuse",
+        "abuse/*/abuses",
+        "abuse/*/abuses/*/outcomes",
+        "abuse/*/abuses/*/abuser_sandbox_after",
+        "fuzz/error_codes",
+        "fuzz/by_kind",
+        "fuzz/by_kind/*",
+        "fuzz/failure_examples",
+    ),
+    "sandbox_latency.json": ("backends",),
+    "sessions.json": ("levels", "servers"),
+    "step.json": ("backends",),
+    "train_demo.json": (
+        "terminations",
+        "heldout_sampled/after/terminations",
+        "heldout_sampled/before/terminations",
+    ),
+}
+
+
+#: results that are not JSON -> the module that writes them
+OTHER_FILES: dict[str, str] = {
+    "train_demo.png": "bench/train_demo.py",  # its reward plot, copied beside train_demo.json
+}
+
+
+OUR_PACKAGES = ("bench", "trainer", "tasks", "envserver", "sandboxes", "sandgym_cli")
+
+
+def with_imports(paths: tuple[str, ...]) -> list[Path]:
+    """The writer modules and the modules of this project they import (one level): a field
+    may be spelled in a helper the writer calls (a report builder, a stats module)."""
+    files = [REPO / p for p in paths]
+    for rel in paths:
+        for node in ast.walk(ast.parse((REPO / rel).read_text(encoding="utf-8"))):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                if name.split(".")[0] not in OUR_PACKAGES:
+                    continue
+                base = REPO.joinpath(*name.split("."))
+                for f in (base.with_suffix(".py"), base / "__init__.py"):
+                    if f.is_file() and f not in files:
+                        files.append(f)
+    return files
+
+
+#: results being re-made by their own benchmark's rework (issue 19) when this test was added:
+#: checked, but a failure is expected (xfail, not strict) until the re-made file lands; then
+#: drop the entry
+PENDING: dict[str, str] = {
+    "sessions.json": "bench sessions is being reworked and re-run (OpenEnv 0.10, paired runs)",
+    "train_demo.json": "the training demo is being re-run with generated notes (train_demo.py)",
+}
+
+
+@cache
+def spelled_keys(paths: tuple[str, ...]) -> tuple[set[str], list[re.Pattern[str]]]:
+    """The keys the writers' source (with what it imports of ours) spells: string constants,
+    keyword argument names and annotated field names (dataclasses and models dumped as dicts),
+    and one pattern per f-string (its fixed parts around `.+`): f"pass@{k}" -> `pass@.+`."""
+    consts: set[str] = set()
+    patterns: list[re.Pattern[str]] = []
+    for path in with_imports(paths):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                consts.add(node.value)
+            elif isinstance(node, ast.keyword) and node.arg:  # dict(key=...), Model(key=...)
+                consts.add(node.arg)
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                consts.add(node.target.id)  # a dataclass / pydantic field written as a key
+            elif isinstance(node, ast.JoinedStr):
+                parts = [
+                    re.escape(v.value) if isinstance(v, ast.Constant) else ".+" for v in node.values
+                ]
+                if any(isinstance(v, ast.Constant) for v in node.values):
+                    patterns.append(re.compile("".join(parts)))
+    return consts, patterns
+
+
+def unknown_fields(
+    doc: Any, data_maps: tuple[str, ...], consts: set[str], patterns: list[re.Pattern[str]]
+) -> list[str]:
+    """The key paths of `doc` that no writer spells and that sit in no data map."""
+    found: list[str] = []
+
+    def walk(obj: Any, path: tuple[str, ...]) -> None:
+        if isinstance(obj, dict):
+            data = "/".join(path) in data_maps
+            for key, value in obj.items():
+                if not data and key not in consts and not any(p.fullmatch(key) for p in patterns):
+                    found.append("/".join((*path, key)))
+                walk(value, (*path, "*" if data else key))
+        elif isinstance(obj, list):
+            for item in obj:
+                walk(item, (*path, "[]"))
+
+    walk(doc, ())
+    return sorted(set(found))
+
+
+def load_docs(path: Path) -> list[Any]:
+    if path.suffix == ".jsonl":
+        lines = path.read_text(encoding="utf-8").splitlines()
+        return [json.loads(line) for line in lines if line.strip()]
+    return [json.loads(path.read_text(encoding="utf-8"))]
+
+
+def test_every_results_file_has_a_writer() -> None:
+    files = {p.name for p in RESULTS.iterdir() if p.suffix in (".json", ".jsonl")}
+    assert files - WRITERS.keys() == set(), "a results file no entry of WRITERS names"
+    others = {p.name for p in RESULTS.iterdir() if p.suffix not in (".json", ".jsonl")}
+    assert others - OTHER_FILES.keys() == set(), "bench/results/ holds only what code writes"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.xfail(reason=PENDING[n], strict=False))
+        if n in PENDING
+        else n
+        for n in sorted(WRITERS)
+    ],
+)
+def test_results_hold_only_fields_their_writer_produces(name: str) -> None:
+    path = RESULTS / name
+    if not path.exists():
+        pytest.skip(f"{name} is not committed")
+    consts, patterns = spelled_keys(WRITERS[name])
+    unknown = [
+        f for doc in load_docs(path) for f in unknown_fields(doc, DATA_MAPS[name], consts, patterns)
+    ]
+    assert unknown == [], f"{name}: fields no writer ({', '.join(WRITERS[name])}) produces"
+
+
+def test_a_hand_added_field_is_caught() -> None:
+    consts, patterns = spelled_keys(WRITERS["pool.json"])
+    doc = json.loads((RESULTS / "pool.json").read_text(encoding="utf-8"))
+    assert unknown_fields(doc, DATA_MAPS["pool.json"], consts, patterns) == []
+    doc["backends"]["docker"]["notes"] = "re-run by hand on a quiet machine"
+    doc["provenance_by_hand"] = "abc123"
+    assert unknown_fields(doc, DATA_MAPS["pool.json"], consts, patterns) == [
+        "backends/*/notes",
+        "provenance_by_hand",
+    ]
