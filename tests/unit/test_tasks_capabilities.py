@@ -72,3 +72,15 @@ async def test_a_fake_shell_is_spared_mkdir_and_chmod(tmp_path: Path) -> None:
     assert not plain.runs_real_commands and not plain.builds_images
     await prepare_episode(task, plain, seed=0)
     assert plain.files["/srv/data/in.txt"] == b"payload\n"
+
+
+def test_each_backend_declares_what_the_task_layer_asks() -> None:
+    # docker builds the task's Dockerfile itself; applying it again would redo its COPY steps
+    from sandboxes.docker import DockerSandbox
+    from sandboxes.e2b import E2BSandbox
+    from sandboxes.local import LocalSandbox
+
+    assert DockerSandbox.builds_images and DockerSandbox.runs_real_commands
+    assert not LocalSandbox.builds_images and LocalSandbox.runs_real_commands
+    assert not E2BSandbox.builds_images and E2BSandbox.runs_real_commands
+    assert not NullSandbox.builds_images and not NullSandbox.runs_real_commands
