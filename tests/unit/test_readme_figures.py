@@ -140,7 +140,7 @@ FIGURES: list[tuple[str, Callable[[], str]]] = [
         lambda: (
             f"0 orphans left {at(RE, 'faults/sigkill_restart/restart_to_zero_orphans_s'):.2f} "
             "s after the restart began (healthy at "
-            f"{at(RE, 'faults/sigkill_restart/restart_to_healthy_s'):.2f} s)"
+            f"{at(RE, 'faults/sigkill_restart/restart_to_healthy_s'):.2f} s"
         ),
     ),
     (
