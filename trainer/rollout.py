@@ -1,12 +1,11 @@
 """Rollouts: episodes driven through the env server by an agent and an inference engine.
 
-`EpisodeRunner` is plain asyncio: it plays one episode on an `AsyncEnvClient` (reset, then one
-model turn per step until submit or the turn limit) and records every turn as a `Step`. Many
-episodes run concurrently on one event loop; their generation requests are micro-batched by the
-engine. A failure ends the episode with a termination reason named after its wire code; the
-infrastructure ones (`sandbox_lost`, a dropped connection, server errors) are masked by the
-trainer, while `verifier_error` and `action_timeout`, which the agent can cause (a FIFO where the
-tests read makes the verifier time out), score 0 (trainer/episode.py has the table).
+`EpisodeRunner` is plain asyncio: it chooses a server, then plays one episode through the one
+episode loop (`trainer.episode_runner.run_episode`: reset, the agent's turns, submit to the end,
+failures classified by trainer/failures.py) with the terminal agent (one model turn per step until
+it submits or reaches its turn limit), or the no-op or oracle agent. Every turn is recorded as a
+`Step`. Many episodes run concurrently on one event loop; their generation requests are
+micro-batched by the engine.
 
 `RolloutWorker` is the Ray actor wrapping a runner, an engine and its copy of the weights. It is
 an async actor (`max_concurrency` = concurrent episodes): the driver calls `run_episode` once per
@@ -24,7 +23,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from envserver.client import http_base as http_base  # re-exported: older imports name it here
@@ -39,12 +38,13 @@ from trainer.agents import (
 from trainer.config import TrainConfig
 from trainer.engines.base import InferenceEngine, SamplingParams
 from trainer.episode import Episode, Step, Trajectory
-from trainer.failures import classify_failure
+from trainer.episode_runner import (
+    MAX_TASK_STEPS as MAX_TASK_STEPS,  # re-exported: older imports name it here
+)
+from trainer.episode_runner import Ending, EpisodeSession, run_episode
+from trainer.failures import classify_failure as classify_failure  # re-exported, likewise
 
 log = logging.getLogger(__name__)
-
-#: the most steps a multi-step task may have before an episode's closing submits give up
-MAX_TASK_STEPS = 1000
 
 
 class EpisodeRunner:
@@ -107,93 +107,44 @@ class EpisodeRunner:
         fork = bool(group_id) and group_size > 1 and self.config.env.fork_groups
         url = url or self.pick_url(group_id if fork else "", group_size)
         reset_options = {"group": {"id": group_id, "size": group_size}} if fork else {}
-        self._in_flight[url] += 1
         episode = Episode(task_id=task_id, seed=seed, group_id=group_id, server_url=url)
-        traj = Trajectory(role="agent")
-        episode.trajectories.append(traj)
-        t0 = time.monotonic()
+        episode.trajectories.append(Trajectory(role="agent"))
+        self._in_flight[url] += 1
         try:
-            async with self._client_factory(url) as client:
-                await self._play(client, episode, traj, params or self.params, reset_options)
-        except Exception as exc:  # recorded, never raised: one bad episode must not stop a run
-            episode.termination = classify_failure(exc)  # type: ignore[assignment]
-            episode.error = f"{type(exc).__name__}: {exc}"[:500]
-            # every trajectory: a multi-role workflow must not keep a partial score either
-            for t in episode.trajectories:
-                t.reward = 0.0
-            log.warning(
-                "episode %s seed %s ended by %s (%s): %s",
-                task_id,
-                seed,
-                episode.termination,
-                "masked" if episode.is_infra_failure else "scored 0",
-                exc,
+            return await run_episode(
+                lambda: self._client_factory(url),
+                episode,
+                self._policy(params or self.params),
+                reset_options=reset_options,
+                reset_retries=self.config.env.connect_retries,  # waits out `capacity`
             )
         finally:
             self._in_flight[url] -= 1
-        episode.metrics.update(
-            {
-                "duration_s": time.monotonic() - t0,
-                "turns": float(sum(1 for s in traj.steps if s.response_ids)),
-                "generated_tokens": float(traj.num_generated_tokens),
-                "generate_s": sum(s.generate_s for s in traj.steps),
-                "env_s": sum(s.env_s for s in traj.steps),
-            }
-        )
-        return episode
 
-    async def _reset(
-        self, client: Any, task_id: str, seed: int | None, options: dict[str, Any] | None = None
-    ) -> tuple[Any, Any]:
-        # `capacity` is the one retryable refusal worth waiting out at reset
-        for attempt in range(self.config.env.connect_retries + 1):
-            try:
-                if options:
-                    return await client.reset(task_id, seed=seed, options=options)
-                return await client.reset(task_id, seed=seed)
-            except Exception as exc:
-                if getattr(exc, "retryable", False) and attempt < self.config.env.connect_retries:
-                    await asyncio.sleep(0.5 * 2**attempt)
-                    continue
-                raise
-        raise AssertionError("unreachable")
-
-    async def _submit_to_the_end(self, client: Any, episode: Episode, traj: Trajectory) -> Any:
-        """Submit until the episode ends: once, or once per step left of a multi-step task
-        (a bounded loop: the server ends the episode after its last step)."""
-        for _ in range(MAX_TASK_STEPS):
-            t = time.monotonic()
-            res = await client.step({"kind": "submit"})
-            traj.steps.append(_env_step([], {"kind": "submit"}, res, time.monotonic() - t))
-            _record_step_rewards(episode, res)
-            if res.terminated or res.truncated:
-                return res
-        raise RuntimeError(f"the episode did not end after {MAX_TASK_STEPS} submits")
-
-    async def _play(
-        self,
-        client: Any,
-        episode: Episode,
-        traj: Trajectory,
-        params: SamplingParams,
-        reset_options: dict[str, Any] | None = None,
-    ) -> None:
-        obs, _info = await self._reset(client, episode.task_id, episode.seed, reset_options)
-        obs = _as_dict(obs)
-        episode.instruction = str(obs.get("output") or "")
-        if isinstance(self.agent, OracleAgent):
-            for action in self.agent.actions(episode.task_id):
-                t = time.monotonic()
-                res = await client.step(action)
-                traj.steps.append(_env_step([], action, res, time.monotonic() - t))
+    def _policy(self, params: SamplingParams) -> Callable[[EpisodeSession], Awaitable[Ending]]:
         if isinstance(self.agent, NoopAgent | OracleAgent) or self.engine is None:
-            res = await self._submit_to_the_end(client, episode, traj)
-            traj.reward = float(res.reward)
-            episode.termination = "submitted"
-            return
+            return self._play_scripted
+
+        async def play(session: EpisodeSession) -> Ending:
+            return await self._play_model(session, params)
+
+        return play
+
+    async def _play_scripted(self, session: EpisodeSession) -> Ending:
+        """No-op: nothing (the runner submits). Oracle: the task's solution, then submit."""
+        if isinstance(self.agent, OracleAgent):
+            for action in self.agent.actions(session.episode.task_id):
+                await session.step(action)
+                if session.ended:
+                    break
+        return "submitted"
+
+    async def _play_model(self, session: EpisodeSession, params: SamplingParams) -> Ending:
+        """The terminal agent: one model turn per step until it submits or runs out of turns
+        (a command-then-submit reply runs the command, then submits)."""
+        assert self.engine is not None and isinstance(self.agent, TerminalAgent)
         settings = self.config.agent
-        conv = self.agent.new_conversation(obs.get("output", ""), None)
-        submit_next = False
+        conv = self.agent.new_conversation(session.observation.get("output", ""), None)
         for _turn in range(settings.max_turns):
             t = time.monotonic()
             prompt = list(conv.token_ids)
@@ -209,7 +160,7 @@ class EpisodeRunner:
                 policy_version=gen.version,
                 generate_s=gen_s,
             )
-            traj.steps.append(step)
+            session.trajectory.steps.append(step)
             conv.add_response(text, gen.token_ids, finished=gen.finish_reason == "stop")
             parsed = parse_action(text)
             if parsed.action is None and not parsed.submit:
@@ -219,58 +170,12 @@ class EpisodeRunner:
             if action.get("kind") == "command":
                 action["timeout_s"] = settings.command_timeout_s
             step.action = action
-            t = time.monotonic()
-            res = await client.step(action)
-            _record_step_rewards(episode, res)
-            step.env_s = time.monotonic() - t
-            step.observation = _as_dict(res.observation)
-            step.reward, step.done = float(res.reward), bool(res.terminated or res.truncated)
-            if res.terminated or res.truncated:
-                traj.reward = float(res.reward)
-                episode.termination = "submitted" if res.terminated else "env_truncated"
-                return
-            if parsed.submit and parsed.action is not None:
-                submit_next = True
-                break
+            await session.step(action, turn=step)
+            if session.ended or (parsed.submit and parsed.action is not None):
+                return "submitted"
             conv.add_user(format_observation(step.observation, settings.max_observation_chars))
-        # the turn limit (or a command-then-submit reply): submit so the verifier scores it
-        # (every step left of a multi-step task is scored as the agent left it)
-        res = await self._submit_to_the_end(client, episode, traj)
-        traj.reward = float(res.reward)
-        episode.termination = (
-            ("submitted" if submit_next else "turn_limit") if res.terminated else "env_truncated"
-        )
-
-
-def _record_step_rewards(episode: Episode, res: Any) -> None:
-    step = (getattr(res, "info", None) or {}).get("step")
-    if isinstance(step, dict) and isinstance(step.get("rewards"), list):
-        episode.step_rewards = [float(r) for r in step["rewards"]]
-
-
-def _as_dict(obs: Any) -> dict[str, Any]:
-    if obs is None:
-        return {}
-    if isinstance(obs, dict):
-        return obs
-    if hasattr(obs, "model_dump"):
-        return dict(obs.model_dump())
-    return {"output": str(obs)}
-
-
-def _env_step(prompt: list[int], action: dict[str, Any], res: Any, env_s: float) -> Step:
-    """A step the agent took without the model (an automatic submit): no tokens, no loss."""
-    return Step(
-        prompt_ids=prompt,
-        response_ids=[],
-        response_logprobs=[],
-        loss_mask=[],
-        action=action,
-        observation=_as_dict(res.observation),
-        reward=float(res.reward),
-        done=bool(res.terminated or res.truncated),
-        env_s=env_s,
-    )
+        # the turn limit: the runner submits so the verifier scores what the agent left
+        return "turn_limit"
 
 
 class RolloutWorker:

@@ -8,25 +8,25 @@ One episode (`HarnessRunner.run_episode`):
 2. write the agent script and the instruction into the sandbox, run the agent with one
    `command` action (`OPENAI_BASE_URL=http://gateway/sessions/<sid>/v1`, the socket in
    `SANDGYM_GATEWAY_SOCKET`); the agent's own tool calls run as its subprocesses in the sandbox;
-3. `submit`: the verifier's reward;
+3. `submit` (to the end: once per step left of a multi-step task): the verifier's reward;
 4. the session's recorded calls become the trajectory's `Step`s (`calls_to_steps`, which refuses
    calls whose tokens do not line up), and the gateway forgets the session.
 
-A harness that made no model call (it crashed at once) gives an episode with no steps, recorded as
-termination `error` with the agent's output, so the trainer masks it.
+The loop, its submits and its failure classification are the one episode loop's
+(`trainer.episode_runner`). A harness that made no model call (it crashed at once) gives an episode
+with no steps, recorded as termination `error` with the agent's output, so the trainer masks it.
 """
 
 from __future__ import annotations
 
 import shlex
-import time
 from pathlib import Path
 from typing import Any
 
 from trainer.engines.base import SamplingParams
-from trainer.episode import Episode, Trajectory
+from trainer.episode import Episode
+from trainer.episode_runner import Ending, EpisodeSession, as_dict, run_episode
 from trainer.gateway import GatewayError, ModelGateway, calls_to_steps
-from trainer.rollout import _as_dict, classify_failure
 
 AGENT_SCRIPT = Path(__file__).with_name("react_agent.py")
 AGENT_PATH = "/tmp/sandgym_react_agent.py"
@@ -84,55 +84,55 @@ class HarnessRunner:
         group_id: str = "",
         params: SamplingParams | None = None,
     ) -> Episode:
+        """One episode through the one episode loop (`trainer.episode_runner`)."""
         sid = self.gateway.new_session()
         episode = Episode(task_id=task_id, seed=seed, group_id=group_id)
-        traj = Trajectory(role="agent")
-        episode.trajectories.append(traj)
-        t0 = time.monotonic()
-        try:
-            async with self.client_factory() as client:
-                episode.server_url = str(getattr(client, "url", "") or "")
-                obs, _info = await client.reset(
-                    task_id, seed=seed, options={"gateway_url": self.gateway_root}
-                )
-                episode.instruction = str(_as_dict(obs).get("output") or "")
-                script = AGENT_SCRIPT.read_text(encoding="utf-8")
-                await client.step({"kind": "write_file", "path": AGENT_PATH, "content": script})
-                await client.step(
-                    {"kind": "write_file", "path": TASK_PATH, "content": episode.instruction}
-                )
-                run = await client.step(
-                    {
-                        "kind": "command",
-                        "command": self.agent_command(sid, params),
-                        "timeout_s": self.agent_timeout_s,
-                    }
-                )
-                run_obs = _as_dict(run.observation)
-                episode.metrics["agent_exit_code"] = float(run_obs.get("exit_code") or 0)
-                res = await client.step({"kind": "submit"})
-                traj.reward = float(res.reward)
-                episode.termination = "submitted" if res.terminated else "env_truncated"
+        agent_output = ""
+
+        async def play(session: EpisodeSession) -> Ending:
+            nonlocal agent_output
+            script = AGENT_SCRIPT.read_text(encoding="utf-8")
+            # set-up steps are not the trajectory: its steps are the recorded model calls
+            await session.step(
+                {"kind": "write_file", "path": AGENT_PATH, "content": script}, record=False
+            )
+            await session.step(
+                {"kind": "write_file", "path": TASK_PATH, "content": episode.instruction},
+                record=False,
+            )
+            run = await session.step(
+                {
+                    "kind": "command",
+                    "command": self.agent_command(sid, params),
+                    "timeout_s": self.agent_timeout_s,
+                },
+                record=False,
+            )
+            run_obs = as_dict(run.observation)
+            agent_output = str(run_obs.get("output", ""))
+            episode.metrics["agent_exit_code"] = float(run_obs.get("exit_code") or 0)
+            return "submitted"
+
+        async def finish(ep: Episode) -> None:
+            traj = ep.trajectories[0]
             calls = self.gateway.consume(sid)
+            traj.steps = calls_to_steps(calls) if calls else []
             if not calls:
                 raise GatewayError(
-                    "the harness made no model call; its output: "
-                    + str(run_obs.get("output", ""))[-400:]
+                    "the harness made no model call; its output: " + agent_output[-400:]
                 )
-            traj.steps = calls_to_steps(calls)
             if traj.steps:
                 traj.steps[-1].reward = traj.reward
                 traj.steps[-1].done = True
-        except Exception as exc:  # recorded, never raised (as EpisodeRunner does)
-            self.gateway.consume(sid)
-            episode.termination = classify_failure(exc)  # type: ignore[assignment]
-            episode.error = f"{type(exc).__name__}: {exc}"[:800]
-            traj.reward = 0.0
-        episode.metrics.update(
-            {
-                "duration_s": time.monotonic() - t0,
-                "turns": float(len(traj.steps)),
-                "generated_tokens": float(traj.num_generated_tokens),
-            }
-        )
-        return episode
+
+        try:
+            return await run_episode(
+                self.client_factory,
+                episode,
+                play,
+                reset_options={"gateway_url": self.gateway_root},
+                finish=finish,
+                max_error_chars=800,
+            )
+        finally:
+            self.gateway.consume(sid)  # forget what a failed episode left (none after finish)
