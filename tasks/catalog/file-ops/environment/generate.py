@@ -1,8 +1,8 @@
 """Procedural instance of file-ops: a directory of files under /app, one of them to be copied,
-moved, renamed or deleted. Which directory, which file (only its name's prefix is given: the
-agent lists the directory to find the rest), which operation and where to are all drawn from the
-seed, and so is the wording: the instruction is written to $SANDGYM_INSTRUCTION_FILE. Prints
-the instance as JSON (the verifier's secret)."""
+moved, renamed or deleted. Which directory, which file (half the instances give only its name's
+prefix: the agent lists the directory to find the rest), which operation and where to are all
+drawn from the seed, and so is the wording: the instruction is written to
+$SANDGYM_INSTRUCTION_FILE. Prints the instance as JSON (the verifier's secret)."""
 import argparse, json, os, random, string
 
 p = argparse.ArgumentParser(); p.add_argument("--seed", type=int, required=True)
@@ -38,7 +38,10 @@ for n, content in files.items():
 
 op = rng.choice(["copy", "move", "rename", "delete"])
 src = f"/app/{src_dir}/{name}"
-the = rng.choice([
+# Half the instances name the file in full (act at once); the others give only its directory
+# and the prefix of its name, so the agent has to list the directory first (look, then act).
+direct = rng.random() < 0.5
+the = f"the file `{src}`" if direct else rng.choice([
     f"the file in `/app/{src_dir}` whose name starts with `{prefix}`",
     f"the one file in `/app/{src_dir}` whose name begins with `{prefix}`",
 ])
@@ -62,5 +65,5 @@ else:
 with open(os.environ["SANDGYM_INSTRUCTION_FILE"], "w") as f:
     f.write(ask + "\n")
 others = {n: c for n, c in files.items() if n != name}
-print(json.dumps({"op": op, "src": src, "dest": dest, "content": files[name],
+print(json.dumps({"op": op, "direct": direct, "src": src, "dest": dest, "content": files[name],
                   "dir": f"/app/{src_dir}", "others": others}))
