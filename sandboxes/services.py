@@ -4,7 +4,7 @@ A sandbox may come with *services*: other containers (a database, a web server, 
 that run beside the sandbox's own container on a private network of their own, each reachable
 by its service name (`ServiceSpec`). The sandbox's own container is the group's main service
 (Harbor's `main`, Terminal-Bench's `client`); the agent's shell is there. Only the docker
-backend runs groups (`sandboxes.docker_group`); the others refuse a spec with services
+backend runs groups (`sandboxes.docker.group`); the others refuse a spec with services
 (`SandboxGroupUnsupportedError`).
 
 A healthcheck (`HealthcheckSpec`) is what must pass before a sandbox is handed to an episode:

@@ -134,7 +134,7 @@ def leftovers(label: str) -> tuple[list[str], list[str]]:
 
 def group_left(sandbox_id: str) -> tuple[list[str], list[str]]:
     """(containers, networks) of one sandbox: its own container and its group's."""
-    from sandboxes.docker_group import LABEL_GROUP_OF
+    from sandboxes.docker.group import LABEL_GROUP_OF
 
     own = _docker("ps", "-aq", "--filter", f"name=^{sandbox_id}$")
     side, nets = leftovers(f"{LABEL_GROUP_OF}={sandbox_id}")
@@ -154,7 +154,7 @@ async def test_two_service_task_through_the_server(tmp_path: Path) -> None:
     from envserver.client import AsyncEnvClient
     from envserver.runner import BackgroundServer
     from envserver.settings import ServerSettings
-    from sandboxes.docker_group import LABEL_GROUP_OF
+    from sandboxes.docker.group import LABEL_GROUP_OF
 
     task_id = make_task(tmp_path, "kv-" + uuid.uuid4().hex[:8], "")
     label = f"sandgym.task={task_id}"
@@ -230,7 +230,7 @@ async def test_healthcheck_that_never_passes_fails_the_reset(tmp_path: Path) -> 
 async def test_sigkilled_server_leaves_a_group_the_restarted_one_reaps(tmp_path: Path) -> None:
     from envserver.client import AsyncEnvClient
     from envserver.runner import ServerProcess
-    from sandboxes.docker_group import LABEL_GROUP_OF
+    from sandboxes.docker.group import LABEL_GROUP_OF
 
     task_id = make_task(tmp_path, "kvkill-" + uuid.uuid4().hex[:8], "")
     label = f"sandgym.task={task_id}"

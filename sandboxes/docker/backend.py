@@ -1,0 +1,215 @@
+"""`DockerBackend`: creating a sandbox's container with its confinement (Docker's init, the
+reduced capabilities, `no-new-privileges`, the spec's limits), its bridge directory, network and
+services; the images (`images`) and reaping (`reaping`) parts are mixed in."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from typing import Any
+
+from sandboxes.cgroups import CPU_PERIOD_US
+from sandboxes.docker.bridge import _make_bridge_dir, _remove_bridge_dir
+from sandboxes.docker.exec_kill import HELPER_SCRIPT, MAIN_BOOT
+from sandboxes.docker.group import DockerGroup, wait_docker_health
+from sandboxes.docker.images import DockerImages
+from sandboxes.docker.names import BRIDGE_MOUNT, LABEL_BRIDGE_DIR
+from sandboxes.docker.reaping import DockerReaping
+from sandboxes.docker.sandbox import DockerSandbox
+from sandboxes.egress import proxy_env
+from sandboxes.errors import SandboxCreateError
+from sandboxes.spec import SandboxSpec
+
+log = logging.getLogger(__name__)
+
+
+#: What root inside the sandbox keeps: enough to own, chmod and chown its files, switch to an
+#: unprivileged user (apt's _apt, `su`-less `exec user=`), signal its processes, bind low ports.
+#: Dropped compared to Docker's default: NET_RAW (raw sockets), MKNOD, AUDIT_WRITE.
+CAP_ADD = [
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "SETUID",
+    "SETGID",
+    "SETPCAP",
+    "SETFCAP",
+    "KILL",
+    "NET_BIND_SERVICE",
+    "SYS_CHROOT",
+]
+
+
+class DockerBackend(DockerImages, DockerReaping):
+    """Sandboxes as Docker containers (see `sandboxes.docker` for the isolation settings)."""
+
+    def _confinement(self, spec: SandboxSpec, image_mb: int = 0) -> dict[str, Any]:
+        """Host-config options every container of a sandbox gets (the sandbox's own and its
+        verifier's): Docker's init, the reduced capabilities, `no-new-privileges`, and the
+        spec's CPU, memory, pids and storage limits. `image_mb`: what the storage quota must
+        leave for the image's own files on top of `storage_mb` (see `_quota_image_mb`)."""
+        host: dict[str, Any] = dict(
+            init=True,
+            cap_drop=["ALL"],
+            cap_add=CAP_ADD,
+            security_opt=["no-new-privileges"],
+        )
+        if spec.cpus:
+            # A 10 ms CFS period (Docker's --cpus uses 100 ms): see cgroups.CPU_PERIOD_US.
+            host["cpu_period"] = CPU_PERIOD_US
+            host["cpu_quota"] = int(spec.cpus * CPU_PERIOD_US)
+        if spec.memory_mb:
+            host["mem_limit"] = f"{spec.memory_mb}m"
+            host["memswap_limit"] = f"{spec.memory_mb}m"  # equal: no swap on top
+        if spec.pids_limit:
+            host["pids_limit"] = spec.pids_limit
+        if spec.storage_mb:
+            # A per-file size cap (RLIMIT_FSIZE, bytes; execs inherit it): the storage quota
+            # below works only on an engine that supports `--storage-opt size` (btrfs driver;
+            # overlay2 over xfs with pquota), and without it one `dd` could fill the host's
+            # disk. The cap holds on any filesystem; many files can still add up past
+            # storage_mb where the quota is unsupported.
+            import docker.types
+
+            size = spec.storage_mb * 2**20
+            host["ulimits"] = [docker.types.Ulimit(name="fsize", soft=size, hard=size)]
+        if self.runtime:
+            host["runtime"] = self.runtime
+        if spec.storage_mb and self._storage_opt_ok is not False:
+            host["storage_opt"] = {"size": f"{spec.storage_mb + image_mb}M"}
+        return host
+
+    def check_network(self, spec: SandboxSpec) -> None:
+        """Every policy, and any switch between them: public is the engine's bridge network
+        (attached and detached per phase), the others loopback only, an allowlist with its
+        proxy in the container's namespace (which needs the engine's host: checked at create)."""
+
+    def check_services(self, spec: SandboxSpec) -> None:
+        """Any group: the services run beside the sandbox (`sandboxes.docker.group`)."""
+
+    async def create(self, spec: SandboxSpec) -> DockerSandbox:
+        import docker.errors
+
+        from sandboxes.health import ensure_healthy
+
+        await self.ensure_available()
+        image = spec.snapshot or await self.image_for(spec)
+        labels = await asyncio.to_thread(self.labels_for, spec)
+        sandbox_id = "sg-" + uuid.uuid4().hex[:12]
+        bridge_dir = self.bridge_root / sandbox_id
+        labels[LABEL_BRIDGE_DIR] = str(bridge_dir)
+        image_mb = 0
+        if spec.storage_mb and self._storage_opt_ok is not False:
+            image_mb = await asyncio.to_thread(self._quota_image_mb, image)
+        self.check_network(spec)
+        group = DockerGroup(self, spec, sandbox_id, labels) if spec.services else None
+        host: dict[str, Any] = dict(
+            # A sandbox that is public in some phase starts on the bridge and is disconnected
+            # from it for its restricted phases (a container made with `none` can never join
+            # a network); one that never is public has loopback only, from the start. One
+            # with services is on its group's network in every phase (docker.group).
+            network_mode=group.network
+            if group is not None
+            else ("bridge" if spec.ever_public else "none"),
+            binds={str(bridge_dir): {"bind": BRIDGE_MOUNT, "mode": "ro"}},
+            **self._confinement(spec, image_mb),
+        )
+        api = self._client().api
+        pids: dict[str, int] = {}
+        has_health: set[str] = set()  # containers whose image has a HEALTHCHECK
+
+        def create_and_start() -> str:
+            # Low-level calls: create + start (+ one inspect, for the fast liveness check).
+            _make_bridge_dir(bridge_dir)
+            extra = group.main_create_kwargs() if group is not None else {}
+            resp = api.create_container(
+                image,
+                entrypoint=["/bin/sh", "-c", MAIN_BOOT, HELPER_SCRIPT],
+                command=[],
+                name=sandbox_id,
+                hostname=sandbox_id,
+                labels=labels,
+                environment={**(proxy_env() if spec.needs_proxy else {}), **spec.env},
+                working_dir=spec.workdir,  # Docker creates it when missing
+                host_config=api.create_host_config(**host),
+                **extra,
+            )
+            if group is not None and spec.ever_public:
+                api.connect_container_to_network(resp["Id"], "bridge")
+            api.start(resp["Id"])
+            container_id: str = resp["Id"]
+            with contextlib.suppress(Exception):
+                state = api.inspect_container(container_id)["State"]
+                pids[container_id] = int(state["Pid"])
+                if state.get("Health") is not None:
+                    has_health.add(container_id)
+            return container_id
+
+        try:
+            if group is not None:
+                await group.start()
+            try:
+                container_id = await asyncio.to_thread(create_and_start)
+            except docker.errors.APIError as exc:
+                await self._remove_container(sandbox_id)
+                if "storage_opt" in host and "qgroup" in str(exc).lower():
+                    # btrfs: the image alone already holds more than the quota allows
+                    raise SandboxCreateError(
+                        f"docker could not start {image}: its storage quota "
+                        f"({host['storage_opt']['size']}B, storage_mb={spec.storage_mb} plus "
+                        f"{image_mb} MiB for the image) is below what the image itself holds "
+                        f"on this btrfs engine; raise storage_mb ({exc})"
+                    ) from exc
+                if "storage_opt" not in host or "storage" not in str(exc).lower():
+                    raise SandboxCreateError(f"docker could not start {image}: {exc}") from exc
+                # Only the btrfs driver and overlay2 on xfs with pquota (and a few others)
+                # support a size limit.
+                self._storage_opt_ok = False
+                log.warning(
+                    "docker: storage bound in force: a per-file cap (RLIMIT_FSIZE) at storage_mb "
+                    "only; this engine (storage driver %r) refuses a total quota (%s), so many "
+                    "files can add up past storage_mb (scripts/setup.sh: "
+                    "SANDGYM_DOCKER_STORAGE=btrfs-quota makes an engine that has one)",
+                    self._storage_driver,
+                    exc,
+                )
+                host.pop("storage_opt")
+                try:
+                    container_id = await asyncio.to_thread(create_and_start)
+                except docker.errors.APIError as exc2:
+                    await self._remove_container(sandbox_id)
+                    raise SandboxCreateError(f"docker could not start {image}: {exc2}") from exc2
+        except BaseException:
+            # Cancelled or failed mid-create: the container may exist already; do not leak it.
+            await asyncio.shield(self._remove_container(sandbox_id))
+            if group is not None:
+                await asyncio.shield(group.remove())
+            await asyncio.shield(asyncio.to_thread(_remove_bridge_dir, bridge_dir))
+            raise
+        if "storage_opt" in host and self._storage_opt_ok is None:
+            self._storage_opt_ok = True
+            log.info(
+                "docker: storage bound in force: a total quota per sandbox (`--storage-opt "
+                "size`, storage driver %r: %s) and a per-file cap at storage_mb",
+                self._storage_driver,
+                "image + storage_mb, a btrfs qgroup"
+                if self._quota_counts_image()
+                else "storage_mb of the sandbox's own writes",
+            )
+        sb = DockerSandbox(spec, self, container_id, sandbox_id)
+        sb._bridge_dir = bridge_dir
+        sb._watch_host_pid(pids.get(container_id))
+        sb._on_bridge = spec.ever_public
+        sb._group = group
+        try:
+            await sb._start_network(pids.get(container_id))
+            if container_id in has_health:  # the image's HEALTHCHECK: Docker's own status
+                await wait_docker_health(api, container_id, f"sandbox {sandbox_id}")
+        except BaseException:
+            await asyncio.shield(sb.close())
+            raise
+        await ensure_healthy(sb)  # spec.healthcheck (Harbor's), run inside; closes on failure
+        return sb

@@ -1,0 +1,309 @@
+"""Commands in a Docker sandbox, and killing what they leave.
+
+`exec` uses the low-level exec API and reads the multiplexed stream itself (`streams`), so output
+is capped while it streams. Each exec carries a unique `SANDGYM_EXEC_ID` in its environment; on
+timeout every process that still carries it is stopped and killed, by a `docker exec`ed killer and
+by the container's main process, the kill helper (`HELPER_SCRIPT`), which needs no new pid and so
+still works when a fork bomb fills the pids limit. If leftovers of earlier execs exhaust the pids
+limit, the next exec kills them and retries once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+from sandboxes.base import normalize_sandbox_path
+from sandboxes.common.files import files_tar
+from sandboxes.common.kill import (
+    EXEC_MARKER_ENV,
+    KILL_ALL_BUT_INIT_SCRIPT,
+    kill_marked_bash_script,
+    kill_marked_script,
+)
+from sandboxes.common.output import CappedBuffer
+from sandboxes.docker.core import DockerSandboxBase
+from sandboxes.docker.streams import _demux, _raw_socket
+from sandboxes.errors import SandboxError
+from sandboxes.spec import ExecResult
+
+log = logging.getLogger(__name__)
+
+
+#: Where the in-container kill helper looks for requests (one file per exec marker).
+HELPER_DIR = "/run/sandgym/kill"
+
+
+#: The container's main process (under Docker's init): a bash loop that forks nothing once
+#: started. Every 0.2 s it looks for non-empty files in HELPER_DIR, named by an exec's marker,
+#: kills the processes carrying that marker and truncates the file. Requests arrive through
+#: put_archive, which needs no process inside the container, so a timed-out command is killed
+#: even when a fork bomb holds every pid the pids limit allows and no `docker exec` can start.
+#: (As root without CAP_SYS_PTRACE it cannot read other users' environments; execs run as
+#: another user rely on the exec-based killer.) Images without bash get `sleep infinity`.
+HELPER_SCRIPT = (
+    "mkdir -p %s && { [ -p /run/sandgym/tick ] || mkfifo /run/sandgym/tick; } "
+    "&& exec 3<>/run/sandgym/tick || exec sleep infinity\n"
+    'while :; do for f in %s/*; do [[ -s $f ]] || continue; m="%s=${f##*/}"; '
+    "for r in 1 2 3 4 5 6; do hit=(); for e in /proc/[0-9]*/environ; do "
+    "p=${e#/proc/}; p=${p%%/environ}; "
+    "while IFS= read -r -d '' v; do if [[ $v == \"$m\" ]]; then "
+    'kill -STOP "$p" 2>/dev/null; hit+=("$p"); break; fi; done 2>/dev/null < "$e"; done; '
+    '((${#hit[@]})) || break; kill -KILL "${hit[@]}" 2>/dev/null; done; : > "$f"; done; '
+    "read -t 0.2 -u 3; done"
+) % (HELPER_DIR, HELPER_DIR, EXEC_MARKER_ENV)
+
+
+#: sh starts the helper under bash when the image has bash, else just sleeps.
+MAIN_BOOT = 'if command -v bash >/dev/null 2>&1; then exec bash -c "$0"; fi; exec sleep infinity'
+
+
+def _pid_exhausted(result: ExecResult) -> bool:
+    """Whether Docker failed to start an exec because the container's pids limit is full."""
+    if result.exit_code not in (126, 127, -1) or result.timed_out:
+        return False
+    text = (result.stdout + result.stderr).lower()
+    return "oci runtime exec failed" in text and (
+        "read init-p" in text or "resource temporarily unavailable" in text
+    )
+
+
+class DockerExec(DockerSandboxBase):
+    """`exec` with the output capped while it streams, and the killers of a timed-out one."""
+
+    async def exec(
+        self,
+        cmd: str | list[str],
+        timeout_s: float = 60.0,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+    ) -> ExecResult:
+        result = await self._exec_once(cmd, timeout_s, cwd, env, user)
+        if _pid_exhausted(result):
+            # Docker could not start the command: every pid the limit allows is taken, by what
+            # earlier execs left running (a fork bomb that outlived its command). Without
+            # a recovery the sandbox is dead for good, so those leftovers are killed (by the
+            # helper, which needs no new pid) and the command is tried once more.
+            log.warning("docker: pids exhausted in %s; killing what earlier execs left", self.id)
+            await self._kill_leftovers()
+            result = await self._exec_once(cmd, timeout_s, cwd, env, user)
+        return result
+
+    async def _kill_leftovers(self) -> None:
+        markers = list(self._markers)
+        if not markers or not await self._ask_helper(*markers):
+            return
+        for _ in range(50):
+            if await self._helper_done(markers[-1]):
+                return
+            await asyncio.sleep(0.1)
+
+    async def _exec_once(
+        self,
+        cmd: str | list[str],
+        timeout_s: float,
+        cwd: str | None,
+        env: dict[str, str] | None,
+        user: str | None,
+    ) -> ExecResult:
+        import docker.errors
+
+        self._check_open()
+        argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
+        workdir = normalize_sandbox_path(cwd, self.spec.workdir) if cwd else self.spec.workdir
+        marker = uuid.uuid4().hex
+        self._markers.append(marker)
+        full_env = {**self.spec.env, **(env or {}), EXEC_MARKER_ENV: marker}
+        run_user = user if user is not None else self.spec.user
+        start = time.perf_counter()
+        try:
+            exec_id = await asyncio.to_thread(
+                self._api.exec_create,
+                self.container_id,
+                argv,
+                stdout=True,
+                stderr=True,
+                stdin=False,
+                tty=False,
+                environment=full_env,
+                workdir=workdir,
+                user=run_user or "",
+            )
+        except (docker.errors.NotFound, docker.errors.APIError) as exc:
+            lost = await self._lost("exec")
+            if lost is not None:
+                raise lost from exc
+            raise SandboxError(f"docker exec_create failed in sandbox {self.id}: {exc}") from exc
+
+        out, err = CappedBuffer(self.max_output_bytes), CappedBuffer(self.max_output_bytes)
+        holder: dict[str, Any] = {}
+        done = threading.Event()
+        reader = asyncio.create_task(
+            asyncio.to_thread(self._pump, exec_id["Id"], out, err, holder, done)
+        )
+        timed_out = False
+        try:
+            await asyncio.wait_for(asyncio.shield(reader), timeout_s)
+        except TimeoutError:
+            timed_out = True
+            await self._kill_marked(marker, run_user)
+            # The stream ends once every process holding its pipe is dead; a process that
+            # escaped the marker (env -i) must not hang us, so cut the socket after a grace.
+            try:
+                await asyncio.wait_for(asyncio.shield(reader), 2.0)
+            except TimeoutError:
+                raw = _raw_socket(holder.get("sock"))
+                if raw is not None:
+                    with contextlib.suppress(OSError):
+                        raw.shutdown(socket.SHUT_RDWR)
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(reader, 5.0)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._kill_marked(marker, run_user))
+            raise
+        failure = reader.exception() if reader.done() and not reader.cancelled() else None
+        if failure is not None:
+            lost = await self._lost("exec")
+            if lost is not None:
+                raise lost from failure
+            raise SandboxError(
+                f"docker exec stream failed in sandbox {self.id}: {failure}"
+            ) from failure
+
+        exit_code: int | None = None
+        if not timed_out:
+            exit_code = await self._exit_code(exec_id["Id"])
+            # No code, or death by a signal: maybe the whole container went down mid-command.
+            # Docker records the container's exit a moment after its processes die, so a
+            # SIGKILL'd command (137) watches the state for up to half a second.
+            if exit_code is None or exit_code >= 128:
+                checks = 10 if exit_code in (None, 137) else 1
+                for i in range(checks):
+                    lost = await self._lost("exec")
+                    if lost is not None:
+                        raise lost
+                    if i + 1 < checks:
+                        await asyncio.sleep(0.05)
+        stdout, t1 = out.text()
+        stderr, t2 = err.text()
+        if exit_code == 126 and stdout.startswith("OCI runtime exec failed") and not stderr:
+            # Docker could not start the program; say so the way a shell would: on stderr,
+            # and 127 when the program does not exist.
+            stdout, stderr = "", stdout.replace("\r\n", "\n")
+            if "executable file not found" in stderr or "no such file or directory" in stderr:
+                exit_code = 127
+        return ExecResult(
+            exit_code=exit_code,
+            stdout=stdout,
+            stderr=stderr,
+            timed_out=timed_out,
+            truncated=t1 or t2,
+            duration_s=time.perf_counter() - start,
+        )
+
+    def _pump(
+        self,
+        exec_id: str,
+        out: CappedBuffer,
+        err: CappedBuffer,
+        holder: dict[str, Any],
+        done: threading.Event,
+    ) -> None:
+        """(Thread) start the exec and demultiplex its stream into the two capped buffers."""
+        sock = self._api.exec_start(exec_id, tty=False, socket=True)
+        holder["sock"] = sock
+        try:
+            _demux(sock, out, err)
+        finally:
+            done.set()
+
+    async def _exit_code(self, exec_id: str) -> int | None:
+        # The stream can end a moment before Docker records the exit code.
+        for _ in range(50):
+            try:
+                info = await asyncio.to_thread(self._api.exec_inspect, exec_id)
+            except Exception:
+                return None
+            if not info.get("Running") and info.get("ExitCode") is not None:
+                return int(info["ExitCode"])
+            await asyncio.sleep(0.01)
+        return None
+
+    async def _kill_marked(self, marker: str, user: str | None) -> None:
+        """Kill every process of one exec (by its env marker).
+
+        Two killers race: the in-container helper (asked through put_archive; needs no new pid,
+        sees root's processes) and a `docker exec` of a fork-free bash script run as the exec's
+        own user (root without CAP_SYS_PTRACE cannot read another user's /proc/PID/environ).
+        The exec is retried: under a fork bomb it may not get a pid at the first try.
+        """
+        helper_asked = await self._ask_helper(marker)
+        root = user in (None, "", "root", "0")
+        for _attempt in range(30):
+            try:
+                code, out = await self._raw_exec(
+                    ["bash", "-c", kill_marked_bash_script(marker)], user=user
+                )
+                if code != 0 and b"not found" in out:  # no bash in this image
+                    code, out = await self._raw_exec(
+                        ["sh", "-c", kill_marked_script(marker)], user=user
+                    )
+                if code == 0:
+                    return
+            except Exception as exc:
+                if await self._state() != "running":
+                    return
+                log.debug("docker: killer exec failed in %s: %s", self.id, exc)
+            if helper_asked and root and await self._helper_done(marker):
+                return
+            await asyncio.sleep(0.1)
+        log.warning("docker: could not kill the processes of a timed-out exec in %s", self.id)
+
+    async def _ask_helper(self, *markers: str) -> bool:
+        requests = files_tar(dict.fromkeys(markers, b"kill\n"), 0o600)
+        try:
+            await asyncio.to_thread(self._api.put_archive, self.container_id, HELPER_DIR, requests)
+            return True
+        except Exception:  # no helper in this image (no bash), or the container is gone
+            return False
+
+    async def _helper_done(self, marker: str) -> bool:
+        """True once the helper has handled (truncated) the request file."""
+
+        def size() -> int:
+            chunks, st = self._api.get_archive(self.container_id, f"{HELPER_DIR}/{marker}")
+            with contextlib.suppress(Exception):
+                chunks.close()
+            return int(st.get("size", -1))
+
+        try:
+            return await asyncio.to_thread(size) == 0
+        except Exception:
+            return False
+
+    async def _raw_exec(self, argv: list[str], user: str | None = None) -> tuple[int | None, bytes]:
+        """Run a short helper command to completion (no timeout machinery, no marker)."""
+
+        def go() -> tuple[int | None, bytes]:
+            ex = self._api.exec_create(
+                self.container_id, argv, stdout=True, stderr=True, user=user or ""
+            )
+            output = self._api.exec_start(ex["Id"])
+            code = self._api.exec_inspect(ex["Id"]).get("ExitCode")
+            return code, output
+
+        return await asyncio.to_thread(go)
+
+    async def kill_agent_processes(self) -> None:
+        """Kill every process in the container but its init (pid 1), the kill helper and the
+        killer: what the agent left running. The helper is told apart as the oldest process
+        after pid 1 (it starts with the container; nothing the agent starts is older)."""
+        self._check_open()
+        for _ in range(3):  # a process forking while the list is made is caught next round
+            await self._raw_exec(["sh", "-c", KILL_ALL_BUT_INIT_SCRIPT], user="root")

@@ -1,0 +1,154 @@
+"""Reaping on the docker backend: `reap(only_expired=True)` removes containers of any owner whose
+lease expired or whose owning process on this host is dead; `reap(only_expired=False)` also
+every container this backend's owner created. A group's network and services, bridge
+directories and verifier/group snapshot images go by the same labels (`reaper.should_reap`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from sandboxes.base import LABEL_MANAGED, LABEL_OWNER
+from sandboxes.docker.bridge import _remove_bridge_dir, _sweep_bridge_root
+from sandboxes.docker.client import DockerBackendBase
+from sandboxes.docker.group import (
+    LABEL_GROUP_OF,
+    owned_group_ids,
+    reap_group_networks,
+    remove_group,
+)
+from sandboxes.docker.names import LABEL_BRIDGE_DIR, LABEL_SNAPSHOT_OF, LABEL_VERIFIER_OF
+from sandboxes.errors import SandboxError
+
+log = logging.getLogger(__name__)
+
+
+class DockerReaping(DockerBackendBase):
+    """Listing, removing and reaping the containers (and snapshots) of sandgym's labels."""
+
+    async def managed_containers(self) -> list[dict[str, Any]]:
+        """Every container (running or not) carrying `sandgym.managed=1`."""
+        api = (await asyncio.to_thread(self._client)).api
+        found: list[dict[str, Any]] = await asyncio.to_thread(
+            api.containers, all=True, filters={"label": f"{LABEL_MANAGED}=1"}
+        )
+        return found
+
+    async def owned_sandbox_ids(self) -> list[str]:
+        """Names (= sandbox ids) of every container, in any state, labelled with this backend's
+        owner id: one filtered list call."""
+        api = (await asyncio.to_thread(self._client)).api
+        found: list[dict[str, Any]] = await asyncio.to_thread(
+            api.containers,
+            all=True,
+            filters={"label": [f"{LABEL_MANAGED}=1", f"{LABEL_OWNER}={self.owner_id}"]},
+        )
+        ids = [
+            # a service container stands for its group's sandbox (docker.group)
+            (c.get("Labels") or {}).get(LABEL_GROUP_OF)
+            or (c.get("Names") or [c["Id"]])[0].lstrip("/")
+            for c in found
+            if LABEL_VERIFIER_OF not in (c.get("Labels") or {})  # a verify's, removed by it
+        ]
+        owner = [f"{LABEL_MANAGED}=1", f"{LABEL_OWNER}={self.owner_id}"]
+        ids += await asyncio.to_thread(owned_group_ids, api, owner)
+        return list(dict.fromkeys(i for i in ids if i))
+
+    async def remove_sandbox(self, sandbox_id: str) -> None:
+        """Remove container `sandbox_id` and its bridge directory; only a container labelled
+        with this backend's owner id (SandboxError for any other), none when it is gone."""
+        import docker.errors
+
+        api = (await asyncio.to_thread(self._client)).api
+        owner = {LABEL_MANAGED: "1", LABEL_OWNER: self.owner_id}
+        try:
+            info = await asyncio.to_thread(api.inspect_container, sandbox_id)
+        except docker.errors.NotFound:
+            await asyncio.to_thread(remove_group, api, sandbox_id, owner)  # a group's rest
+            return
+        labels = (info.get("Config") or {}).get("Labels") or {}
+        if labels.get(LABEL_MANAGED) != "1" or labels.get(LABEL_OWNER) != self.owner_id:
+            raise SandboxError(
+                f"expected container {sandbox_id!r} to be labelled {LABEL_OWNER}={self.owner_id}"
+                f", found {LABEL_OWNER}={labels.get(LABEL_OWNER)!r}: not removing it"
+            )
+        await self._remove_container(info["Id"])
+        await asyncio.to_thread(remove_group, api, sandbox_id, owner)
+        bridge = labels.get(LABEL_BRIDGE_DIR)
+        if bridge and Path(bridge).name == sandbox_id:  # only ever a directory named for it
+            await asyncio.to_thread(_remove_bridge_dir, Path(bridge))
+
+    async def reap_matching(
+        self, *, everything: bool = False, owner_id: str | None = None
+    ) -> tuple[list[str], list[tuple[str, str]]]:
+        """Remove the managed containers `reaper.should_reap` selects.
+
+        Returns (removed names, [(name, error)]).
+        """
+        from sandboxes.reaper import should_reap
+
+        removed: list[str] = []
+        errors: list[tuple[str, str]] = []
+        containers = await self.managed_containers()
+        for c in containers:
+            labels = c.get("Labels") or {}
+            name = (c.get("Names") or [c["Id"]])[0].lstrip("/")
+            if not should_reap(labels, owner_id=owner_id, everything=everything):
+                continue
+            try:
+                await self._remove_container(c["Id"])
+            except Exception as exc:
+                errors.append((name, str(exc)))
+            else:
+                removed.append(name)
+                bridge = labels.get(LABEL_BRIDGE_DIR)
+                if bridge and Path(bridge).name == name:  # only ever a directory named for it
+                    await asyncio.to_thread(_remove_bridge_dir, Path(bridge))
+        await asyncio.to_thread(
+            reap_group_networks,
+            self._client().api,
+            lambda labels: should_reap(labels, owner_id=owner_id, everything=everything),
+            removed,
+            errors,
+        )
+        live = {(c.get("Names") or [c["Id"]])[0].lstrip("/") for c in containers} - set(removed)
+        await asyncio.to_thread(_sweep_bridge_root, self.bridge_root, live)
+        await self._reap_snapshots(removed, errors, owner_id=owner_id, everything=everything)
+        return removed, errors
+
+    async def _reap_snapshots(
+        self,
+        removed: list[str],
+        errors: list[tuple[str, str]],
+        *,
+        everything: bool,
+        owner_id: str | None,
+    ) -> None:
+        """Remove the verifier snapshot images (`DockerSandbox.exec_private`) that
+        `reaper.should_reap` selects by their labels (those of the sandbox they were taken
+        of): what a server that died mid-verify left. Their containers went first."""
+        from sandboxes.reaper import should_reap
+
+        api = self._client().api
+        images = await asyncio.to_thread(api.images, filters={"label": LABEL_VERIFIER_OF})
+        images += await asyncio.to_thread(api.images, filters={"label": LABEL_SNAPSHOT_OF})
+        for img in images:
+            labels = img.get("Labels") or {}
+            if not should_reap(labels, owner_id=owner_id, everything=everything):
+                continue
+            tags = [t for t in img.get("RepoTags") or [] if t != "<none>:<none>"]
+            for tag in tags or [img["Id"]]:  # an untagged one by its id
+                try:
+                    await asyncio.to_thread(api.remove_image, tag)
+                except Exception as exc:
+                    errors.append((tag, str(exc)))
+                else:
+                    removed.append(tag)
+
+    async def reap(self, only_expired: bool = True) -> list[str]:
+        removed, errors = await self.reap_matching(owner_id=None if only_expired else self.owner_id)
+        for name, err in errors:
+            log.warning("docker reap: could not remove %s: %s", name, err)
+        return removed

@@ -1,0 +1,214 @@
+"""The private verifier of a Docker sandbox: `exec_private` runs the verifier in a sibling
+container started from a snapshot of the sandbox (`docker commit`), sharing only its network
+namespace, so nothing the agent left running can reach the tests or the reward files."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+import uuid
+from typing import Any
+
+from sandboxes.base import normalize_sandbox_path
+from sandboxes.common.files import one_file_tar
+from sandboxes.common.output import CappedBuffer
+from sandboxes.docker.core import DockerSandboxBase
+from sandboxes.docker.names import (
+    LABEL_BRIDGE_DIR,
+    LABEL_VERIFIER_OF,
+    SNAPSHOT_REPO,
+    VERIFIER_OWN_CONTAINER_ENV,
+)
+from sandboxes.docker.streams import _demux, _raw_socket
+from sandboxes.errors import SandboxError
+from sandboxes.spec import ExecResult
+
+log = logging.getLogger(__name__)
+
+
+#: the verifier container's entrypoint: its stdin is a file put there before it started
+_STDIN_BOOT = 'exec 0<"$0" && rm -f "$0" && exec "$@"'
+
+
+class DockerPrivateVerifier(DockerSandboxBase):
+    """`exec_private`: the verifier in a sibling container made from a snapshot."""
+
+    @property
+    def supports_private_exec(self) -> bool:
+        return True
+
+    async def exec_private(
+        self,
+        cmd: list[str],
+        stdin: bytes,
+        timeout_s: float = 60.0,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult:
+        """`cmd` as root in a *sibling container* of its own, where no process of the agent's
+        exists: what the verifier uses (tasks/private_verify.py), so that nothing the agent
+        left running can see, join or touch the tests or the reward files.
+
+        1. The sandbox's file system is snapshotted (`docker commit`, the container paused
+           meanwhile) into `sandgym/verifier-snapshot:<name>`;
+        2. a container `<sandbox id>-verifier-<hex>` starts from it with the sandbox's
+           confinement (init, reduced capabilities, `no-new-privileges`, the spec's CPU,
+           memory, pids and file-size limits), `VERIFIER_OWN_CONTAINER_ENV=1` set, and only
+           the sandbox's *network* namespace shared (`network_mode=container:<sandbox>`): a
+           test can still query a service the agent left listening on localhost, while pid,
+           mount, IPC and UTS namespaces are its own (the agent's processes can neither see it
+           nor reach its files through /proc);
+        3. `stdin` is put into that container as a file (mode 0600) before it starts, and the
+           entrypoint makes it the command's stdin and deletes it; stdout and stderr are read
+           from an attach made before the start, capped like `exec`'s. On timeout the container
+           is killed (every process in it: no marker hunt needed), `exit_code` is None;
+        4. the container and the image are removed in every case (shielded from cancellation,
+           after any Docker call still in flight). Both carry the sandbox's owner labels plus
+           `sandgym.verifier_of=<sandbox id>`, so a reap after a server died mid-verify removes
+           them (`DockerBackend.reap_matching`), and the pool's sweep of untracked sandboxes
+           leaves a live one alone (`owned_sandbox_ids` skips them).
+
+        What the verifier does not see: the contents of the sandbox's volumes (an image's
+        `VOLUME`s; the backend itself mounts only the read-only bridge directory at
+        /run/sandgym, which is left empty there) and tmpfs mounts (the backend makes none), and
+        the agent's processes: a test that looks for them with `ps` or /proc finds nothing,
+        while a service they run is reachable through the shared network (localhost, abstract
+        unix sockets). Files the agent changed are all there (a commit holds the whole writable
+        layer). The programs the verifier runs (sh, bash, the tests' interpreters) come from
+        that snapshot too: an agent that replaces them still runs code as the verifier, as in
+        any design where the tests run in the agent's environment (tasks/private_verify.py).
+
+        Cost: a commit (grows with the bytes the agent changed), a container start and two
+        removals; the verifier's container counts against its own limits, beside the sandbox's.
+        Measured here (runc, overlay2, 2 cores; medians of 5 and of 8), `run_verifier` on a
+        small task: +1 to +46 ms per verify (~0.4 s either way) over running the tests inside
+        the sandbox (commit 80-100 ms, create+start 125-140 ms, removals ~15 ms, minus the
+        copy-in and read-back that path needed); after the agent wrote 50 MB and 2,000 files:
+        +0.9 to +1.1 s (commit ~0.5 s, image removal 0.2-0.25 s). The runtime
+        must let a container join another's network namespace (runc does; gVisor's runsc
+        keeps the network inside its sandbox)."""
+        import docker.errors
+
+        self._check_open()
+        lost = await self._lost("private exec")
+        if lost is not None:
+            raise lost
+        backend = self._backend
+        api = self._api
+        name = f"{self.id}-verifier-{uuid.uuid4().hex[:8]}"
+        image = f"{SNAPSHOT_REPO}:{name}"
+        stdin_path = f"/.sandgym-verifier-stdin-{uuid.uuid4().hex}"
+        workdir = normalize_sandbox_path(cwd, self.spec.workdir) if cwd else self.spec.workdir
+        full_env = {**self.spec.env, **(env or {}), VERIFIER_OWN_CONTAINER_ENV: "1"}
+        host: dict[str, Any] = dict(
+            network_mode=f"container:{self.container_id}",
+            log_config={"type": "none"},  # output comes through the attach; none kept on disk
+            **backend._confinement(self.spec),
+        )
+        host.pop("storage_opt", None)  # the verifier writes little; its writes are discarded
+        start = time.perf_counter()
+        in_flight: list[asyncio.Future[Any]] = []
+
+        def thread(fn: Any, *args: Any, **kw: Any) -> asyncio.Future[Any]:
+            fut = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kw))
+            in_flight.append(fut)
+            return fut
+
+        def prepare() -> str:
+            labels = backend.labels_for(self.spec)
+            # The snapshot inherits the sandbox's labels; these mark it and its container as
+            # a verifier's (and drop the bridge directory, which is the sandbox's alone).
+            labels.update({LABEL_VERIFIER_OF: self.id, LABEL_BRIDGE_DIR: ""})
+            api.commit(
+                self.container_id, repository=SNAPSHOT_REPO, tag=name, conf={"Labels": labels}
+            )
+            cid: str = api.create_container(
+                image,
+                entrypoint=["/bin/sh", "-c", _STDIN_BOOT, stdin_path],
+                command=list(cmd),
+                name=name,
+                labels=labels,
+                environment=full_env,
+                working_dir=workdir,
+                user="0",
+                host_config=api.create_host_config(**host),
+            )["Id"]
+            api.put_archive(cid, "/", one_file_tar(stdin_path, stdin, 0o600))
+            mounts = api.inspect_container(self.container_id).get("Mounts") or []
+            unseen = sorted(m.get("Destination", "?") for m in mounts if m.get("Type") == "volume")
+            if unseen:
+                log.warning(
+                    "docker: the verifier of sandbox %s sees the image's contents, not the "
+                    "agent's, at its volume(s) %s (a commit holds no volume)",
+                    self.id,
+                    ", ".join(unseen),
+                )
+            return cid
+
+        out, err = CappedBuffer(self.max_output_bytes), CappedBuffer(self.max_output_bytes)
+        timed_out = False
+        exit_code: int | None = None
+        try:
+            try:
+                cid = await asyncio.shield(thread(prepare))
+                params = {"stdout": 1, "stderr": 1, "stream": 1}  # attached before the start
+                sock = await asyncio.shield(thread(api.attach_socket, cid, params=params))
+                reader = thread(_demux, sock, out, err)
+                await asyncio.shield(thread(api.start, cid))
+            except docker.errors.APIError as exc:
+                lost = await self._lost("private exec")
+                if lost is not None:
+                    raise lost from exc
+                raise SandboxError(
+                    f"docker could not start the verifier container of sandbox {self.id}: {exc}"
+                ) from exc
+            try:
+                await asyncio.wait_for(asyncio.shield(reader), timeout_s)
+            except TimeoutError:
+                timed_out = True
+                with contextlib.suppress(docker.errors.APIError):
+                    await asyncio.shield(thread(api.kill, cid))
+                try:  # the stream ends with the container; never hang on it
+                    await asyncio.wait_for(asyncio.shield(reader), 5.0)
+                except TimeoutError:
+                    raw = _raw_socket(sock)
+                    if raw is not None:
+                        with contextlib.suppress(OSError):
+                            raw.shutdown(socket.SHUT_RDWR)
+            if not timed_out:
+                status = await asyncio.shield(thread(api.wait, cid, timeout=60))
+                exit_code = int(status.get("StatusCode", -1))
+        finally:
+            await asyncio.shield(self._drop_verifier(in_flight, name, image))
+        stdout, t1 = out.text()
+        stderr, t2 = err.text()
+        return ExecResult(
+            exit_code=exit_code,
+            stdout=stdout,
+            stderr=stderr,
+            timed_out=timed_out,
+            truncated=t1 or t2,
+            duration_s=time.perf_counter() - start,
+        )
+
+    async def _drop_verifier(
+        self, in_flight: list[asyncio.Future[Any]], name: str, image: str
+    ) -> None:
+        """Remove a verifier's container and snapshot image, once the Docker calls it still has
+        in flight returned (a commit or create finishing after the removal would leak)."""
+        import docker.errors
+
+        await self._backend._remove_container(name)  # ends the attach stream, if still open
+        for fut in in_flight:
+            with contextlib.suppress(BaseException):
+                await fut
+        await self._backend._remove_container(name)
+        try:
+            await asyncio.to_thread(self._api.remove_image, image, force=True)
+        except docker.errors.ImageNotFound:
+            pass
+        except docker.errors.APIError as exc:
+            log.warning("docker: could not remove verifier snapshot %s: %s", image, exc)
