@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 import abc
-import posixpath
+import logging
 import time
 import uuid
 from pathlib import Path
@@ -30,43 +30,25 @@ from sandboxes.errors import (
     SandboxClosedError,
     SandboxError,
     SandboxGroupUnsupportedError,
-    SandboxPathError,
     SnapshotUnsupportedError,
 )
+
+# Label names and id/path helpers live in `labels` and `paths`; these names stay importable here.
+from sandboxes.labels import LABEL_FINGERPRINT as LABEL_FINGERPRINT
+from sandboxes.labels import LABEL_LEASE_EXPIRY as LABEL_LEASE_EXPIRY
+from sandboxes.labels import LABEL_MANAGED as LABEL_MANAGED
+from sandboxes.labels import LABEL_OWNER as LABEL_OWNER
+from sandboxes.labels import LABEL_OWNER_HOST as LABEL_OWNER_HOST
+from sandboxes.labels import LABEL_OWNER_PID as LABEL_OWNER_PID
+from sandboxes.labels import LABEL_VERSION as LABEL_VERSION
+from sandboxes.labels import owner_is_gone as owner_is_gone
+from sandboxes.labels import sandbox_labels
 from sandboxes.network import NetworkPolicy
+from sandboxes.paths import new_sandbox_id
+from sandboxes.paths import normalize_sandbox_path as normalize_sandbox_path
 from sandboxes.spec import ExecResult, SandboxSpec, ShellResult
 
-#: Label keys every sandgym sandbox carries (Docker labels, local marker file, E2B metadata).
-LABEL_MANAGED = "sandgym.managed"
-LABEL_OWNER = "sandgym.owner"  # owner server id
-LABEL_OWNER_PID = "sandgym.owner_pid"  # pid of the owning process (same-host liveness check)
-LABEL_OWNER_HOST = "sandgym.owner_host"
-LABEL_LEASE_EXPIRY = "sandgym.lease_expiry"  # unix time after which anyone may reap it
-LABEL_VERSION = "sandgym.version"
-LABEL_FINGERPRINT = "sandgym.fingerprint"
-
-
-def new_sandbox_id() -> str:
-    return "sg-" + uuid.uuid4().hex[:12]
-
-
-def normalize_sandbox_path(path: str, workdir: str = "/") -> str:
-    """Resolve `path` (absolute, or relative to `workdir`) to a normalized absolute path.
-
-    Raises `SandboxPathError` for empty paths, NUL bytes, and `..` that would climb above `/`.
-    Symlinks are checked by each backend against its real filesystem.
-    """
-    if not isinstance(path, str) or not path or "\0" in path:
-        raise SandboxPathError(f"expected a non-empty path without NUL bytes, got {path!r}")
-    full = path if path.startswith("/") else posixpath.join(workdir, path)
-    depth = 0
-    for part in full.split("/"):
-        if part in ("", "."):
-            continue
-        depth = depth - 1 if part == ".." else depth + 1
-        if depth < 0:
-            raise SandboxPathError(f"path {path!r} climbs above the sandbox root")
-    return posixpath.normpath(full).replace("//", "/")
+log = logging.getLogger(__name__)
 
 
 class Sandbox(abc.ABC):
@@ -270,9 +252,21 @@ class SandboxBackend(abc.ABC):
                 f"{[s.name for s in spec.services]} beside the main one); use docker"
             )
 
+    async def reap_matching(
+        self, *, everything: bool = False, owner_id: str | None = None, images: bool = False
+    ) -> tuple[list[str], list[tuple[str, str]]]:
+        """Remove this backend's sandboxes (of any owner) that `labels.should_reap` selects,
+        and with `images` the cached images no sandbox uses: (removed ids, [(id, error)]). The
+        hook `sandgym reap` (`sandboxes.reaper`) calls on every backend."""
+        return [], []
+
     async def reap(self, only_expired: bool = True) -> list[str]:
-        """Destroy sandboxes whose owner is gone or whose lease expired; return their ids."""
-        return []
+        """Destroy sandboxes whose owner is gone or whose lease expired (and, unless
+        `only_expired`, every one of this backend's owner); return their ids."""
+        removed, errors = await self.reap_matching(owner_id=None if only_expired else self.owner_id)
+        for name, err in errors:
+            log.warning("%s reap: could not remove %s: %s", self.name, name, err)
+        return removed
 
     async def owned_sandbox_ids(self) -> list[str] | None:
         """Ids of every sandbox on this backend labelled with this backend's owner id, in any
@@ -291,50 +285,5 @@ class SandboxBackend(abc.ABC):
         return None
 
     def labels_for(self, spec: SandboxSpec) -> dict[str, str]:
-        """The labels every sandbox of this backend carries (see `LABEL_*`)."""
-        import os
-        import socket
-
-        from sandboxes import __version__
-
-        labels = dict(spec.labels)
-        labels.update(
-            {
-                LABEL_MANAGED: "1",
-                LABEL_OWNER: self.owner_id,
-                LABEL_OWNER_PID: str(os.getpid()),
-                LABEL_OWNER_HOST: socket.gethostname(),
-                LABEL_LEASE_EXPIRY: str(int(time.time() + self.lease_s)),
-                LABEL_VERSION: __version__,
-                LABEL_FINGERPRINT: spec.fingerprint(self.name),
-            }
-        )
-        return labels
-
-
-def owner_is_gone(labels: dict[str, str], now: float | None = None) -> bool:
-    """True when a sandbox's labels say nobody owns it any more (lease expired, or the owning
-    process on this host is dead)."""
-    import os
-    import socket
-
-    now = time.time() if now is None else now
-    try:
-        if float(labels.get(LABEL_LEASE_EXPIRY, "0")) < now:
-            return True
-    except ValueError:
-        return True
-    if labels.get(LABEL_OWNER_HOST) == socket.gethostname():
-        try:
-            pid = int(labels.get(LABEL_OWNER_PID, "0"))
-        except ValueError:
-            return True
-        if pid <= 0:
-            return True
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-    return False
+        """The labels every sandbox of this backend carries (`sandboxes.labels`)."""
+        return sandbox_labels(spec, backend=self.name, owner_id=self.owner_id, lease_s=self.lease_s)

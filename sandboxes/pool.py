@@ -21,7 +21,7 @@ background. Rules it keeps:
   backend and removes those it does not hold: what a creation left when its answer was lost
   (the engine died or the call was cancelled mid-create) and what an abandoned destroy left.
   A sandbox the pool tracks (any created and not yet destroyed) or one an in-flight creation
-  may still return is never touched (`sandboxes.reaper.sweep_untracked` decides).
+  may still return is never touched (`sandboxes.labels.sweep_untracked` decides).
 
 Example:
     >>> import asyncio
@@ -62,7 +62,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandboxes.base import Sandbox, SandboxBackend
 from sandboxes.errors import SandboxCreateError, SandboxError
-from sandboxes.reaper import Sighting, sweep_untracked
+from sandboxes.labels import Sighting, sweep_untracked
 from sandboxes.spec import SandboxSpec
 
 log = logging.getLogger(__name__)
@@ -1025,7 +1025,7 @@ class SandboxPool:
     async def sweep_untracked(self) -> list[str]:
         """One round of the sweep of untracked sandboxes (the background loop runs one every
         `sweep_interval_s`): list the backend's sandboxes under our owner id and remove those
-        `sandboxes.reaper.sweep_untracked` selects. A leftover is removed on the first round at
+        `sandboxes.labels.sweep_untracked` selects. A leftover is removed on the first round at
         least `sweep_grace_s` after the round that first saw it. Returns the removed ids
         (empty when another pool of the same owner is sweeping, or the backend cannot list).
         A failed listing raises; a failed removal is logged, counted and retried next round."""

@@ -51,8 +51,8 @@ HEALTHCHECK is waited for through Docker's status, `spec.healthcheck` is run ins
 Reaping: `reap(only_expired=True)` removes containers of any owner whose lease expired or whose
 owning process on this host is dead; `reap(only_expired=False)` also removes every container this
 backend's owner created (what a server does when it shuts down or restarts under the same id).
-Verifier snapshot images go with their verifier containers, by the same labels. `sandboxes.reaper`
-holds the decision (`should_reap`) and the cross-backend `sandgym reap`.
+Verifier snapshot images go with their verifier containers, by the same labels. `sandboxes.labels`
+holds the decision (`should_reap`), `sandboxes.reaper` the cross-backend `sandgym reap`.
 
 Layout: `backend` (`DockerBackend.create` and the confinement), `client` (the SDK client),
 `images` (images and the storage quota), `reaping`, `bridge` (the bridge directories), `group`

@@ -110,33 +110,6 @@ class DockerImages(DockerBackendBase):
                 f"building {ctx}/{dockerfile} failed: {error.strip()}\n--- build log tail ---\n{log_tail}"
             )
 
-    async def prune_context_images(self) -> tuple[list[str], list[tuple[str, str]]]:
-        """Remove the `sandgym/ctx:*` images (built from task build contexts) that no
-        container uses, running or stopped. They are rebuilt on the next episode that needs
-        them. Returns (removed tags, [(tag, error)])."""
-        await self.ensure_available()
-
-        def go() -> tuple[list[str], list[tuple[str, str]]]:
-            api = self._client().api
-            in_use = {c.get("ImageID") for c in api.containers(all=True)}
-            removed: list[str] = []
-            errors: list[tuple[str, str]] = []
-            for img in api.images(name=CTX_REPO):
-                if img["Id"] in in_use:
-                    continue
-                for tag in img.get("RepoTags") or []:
-                    if not tag.startswith(CTX_REPO + ":"):
-                        continue
-                    try:
-                        api.remove_image(tag, noprune=False)
-                    except Exception as exc:
-                        errors.append((tag, str(exc)))
-                    else:
-                        removed.append(tag)
-            return removed, errors
-
-        return await asyncio.to_thread(go)
-
     def _driver(self) -> str:
         """(Thread) the engine's storage driver (`docker info` Driver), asked once, with the
         engine label `sandgym.storage-quota` (`simple`/`full`) that scripts/setup.sh sets on

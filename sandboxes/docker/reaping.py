@@ -1,7 +1,7 @@
 """Reaping on the docker backend: `reap(only_expired=True)` removes containers of any owner whose
 lease expired or whose owning process on this host is dead; `reap(only_expired=False)` also
 every container this backend's owner created. A group's network and services, bridge
-directories and verifier/group snapshot images go by the same labels (`reaper.should_reap`)."""
+directories and verifier/group snapshot images go by the same labels (`labels.should_reap`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from sandboxes.base import LABEL_MANAGED, LABEL_OWNER
 from sandboxes.docker.bridge import _remove_bridge_dir, _sweep_bridge_root
 from sandboxes.docker.client import DockerBackendBase
 from sandboxes.docker.group import (
@@ -19,8 +18,9 @@ from sandboxes.docker.group import (
     reap_group_networks,
     remove_group,
 )
-from sandboxes.docker.names import LABEL_BRIDGE_DIR, LABEL_SNAPSHOT_OF, LABEL_VERIFIER_OF
+from sandboxes.docker.names import CTX_REPO, LABEL_BRIDGE_DIR, LABEL_SNAPSHOT_OF, LABEL_VERIFIER_OF
 from sandboxes.errors import SandboxError
+from sandboxes.labels import LABEL_MANAGED, LABEL_OWNER, should_reap
 
 log = logging.getLogger(__name__)
 
@@ -81,14 +81,14 @@ class DockerReaping(DockerBackendBase):
             await asyncio.to_thread(_remove_bridge_dir, Path(bridge))
 
     async def reap_matching(
-        self, *, everything: bool = False, owner_id: str | None = None
+        self, *, everything: bool = False, owner_id: str | None = None, images: bool = False
     ) -> tuple[list[str], list[tuple[str, str]]]:
-        """Remove the managed containers `reaper.should_reap` selects.
+        """Remove the managed containers `labels.should_reap` selects (with their groups,
+        bridge directories and snapshots); with `images`, then the task-context images
+        (`sandgym/ctx:*`) no container uses.
 
         Returns (removed names, [(name, error)]).
         """
-        from sandboxes.reaper import should_reap
-
         removed: list[str] = []
         errors: list[tuple[str, str]] = []
         containers = await self.managed_containers()
@@ -116,6 +116,10 @@ class DockerReaping(DockerBackendBase):
         live = {(c.get("Names") or [c["Id"]])[0].lstrip("/") for c in containers} - set(removed)
         await asyncio.to_thread(_sweep_bridge_root, self.bridge_root, live)
         await self._reap_snapshots(removed, errors, owner_id=owner_id, everything=everything)
+        if images:
+            tags, img_errors = await self.prune_context_images()
+            removed += tags
+            errors += img_errors
         return removed, errors
 
     async def _reap_snapshots(
@@ -127,10 +131,8 @@ class DockerReaping(DockerBackendBase):
         owner_id: str | None,
     ) -> None:
         """Remove the verifier snapshot images (`DockerSandbox.exec_private`) that
-        `reaper.should_reap` selects by their labels (those of the sandbox they were taken
+        `labels.should_reap` selects by their labels (those of the sandbox they were taken
         of): what a server that died mid-verify left. Their containers went first."""
-        from sandboxes.reaper import should_reap
-
         api = self._client().api
         images = await asyncio.to_thread(api.images, filters={"label": LABEL_VERIFIER_OF})
         images += await asyncio.to_thread(api.images, filters={"label": LABEL_SNAPSHOT_OF})
@@ -147,8 +149,29 @@ class DockerReaping(DockerBackendBase):
                 else:
                     removed.append(tag)
 
-    async def reap(self, only_expired: bool = True) -> list[str]:
-        removed, errors = await self.reap_matching(owner_id=None if only_expired else self.owner_id)
-        for name, err in errors:
-            log.warning("docker reap: could not remove %s: %s", name, err)
-        return removed
+    async def prune_context_images(self) -> tuple[list[str], list[tuple[str, str]]]:
+        """Remove the `sandgym/ctx:*` images (built from task build contexts) that no
+        container uses, running or stopped. They are rebuilt on the next episode that needs
+        them. Returns (removed tags, [(tag, error)])."""
+        await self.ensure_available()
+
+        def go() -> tuple[list[str], list[tuple[str, str]]]:
+            api = self._client().api
+            in_use = {c.get("ImageID") for c in api.containers(all=True)}
+            removed: list[str] = []
+            errors: list[tuple[str, str]] = []
+            for img in api.images(name=CTX_REPO):
+                if img["Id"] in in_use:
+                    continue
+                for tag in img.get("RepoTags") or []:
+                    if not tag.startswith(CTX_REPO + ":"):
+                        continue
+                    try:
+                        api.remove_image(tag, noprune=False)
+                    except Exception as exc:
+                        errors.append((tag, str(exc)))
+                    else:
+                        removed.append(tag)
+            return removed, errors
+
+        return await asyncio.to_thread(go)

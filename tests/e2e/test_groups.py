@@ -20,7 +20,7 @@ import pytest
 from envserver.client import AsyncEnvClient, EnvError
 from envserver.runner import BackgroundServer, ServerProcess
 from envserver.settings import ServerSettings
-from sandboxes.reaper import local_root
+from sandboxes.local import local_root
 from tests.e2e.conftest import REAL_BACKENDS
 
 GEN = """\

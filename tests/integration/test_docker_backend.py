@@ -352,7 +352,7 @@ async def test_persistent_shell_keeps_state_and_times_out(backend) -> None:
 
 async def test_reap_removes_orphan_with_dead_owner_and_expired_lease(backend) -> None:
     from sandboxes.docker import DockerBackend
-    from sandboxes.reaper import ReapReport, reap_docker
+    from sandboxes.reaper import reap
 
     # A "crashed server": its own owner id, a pid that has exited, a lease in the past.
     crashed = DockerBackend(owner_id="crashed-" + os.urandom(4).hex(), lease_s=-60)
@@ -363,8 +363,7 @@ async def test_reap_removes_orphan_with_dead_owner_and_expired_lease(backend) ->
     live = await backend.create(SandboxSpec())
     try:
         assert labels[LABEL_OWNER_PID] == str(os.getpid())
-        report = ReapReport()
-        await reap_docker(report)
+        report = await reap(["docker"])
         removed = {r["id"] for r in report.removed}
         # Other processes on this engine may run a reaper too (a pool test, a server), so
         # the orphan may be gone already; it must be gone, and ours must survive.

@@ -1,6 +1,6 @@
 """Unit tests of the `e2b` backend against the in-process fake of the E2B SDK.
 
-The fake (`sandboxes.e2b_fake`) runs every command for real inside a local bubblewrap sandbox,
+The fake (`tests/fakes/e2b_fake.py`) runs every command for real inside a local bubblewrap sandbox,
 so these tests exercise the backend's own logic: metadata tagging, template choice, the marker
 tree kill, the sentinel shell over a pty, files, error mapping, reaping. The same checks run
 against the real service in `tests/integration/test_e2b_live.py` when E2B_API_KEY is set. The
@@ -47,7 +47,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture
 async def cloud(tmp_path: Path):
-    from sandboxes.e2b_fake import FakeE2BCloud
+    from tests.fakes.e2b_fake import FakeE2BCloud
 
     c = FakeE2BCloud(root=tmp_path / "cloud")
     yield c
@@ -355,20 +355,20 @@ async def test_close_is_idempotent_and_kills_the_vm(cloud, backend):
 
 # -- reaping -----------------------------------------------------------------------------------
 async def test_sandgym_reap_covers_e2b(cloud, backend, monkeypatch):
-    from sandboxes.reaper import ReapReport, default_backends, reap_e2b
+    from sandboxes.reaper import ReapReport, default_backends, reap_backend
 
     expired_backend = E2BBackend(api_key=cloud.api_key, sdk=cloud.sdk, lease_s=-10)
     expired = await expired_backend.create(SandboxSpec())
     live = await backend.create(SandboxSpec())
     try:
         report = ReapReport()
-        await reap_e2b(report, backend=backend)
+        await reap_backend(report, backend)
         assert report.removed == [{"backend": "e2b", "id": expired.id}]
         assert live.e2b_id in cloud.running_ids()
         # without a key: a named error entry, nothing touched
         monkeypatch.delenv("E2B_API_KEY", raising=False)
         report = ReapReport()
-        await reap_e2b(report, backend=E2BBackend(sdk=cloud.sdk))
+        await reap_backend(report, E2BBackend(sdk=cloud.sdk))
         assert report.removed == [] and "E2B_API_KEY" in report.errors[0]["error"]
         assert "e2b" not in default_backends()
         monkeypatch.setenv("E2B_API_KEY", "k")
@@ -408,7 +408,7 @@ def test_fake_mirrors_the_real_sdk_surface():
     """Every SDK name and parameter the backend uses exists in the installed `e2b` package
     with the same name, so the fake cannot drift into an API E2B does not have."""
     e2b = pytest.importorskip("e2b")
-    from sandboxes import e2b_fake
+    from tests.fakes import e2b_fake
 
     fake = e2b_fake.FakeE2BCloud.__new__(e2b_fake.FakeE2BCloud)
     sdk = e2b_fake._make_sdk(fake)

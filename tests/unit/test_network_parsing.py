@@ -212,7 +212,7 @@ async def test_a_sandbox_switches_only_to_planned_policies() -> None:
 
 
 async def test_e2b_refuses_an_allowlist_and_a_phase_switch(tmp_path: Path) -> None:
-    from sandboxes.e2b_fake import FakeE2BCloud  # the in-process stand-in of the E2B service
+    from tests.fakes.e2b_fake import FakeE2BCloud  # the in-process stand-in of the E2B service
 
     cloud = FakeE2BCloud(root=tmp_path / "cloud")
     backend = get_backend("e2b", api_key=cloud.api_key, sdk=cloud.sdk)

@@ -19,7 +19,9 @@ from sandboxes.base import (
     LABEL_OWNER_HOST,
     LABEL_OWNER_PID,
 )
-from sandboxes.reaper import ReapReport, local_root, reap, reap_local_sync, should_reap
+from sandboxes.labels import should_reap
+from sandboxes.local import local_root
+from sandboxes.reaper import reap
 from sandboxes.reaper_cli import add_arguments
 from sandboxes.reaper_cli import run as cli_run
 
@@ -105,15 +107,14 @@ def make_local(root: Path, name: str, lbl: dict[str, str] | None) -> Path:
     return d
 
 
-def test_local_reap_removes_only_orphans(tmp_path: Path) -> None:
+async def test_local_reap_removes_only_orphans(tmp_path: Path) -> None:
     live = make_local(tmp_path, "sg-live", labels(expiry=time.time() + 3600))
     dead = make_local(tmp_path, "sg-dead", labels(pid=dead_pid(), expiry=time.time() + 3600))
     expired = make_local(tmp_path, "sg-expired", labels(expiry=time.time() - 10))
     unlabelled = make_local(tmp_path, "sg-creating", None)
     # A read-only directory inside must not stop the removal.
     (expired / "rootfs" / "app").chmod(0o500)
-    report = ReapReport()
-    reap_local_sync(report, root=tmp_path)
+    report = await reap(["local"], local_root_dir=tmp_path)
     assert sorted(r["id"] for r in report.removed) == ["sg-dead", "sg-expired"]
     assert all(r["backend"] == "local" for r in report.removed)
     assert report.errors == []
@@ -121,18 +122,16 @@ def test_local_reap_removes_only_orphans(tmp_path: Path) -> None:
     assert not dead.exists() and not expired.exists()
 
 
-def test_local_reap_everything_keeps_unlabelled(tmp_path: Path) -> None:
+async def test_local_reap_everything_keeps_unlabelled(tmp_path: Path) -> None:
     make_local(tmp_path, "sg-live", labels(expiry=time.time() + 3600))
     make_local(tmp_path, "sg-creating", None)
-    report = ReapReport()
-    reap_local_sync(report, root=tmp_path, everything=True)
+    report = await reap(["local"], local_root_dir=tmp_path, everything=True)
     assert [r["id"] for r in report.removed] == ["sg-live"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["sg-creating"]
+    assert sorted(os.listdir(tmp_path)) == ["sg-creating"]
 
 
-def test_local_reap_of_missing_root_is_a_noop(tmp_path: Path) -> None:
-    report = ReapReport()
-    reap_local_sync(report, root=tmp_path / "absent")
+async def test_local_reap_of_missing_root_is_a_noop(tmp_path: Path) -> None:
+    report = await reap(["local"], local_root_dir=tmp_path / "absent")
     assert report.to_json() == {"removed": [], "errors": []}
 
 
@@ -141,7 +140,7 @@ def test_local_root_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     assert local_root() == tmp_path
     monkeypatch.delenv("SANDGYM_LOCAL_ROOT")
     assert local_root() in (Path("/dev/shm/sandgym-local"), Path("/tmp/sandgym-local"))
-    monkeypatch.setattr("sandboxes.reaper._memory_root_usable", lambda: False)
+    monkeypatch.setattr("sandboxes.local.root._memory_root_usable", lambda: False)
     assert local_root() == Path("/tmp/sandgym-local")
 
 

@@ -1,86 +1,49 @@
-"""The `local` backend, the embedded default: bubblewrap sandboxes, no Docker needed.
-
-Each sandbox is a private directory tree `<root>/<id>/fs` that becomes `/` inside a bubblewrap
-namespace set (own user, pid, net, ipc, uts, cgroup namespaces). The host's system directories
-(`/usr`, `/etc`, the `/bin`-style links) are bound read-only; everything else (`/app`, `/logs`,
-`/tests`, `/tmp`, `/root`, the workdir...) is private and writable, and visible to the host, so
-the file API is plain file I/O. One long-lived init process holds the namespaces; `exec` and the
-shell join them with `nsenter`, so a service started by the agent is visible to the verifier.
-
-Limits: a cgroup per sandbox (memory, pids, CPU) when cgroups are writable, and a sub-cgroup per
-`exec` so a timeout kills the whole tree, daemons included. Without cgroups: rlimits (weaker;
-logged). Without bwrap at all: a plain-directory mode with no isolation, which says so loudly.
-Network follows the spec's policy (`sandboxes.network`): public shares the host's network,
-no-network keeps the namespace's loopback only, allowlist adds an egress proxy listening inside
-it (`sandboxes.egress`). `sandbox.close()` kills the cgroup and deletes the
-tree; if the server dies, `--die-with-parent` ends the sandbox and `sandgym reap` removes the
-tree (each holds a `labels.json`).
-"""
+"""`LocalSandbox`: a bubblewrap namespace set over a private root tree: its start (bwrap,
+cgroups), commands through `nsenter` with each exec in a sub-cgroup of its own (a timeout kills
+the whole tree), the private verifier exec, the lazily started shell, and plain file I/O."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
-import logging
 import os
-import posixpath
 import shlex
 import shutil
 import signal
 import time
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sandboxes import cgroups
-from sandboxes.base import (
-    LABEL_OWNER,
-    SandboxBackend,
-    normalize_sandbox_path,
-    owner_is_gone,
-)
-from sandboxes.common.files import remove_tree
+from sandboxes.base import normalize_sandbox_path
 from sandboxes.common.lazy_shell import ShellSandbox
-from sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES, CappedBuffer
+from sandboxes.common.output import CappedBuffer
 from sandboxes.egress import EgressProxy, proxy_env
 from sandboxes.errors import (
-    BackendUnavailableError,
-    NetworkPolicyUnsupportedError,
     SandboxCreateError,
     SandboxError,
     SandboxFileNotFoundError,
     SandboxLostError,
     SandboxPathError,
 )
+from sandboxes.local.tree import (
+    PRIVATE_DIRS,
+    SYSTEM_DIRS,
+    VERIFIER_MOUNTS,
+    _copy_tree,
+    _host_secret_files,
+    _resolve_in_root,
+    _rmtree,
+)
 from sandboxes.network import NetworkPolicy
-from sandboxes.reaper import local_root
 from sandboxes.shell import PexpectShell
 from sandboxes.spec import ExecResult, SandboxSpec
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from sandboxes.local.backend import LocalBackend
 
-#: Host directories bound read-only into every sandbox (links like /bin -> usr/bin are copied).
-SYSTEM_DIRS = ("usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
-#: Private writable directories every sandbox has.
-PRIVATE_DIRS = (
-    "app",
-    "logs/verifier",
-    "logs/agent",
-    "tests",
-    "tmp",
-    "root",
-    "home",
-    "workspace",
-    "testbed",
-    "var/tmp",
-    "run",
-    "opt",
-    "srv",
-    "mnt",
-)
-#: directories of the verifier (tests copied in at scoring time, its reward files): fixed mount
-#: points in the sandbox, see `LocalSandbox.exec_private`
-VERIFIER_MOUNTS = ("logs", "logs/verifier", "tests")
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -535,214 +498,6 @@ class LocalSandbox(ShellSandbox):
         await asyncio.to_thread(_copy)
 
 
-#: Host files under the shared /etc that a sandbox must not read (hidden behind /dev/null).
-SECRET_GLOBS = (
-    "/etc/shadow", "/etc/shadow-", "/etc/gshadow", "/etc/gshadow-", "/etc/ssh/ssh_host_*_key",
-    "/etc/ssl/private/*", "/etc/docker/key.json",
-)  # fmt: skip
-
-
-def _host_secret_files() -> list[str]:
-    import glob
-
-    return sorted(p for pattern in SECRET_GLOBS for p in glob.glob(pattern) if os.path.isfile(p))
-
-
-def _resolve_in_root(root: Path, path: str, depth: int = 0) -> str | None:
-    """Resolve `path` component by component as the sandbox sees it (a symlink's absolute
-    target is relative to the sandbox's /), returning the sandbox-absolute result; None when
-    the links nest too deep. A link can never lead out of `root`: `..` stops at /."""
-    if depth > 40:
-        return None
-    parts = [p for p in path.split("/") if p not in ("", ".")]
-    cur: list[str] = []
-    for i, part in enumerate(parts):
-        if part == "..":
-            if cur:
-                cur.pop()
-            continue
-        if cur and cur[0] in SYSTEM_DIRS:  # beyond this point the host's read-only tree
-            cur.append(part)
-            continue
-        candidate = root.joinpath(*cur, part)
-        if candidate.is_symlink():
-            target = os.readlink(candidate)
-            base = "/" if target.startswith("/") else "/" + "/".join(cur)
-            rest = "/".join(parts[i + 1 :])
-            joined = posixpath.normpath(posixpath.join(base, target)) if target else "/"
-            return _resolve_in_root(root, joined + ("/" + rest if rest else ""), depth + 1)
-        cur.append(part)
-    return "/" + "/".join(cur)
-
-
 def _read_all(fd: int) -> bytes:
     with os.fdopen(fd, "rb") as f:
         return f.read()
-
-
-def _copy_tree(src: Path, dst: Path) -> None:
-    """`src` copied to `dst` (new) with modes, owners and links; sockets, FIFOs and devices
-    (a gateway bridge's socket, what the agent made) are left out."""
-
-    def ignore(dirpath: str, names: list[str]) -> set[str]:
-        # bwrap's mount points at the top (the host's system directories, /dev, /proc) are
-        # not the sandbox's files; copied, they would stop the copy's bwrap from starting
-        out = set(SYSTEM_DIRS + ("dev", "proc")) & set(names) if dirpath == str(src) else set()
-        for n in names:
-            p = os.path.join(dirpath, n)
-            if not (os.path.islink(p) or os.path.isfile(p) or os.path.isdir(p)):
-                out.add(n)
-        return out
-
-    shutil.copytree(src, dst, symlinks=True, ignore=ignore)
-    for dirpath, dirnames, filenames in os.walk(dst):
-        for n in dirnames + filenames:
-            p = os.path.join(dirpath, n)
-            with contextlib.suppress(OSError):
-                st = os.lstat(os.path.join(src, os.path.relpath(p, dst)))
-                os.lchown(p, st.st_uid, st.st_gid)
-
-
-def _rmtree(path: Path) -> None:
-    # Files the sandbox made read-only (chmod 000 dirs) must not stop the cleanup.
-    remove_tree(path, ignore_errors=True)
-
-
-class LocalBackend(SandboxBackend):
-    """bubblewrap sandboxes under `root` (default: `sandboxes.reaper.local_root()`, in memory
-    at /dev/shm/sandgym-local where possible)."""
-
-    name = "local"
-
-    def __init__(
-        self,
-        owner_id: str | None = None,
-        lease_s: float = 6 * 3600,
-        root: Path | str | None = None,
-        require_isolation: bool = False,
-        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
-    ) -> None:
-        super().__init__(owner_id, lease_s)
-        self.root = Path(root) if root else local_root()
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.max_output_bytes = max_output_bytes
-        self.use_bwrap = shutil.which("bwrap") is not None and shutil.which("nsenter") is not None
-        self.use_cgroups = os.geteuid() == 0 and cgroups.available()
-        self.live: set[str] = set()
-        if not self.use_bwrap:
-            if require_isolation:
-                raise BackendUnavailableError(
-                    "local backend: bubblewrap (bwrap) and nsenter are required for isolation "
-                    "but were not found; install the 'bubblewrap' package"
-                )
-            log.warning(
-                "local backend: bwrap not found: sandboxes are plain directories with NO "
-                "isolation (commands see the host filesystem and network). Install bubblewrap."
-            )
-        if not self.use_cgroups:
-            log.warning(
-                "local backend: cgroups are not writable here: falling back to rlimits; "
-                "memory and process limits are weaker (no pids limit, no tree kill of daemons)"
-            )
-
-    def check_network(self, spec: SandboxSpec) -> None:
-        """A sandbox shares the host's network (public) or has its own loopback-only namespace
-        (no-network; allowlist through `sandboxes.egress`), fixed when it starts: a public
-        phase beside a restricted one cannot be enforced, nor an allowlist without bwrap."""
-        modes = {p.mode for p in spec.network_policies}
-        if "public" in modes and len(modes) > 1:
-            raise NetworkPolicyUnsupportedError(
-                "the local backend cannot switch a sandbox between the host's network and a "
-                f"restricted one ({[p.describe() for p in spec.network_policies]}); use docker"
-            )
-        if "allowlist" in modes and not self.use_bwrap:
-            raise NetworkPolicyUnsupportedError(
-                "the local backend without bubblewrap cannot enforce an allowlist network "
-                "(install the 'bubblewrap' package)"
-            )
-
-    async def create(self, spec: SandboxSpec) -> LocalSandbox:
-        from sandboxes.health import ensure_healthy
-
-        self.check_network(spec)
-        self.check_services(spec)
-        if spec.user not in (None, "root", "0"):
-            log.debug("local backend: spec.user=%s: exec(user=...) uses setpriv", spec.user)
-        sb = LocalSandbox(spec, self, "sg-" + uuid.uuid4().hex[:12])
-        self.live.add(sb.id)
-        try:
-            await sb._start()
-        except BaseException:
-            await asyncio.shield(sb.close())
-            raise
-        await ensure_healthy(sb)
-        return sb
-
-    async def owned_sandbox_ids(self) -> list[str]:
-        """Names (= sandbox ids) of the trees under `root` whose labels.json names this
-        backend's owner id (a tree without labels yet is being created: not listed)."""
-
-        def scan() -> list[str]:
-            found = []
-            for d in self.root.glob("sg-*"):
-                try:
-                    labels = json.loads((d / "labels.json").read_text())
-                except (OSError, ValueError):
-                    continue
-                if isinstance(labels, dict) and labels.get(LABEL_OWNER) == self.owner_id:
-                    found.append(d.name)
-            return found
-
-        return await asyncio.to_thread(scan)
-
-    async def remove_sandbox(self, sandbox_id: str) -> None:
-        """Kill what runs in the tree `sandbox_id` under `root`, drop its cgroups, remove it;
-        only a tree labelled with this backend's owner id (SandboxError for any other)."""
-        if not sandbox_id.startswith("sg-") or "/" in sandbox_id or "\0" in sandbox_id:
-            raise SandboxError(f"expected a local sandbox id like sg-<hex>, got {sandbox_id!r}")
-        d = self.root / sandbox_id
-        try:
-            labels = json.loads(await asyncio.to_thread((d / "labels.json").read_text))
-        except FileNotFoundError:
-            return  # gone already (or never labelled: then not known to be ours either)
-        except (OSError, ValueError) as exc:
-            raise SandboxError(
-                f"local sandbox {sandbox_id}: unreadable labels.json: {exc}"
-            ) from exc
-        owner = labels.get(LABEL_OWNER) if isinstance(labels, dict) else None
-        if owner != self.owner_id:
-            raise SandboxError(
-                f"expected local sandbox {sandbox_id} to be labelled {LABEL_OWNER}="
-                f"{self.owner_id}, found {owner!r}: not removing it"
-            )
-        await asyncio.to_thread(cgroups.CgroupSet(sandbox_id).remove)
-        await asyncio.to_thread(_rmtree, d)
-        self.live.discard(sandbox_id)
-
-    def snapshot_dir(self, snapshot: str) -> Path:
-        if not snapshot.startswith("snap-") or "/" in snapshot or ".." in snapshot:
-            raise SandboxError(f"expected a local snapshot id snap-..., got {snapshot!r}")
-        return self.root / snapshot
-
-    async def remove_snapshot(self, snapshot: str) -> None:
-        await asyncio.to_thread(_rmtree, self.snapshot_dir(snapshot))
-
-    async def reap(self, only_expired: bool = True) -> list[str]:
-        """Remove sandbox trees (and snapshots) whose owner is gone (or all of ours with
-        only_expired=False)."""
-        removed: list[str] = []
-        for d in [*self.root.glob("sg-*"), *self.root.glob("snap-*")]:
-            try:
-                labels = json.loads((d / "labels.json").read_text())
-            except (OSError, ValueError):
-                # No labels (yet): a tree another server is creating right now. Treating it
-                # as an orphan (no lease = expired) deleted live sandboxes of other servers.
-                continue
-            mine = labels.get("sandgym.owner") == self.owner_id
-            if d.name in self.live and mine:
-                continue
-            if owner_is_gone(labels) or (not only_expired and mine):
-                await asyncio.to_thread(cgroups.CgroupSet(d.name).remove)
-                await asyncio.to_thread(_rmtree, d)
-                removed.append(d.name)
-        return removed
