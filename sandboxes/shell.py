@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import logging
 import os
 import re
 import shutil
@@ -39,8 +40,11 @@ import pyte
 from sandboxes.common.kill import count_children_script as count_children_script
 from sandboxes.common.kill import kill_tree_script as kill_tree_script
 from sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES, CappedBuffer, mark_truncated
+from sandboxes.common.tolerated import tolerate
 from sandboxes.errors import SandboxLostError
 from sandboxes.spec import ShellResult
+
+log = logging.getLogger(__name__)
 
 KillTree = Callable[[int], Awaitable[None]]
 CountChildren = Callable[[int], Awaitable[int]]
@@ -466,7 +470,8 @@ class PexpectShell:
             return False
         try:
             return await self.count_children(self.inner_pid) > 0
-        except Exception:
+        except Exception as exc:  # keys are still sent; only the wait for output is shorter
+            tolerate("shell.foreground_busy", exc, log)
             return False
 
     # -- raw keys and the screen -------------------------------------------------------------

@@ -5,12 +5,12 @@ services; the images (`images`) and reaping (`reaping`) parts are mixed in."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from typing import Any
 
 from sandboxes.cgroups import CPU_PERIOD_US
+from sandboxes.common.tolerated import tolerate
 from sandboxes.docker.bridge import _make_bridge_dir, _remove_bridge_dir
 from sandboxes.docker.exec_kill import HELPER_SCRIPT, MAIN_BOOT
 from sandboxes.docker.group import DockerGroup, wait_docker_health
@@ -141,11 +141,13 @@ class DockerBackend(DockerImages, DockerReaping):
                 api.connect_container_to_network(resp["Id"], "bridge")
             api.start(resp["Id"])
             container_id: str = resp["Id"]
-            with contextlib.suppress(Exception):
+            try:
                 state = api.inspect_container(container_id)["State"]
                 pids[container_id] = int(state["Pid"])
                 if state.get("Health") is not None:
                     has_health.add(container_id)
+            except Exception as exc:  # liveness then asks the engine (slower), no allowlist
+                tolerate("docker.create_inspect", exc, log, logging.WARNING)
             return container_id
 
         try:

@@ -27,6 +27,7 @@ from sandboxes.common.kill import (
     kill_marked_script,
 )
 from sandboxes.common.output import CappedBuffer
+from sandboxes.common.tolerated import tolerate
 from sandboxes.docker.core import DockerSandboxBase
 from sandboxes.docker.streams import _demux, _raw_socket
 from sandboxes.errors import SandboxError
@@ -228,8 +229,16 @@ class DockerExec(DockerSandboxBase):
         for _ in range(50):
             try:
                 info = await asyncio.to_thread(self._api.exec_inspect, exec_id)
-            except Exception:
-                return None
+            except Exception as exc:
+                # Not a timeout: the command's exit status is unknown because the engine failed
+                # to say it (or the container went away).
+                lost = await self._lost("exec")
+                if lost is not None:
+                    raise lost from exc
+                raise SandboxError(
+                    f"docker exec in sandbox {self.id}: expected its exit status from "
+                    f"exec_inspect, the engine failed: {exc}"
+                ) from exc
             if not info.get("Running") and info.get("ExitCode") is not None:
                 return int(info["ExitCode"])
             await asyncio.sleep(0.01)
@@ -270,7 +279,8 @@ class DockerExec(DockerSandboxBase):
         try:
             await asyncio.to_thread(self._api.put_archive, self.container_id, HELPER_DIR, requests)
             return True
-        except Exception:  # no helper in this image (no bash), or the container is gone
+        except Exception as exc:  # no helper in this image (no bash), or the container is gone
+            tolerate("docker.ask_helper", exc, log)
             return False
 
     async def _helper_done(self, marker: str) -> bool:
@@ -284,7 +294,8 @@ class DockerExec(DockerSandboxBase):
 
         try:
             return await asyncio.to_thread(size) == 0
-        except Exception:
+        except Exception as exc:  # not handled yet as far as we can tell: the caller polls on
+            tolerate("docker.helper_done", exc, log)
             return False
 
     async def _raw_exec(self, argv: list[str], user: str | None = None) -> tuple[int | None, bytes]:

@@ -34,6 +34,7 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from sandboxes.common.tolerated import tolerate
 from sandboxes.errors import SandboxCreateError, SandboxHealthcheckError
 from sandboxes.services import ServiceSpec, start_order
 from sandboxes.spec import SandboxSpec
@@ -65,7 +66,8 @@ def _logs_tail(api: Any, ref: str, lines: int = 20) -> str:
     """(Thread) the last lines a container printed, or '' when they cannot be read."""
     try:
         out = api.logs(ref, stdout=True, stderr=True, tail=lines)
-    except Exception:
+    except Exception as exc:
+        tolerate("docker.group_logs", exc, log)
         return ""
     text = out.decode("utf-8", errors="replace") if isinstance(out, bytes) else str(out)
     return text.strip()[-2000:]

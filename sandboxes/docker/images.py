@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 
 from sandboxes.base import LABEL_MANAGED
+from sandboxes.common.tolerated import tolerate
 from sandboxes.docker.client import DockerBackendBase
 from sandboxes.docker.names import CTX_REPO, GROUP_SNAPSHOT_REPO
 from sandboxes.errors import (
@@ -118,7 +119,7 @@ class DockerImages(DockerBackendBase):
             try:
                 info = self._client().api.info()
             except Exception as exc:  # the create that follows reports an engine that is gone
-                log.debug("docker: could not read the storage driver: %s", exc)
+                tolerate("docker.storage_driver", exc, log)
                 return ""
             for label in info.get("Labels") or []:
                 key, _, value = str(label).partition("=")

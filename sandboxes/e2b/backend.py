@@ -4,7 +4,6 @@ by their metadata labels."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import re
@@ -14,6 +13,7 @@ from typing import Any
 
 from sandboxes.base import SandboxBackend
 from sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES
+from sandboxes.common.tolerated import tolerate
 from sandboxes.e2b.sandbox import E2BSandbox
 from sandboxes.errors import (
     BackendUnavailableError,
@@ -219,15 +219,17 @@ class E2BBackend(SandboxBackend):
             else:
                 coro = self.sdk.AsyncSandbox.kill(e2b_id, **self._api())
             return bool(await asyncio.wait_for(coro, self.request_timeout_s + 5))
-        except Exception as exc:
-            log.warning("e2b: could not kill sandbox %s: %s", e2b_id, exc)
+        except Exception as exc:  # E2B ends it at its timeout; the reaper retries before
+            tolerate("e2b.kill", exc, log, logging.WARNING)
             return False
 
     async def _kill_by_sandbox_id(self, sandbox_id: str) -> None:
         """Kill the VM a failed or cancelled create may have left (found by its metadata)."""
-        with contextlib.suppress(Exception):
+        try:
             for info in await self.list_managed({LABEL_SANDBOX_ID: sandbox_id}):
                 await self._kill_sandbox(info.sandbox_id)
+        except Exception as exc:  # the create's own error is what the caller sees
+            tolerate("e2b.kill_by_sandbox_id", exc, log, logging.WARNING)
 
     # -- reaping -----------------------------------------------------------------------------
     async def list_managed(self, extra: dict[str, str] | None = None) -> list[Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import io
+import logging
 import shlex
 import tarfile
 import time
@@ -18,6 +19,7 @@ from sandboxes.base import normalize_sandbox_path
 from sandboxes.common.kill import EXEC_MARKER_ENV, kill_marked_bash_script
 from sandboxes.common.lazy_shell import ShellSandbox
 from sandboxes.common.output import CappedBuffer
+from sandboxes.common.tolerated import tolerate
 from sandboxes.e2b.pty import _E2BPtyShell
 from sandboxes.errors import (
     SandboxError,
@@ -30,6 +32,9 @@ from sandboxes.spec import ExecResult, SandboxSpec
 
 if TYPE_CHECKING:
     from sandboxes.e2b.backend import E2BBackend
+
+
+log = logging.getLogger(__name__)
 
 
 class E2BSandbox(ShellSandbox):
@@ -89,7 +94,9 @@ class E2BSandbox(ShellSandbox):
         return SandboxError(f"e2b sandbox {self.id} ({self.e2b_id}): {what} failed: {exc}")
 
     async def _lost(self, what: str) -> SandboxLostError | None:
-        """A SandboxLostError when the VM no longer runs, else None (also when unsure)."""
+        """A SandboxLostError when the VM no longer runs, else None. When E2B cannot say (its
+        API unreachable, the key refused, another failure of the probe itself), a named error:
+        BackendUnavailableError or SandboxError, never a guess that the VM still runs."""
         try:
             running = await asyncio.wait_for(
                 self._sbx.is_running(request_timeout=self._backend.request_timeout_s),
@@ -97,8 +104,14 @@ class E2BSandbox(ShellSandbox):
             )
         except self._sdk.SandboxNotRunningException:
             running = False
-        except Exception:
-            return None
+        except Exception as exc:
+            unavailable = self._backend._unavailable(exc)
+            if unavailable is not None:
+                raise unavailable from exc
+            raise SandboxError(
+                f"sandbox {self.id} ({what}): expected E2B to say whether sandbox {self.e2b_id} "
+                f"still runs, asking failed: {type(exc).__name__}: {exc}"
+            ) from exc
         if running:
             return None
         return SandboxLostError(
@@ -117,7 +130,8 @@ class E2BSandbox(ShellSandbox):
                     self._backend.request_timeout_s + 5,
                 )
             )
-        except Exception:
+        except Exception as exc:  # not usable as far as we can tell; the pool replaces it
+            tolerate("e2b.is_alive", exc, log, logging.WARNING)
             return False
 
     async def _destroy(self) -> None:
