@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # The output cap lives with the capped buffer (sandboxes.common.output); re-exported here.
 from sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES as DEFAULT_MAX_OUTPUT_BYTES
 from sandboxes.common.output import TRUNCATION_MARKER as TRUNCATION_MARKER
+from sandboxes.common.output import CappedBuffer
 from sandboxes.common.output import truncate_output as truncate_output
 from sandboxes.network import NetworkPolicy
 from sandboxes.services import HealthcheckSpec, ServiceSpec, start_order
@@ -216,6 +217,29 @@ class ExecResult(BaseModel):
     timed_out: bool = False
     truncated: bool = Field(False, description="output was cut at the output limit")
     duration_s: float = 0.0
+
+    @classmethod
+    def from_buffers(
+        cls,
+        out: CappedBuffer,
+        err: CappedBuffer,
+        *,
+        exit_code: int | None,
+        timed_out: bool,
+        started: float,
+    ) -> ExecResult:
+        """The result of a command whose streams went into `out` and `err` and which started at
+        `started` (`time.perf_counter()`)."""
+        stdout, t1 = out.text()
+        stderr, t2 = err.text()
+        return cls(
+            exit_code=exit_code,
+            stdout=stdout,
+            stderr=stderr,
+            timed_out=timed_out,
+            truncated=t1 or t2,
+            duration_s=time.perf_counter() - started,
+        )
 
 
 class ShellResult(BaseModel):

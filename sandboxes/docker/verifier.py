@@ -183,15 +183,8 @@ class DockerPrivateVerifier(DockerSandboxBase):
                 exit_code = int(status.get("StatusCode", -1))
         finally:
             await asyncio.shield(self._drop_verifier(in_flight, name, image))
-        stdout, t1 = out.text()
-        stderr, t2 = err.text()
-        return ExecResult(
-            exit_code=exit_code,
-            stdout=stdout,
-            stderr=stderr,
-            timed_out=timed_out,
-            truncated=t1 or t2,
-            duration_s=time.perf_counter() - start,
+        return ExecResult.from_buffers(
+            out, err, exit_code=exit_code, timed_out=timed_out, started=start
         )
 
     async def _drop_verifier(

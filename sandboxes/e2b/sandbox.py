@@ -191,15 +191,8 @@ class E2BSandbox(ShellSandbox):
             if exc is not None:
                 raise await self._map_error("run a command", exc) from exc
             exit_code = waiter.result()
-        stdout, t1 = out.text()
-        stderr, t2 = err.text()
-        return ExecResult(
-            exit_code=exit_code,
-            stdout=stdout,
-            stderr=stderr,
-            timed_out=timed_out,
-            truncated=t1 or t2,
-            duration_s=time.perf_counter() - start,
+        return ExecResult.from_buffers(
+            out, err, exit_code=exit_code, timed_out=timed_out, started=start
         )
 
     async def _exit_code(self, handle: Any) -> int:
