@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 from sandboxes import cgroups
 from sandboxes.base import normalize_sandbox_path
 from sandboxes.common.lazy_shell import ShellSandbox
-from sandboxes.common.output import CappedBuffer
 from sandboxes.egress import EgressProxy, proxy_env
 from sandboxes.errors import (
     SandboxCreateError,
@@ -28,6 +27,7 @@ from sandboxes.errors import (
     SandboxLostError,
     SandboxPathError,
 )
+from sandboxes.local.streams import _Capture, _feed, _read_all
 from sandboxes.local.tree import (
     PRIVATE_DIRS,
     SYSTEM_DIRS,
@@ -45,41 +45,6 @@ if TYPE_CHECKING:
     from sandboxes.local.backend import LocalBackend
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-
-
-class _Capture:
-    """Reads one stream in the background into a capped buffer (the rest is counted)."""
-
-    def __init__(self, stream: asyncio.StreamReader | None, limit: int) -> None:
-        self.out = CappedBuffer(limit)
-        self.task = asyncio.ensure_future(self._pump(stream))
-
-    async def _pump(self, stream: asyncio.StreamReader | None) -> None:
-        if stream is None:
-            return
-        while True:
-            chunk = await stream.read(65536)
-            if not chunk:
-                return
-            self.out.add(chunk)
-
-    async def finish(self, grace_s: float) -> tuple[str, bool]:
-        """Wait up to `grace_s` for EOF (a background child may hold the pipe), then stop."""
-        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(asyncio.shield(self.task), grace_s)
-        self.task.cancel()
-        return self.out.text()
-
-
-async def _feed(pipe: asyncio.StreamWriter | None, data: bytes) -> None:
-    """Write `data` to a child's stdin and close it (a child that stops reading is fine)."""
-    if pipe is None:
-        return
-    with contextlib.suppress(ConnectionError, OSError):
-        pipe.write(data)
-        await pipe.drain()
-    with contextlib.suppress(Exception):
-        pipe.close()
 
 
 class LocalSandbox(ShellSandbox):
@@ -496,8 +461,3 @@ class LocalSandbox(ShellSandbox):
                 raise SandboxFileNotFoundError(f"no such file or directory in sandbox: {src}")
 
         await asyncio.to_thread(_copy)
-
-
-def _read_all(fd: int) -> bytes:
-    with os.fdopen(fd, "rb") as f:
-        return f.read()
