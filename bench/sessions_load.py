@@ -329,15 +329,18 @@ def run_level(
     for c in pipes:
         c.recv()  # every child's sessions have connected and reset (or failed)
     cpu_reset_done = _cpu_s(pid)
-    busy0, t_go = _busy_s_by_cpu(), time.monotonic()
     kids0 = _children_cpu_s(pid)
+    # Each machine-wide reading right beside its own clock reading: on a loaded host the other
+    # readings around them can take a while, and would stretch the window the busy time fills.
+    busy0, t_go = _busy_s_by_cpu(), time.monotonic()
     for c in pipes:
         c.send("go")
     parts = [c.recv() for c in pipes]  # every child's sessions have stepped (or failed)
     t_stepped = time.monotonic()
+    busy1 = _busy_s_by_cpu()
+    t_busy1 = time.monotonic()
     rss_barrier, cpu_steps_done = psutil.Process(pid).memory_info().rss, _cpu_s(pid)
     kids1 = _children_cpu_s(pid)
-    busy1 = _busy_s_by_cpu()
     for c in pipes:
         c.send("release")
     closing = [c.recv() for c in pipes]
@@ -369,7 +372,11 @@ def run_level(
         "server_children_cpu_s": {"all_reset": kids0, "all_stepped": kids1},
         "server_rss_bytes": {"before": rss_before, "at_barrier": rss_barrier},
         "cpu_busy_s_by_cpu": {"all_reset": busy0, "all_stepped": busy1},
-        "phase_s": {"connect_reset": t_go - t_start, "steps": t_stepped - t_go},
+        "phase_s": {
+            "connect_reset": t_go - t_start,
+            "steps": t_stepped - t_go,
+            "busy_window": t_busy1 - t_go,  # from the first busy reading to the second
+        },
         "client_cpu_s": [part["client_cpu_s"] for part in parts],
     }
 
@@ -386,7 +393,7 @@ def summarize_run(raw: dict[str, Any]) -> dict[str, Any]:
     kids = raw["server_children_cpu_s"]
     busy = raw["cpu_busy_s_by_cpu"]
     busy_by_cpu = [b - a for a, b in zip(busy["all_reset"], busy["all_stepped"], strict=True)]
-    step_s = max(1e-9, raw["phase_s"]["steps"])
+    busy_s = max(1e-9, raw["phase_s"]["busy_window"])
     rss = raw["server_rss_bytes"]
     span = raw["step_window_s"]
     return {
@@ -411,8 +418,8 @@ def summarize_run(raw: dict[str, Any]) -> dict[str, Any]:
             (kids["all_stepped"] - kids["all_reset"]) / max(1, steps) * 1e6, 1
         ),
         # CPUs busy during the step phase (other work on the machine included), each and all.
-        "cpus_busy_in_step_phase_by_cpu": [round(b / step_s, 2) for b in busy_by_cpu],
-        "machine_cpus_busy_in_step_phase": round(sum(busy_by_cpu) / step_s, 2),
+        "cpus_busy_in_step_phase_by_cpu": [round(b / busy_s, 2) for b in busy_by_cpu],
+        "machine_cpus_busy_in_step_phase": round(sum(busy_by_cpu) / busy_s, 2),
         "client_cpu_us_per_step": round(sum(raw["client_cpu_s"]) / max(1, steps) * 1e6, 1),
         "server_rss_before_mb": round(rss["before"] / 2**20, 1),
         "server_rss_at_barrier_mb": round(rss["at_barrier"] / 2**20, 1),
