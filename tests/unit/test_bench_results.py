@@ -40,7 +40,10 @@ WRITERS: dict[str, tuple[str, ...]] = {
     "reliability.json": ("bench/reliability.py", "bench/report.py"),
     "sandbox_latency.json": ("bench/sandbox.py", "bench/report.py"),
     "sessions.json": ("bench/sessions.py", "bench/report.py"),
+    # every run's raw record, from which sessions.json's figures are recomputed
+    "sessions.raw.jsonl": ("bench/sessions.py", "bench/sessions_load.py"),
     "step.json": ("bench/step.py", "bench/report.py"),
+    "step.raw.jsonl": ("bench/step.py",),
     # its config is the trainer's config model dumped; held-out figures are `sandgym eval`'s
     "train_demo.json": (
         "bench/train_demo.py",
@@ -80,7 +83,9 @@ DATA_MAPS: dict[str, tuple[str, ...]] = {
     ),
     "sandbox_latency.json": ("backends",),
     "sessions.json": ("levels", "servers"),
+    "sessions.raw.jsonl": (),
     "step.json": ("backends",),
+    "step.raw.jsonl": (),
     "train_demo.json": (
         "terminations",
         "heldout_sampled/after/terminations",
@@ -123,7 +128,6 @@ def with_imports(paths: tuple[str, ...]) -> list[Path]:
 #: checked, but a failure is expected (xfail, not strict) until the re-made file lands; then
 #: drop the entry
 PENDING: dict[str, str] = {
-    "sessions.json": "bench sessions is being reworked and re-run (OpenEnv 0.10, paired runs)",
     "train_demo.json": "the training demo is being re-run with generated notes (train_demo.py)",
 }
 

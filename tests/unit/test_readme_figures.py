@@ -40,6 +40,7 @@ def s(ms: float) -> str:
 
 
 SB, GR, HC, RE = "sandbox_latency.json", "group.json", "harbor_compat.json", "reliability.json"
+SE, ST = "sessions.json", "step.json"
 ABUSES = {
     "fork_bomb": "fork bomb",
     "memory_hog": "memory hog",
@@ -48,6 +49,22 @@ ABUSES = {
     "sigterm_ignorer": "sigterm ignorer",
     "network_probes": "network probes",
 }
+
+
+def sessions_row(i: int) -> str:
+    """A row of the README's sessions table: level i's median pair and every pair's ratio."""
+    v, ours, theirs = (
+        at(SE, f"vs_openenv/{i}"),
+        at(SE, f"sandgym/results/{i}"),
+        at(SE, f"openenv/results/{i}"),
+    )
+    pairs = ", ".join(str(x) for x in sorted(v["steps_per_s_ratio_by_pair"]))
+    return (
+        f"| {v['sessions']} | {ours['step_p99_ms']:,.0f} ms / {ours['steps_per_s']:,.0f} | "
+        f"{theirs['step_p99_ms']:,.0f} ms / {theirs['steps_per_s']:,.0f} | {v['p99_ratio']} | "
+        f"**{v['steps_per_s_ratio']}** ({pairs}) | {ours['server_cpu_us_per_step']:.0f} us vs "
+        f"{theirs['server_cpu_us_per_step']:.0f} us |"
+    )
 
 
 def abuse_ratios() -> str:
@@ -162,6 +179,18 @@ FIGURES: list[tuple[str, Callable[[], str]]] = [
     ),
     ("fuzz", fuzz_figures),
     ("abuse ratios", abuse_ratios),
+    *[(f"sessions {i}", lambda i=i: sessions_row(i)) for i in range(3)],
+    (
+        "local sessions",
+        lambda: f"**{at(SE, 'local/steps_per_s'):,.0f} steps/s** on this loaded host",
+    ),
+    (
+        "step server CPU",
+        lambda: "using {:.0f}, {:.0f} and {:.0f} us".format(
+            *(at(ST, f"results/{i}/server_cpu_us_per_step") for i in range(3))
+        ),
+    ),
+    ("step null", lambda: f"the server adds {at(ST, 'results/0/overhead_p50_us') / 1000:.2f} ms"),
 ]
 
 
