@@ -82,3 +82,14 @@ def test_env_errors_carry_a_protocol_code() -> None:
 def test_http_base() -> None:
     assert http_base("ws://h:1/v1/env") == "http://h:1"
     assert http_base("wss://h/v1/env") == "https://h"
+
+
+def test_the_sandbox_sides_desktop_kinds_are_the_protocols() -> None:
+    """`sandboxes` may not import the protocol, so its desktop dispatch keeps its own list until
+    the dispatch moves to `envserver`; until then the two must agree."""
+    import sandboxes.desktop as desktop
+
+    kinds = getattr(desktop, "DESKTOP_ACTION_KINDS", None)
+    if kinds is None:
+        pytest.skip("sandboxes.desktop keeps no list of its own any more")
+    assert kinds == p.DESKTOP_ACTION_KINDS
