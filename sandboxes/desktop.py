@@ -5,7 +5,9 @@ inside the sandbox through `sandbox.exec`, as background processes that outlive 
 local backend keeps them in the sandbox's cgroup, docker in the container), and waits until the
 display answers. Input goes through `xdotool`, screenshots through `scrot` (ImageMagick's
 `import` when scaled), all run by `sandbox.exec` with `DISPLAY` set, so the same code drives
-the local, docker and E2B backends. Nothing here imports the rest of sandgym.
+the local, docker and E2B backends. Nothing here imports the rest of sandgym, and nothing here
+knows the wire protocol: `envserver.actions.apply_desktop_action` maps a wire action onto these
+methods.
 
 Example:
     >>> async def demo(sandbox):                       # doctest: +SKIP
@@ -14,7 +16,6 @@ Example:
     ...     await desktop.type("hello")
     ...     await desktop.key("ctrl+s")
     ...     png = await desktop.screenshot(scale=0.5)  # bytes of a PNG
-    ...     obs = await apply_desktop_action(desktop, {"kind": "click", "x": 5, "y": 5})
 
 Desktop tasks declare themselves in their metadata (Harbor `task.toml`, `[metadata]`):
 
@@ -52,10 +53,6 @@ WINDOW_MANAGERS = ("openbox", "matchbox-window-manager", "twm")
 BUTTONS = {"left": 1, "middle": 2, "right": 3}
 #: Metadata keys of a desktop task (see the module docstring).
 META_FLAG = "sandgym_desktop"
-#: Desktop action kinds of the wire protocol (contract 2).
-DESKTOP_ACTION_KINDS = frozenset(
-    {"click", "double_click", "move", "drag", "scroll", "type", "key", "screenshot"}
-)
 #: Screenshots up to this size come back inline as base64 (well under exec's output cap).
 _INLINE_SHOT_BYTES = 512 * 1024
 _DISPLAY_RE = re.compile(r"^:(\d{1,4})$")
@@ -463,95 +460,6 @@ async def _require(sandbox: Sandbox, programs: list[str]) -> None:
             f"needs Xvfb, xdotool and x11-utils (use the sandgym/desktop image, or on the local "
             f"backend `apt-get install xvfb xdotool x11-utils imagemagick`)"
         )
-
-
-# -- wire actions -------------------------------------------------------------------------------
-
-
-def _int(action: Mapping[str, Any], name: str, default: Any = ...) -> Any:
-    if name not in action or action[name] is None:
-        if default is ...:
-            raise DesktopActionError(
-                f"desktop action {action.get('kind')!r} needs an integer {name!r}; "
-                f"got fields {sorted(action)}"
-            )
-        return default
-    value = action[name]
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise DesktopActionError(
-            f"desktop action {action.get('kind')!r}: expected an integer {name!r}, got {value!r}"
-        )
-    return value
-
-
-async def apply_desktop_action(desktop: Desktop, action: Mapping[str, Any] | Any) -> dict[str, Any]:
-    """Apply one contract-2 desktop action and return observation fields.
-
-    `action` is a dict (or a pydantic model of `envserver.protocol`) with `kind` one of
-    `DESKTOP_ACTION_KINDS` and the protocol's field names: click/double_click {x, y, button},
-    move {x, y}, drag {x, y, to_x, to_y, button}, scroll {dy, dx, x?, y?}, type {text},
-    key {key}, screenshot {scale?}. Returns `{"output", "exit_code", "image"}` where `image` is
-    a base64 PNG taken after the action.
-
-    The agent's mistakes are data it can learn from: a point outside the screen, an unknown
-    key chord or a failing xdotool come back with a non-zero `exit_code` and the reason in
-    `output` (and the unchanged screen). A malformed action (unknown kind, a missing or
-    mistyped field, a bad `scale`) raises `DesktopActionError`.
-    """
-    if hasattr(action, "model_dump"):
-        action = action.model_dump()
-    if not isinstance(action, Mapping):
-        raise DesktopActionError(f"expected a desktop action dict, got {type(action).__name__}")
-    kind = action.get("kind")
-    if kind not in DESKTOP_ACTION_KINDS:
-        raise DesktopActionError(
-            f"expected a desktop action kind in {sorted(DESKTOP_ACTION_KINDS)}, got {kind!r}"
-        )
-    scale = action.get("scale")
-    if scale is not None and (
-        isinstance(scale, bool) or not isinstance(scale, int | float) or not 0.05 <= scale <= 4
-    ):
-        raise DesktopActionError(f"expected a number 'scale' in 0.05..4, got {scale!r}")
-    button = action.get("button", 1)
-    if not isinstance(button, int | str):
-        raise DesktopActionError(f"expected 'button' as a number or a name, got {button!r}")
-    # Read every field first: a malformed action must raise before anything happens.
-    call: Any = None
-    if kind in ("click", "double_click"):
-        method = desktop.click if kind == "click" else desktop.double_click
-        x, y = _int(action, "x"), _int(action, "y")
-        call = lambda: method(x, y, button)  # noqa: E731
-    elif kind == "move":
-        x, y = _int(action, "x"), _int(action, "y")
-        call = lambda: desktop.move(x, y)  # noqa: E731
-    elif kind == "drag":
-        x, y, tx, ty = (_int(action, k) for k in ("x", "y", "to_x", "to_y"))
-        call = lambda: desktop.drag(x, y, tx, ty, button)  # noqa: E731
-    elif kind == "scroll":
-        sx, sy = _int(action, "x", None), _int(action, "y", None)
-        dy, dx = _int(action, "dy", 0), _int(action, "dx", 0)
-        call = lambda: desktop.scroll(sx, sy, dy, dx)  # noqa: E731
-    elif kind in ("type", "key"):
-        field = "text" if kind == "type" else "key"
-        value = action.get(field)
-        if not isinstance(value, str):
-            raise DesktopActionError(
-                f"desktop action {kind!r} needs a string {field!r}, got {value!r}"
-            )
-        call = (lambda: desktop.type(value)) if kind == "type" else (lambda: desktop.key(value))
-    output, exit_code = "", 0
-    if call is not None:
-        try:
-            res: ExecResult = await call()
-            output, exit_code = res.stdout + res.stderr, res.exit_code or 0
-            if res.exit_code is None:
-                output, exit_code = output + f"{kind}: timed out\n", 124
-        except DesktopActionError as exc:
-            output, exit_code = f"{kind}: {exc}\n", 2
-        if exit_code == 0:
-            await asyncio.sleep(0.05)  # let the app redraw after the input before we look
-    png = await desktop.screenshot(scale=float(scale) if scale is not None else None)
-    return {"output": output, "exit_code": exit_code, "image": base64.b64encode(png).decode()}
 
 
 # -- desktop tasks ------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Integration tests of `sandboxes.desktop` and the desktop tasks, on real X servers.
+"""Integration tests of `sandboxes.desktop`, the wire actions `envserver.actions` maps onto it
+and the desktop tasks, on real X servers.
 
 Runs on the local backend (skipped, with the reason, when bwrap, Xvfb, xdotool or python3-tk is
 missing here) and on docker (marked `docker`; skipped when no engine answers or the
@@ -28,12 +29,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from envserver.actions import apply_desktop_action
 from sandboxes import Sandbox, SandboxSpec, get_backend
 from sandboxes.desktop import (
     Desktop,
     DesktopActionError,
     DesktopUnavailableError,
-    apply_desktop_action,
     is_desktop_task,
     start_task_desktop,
 )

@@ -1,0 +1,75 @@
+"""`sandboxes` is the bottom layer of DESIGN.md: it names nothing of ours above it and knows no
+wire format. Read off the sources (an AST walk), so a lazy import inside a function counts too.
+
+- no sandboxes module imports (or names as a module path string) `envserver`, `tasks`,
+  `trainer`, `bench` or `sandgym_cli`;
+- no sandboxes module dispatches wire actions: none defines `apply_desktop_action` or an
+  `*ACTION_KINDS` list, and none reads the wire discriminator `"kind"` (that mapping lives in
+  `envserver.actions`, the kinds in `envserver.protocol`).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+ABOVE = ("envserver", "tasks", "trainer", "bench", "sandgym_cli")
+MODULE_PATH = re.compile(rf"^({'|'.join(ABOVE)})(\.\w+)*$")
+WIRE_NAMES = re.compile(r"^(apply_desktop_action|apply_action|\w*ACTION_KINDS)$")
+
+
+def _sources() -> list[Path]:
+    sources = sorted((REPO / "sandboxes").rglob("*.py"))
+    assert len(sources) > 10, f"expected the sandboxes package's modules, found {sources}"
+    return sources
+
+
+def _imports(tree: ast.AST) -> list[tuple[int, str]]:
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.append((node.lineno, node.module))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if MODULE_PATH.match(node.value):
+                found.append((node.lineno, node.value))
+    return found
+
+
+def _wire_dispatch(tree: ast.AST) -> list[tuple[int, str]]:
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            if WIRE_NAMES.match(node.name):
+                found.append((node.lineno, f"defines {node.name}"))
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            if WIRE_NAMES.match(node.id):
+                found.append((node.lineno, f"assigns {node.id}"))
+        elif isinstance(node, ast.Constant) and node.value == "kind":
+            found.append((node.lineno, "reads the wire field 'kind'"))
+    return found
+
+
+def test_sandboxes_import_nothing_above_them() -> None:
+    offenders = [
+        f"{path.relative_to(REPO)}:{line}: {name}"
+        for path in _sources()
+        for line, name in _imports(ast.parse(path.read_text(), filename=str(path)))
+        if name.partition(".")[0] in ABOVE
+    ]
+    assert not offenders, f"expected sandboxes to import none of {ABOVE}, found: {offenders}"
+
+
+def test_sandboxes_dispatch_no_wire_actions() -> None:
+    offenders = [
+        f"{path.relative_to(REPO)}:{line}: {what}"
+        for path in _sources()
+        for line, what in _wire_dispatch(ast.parse(path.read_text(), filename=str(path)))
+    ]
+    assert not offenders, (
+        "expected wire action dispatch in envserver.actions only, found in sandboxes: "
+        f"{offenders}"
+    )
