@@ -36,6 +36,12 @@ WRITERS: dict[str, tuple[str, ...]] = {
     # `sandgym tasks check --jsonl` on the multi-step tasks (see the README's Harbor section)
     "harbor_multistep_check.jsonl": ("tasks/cli.py",),
     "harness_eval.json": ("bench/harness_eval.py", "trainer/eval_cli.py"),
+    # its raw data: every episode `sandgym eval` played (trainer.episode's records)
+    "harness_eval.episodes.jsonl": (
+        "trainer/eval_cli.py",
+        "trainer/episode.py",
+        "envserver/protocol.py",
+    ),
     "pool.json": ("bench/pool.py", "bench/report.py"),
     "reliability.json": ("bench/reliability.py", "bench/report.py"),
     "sandbox_latency.json": ("bench/sandbox.py", "bench/report.py"),
@@ -70,6 +76,7 @@ DATA_MAPS: dict[str, tuple[str, ...]] = {
     "harbor_compat.jsonl": ("absent_files", "referenced_unreachable_hosts"),
     "harbor_multistep_check.jsonl": (),
     "harness_eval.json": (),
+    "harness_eval.episodes.jsonl": (),
     "pool.json": ("backends",),
     "reliability.json": (
         "abuse",
