@@ -40,6 +40,7 @@ WRITERS: dict[str, tuple[str, ...]] = {
     "harness_eval.episodes.jsonl": (
         "trainer/eval_cli.py",
         "trainer/episode.py",
+        "trainer/episode_runner.py",
         "envserver/protocol.py",
     ),
     "pool.json": ("bench/pool.py", "bench/report.py"),
