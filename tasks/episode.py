@@ -11,8 +11,8 @@ import uuid
 from typing import Any
 
 from sandboxes import Sandbox, SandboxFileNotFoundError
-from sandboxes.desktop import start_task_desktop
 from sandboxes.network import NetworkPolicy
+from tasks.desktop import start_task_desktop
 from tasks.dockerfile import apply_dockerfile
 from tasks.episode_models import EpisodeSetup, StepOutcome, VerifierResult
 from tasks.errors import TaskError

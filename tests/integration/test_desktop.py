@@ -35,9 +35,8 @@ from sandboxes.desktop import (
     Desktop,
     DesktopActionError,
     DesktopUnavailableError,
-    is_desktop_task,
-    start_task_desktop,
 )
+from tasks.desktop import is_desktop_task, start_task_desktop
 
 REPO = Path(__file__).resolve().parents[2]
 CATALOG = REPO / "tasks" / "catalog"

@@ -84,12 +84,11 @@ def test_http_base() -> None:
     assert http_base("wss://h/v1/env") == "https://h"
 
 
-def test_the_sandbox_sides_desktop_kinds_are_the_protocols() -> None:
-    """`sandboxes` may not import the protocol, so its desktop dispatch keeps its own list until
-    the dispatch moves to `envserver`; until then the two must agree."""
+def test_the_sandbox_side_keeps_no_desktop_kinds_of_its_own() -> None:
+    """The desktop dispatch lives in `envserver.actions` and reads the protocol's list; the
+    `sandboxes.desktop` primitive keeps no copy of it."""
     import sandboxes.desktop as desktop
+    from envserver import actions
 
-    kinds = getattr(desktop, "DESKTOP_ACTION_KINDS", None)
-    if kinds is None:
-        pytest.skip("sandboxes.desktop keeps no list of its own any more")
-    assert kinds == p.DESKTOP_ACTION_KINDS
+    assert not hasattr(desktop, "DESKTOP_ACTION_KINDS")
+    assert actions.DESKTOP_ACTION_KINDS is p.DESKTOP_ACTION_KINDS

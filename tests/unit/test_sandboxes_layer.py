@@ -5,7 +5,9 @@ wire format. Read off the sources (an AST walk), so a lazy import inside a funct
   `trainer`, `bench` or `sandgym_cli`;
 - no sandboxes module dispatches wire actions: none defines `apply_desktop_action` or an
   `*ACTION_KINDS` list, and none reads the wire discriminator `"kind"` (that mapping lives in
-  `envserver.actions`, the kinds in `envserver.protocol`).
+  `envserver.actions`, the kinds in `envserver.protocol`);
+- no sandboxes module starts a task's desktop or reads a task's desktop metadata
+  (`tasks.desktop` does).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 ABOVE = ("envserver", "tasks", "trainer", "bench", "sandgym_cli")
 MODULE_PATH = re.compile(rf"^({'|'.join(ABOVE)})(\.\w+)*$")
 WIRE_NAMES = re.compile(r"^(apply_desktop_action|apply_action|\w*ACTION_KINDS)$")
+TASK_NAMES = re.compile(r"^(start_task_desktop|is_desktop_task)$")
 
 
 def _sources() -> list[Path]:
@@ -53,6 +56,17 @@ def _wire_dispatch(tree: ast.AST) -> list[tuple[int, str]]:
     return found
 
 
+def _task_start_up(tree: ast.AST) -> list[tuple[int, str]]:
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            if TASK_NAMES.match(node.name):
+                found.append((node.lineno, f"defines {node.name}"))
+        elif isinstance(node, ast.Constant) and node.value == "sandgym_desktop":
+            found.append((node.lineno, "reads the task metadata key 'sandgym_desktop'"))
+    return found
+
+
 def test_sandboxes_import_nothing_above_them() -> None:
     offenders = [
         f"{path.relative_to(REPO)}:{line}: {name}"
@@ -70,6 +84,16 @@ def test_sandboxes_dispatch_no_wire_actions() -> None:
         for line, what in _wire_dispatch(ast.parse(path.read_text(), filename=str(path)))
     ]
     assert not offenders, (
-        "expected wire action dispatch in envserver.actions only, found in sandboxes: "
-        f"{offenders}"
+        f"expected wire action dispatch in envserver.actions only, found in sandboxes: {offenders}"
+    )
+
+
+def test_sandboxes_start_no_task_desktop() -> None:
+    offenders = [
+        f"{path.relative_to(REPO)}:{line}: {what}"
+        for path in _sources()
+        for line, what in _task_start_up(ast.parse(path.read_text(), filename=str(path)))
+    ]
+    assert not offenders, (
+        f"expected a desktop task's start-up in tasks.desktop only, found in sandboxes: {offenders}"
     )
