@@ -92,16 +92,21 @@ TASK_WAIT_S = 540
 
 
 class CatalogRun:
-    """`check_tasks` over some catalog tasks, in a thread with its own event loop, started at
-    the first `entry()`; each finished entry resolves that task's future (in catalog order, as
-    the concurrency frees a slot)."""
+    """`check_tasks` over some tasks, in a thread with its own event loop, started at the first
+    `entry()`; each finished entry resolves that task's future (in the given order, as the
+    concurrency frees a slot)."""
 
-    def __init__(self, backend: str, task_ids: list[str], concurrency: int) -> None:
-        registry = TaskRegistry()
-        self.tasks = [registry.get(t) for t in task_ids]
+    def __init__(
+        self,
+        backend: str,
+        tasks: list[TaskSpec],
+        concurrency: int,
+        image_map: dict[str, str] | None = None,
+    ) -> None:
+        self.tasks, self.image_map = tasks, image_map or {}
         self.backend, self.concurrency = backend, concurrency
         self.futures: dict[str, concurrent.futures.Future[dict[str, Any]]] = {
-            t: concurrent.futures.Future() for t in task_ids
+            t.id: concurrent.futures.Future() for t in tasks
         }
         self.thread = threading.Thread(target=self._run, name=f"catalog-{backend}", daemon=True)
 
@@ -111,7 +116,9 @@ class CatalogRun:
 
         try:
             asyncio.run(
-                check_tasks(self.tasks, self.backend, {}, 0, self.concurrency, on_result=done)
+                check_tasks(
+                    self.tasks, self.backend, self.image_map, 0, self.concurrency, on_result=done
+                )
             )
         except BaseException as exc:
             for f in self.futures.values():
@@ -131,14 +138,16 @@ class CatalogRun:
             self.thread.join(timeout=TASK_WAIT_S)
 
 
-def selected_ids(request: pytest.FixtureRequest, test_name: str) -> list[str]:
-    """The catalog tasks whose test of this name the session runs (after -k and friends)."""
+def selected(
+    request: pytest.FixtureRequest, test_name: str, tasks: list[TaskSpec]
+) -> list[TaskSpec]:
+    """The tasks whose test of this name the session runs (after -k and friends)."""
     ids = {
         item.callspec.params["task_id"]
         for item in request.session.items
         if getattr(item, "originalname", None) == test_name and hasattr(item, "callspec")
     }
-    return [t for t in CATALOG_IDS if t in ids]
+    return [t for t in tasks if t.id in ids]
 
 
 # -- local ----------------------------------------------------------------------------------------
@@ -147,7 +156,9 @@ def selected_ids(request: pytest.FixtureRequest, test_name: str) -> list[str]:
 @pytest.fixture(scope="module")
 def local_catalog(request: pytest.FixtureRequest) -> Iterator[CatalogRun]:
     local_backend_or_skip()
-    run = CatalogRun("local", selected_ids(request, "test_catalog_task_on_local"), 2)
+    run = CatalogRun(
+        "local", selected(request, "test_catalog_task_on_local", terminal_catalog()), 2
+    )
     yield run
     run.close()
 
@@ -230,7 +241,9 @@ async def test_tampering_does_not_change_reward_on_local(task_id: str) -> None:
 @pytest.fixture(scope="module")
 def docker_catalog(request: pytest.FixtureRequest) -> Iterator[CatalogRun]:
     docker_or_skip()
-    run = CatalogRun("docker", selected_ids(request, "test_catalog_task_on_docker"), 3)
+    run = CatalogRun(
+        "docker", selected(request, "test_catalog_task_on_docker", terminal_catalog()), 3
+    )
     yield run
     run.close()
 
@@ -242,11 +255,24 @@ def test_catalog_task_on_docker(docker_catalog: CatalogRun, task_id: str) -> Non
     assert_all_pass([docker_catalog.entry(task_id)])
 
 
-@pytest.mark.docker
-async def test_fixtures_on_docker() -> None:
+def fixture_tasks() -> list[TaskSpec]:
+    return load_dataset(FIXTURES) + load_dataset(FIXTURES / "lis" / "instances.jsonl")
+
+
+@pytest.fixture(scope="module")
+def docker_fixtures(request: pytest.FixtureRequest) -> Iterator[CatalogRun]:
     docker_or_skip()
-    tasks = load_dataset(FIXTURES) + load_dataset(FIXTURES / "lis" / "instances.jsonl")
-    assert_all_pass(await check_tasks(tasks, "docker", IMAGE_MAP))
+    tasks = selected(request, "test_fixture_on_docker", fixture_tasks())
+    run = CatalogRun("docker", tasks, 2, IMAGE_MAP)
+    yield run
+    run.close()
+
+
+@pytest.mark.docker
+@pytest.mark.timeout(TASK_WAIT_S + 60)
+@pytest.mark.parametrize("task_id", [t.id for t in fixture_tasks()])
+def test_fixture_on_docker(docker_fixtures: CatalogRun, task_id: str) -> None:
+    assert_all_pass([docker_fixtures.entry(task_id)])
 
 
 @pytest.mark.docker
