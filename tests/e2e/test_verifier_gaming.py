@@ -148,11 +148,11 @@ async def test_catalog_checker_refuses_a_fifo_at_once(server: Any) -> None:
     async with AsyncEnvClient(server.url) as env:
         await env.reset("builtin/hello-file", seed=0)
         await env.step("mkfifo /app/hello.txt")
-        t0 = time.monotonic()
         final = await env.step({"kind": "submit"})
+    # Refused at once, not after blocking: a checker that opened the FIFO would block until the
+    # verifier's timeout and its output would hold no verdict (no wall-clock assert needed).
     assert final.terminated and final.reward == 0.0
     assert "is not a regular file" in final.info["verifier_output"]
-    assert time.monotonic() - t0 < 30
 
 
 async def test_catalog_checker_that_cannot_run_is_a_verifier_error(server: Any) -> None:
