@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -92,10 +91,9 @@ def test_read_refuses_what_the_agent_left_instead_of_blocking_or_crashing(tmp_pa
         str(tmp_path / "bin"): "not UTF-8",
     }
     for path, reason in cases.items():
-        t0 = time.monotonic()
+        # a read that blocked on the FIFO would run into _helpers' 60 s hang guard and raise
         r = _helpers(tmp_path, f"read({path!r})")
         assert r.returncode == 10 and reason in r.stdout, (path, r.stdout, r.stderr)
-        assert time.monotonic() - t0 < 20
     r = _helpers(tmp_path, f"assert read({str(tmp_path / 'ok')!r}) == 'hello\\n'")
     assert r.returncode == 0 and "PASS" in r.stdout
 
