@@ -51,6 +51,11 @@ class SandboxSpec(BaseModel):
         (), description="other policies it may be switched to later (`Sandbox.set_network`)"
     )
     user: str | None = Field(None, description="user commands run as by default (None = root)")
+    make_dirs: tuple[str, ...] = Field(
+        (),
+        description="e2b: absolute directories made (mode 0777) before the first command, for "
+        "templates that lack them; docker and local leave them to the image",
+    )
     labels: dict[str, str] = Field(default_factory=dict, description="extra labels")
     allow_run: bool = Field(
         False, description="local/e2b: execute Dockerfile RUN lines on the host-side rootfs"
@@ -138,7 +143,10 @@ class SandboxSpec(BaseModel):
 
     def _fingerprint(self, backend: str) -> str:
         group = {"services", "service_name", "healthcheck"}
-        data = self.model_dump(mode="json", exclude={"labels", "build_context", *group})
+        exclude = {"labels", "build_context", *group}
+        if not self.make_dirs:  # (unchanged keys without them)
+            exclude.add("make_dirs")
+        data = self.model_dump(mode="json", exclude=exclude)
         data["context"] = self.context_hash()
         if self.services or self.healthcheck is not None:  # (unchanged keys without them)
             data["services"] = [s.fingerprint_data() for s in self.services]

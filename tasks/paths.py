@@ -6,6 +6,8 @@ DEFAULT_WORKDIR = "/app"
 TESTS_DIR = "/tests"
 #: where the verifier writes `reward.txt` / `reward.json` (and pytest's JUnit report)
 VERIFIER_LOGS = "/logs/verifier"
+#: where Harbor's agents write their own logs
+AGENT_LOGS = "/logs/agent"
 #: files only the verifier sees (a procedural task's expected output)
 SECRET_DIR = "/tests/secret"
 #: the reference solution, copied in only for the oracle

@@ -14,7 +14,7 @@ from sandboxes.network import NetworkPolicy, clamp
 from tasks.dockerfile import needs_rewrite, rewritten_context, spec_dockerfile
 from tasks.errors import TaskUnsupportedError
 from tasks.models import TaskSpec
-from tasks.paths import DEFAULT_WORKDIR
+from tasks.paths import AGENT_LOGS, DEFAULT_WORKDIR, VERIFIER_LOGS
 
 
 def parse_image_map(items: list[str] | None) -> dict[str, str]:
@@ -97,6 +97,7 @@ def sandbox_spec_for(
         network=policies[0],
         network_later=later,
         user=task.agent_user,
+        make_dirs=(VERIFIER_LOGS, AGENT_LOGS),
         labels={"sandgym.task": task.id[:63]},
         allow_run=allow_run,
         services=env.services,

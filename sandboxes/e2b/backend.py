@@ -170,8 +170,11 @@ class E2BBackend(SandboxBackend):
             raise self._create_error(template, exc) from exc
         sb = E2BSandbox(spec, self, sbx, sandbox_id, template)
         try:
-            dirs = " ".join(shlex.quote(d) for d in (spec.workdir, "/logs/verifier", "/logs/agent"))
-            await sb._raw_run(f"mkdir -p {dirs} && chmod 777 /logs/verifier")
+            made = " ".join(shlex.quote(d) for d in spec.make_dirs)
+            await sb._raw_run(
+                f"mkdir -p {shlex.quote(spec.workdir)} {made}"
+                + (f" && chmod 777 {made}" if made else "")
+            )
             if spec.user is not None and spec.user not in ("root", "0"):
                 await sb._raw_run(f"chown {shlex.quote(spec.user)} {shlex.quote(spec.workdir)}")
         except BaseException as exc:

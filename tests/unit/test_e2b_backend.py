@@ -113,6 +113,7 @@ async def test_create_tags_metadata_template_env_and_network(cloud, backend):
         env={"SPEC_VAR": "v"},
         network=False,
         labels={"sandgym.task": "builtin/x"},
+        make_dirs=("/logs/verifier", "/logs/agent"),
     )
     sb = await backend.create(spec)
     try:
@@ -131,9 +132,9 @@ async def test_create_tags_metadata_template_env_and_network(cloud, backend):
         assert kw["envs"] == {"SPEC_VAR": "v"}
         assert kw["allow_internet_access"] is False
         assert kw["api_key"] == cloud.api_key
-        # The workdir and the verifier's log directory exist before the first command.
-        res = await sb.exec("pwd; echo $SPEC_VAR; test -d /logs/verifier && echo logs")
-        assert res.stdout == "/app\nv\nlogs\n"
+        # The workdir and the spec's make_dirs exist (writable by all) before the first command.
+        res = await sb.exec("pwd; echo $SPEC_VAR; stat -c %a /logs/verifier /logs/agent")
+        assert res.stdout == "/app\nv\n777\n777\n"
         assert sb.backend_name == "e2b" and sb.e2b_id in cloud.running_ids()
     finally:
         await sb.close()

@@ -7,7 +7,8 @@ wire format. Read off the sources (an AST walk), so a lazy import inside a funct
   `*ACTION_KINDS` list, and none reads the wire discriminator `"kind"` (that mapping lives in
   `envserver.actions`, the kinds in `envserver.protocol`);
 - no sandboxes module starts a task's desktop or reads a task's desktop metadata
-  (`tasks.desktop` does).
+  (`tasks.desktop` does), and none names a task path (`/tests`, `/logs/...`, `/testbed`,
+  `/solution`: `tasks.paths` holds them, `tasks.sandbox_spec` asks for `SandboxSpec.make_dirs`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ ABOVE = ("envserver", "tasks", "trainer", "bench", "sandgym_cli")
 MODULE_PATH = re.compile(rf"^({'|'.join(ABOVE)})(\.\w+)*$")
 WIRE_NAMES = re.compile(r"^(apply_desktop_action|apply_action|\w*ACTION_KINDS)$")
 TASK_NAMES = re.compile(r"^(start_task_desktop|is_desktop_task)$")
+TASK_PATH = re.compile(r"(^|\s|['\"])/(tests|logs|testbed|solution)(/|\b)")
 
 
 def _sources() -> list[Path]:
@@ -67,6 +69,27 @@ def _task_start_up(tree: ast.AST) -> list[tuple[int, str]]:
     return found
 
 
+def _task_paths(path: Path) -> list[tuple[int, str]]:
+    """Task paths in the code (string constants, f-string parts); docstrings aside."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return [
+        (node.lineno, f"names the task path in {node.value[:60]!r}")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+        and TASK_PATH.search(node.value)
+    ]
+
+
 def test_sandboxes_import_nothing_above_them() -> None:
     offenders = [
         f"{path.relative_to(REPO)}:{line}: {name}"
@@ -97,3 +120,12 @@ def test_sandboxes_start_no_task_desktop() -> None:
     assert not offenders, (
         f"expected a desktop task's start-up in tasks.desktop only, found in sandboxes: {offenders}"
     )
+
+
+def test_sandboxes_name_no_task_paths() -> None:
+    offenders = [
+        f"{path.relative_to(REPO)}:{line}: {what}"
+        for path in _sources()
+        for line, what in _task_paths(path)
+    ]
+    assert not offenders, f"expected task paths in tasks/ only, found in sandboxes: {offenders}"

@@ -84,3 +84,13 @@ def test_each_backend_declares_what_the_task_layer_asks() -> None:
     assert not LocalSandbox.builds_images and LocalSandbox.runs_real_commands
     assert not E2BSandbox.builds_images and E2BSandbox.runs_real_commands
     assert not NullSandbox.builds_images and not NullSandbox.runs_real_commands
+
+
+def test_the_task_layer_asks_for_its_log_directories(tmp_path: Path) -> None:
+    """`sandboxes` knows no task paths: the task's spec names the directories a backend whose
+    template lacks them (e2b) makes before the first command."""
+    from tasks.paths import AGENT_LOGS, VERIFIER_LOGS
+
+    spec = sandbox_spec_for(load_task_dir(_task_dir(tmp_path)))
+    assert spec.make_dirs == (VERIFIER_LOGS, AGENT_LOGS) == ("/logs/verifier", "/logs/agent")
+    assert SandboxSpec().make_dirs == ()
