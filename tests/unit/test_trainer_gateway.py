@@ -246,3 +246,23 @@ async def test_the_official_openai_client_gets_tool_calls_and_streams(
     assert len(steps) == 2
     head = steps[0].prompt_ids + steps[0].response_ids
     assert steps[1].prompt_ids[: len(head)] == head
+
+
+def test_a_call_finishing_after_its_episode_was_consumed_is_dropped(tmp_path: Path) -> None:
+    """A generation still in flight when its episode was cancelled lands after `consume`:
+    it must not stay in the store (the trainer's run dir would keep it for ever)."""
+    import sqlite3
+
+    from trainer.gateway.records import CallRecord
+
+    def rec(sid: str, i: int) -> CallRecord:
+        return CallRecord(sid, i, [1], [2], [-0.1], 0, 0.01, False, "x", "stop", 0)
+
+    store = CallStore(tmp_path / "c.db")
+    store.add(rec("done", 0))
+    assert [c.index for c in store.consume("done")] == [0]
+    store.add(rec("done", 1))  # late: its episode is gone
+    store.add(rec("live", 0))
+    assert store.calls("done") == [] and store.late_calls_dropped == 1
+    with sqlite3.connect(store.path) as db:
+        assert db.execute("SELECT session_id FROM calls").fetchall() == [("live",)]

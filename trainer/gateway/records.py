@@ -91,13 +91,21 @@ def calls_to_steps(calls: list[CallRecord]) -> list[Step]:
 
 
 class CallStore:
-    """Calls per session: SQLite at `path` (durable) plus a bounded in-memory LRU."""
+    """Calls per session: SQLite at `path` (durable) plus a bounded in-memory LRU.
+
+    A consumed session is closed: a call that finishes after its episode was consumed (a
+    generation still in flight when the episode was cancelled) is dropped, not stored."""
+
+    #: how many consumed session ids are remembered to drop their late calls
+    MAX_CLOSED = 100_000
 
     def __init__(self, path: Path | str, max_sessions_in_memory: int = 256) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.max_sessions = max_sessions_in_memory
         self._mem: OrderedDict[str, list[CallRecord]] = OrderedDict()
+        self._closed: OrderedDict[str, None] = OrderedDict()
+        self.late_calls_dropped = 0
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(self.path), check_same_thread=False)
         self._db.execute(
@@ -108,6 +116,9 @@ class CallStore:
 
     def add(self, rec: CallRecord) -> None:
         with self._lock:
+            if rec.session_id in self._closed:
+                self.late_calls_dropped += 1
+                return
             self._db.execute(
                 "INSERT OR REPLACE INTO calls VALUES (?, ?, ?)",
                 (rec.session_id, rec.index, json.dumps(asdict(rec))),
@@ -137,6 +148,9 @@ class CallStore:
             self._mem.pop(session_id, None)
             self._db.execute("DELETE FROM calls WHERE session_id = ?", (session_id,))
             self._db.commit()
+            self._closed[session_id] = None
+            while len(self._closed) > self.MAX_CLOSED:
+                self._closed.popitem(last=False)
         return calls
 
     def close(self) -> None:
