@@ -63,6 +63,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--setup-cpu-s", type=float, default=5.0, help="slow task's set-up CPU")
     parser.add_argument("--catalog-task", default="builtin/hello-file", help="a catalog task")
     parser.add_argument("--n-first", type=int, default=30, help="first-command samples")
+    parser.add_argument(
+        "--parts",
+        default="ready,first",
+        help="comma-separated parts to run: ready (group vs independent vs cold), first",
+    )
 
 
 def write_slow_task(root: Path, cpu_s: float) -> Path:
@@ -118,10 +123,15 @@ async def _ready_count(http_url: str) -> int:
         return int(r.json()["totals"]["ready"])
 
 
-async def _first_commands(url: str, http_url: str, task_id: str, n: int) -> list[float]:
+async def _first_commands(
+    url: str, http_url: str, task_id: str, n: int
+) -> tuple[list[float], list[float]]:
+    """Seconds of the first `command` after each pool-hit reset, and of the second one (the same
+    shell's plain round trip: the first costs more only if the shell was not ready)."""
     from envserver.client import AsyncEnvClient
 
-    out = []
+    first: list[float] = []
+    second: list[float] = []
     async with AsyncEnvClient(url, request_timeout_s=300) as c:
         for _ in range(n):
             for _ in range(600):  # until the pool has a ready sandbox again (bounded: 60 s)
@@ -129,14 +139,22 @@ async def _first_commands(url: str, http_url: str, task_id: str, n: int) -> list
                     break
                 await asyncio.sleep(0.1)
             _, info = await c.reset(task_id, seed=1)
-            t0 = time.perf_counter()
-            res = await c.step({"kind": "command", "command": "true"})
-            out.append(time.perf_counter() - t0)
-            assert res.observation["exit_code"] == 0
-            out_hit = info.get("from_pool")
-            if not out_hit:  # only pool hits count: the figure is about a ready sandbox
-                out.pop()
-    return out
+            took = []
+            for _ in range(2):
+                t0 = time.perf_counter()
+                res = await c.step({"kind": "command", "command": "true"})
+                took.append(time.perf_counter() - t0)
+                assert res.observation["exit_code"] == 0
+            if info.get("from_pool"):  # only pool hits count: the figure is about a ready sandbox
+                first.append(took[0])
+                second.append(took[1])
+    return first, second
+
+
+def _ms_at(xs: list[float], q: float) -> float | None:
+    """The sample at quantile `q` (nearest rank below, as before), in ms."""
+    ys = sorted(xs)
+    return round(1000 * ys[int(len(ys) * q)], 3) if ys else None
 
 
 def _median(xs: list[float]) -> float | None:
@@ -162,8 +180,9 @@ async def _bench_backend(name: str, root: Path, args: argparse.Namespace) -> dic
         with BackgroundServer(settings) as srv:
             return await _resets(srv.url, task_id, size, group)
 
+    parts = {p for p in args.parts.split(",") if p}
     try:
-        for task_id in (SLOW_TASK, args.catalog_task):
+        for task_id in (SLOW_TASK, args.catalog_task) if "ready" in parts else ():
             spec = sandbox_spec_for(registry.get(task_id))
             raw: dict[str, list[float]] = {"fork": [], "independent": [], "cold_create": []}
             forked: list[list[bool]] = []
@@ -186,19 +205,25 @@ async def _bench_backend(name: str, root: Path, args: argparse.Namespace) -> dic
                 "raw_s": {k: [round(x, 4) for x in v] for k, v in raw.items()},
                 "members_forked": [sum(f) for f in forked],
             }
+        if "first" not in parts:
+            return out
         settings = ServerSettings(
             host="127.0.0.1", port=0, backend=name, task_dirs=[root], pool_size=2
         )
         with BackgroundServer(settings) as srv:
             await _resets(srv.url, args.catalog_task, 1, group=False)
-            samples = await _first_commands(srv.url, srv.http_url, args.catalog_task, args.n_first)
-        samples.sort()
+            samples, seconds = await _first_commands(
+                srv.url, srv.http_url, args.catalog_task, args.n_first
+            )
         out["first_command_after_pool_hit"] = {
             "task": args.catalog_task,
             "samples": len(samples),
-            "p50_ms": round(1000 * samples[len(samples) // 2], 3) if samples else None,
-            "p90_ms": round(1000 * samples[int(len(samples) * 0.9)], 3) if samples else None,
+            "p50_ms": _ms_at(samples, 0.5),
+            "p90_ms": _ms_at(samples, 0.9),
             "raw_ms": [round(1000 * s, 3) for s in samples],
+            # the same episodes' second command: one round trip on a shell known to be ready
+            "second_command_p50_ms": _ms_at(seconds, 0.5),
+            "second_command_raw_ms": [round(1000 * s, 3) for s in seconds],
         }
     finally:
         await backend.aclose()
@@ -212,6 +237,7 @@ def run(args: argparse.Namespace) -> int:
         "size": args.size,
         "repeats": args.repeats,
         "setup_cpu_s": args.setup_cpu_s,
+        "parts": args.parts,
         "machine": {
             "platform": platform.platform(),
             "python": platform.python_version(),

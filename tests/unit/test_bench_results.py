@@ -25,6 +25,8 @@ RESULTS = REPO / "bench" / "results"
 #: results file -> the modules whose code writes its fields
 WRITERS: dict[str, tuple[str, ...]] = {
     "group.json": ("bench/group.py", "bench/report.py"),
+    # `sandgym bench group --parts first`: the first and second command after a pool hit
+    "group_first_command.json": ("bench/group.py", "bench/report.py"),
     # each task's entry is `sandgym tasks check`'s (tasks/cli.py), with the bench's fields added
     "harbor_compat.json": (
         "bench/harbor_compat.py",
@@ -63,6 +65,7 @@ WRITERS: dict[str, tuple[str, ...]] = {
 #: key paths (`*`: any key of a data map, `[]`: any list item) of the maps whose keys are data
 DATA_MAPS: dict[str, tuple[str, ...]] = {
     "group.json": ("backends", "backends/*/tasks"),
+    "group_first_command.json": ("backends",),
     "harbor_compat.json": (
         "image_map",
         "stand_in_images",
