@@ -48,6 +48,12 @@ def compare(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     return {"delta": diff, "stderr": se, "ci95": [lo, hi], "excludes_zero": lo > 0 or hi < 0}
 
 
+def _verdict(c: dict[str, Any]) -> str:
+    if c["stderr"] == 0.0:
+        return "no spread in either phase, so no interval"
+    return "excludes zero" if c["excludes_zero"] else "includes zero"
+
+
 def _rate(s: dict[str, Any]) -> str:
     return f"{s['mean_reward']:.2f} ({s['successes']}/{s['episodes']})"
 
@@ -61,7 +67,7 @@ def summary_text(record: dict[str, Any]) -> str:
         if "after" not in res:
             continue
         c = res["comparison"]
-        verdict = "excludes zero" if c["excludes_zero"] else "includes zero"
+        verdict = _verdict(c)
         parts.append(
             f"{task}, held-out seeds ({res['before']['episodes']} episodes at "
             f"T={record['temperature']}): success {_rate(res['before'])} before, "
@@ -80,12 +86,19 @@ def summary_text(record: dict[str, Any]) -> str:
         if "after" not in res:
             continue
         c = res["comparison"]
-        verdict = "excludes zero" if c["excludes_zero"] else "includes zero"
+        verdict = _verdict(c)
         parts.append(
             f"{task}, a family never trained on: {_rate(res['before'])} before, "
             f"{_rate(res['after'])} after, {c['delta']:+.2f} (95% CI {c['ci95'][0]:+.2f} to "
             f"{c['ci95'][1]:+.2f}, {verdict})."
         )
+    kinds = record.get("heldout_by_instance_kind") or {}
+    if kinds:
+        cells = []
+        for phase in ("eval-before", "eval-after"):
+            for kind, c in sorted((kinds.get(phase) or {}).items()):
+                cells.append(f"{phase[5:]} {kind} {c['successes']}/{c['episodes']}")
+        parts.append("Held-out successes by instance kind: " + ", ".join(cells) + ".")
     look = record.get("successes_by_commands_after")
     if look:
         multi = sum(v for k, v in look.items() if k != "1" and k != "0")
@@ -93,6 +106,10 @@ def summary_text(record: dict[str, Any]) -> str:
         parts.append(
             f"After training, {multi} of {total} successful held-out episodes ran two or more "
             f"commands (commands per success: {dict(sorted(look.items()))})."
+        )
+    if record.get("episodes"):
+        parts.append(
+            f"Training episodes solved: {record.get('train_successes')} of {record['episodes']}."
         )
     sig = record.get("groups_with_signal")
     if sig is not None and updates:
