@@ -46,6 +46,10 @@ passed, and leaves the denominator of the `reachable` figures, which are the one
 are read on: over the tasks whose needs are reachable from here, `oracle_one_noop_zero` (the
 oracle scores 1.0 and the no-op 0.0; for sets that ship solutions) and `reward_no_verifier_error`
 (the verifier gave a reward without a `verifier_error`; for sets without solutions).
+
+Why over 500 lines: the classification of each task's outcome (build, phase and network causes,
+verdicts) and the run that produces them must agree on one vocabulary of reasons; the
+substitutions live apart (bench/substitutions.py).
 """
 
 from __future__ import annotations

@@ -29,6 +29,10 @@ known type (an `error` with a code of the contract, or a valid reply), or a clos
 (invalid UTF-8 in a text frame) or 1009 (frame over the transport cap), which RFC 6455
 prescribes for those two. Anything else (no reply, a non-JSON reply, an unknown code, an
 `internal` error, another close code) is a failure, with an example kept for the report.
+
+Why over 500 lines: three benchmark parts and the hostile-frame generator the tests import share
+one report format and one `--merge`; each part is a few functions, a candidate for its own
+module when one grows.
 """
 
 from __future__ import annotations

@@ -26,6 +26,10 @@ Example:
     ...         res = await env.step("echo hello > /app/hello.txt")
     ...         res = await env.step({"kind": "submit"})
     ...         return res.reward
+
+Why over 500 lines: the reconnect-and-resend logic, the reply parsing and `run_episodes` share
+one connection's state (the session, its token, the request in flight); split, that one state
+machine would be spread over files.
 """
 
 from __future__ import annotations

@@ -16,6 +16,10 @@ Lifecycle rules:
 - A step whose request_id equals the last one handled returns the cached reply (or waits for the
   in-flight one) instead of running again, so a client may safely resend a step whose reply
   was lost with its connection.
+
+Why over 500 lines: the lifecycle above is one state machine over `Session`s (reset, step,
+resume, sweep, close); its parts with their own concerns already live apart
+(envserver/groups.py, envserver/actions.py, tasks/episode.py).
 """
 
 from __future__ import annotations

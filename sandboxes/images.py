@@ -23,6 +23,9 @@ engine what stands in for what. A public name is never tagged over an image that
 
 The docker SDK is imported where it is used; everything above `DockerImages` is pure and
 unit-tested.
+
+Why over 500 lines: each stand-in family's recipe (its Dockerfile text, aliases and labels) is
+data kept beside the one builder that uses it.
 """
 
 from __future__ import annotations

@@ -40,6 +40,10 @@ Example:
     ...     return hit
     >>> asyncio.run(demo())
     True
+
+Why over 500 lines: the rules above (cap, fair sharing, refill, backoff, sweep, shielded close)
+act on one shared state on one event loop; the settings, stats and histogram at the
+top are small and could move out, the `SandboxPool` class itself is one state machine.
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ Loop (one screen, in `Trainer.run`):
 The run directory holds `config.yaml` (resolved), `metrics.jsonl`, `tensorboard/`,
 `episodes.jsonl`, `eval_episodes.jsonl`, `checkpoints/` and `summary.json`. Creating
 `RUN_DIR/STOP` ends the run early and cleanly (checkpoint and final evaluation still happen).
+
+Why over 500 lines: the loop's bookkeeping (groups, staleness, prewarm, checkpoints, the final
+evaluation, clean stop) is one object's state; the update step itself is trainer/learner.py and
+the episode loop trainer/episode_runner.py.
 """
 
 from __future__ import annotations

@@ -23,6 +23,10 @@ Variables: `${NAME}`, `${NAME:-default}`, `${NAME-default}`, `${NAME:?error}`, `
 as compose substitutes them, from `variables` (Harbor: `CONTEXT_DIR`); a variable with the
 harness prefix (`T_BENCH_`) marks its value as the harness's own (the entry is dropped); any
 other unset variable is empty, as compose makes it (with a warning).
+
+Why over 500 lines: it is one format's reader; the key-by-key list of what is read, ignored and
+refused, and compose's variable rules, are kept together so the list above can be checked
+against one file.
 """
 
 from __future__ import annotations
