@@ -18,6 +18,7 @@ BENCHES: dict[str, str] = {
     "harbor_compat": "bench.harbor_compat",
     "reliability": "bench.reliability",
     "group": "bench.group",
+    "cluster": "bench.cluster",
 }
 
 

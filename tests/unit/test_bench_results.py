@@ -60,6 +60,9 @@ WRITERS: dict[str, tuple[str, ...]] = {
         "bench/train_probe.py",
     ),
     "learner.json": ("bench/learner.py",),
+    # `sandgym bench cluster`: its per-episode records beside it (every figure recomputes)
+    "cluster.json": ("bench/cluster.py", "bench/report.py"),
+    "cluster.raw.jsonl": ("bench/cluster.py",),
 }
 
 #: key paths (`*`: any key of a data map, `[]`: any list item) of the maps whose keys are data
@@ -112,6 +115,8 @@ DATA_MAPS: dict[str, tuple[str, ...]] = {
         "successes_by_commands_after",
     ),
     "learner.json": (),
+    "cluster.json": (),
+    "cluster.raw.jsonl": (),
 }
 
 
