@@ -297,7 +297,13 @@ def create_app(
     @app.get("/v1/sessions", dependencies=auth)
     async def sessions() -> dict[str, Any]:
         view = service.sessions_view()
-        return {"count": len(view), "max_sessions": settings.max_sessions, "sessions": view}
+        # `resetting`: resets that hold a slot before their session exists (capacity counts them)
+        return {
+            "count": len(view),
+            "resetting": service.resetting,
+            "max_sessions": settings.max_sessions,
+            "sessions": view,
+        }
 
     @app.post("/v1/pool/prewarm", dependencies=auth)
     async def prewarm(body: PrewarmRequest) -> JSONResponse:

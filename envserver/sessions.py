@@ -614,6 +614,11 @@ class EnvService:
             self._end_bg(s, reason)
         return ended
 
+    @property
+    def resetting(self) -> int:
+        """Resets past the capacity check whose session does not exist yet (they hold a slot)."""
+        return self._reserved
+
     def sessions_view(self) -> list[dict[str, Any]]:
         now = time.monotonic()
         return [s.describe(now) for s in self.sessions.values()]

@@ -316,8 +316,9 @@ class ServerState:
 
 
 def probe_capacity(url: str, token: str | None = None, timeout_s: float = 2.0) -> int | None:
-    """`max_sessions - count` as the server answers `GET /v1/sessions`, or None when it does not
-    answer (down). A server without that answer (an older one) gets its `/healthz` only."""
+    """`max_sessions - count - resetting` as the server answers `GET /v1/sessions` (a reset in
+    progress holds a slot before its session is listed), or None when it does not answer
+    (down). A server without that answer (an older one) gets its `/healthz` only."""
     import httpx
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -326,7 +327,8 @@ def probe_capacity(url: str, token: str | None = None, timeout_s: float = 2.0) -
         r = httpx.get(f"{base}/v1/sessions", headers=headers, timeout=timeout_s)
         if r.status_code == 200:
             body = r.json()
-            return max(0, int(body["max_sessions"]) - int(body["count"]))
+            used = int(body["count"]) + int(body.get("resetting", 0))
+            return max(0, int(body["max_sessions"]) - used)
         r = httpx.get(f"{base}/healthz", timeout=timeout_s)
         return 256 if r.status_code == 200 else None
     except (httpx.HTTPError, ValueError, KeyError):
