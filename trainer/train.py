@@ -74,7 +74,9 @@ class Trainer:
             if cfg.run.ray_address:
                 ray.init(address=cfg.run.ray_address)
             else:
-                ray.init(num_cpus=cfg.run.ray_num_cpus, include_dashboard=False)
+                # "local": a new instance of our own, never a cluster another process started
+                # on this host (ray.init() with no address would attach to that one)
+                ray.init(address="local", num_cpus=cfg.run.ray_num_cpus, include_dashboard=False)
         self.learners = LearnerGroup(cfg)
         self.start_version = 0
         ckpt = latest_checkpoint(self.run_dir) if cfg.run.resume else None

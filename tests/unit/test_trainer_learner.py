@@ -15,7 +15,7 @@ from trainer.config import TrainConfig
 @pytest.fixture(scope="module")
 def ray_session() -> Iterator[None]:
     ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
