@@ -315,10 +315,13 @@ class ServerState:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def probe_capacity(url: str, token: str | None = None, timeout_s: float = 2.0) -> int | None:
-    """`max_sessions - count - resetting` as the server answers `GET /v1/sessions` (a reset in
-    progress holds a slot before its session is listed), or None when it does not answer
-    (down). A server without that answer (an older one) gets its `/healthz` only."""
+def probe_sessions(
+    url: str, token: str | None = None, timeout_s: float = 2.0
+) -> tuple[int, int] | None:
+    """`(free, used)` slots as the server answers `GET /v1/sessions`: used = its episodes plus
+    the resets holding a slot before their session is listed (`resetting`), free =
+    `max_sessions - used`; None when it does not answer (down). A server without that answer (an
+    older one) gets its `/healthz` only, and counts as 256 free."""
     import httpx
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -328,11 +331,17 @@ def probe_capacity(url: str, token: str | None = None, timeout_s: float = 2.0) -
         if r.status_code == 200:
             body = r.json()
             used = int(body["count"]) + int(body.get("resetting", 0))
-            return max(0, int(body["max_sessions"]) - used)
+            return max(0, int(body["max_sessions"]) - used), used
         r = httpx.get(f"{base}/healthz", timeout=timeout_s)
-        return 256 if r.status_code == 200 else None
+        return (256, 0) if r.status_code == 200 else None
     except (httpx.HTTPError, ValueError, KeyError):
         return None
+
+
+def probe_capacity(url: str, token: str | None = None, timeout_s: float = 2.0) -> int | None:
+    """The server's free slots (`probe_sessions`'s first figure), or None when it is down."""
+    answer = probe_sessions(url, token, timeout_s)
+    return None if answer is None else answer[0]
 
 
 class ServerBalancer:
@@ -346,10 +355,12 @@ class ServerBalancer:
     def __init__(
         self,
         token: str | None = None,
-        probe: Callable[[str, str | None], int | None] | None = None,
+        probe: Callable[[str, str | None], int | tuple[int, int] | None] | None = None,
     ) -> None:
         self.token = token
-        self._probe = probe or (lambda url, token: probe_capacity(url, token))
+        self._probe: Callable[[str, str | None], int | tuple[int, int] | None] = probe or (
+            lambda url, token: probe_sessions(url, token)
+        )
         self.servers: dict[str, ServerState] = {}
 
     def add(self, url: str, placed: bool = False, capacity: int | None = None) -> ServerState:
@@ -364,12 +375,12 @@ class ServerBalancer:
     def remove(self, url: str) -> None:
         self.servers.pop(url, None)
 
-    def _update(self, url: str, free: int | None) -> None:
+    def _update(self, url: str, answer: int | tuple[int, int] | None) -> None:
         s = self.servers.get(url)
         if s is None:
             return
         s.checked_at = time.monotonic()
-        if free is None:
+        if answer is None:
             if s.healthy:
                 log.warning("env server %s does not answer: no new groups go there", url)
             s.healthy = False
@@ -377,8 +388,12 @@ class ServerBalancer:
         if not s.healthy:
             log.info("env server %s answers: in use", url)
         s.healthy = True
-        # its free slots now plus ours running there = what it holds for us
-        s.capacity = free + s.in_flight
+        free, used = answer if isinstance(answer, tuple) else (answer, None)
+        # its free slots now plus ours it already counts = what it holds for us. Ours still in
+        # transit (sent, not yet arrived) are in `in_flight` but not in `used`: counting them as
+        # held would offer their slots twice and the server would refuse one with `capacity`.
+        ours = s.in_flight if used is None else min(s.in_flight, used)
+        s.capacity = free + ours
 
     def poll(self, urls: Iterable[str] | None = None) -> None:
         targets = list(self.servers) if urls is None else [u for u in urls if u in self.servers]

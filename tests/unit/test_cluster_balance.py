@@ -53,6 +53,28 @@ def test_capacity_answer_counts_others_episodes() -> None:
     assert b.choose(1) == B
 
 
+def test_episodes_still_in_transit_are_not_offered_twice() -> None:
+    """A poll answered while our resets are on their way (sent, not yet listed by the server)
+    must not count their slots as free and ours at once (`bench cluster` saw `capacity`
+    refusals from that)."""
+    answer: dict[str, tuple[int, int] | None] = {A: (4, 0)}
+    b = ServerBalancer(probe=lambda url, token: answer[url])
+    b.add(A)
+    b.poll()
+    b.acquire(A, 1)  # sent; the server does not list it yet: 4 free, 0 used
+    b.poll()
+    assert b.servers[A].capacity == 4
+    b.acquire(A, 3)
+    assert b.choose(1) is None  # 4 of ours on a 4-slot server: no room
+    answer[A] = (0, 4)  # all four arrived
+    b.poll()
+    assert b.servers[A].capacity == 4 and b.choose(1) is None
+    b.release(A, 1)
+    answer[A] = (1, 3)
+    b.poll()
+    assert b.choose(1) == A
+
+
 def test_a_server_that_stops_answering_gets_nothing_until_it_answers() -> None:
     free: dict[str, int | None] = {A: 4, B: 4}
     b = balancer(free)
@@ -87,7 +109,7 @@ def test_plan_prewarms_where_the_next_groups_go_and_changes_nothing() -> None:
 def test_probe_capacity_reads_v1_sessions() -> None:
     from envserver.runner import BackgroundServer
     from envserver.settings import ServerSettings
-    from trainer.cluster import probe_capacity
+    from trainer.cluster import probe_capacity, probe_sessions
 
     with BackgroundServer(ServerSettings(backend="null", port=0, max_sessions=7)) as srv:
         assert probe_capacity(srv.url) == 7
@@ -95,6 +117,7 @@ def test_probe_capacity_reads_v1_sessions() -> None:
         srv.service._reserved += 2
         try:
             assert probe_capacity(srv.url) == 5
+            assert probe_sessions(srv.url) == (5, 2)
         finally:
             srv.service._reserved -= 2
     assert probe_capacity(srv.url, timeout_s=0.5) is None  # gone
