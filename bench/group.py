@@ -14,9 +14,11 @@ each timed from the first reset sent to the last reply (all members ready), each
 server with no ready pool (`pool_size` 0, so every way starts cold). Tasks: `slow-setup` (a Harbor task whose
 generator spends about `--setup-cpu-s` seconds of CPU, as a data build or compile would) and a
 catalog task (`--catalog-task`). Then `first_command`: on a server keeping ready sandboxes
-(`pool_size` 2), `--n-first` episodes, each reset once the pool has a ready sandbox again, each
-timed from the reset's reply to the result of the first `command` (`true`): with the pool's
-shell already started that is one round trip.
+(`pool_size` 2), `--n-first` episodes, each timed from the reset's reply to the result of the
+first `command` (`true`): with the pool's shell already started that is one round trip. Twice:
+`first_command_after_pool_hit`, each reset on a settled pool (the episode before ended, no
+creation or destruction in flight), and `first_command_back_to_back`, each reset as soon as a
+sandbox is ready (the episode before being destroyed and the pool refilling beside it).
 
 Every figure is a median of its repeats, each repeat's raw seconds beside it; ratios are
 `independent / fork`. `--json` prints one JSON document; `--out PATH` also writes it (committed:
@@ -115,29 +117,46 @@ async def _cold_creates(backend: Any, spec: Any, size: int) -> float:
     return took
 
 
-async def _ready_count(http_url: str) -> int:
+async def _pool_totals(http_url: str) -> dict[str, int]:
     import httpx
 
     async with httpx.AsyncClient() as h:
         r = await h.get(f"{http_url}/v1/pool", timeout=10)
-        return int(r.json()["totals"]["ready"])
+        return {k: int(v) for k, v in r.json()["totals"].items()}
+
+
+def _has_ready(t: dict[str, int]) -> bool:
+    return t["ready"] > 0
+
+
+def _settled(t: dict[str, int]) -> bool:
+    """A ready sandbox and nothing else under way: no creation, no destruction in flight."""
+    return t["ready"] > 0 and t["creating"] == 0 and t["destroying"] == 0
 
 
 async def _first_commands(
-    url: str, http_url: str, task_id: str, n: int
+    url: str, http_url: str, task_id: str, n: int, settled: bool
 ) -> tuple[list[float], list[float]]:
     """Seconds of the first `command` after each pool-hit reset, and of the second one (the same
-    shell's plain round trip: the first costs more only if the shell was not ready)."""
+    shell's plain round trip: the first costs more only if the shell was not ready).
+
+    `settled`: each episode is ended, and the next reset waits until the pool is settled (a
+    ready sandbox, no creation or destruction in flight), so the figure is a pool hit's alone
+    (the refill the hit itself starts still runs beside it). Otherwise back to back: the next
+    reset goes as soon as a sandbox is ready, the previous episode's sandbox being destroyed and
+    the pool refilling on the same cores, as in a busy training run."""
     from envserver.client import AsyncEnvClient
 
     first: list[float] = []
     second: list[float] = []
-    async with AsyncEnvClient(url, request_timeout_s=300) as c:
-        for _ in range(n):
-            for _ in range(600):  # until the pool has a ready sandbox again (bounded: 60 s)
-                if await _ready_count(http_url) > 0:
-                    break
-                await asyncio.sleep(0.1)
+    wait_for = _settled if settled else _has_ready
+    for _ in range(n):
+        for _ in range(600):  # until the pool is as asked (bounded: 60 s)
+            if wait_for(await _pool_totals(http_url)):
+                break
+            await asyncio.sleep(0.1)
+        # one client per episode: its close ends the episode (the sandbox is destroyed)
+        async with AsyncEnvClient(url, request_timeout_s=300) as c:
             _, info = await c.reset(task_id, seed=1)
             took = []
             for _ in range(2):
@@ -145,10 +164,23 @@ async def _first_commands(
                 res = await c.step({"kind": "command", "command": "true"})
                 took.append(time.perf_counter() - t0)
                 assert res.observation["exit_code"] == 0
-            if info.get("from_pool"):  # only pool hits count: the figure is about a ready sandbox
-                first.append(took[0])
-                second.append(took[1])
+        if info.get("from_pool"):  # only pool hits count: the figure is about a ready sandbox
+            first.append(took[0])
+            second.append(took[1])
     return first, second
+
+
+def _first_figures(task_id: str, samples: list[float], seconds: list[float]) -> dict[str, Any]:
+    return {
+        "task": task_id,
+        "samples": len(samples),
+        "p50_ms": _ms_at(samples, 0.5),
+        "p90_ms": _ms_at(samples, 0.9),
+        "raw_ms": [round(1000 * s, 3) for s in samples],
+        # the same episodes' second command: one round trip on a shell known to be ready
+        "second_command_p50_ms": _ms_at(seconds, 0.5),
+        "second_command_raw_ms": [round(1000 * s, 3) for s in seconds],
+    }
 
 
 def _ms_at(xs: list[float], q: float) -> float | None:
@@ -212,19 +244,14 @@ async def _bench_backend(name: str, root: Path, args: argparse.Namespace) -> dic
         )
         with BackgroundServer(settings) as srv:
             await _resets(srv.url, args.catalog_task, 1, group=False)
-            samples, seconds = await _first_commands(
-                srv.url, srv.http_url, args.catalog_task, args.n_first
-            )
-        out["first_command_after_pool_hit"] = {
-            "task": args.catalog_task,
-            "samples": len(samples),
-            "p50_ms": _ms_at(samples, 0.5),
-            "p90_ms": _ms_at(samples, 0.9),
-            "raw_ms": [round(1000 * s, 3) for s in samples],
-            # the same episodes' second command: one round trip on a shell known to be ready
-            "second_command_p50_ms": _ms_at(seconds, 0.5),
-            "second_command_raw_ms": [round(1000 * s, 3) for s in seconds],
-        }
+            for key, settled in (
+                ("first_command_after_pool_hit", True),
+                ("first_command_back_to_back", False),
+            ):
+                samples, seconds = await _first_commands(
+                    srv.url, srv.http_url, args.catalog_task, args.n_first, settled
+                )
+                out[key] = _first_figures(args.catalog_task, samples, seconds)
     finally:
         await backend.aclose()
     return out

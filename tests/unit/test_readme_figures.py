@@ -41,6 +41,7 @@ def s(ms: float) -> str:
 
 SB, GR, HC, RE = "sandbox_latency.json", "group.json", "harbor_compat.json", "reliability.json"
 SE, ST = "sessions.json", "step.json"
+GF = "group_first_command.json"
 ABUSES = {
     "fork_bomb": "fork bomb",
     "memory_hog": "memory hog",
@@ -188,6 +189,25 @@ FIGURES: list[tuple[str, Callable[[], str]]] = [
         "step server CPU",
         lambda: "using {:.0f}, {:.0f} and {:.0f} us".format(
             *(at(ST, f"results/{i}/server_cpu_us_per_step") for i in range(3))
+        ),
+    ),
+    (
+        "first command settled",
+        lambda: (
+            "first command docker {:.2f} ms, local {:.2f} ms at p50 (second {:.2f} ms and\n"
+            "{:.2f} ms)".format(
+                at(GF, "backends/docker/first_command_after_pool_hit/p50_ms"),
+                at(GF, "backends/local/first_command_after_pool_hit/p50_ms"),
+                at(GF, "backends/docker/first_command_after_pool_hit/second_command_p50_ms"),
+                at(GF, "backends/local/first_command_after_pool_hit/second_command_p50_ms"),
+            )
+        ),
+    ),
+    (
+        "first command back to back",
+        lambda: "docker {:.2f} ms, local {:.2f} ms. The".format(
+            at(GF, "backends/docker/first_command_back_to_back/p50_ms"),
+            at(GF, "backends/local/first_command_back_to_back/p50_ms"),
         ),
     ),
     ("step null", lambda: f"the server adds {at(ST, 'results/0/overhead_p50_us') / 1000:.2f} ms"),
