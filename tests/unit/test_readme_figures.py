@@ -183,7 +183,7 @@ FIGURES: list[tuple[str, Callable[[], str]]] = [
     *[(f"sessions {i}", lambda i=i: sessions_row(i)) for i in range(3)],
     (
         "local sessions",
-        lambda: f"**{at(SE, 'local/steps_per_s'):,.0f} steps/s** on this loaded host",
+        lambda: f"**{at(SE, 'local/steps_per_s'):,.0f} steps/s** on this host",
     ),
     (
         "step server CPU",
