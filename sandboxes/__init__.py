@@ -5,7 +5,7 @@ Imports nothing else of sandgym. Vendor SDKs load lazily through `get_backend`.
 
 __version__ = "0.1.0"
 
-from sandboxes.base import Sandbox, SandboxBackend, normalize_sandbox_path  # noqa: E402
+from sandboxes.base import Sandbox, SandboxBackend  # noqa: E402
 from sandboxes.errors import (  # noqa: E402
     BackendUnavailableError,
     CommandTimeoutError,
@@ -21,6 +21,7 @@ from sandboxes.errors import (  # noqa: E402
     UnknownBackendError,
 )
 from sandboxes.network import NetworkPolicy  # noqa: E402
+from sandboxes.paths import normalize_sandbox_path  # noqa: E402
 from sandboxes.pool import (  # noqa: E402
     PoolClosedError,
     PoolKeyFailingError,

@@ -1,7 +1,9 @@
 """The sandbox protocol: `SandboxBackend.create(spec) -> Sandbox`, and what a `Sandbox` can do.
 
-The whole interface fits on one screen. Backends implement the abstract methods; pool policy,
-reaping and task logic live elsewhere. Every method is async and never blocks the event loop.
+The protocol alone: the two classes, their abstract methods and the defaults every backend
+shares (network and services checks, reaping through `reap_matching`). Label names live in
+`sandboxes.labels`, path helpers in `sandboxes.paths`; pool policy, reaping loops and task logic
+elsewhere. Every method is async and never blocks the event loop.
 
 Example:
     >>> import asyncio
@@ -32,20 +34,9 @@ from sandboxes.errors import (
     SandboxGroupUnsupportedError,
     SnapshotUnsupportedError,
 )
-
-# Label names and id/path helpers live in `labels` and `paths`; these names stay importable here.
-from sandboxes.labels import LABEL_FINGERPRINT as LABEL_FINGERPRINT
-from sandboxes.labels import LABEL_LEASE_EXPIRY as LABEL_LEASE_EXPIRY
-from sandboxes.labels import LABEL_MANAGED as LABEL_MANAGED
-from sandboxes.labels import LABEL_OWNER as LABEL_OWNER
-from sandboxes.labels import LABEL_OWNER_HOST as LABEL_OWNER_HOST
-from sandboxes.labels import LABEL_OWNER_PID as LABEL_OWNER_PID
-from sandboxes.labels import LABEL_VERSION as LABEL_VERSION
-from sandboxes.labels import owner_is_gone as owner_is_gone
 from sandboxes.labels import sandbox_labels
 from sandboxes.network import NetworkPolicy
 from sandboxes.paths import new_sandbox_id
-from sandboxes.paths import normalize_sandbox_path as normalize_sandbox_path
 from sandboxes.spec import ExecResult, SandboxSpec, ShellResult
 
 log = logging.getLogger(__name__)

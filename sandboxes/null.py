@@ -14,13 +14,14 @@ import time
 import uuid
 from pathlib import Path
 
-from sandboxes.base import Sandbox, SandboxBackend, normalize_sandbox_path
+from sandboxes.base import Sandbox, SandboxBackend
 from sandboxes.errors import (
     SandboxCreateError,
     SandboxFileNotFoundError,
     SandboxLostError,
 )
 from sandboxes.network import NetworkPolicy
+from sandboxes.paths import normalize_sandbox_path
 from sandboxes.spec import ExecResult, SandboxSpec, ShellResult
 
 

@@ -1,5 +1,5 @@
-"""Host-side file helpers the backends share: small tar archives, and removing a tree that a
-sandboxed command may have left read-only."""
+"""Host-side file helpers the backends share: small tar archives, an upload's checks, and
+removing a tree that a sandboxed command may have left read-only."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import tarfile
 import time
 from collections.abc import Mapping
 from pathlib import Path
+
+from sandboxes.errors import SandboxPathError
 
 
 def files_tar(files: Mapping[str, bytes], mode: int = 0o644, mtime: float | None = None) -> bytes:
@@ -31,6 +33,17 @@ def files_tar(files: Mapping[str, bytes], mode: int = 0o644, mtime: float | None
 def one_file_tar(path: str, data: bytes, mode: int = 0o644) -> bytes:
     """A tar holding one file named after `path`'s last component (to unpack in its parent)."""
     return files_tar({posixpath.basename(path): data}, mode)
+
+
+def checked_upload(src: Path | str, dst: str) -> Path:
+    """An upload's host source, checked before anything is sent: it exists on this host, and
+    `dst` (the normalised destination inside the sandbox) is not the root directory."""
+    src = Path(src)
+    if not src.exists():
+        raise FileNotFoundError(f"upload source {src} does not exist on the host")
+    if dst == "/":
+        raise SandboxPathError("expected a destination below /, got the root directory")
+    return src
 
 
 def remove_tree(path: Path, *, ignore_errors: bool = False) -> None:

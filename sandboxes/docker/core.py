@@ -8,10 +8,10 @@ import collections
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandboxes.base import normalize_sandbox_path
 from sandboxes.common.lazy_shell import ShellSandbox
 from sandboxes.egress import EgressProxy
 from sandboxes.errors import SandboxLostError
+from sandboxes.paths import normalize_sandbox_path
 from sandboxes.spec import SandboxSpec
 
 if TYPE_CHECKING:

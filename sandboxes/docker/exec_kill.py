@@ -18,7 +18,6 @@ import time
 import uuid
 from typing import Any
 
-from sandboxes.base import normalize_sandbox_path
 from sandboxes.common.files import files_tar
 from sandboxes.common.kill import (
     EXEC_MARKER_ENV,
@@ -31,6 +30,7 @@ from sandboxes.common.tolerated import tolerate
 from sandboxes.docker.core import DockerSandboxBase
 from sandboxes.docker.streams import _demux, _raw_socket
 from sandboxes.errors import SandboxError
+from sandboxes.paths import normalize_sandbox_path
 from sandboxes.spec import ExecResult
 
 log = logging.getLogger(__name__)

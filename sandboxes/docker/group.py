@@ -372,7 +372,7 @@ def reap_group_networks(
 ) -> None:
     """(Thread) remove the managed group networks whose labels `select` accepts (the reaper's
     decision; their containers went first)."""
-    from sandboxes.base import LABEL_MANAGED
+    from sandboxes.labels import LABEL_MANAGED
 
     for net in api.networks(filters={"label": [f"{LABEL_MANAGED}=1", LABEL_GROUP_OF]}):
         if not select(net.get("Labels") or {}):

@@ -9,7 +9,6 @@ import asyncio
 import logging
 from pathlib import Path
 
-from sandboxes.base import LABEL_MANAGED
 from sandboxes.common.tolerated import tolerate
 from sandboxes.docker.client import DockerBackendBase
 from sandboxes.docker.names import CTX_REPO, GROUP_SNAPSHOT_REPO
@@ -17,6 +16,7 @@ from sandboxes.errors import (
     SandboxCreateError,
     SandboxError,
 )
+from sandboxes.labels import LABEL_MANAGED
 from sandboxes.spec import SandboxSpec
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandboxes.common.files import one_file_tar
+from sandboxes.common.files import checked_upload, one_file_tar
 from sandboxes.docker.bridge import _remove_bridge_dir
 from sandboxes.docker.exec_kill import DockerExec
 from sandboxes.docker.names import GROUP_SNAPSHOT_REPO, LABEL_BRIDGE_DIR, LABEL_SNAPSHOT_OF
@@ -239,12 +239,8 @@ class DockerSandbox(DockerExec, DockerPrivateVerifier):
 
     async def upload(self, src: Path, dst: str) -> None:
         await self._check_running("upload")
-        src = Path(src)
-        if not src.exists():
-            raise FileNotFoundError(f"upload source {src} does not exist on the host")
         p = self._path(dst)
-        if p == "/":
-            raise SandboxPathError("expected a destination below /, got the root directory")
+        src = checked_upload(src, p)
 
         def pack() -> Any:
             tmp = tempfile.TemporaryFile()

@@ -12,7 +12,6 @@ import time
 import uuid
 from typing import Any
 
-from sandboxes.base import normalize_sandbox_path
 from sandboxes.common.files import one_file_tar
 from sandboxes.common.output import CappedBuffer
 from sandboxes.docker.core import DockerSandboxBase
@@ -24,6 +23,7 @@ from sandboxes.docker.names import (
 )
 from sandboxes.docker.streams import _demux, _raw_socket
 from sandboxes.errors import SandboxError
+from sandboxes.paths import normalize_sandbox_path
 from sandboxes.spec import ExecResult
 
 log = logging.getLogger(__name__)

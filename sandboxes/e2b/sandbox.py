@@ -15,7 +15,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandboxes.base import normalize_sandbox_path
+from sandboxes.common.files import checked_upload
 from sandboxes.common.kill import EXEC_MARKER_ENV, kill_marked_bash_script
 from sandboxes.common.lazy_shell import ShellSandbox
 from sandboxes.common.output import CappedBuffer
@@ -27,6 +27,7 @@ from sandboxes.errors import (
     SandboxLostError,
     SandboxPathError,
 )
+from sandboxes.paths import normalize_sandbox_path
 from sandboxes.shell import PexpectShell
 from sandboxes.spec import ExecResult, SandboxSpec
 
@@ -320,12 +321,8 @@ class E2BSandbox(ShellSandbox):
 
     async def upload(self, src: Path, dst: str) -> None:
         self._check_open()
-        src = Path(src)
-        if not src.exists():
-            raise FileNotFoundError(f"upload source {src} does not exist on the host")
         p = self._path(dst)
-        if p == "/":
-            raise SandboxPathError("expected a destination below /, got the root directory")
+        src = checked_upload(src, p)
         if src.is_file():
             await self.write_file(
                 p, await asyncio.to_thread(src.read_bytes), src.stat().st_mode & 0o7777

@@ -12,7 +12,7 @@ import uuid
 from pathlib import Path
 
 from sandboxes import cgroups
-from sandboxes.base import LABEL_OWNER, SandboxBackend
+from sandboxes.base import SandboxBackend
 from sandboxes.common.files import remove_tree
 from sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES
 from sandboxes.errors import (
@@ -20,7 +20,7 @@ from sandboxes.errors import (
     NetworkPolicyUnsupportedError,
     SandboxError,
 )
-from sandboxes.labels import should_reap
+from sandboxes.labels import LABEL_OWNER, should_reap
 from sandboxes.local.root import local_root, read_local_labels
 from sandboxes.local.sandbox import LocalSandbox
 from sandboxes.local.tree import _rmtree

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandboxes import cgroups
-from sandboxes.base import normalize_sandbox_path
+from sandboxes.common.files import checked_upload
 from sandboxes.common.lazy_shell import ShellSandbox
 from sandboxes.egress import EgressProxy, proxy_env
 from sandboxes.errors import (
@@ -38,6 +38,7 @@ from sandboxes.local.tree import (
     _rmtree,
 )
 from sandboxes.network import NetworkPolicy
+from sandboxes.paths import normalize_sandbox_path
 from sandboxes.shell import PexpectShell
 from sandboxes.spec import ExecResult, SandboxSpec
 
@@ -435,7 +436,7 @@ class LocalSandbox(ShellSandbox):
     async def upload(self, src: Path, dst: str) -> None:
         await self._check_live()
         host = self._host_path(dst, for_write=True)
-        src = Path(src)
+        src = checked_upload(src, normalize_sandbox_path(dst, self.spec.workdir))
 
         def _copy() -> None:
             if src.is_dir():

@@ -25,7 +25,7 @@ import pytest
 from envserver.client import AsyncEnvClient
 from envserver.run_cli import oracle_actions
 from envserver.runner import free_port
-from sandboxes.base import LABEL_OWNER_HOST
+from sandboxes.labels import LABEL_OWNER_HOST
 from tasks import TaskRegistry
 
 REPO = Path(__file__).resolve().parents[2]

@@ -157,6 +157,17 @@ async def test_binary_file_round_trip(sandbox_factory, tmp_path: Path):
         await sb.read_file("/app/missing.txt")
 
 
+async def test_upload_checks_before_sending(sandbox_factory, tmp_path: Path):
+    sb = await sandbox_factory()
+    with pytest.raises(FileNotFoundError, match="does not exist on the host"):
+        await sb.upload(tmp_path / "missing", "/app/x")
+    (tmp_path / "f.txt").write_text("x")
+    with pytest.raises(SandboxPathError, match="below /"):
+        await sb.upload(tmp_path / "f.txt", "/")
+    with pytest.raises(SandboxPathError, match="below /"):
+        await sb.upload(tmp_path / "f.txt", "/app/..")
+
+
 async def test_path_traversal_refused(sandbox_factory):
     sb = await sandbox_factory()
     with pytest.raises(SandboxPathError):

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.base import LABEL_LEASE_EXPIRY, LABEL_OWNER, LABEL_OWNER_PID
 from sandboxes.errors import (
     BackendUnavailableError,
     SandboxClosedError,
@@ -28,6 +27,7 @@ from sandboxes.errors import (
     SandboxLostError,
     SandboxPathError,
 )
+from sandboxes.labels import LABEL_LEASE_EXPIRY, LABEL_OWNER, LABEL_OWNER_PID
 from sandboxes.spec import SandboxSpec
 
 pytestmark = pytest.mark.docker

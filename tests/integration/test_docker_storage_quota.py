@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.base import LABEL_OWNER
+from sandboxes.labels import LABEL_OWNER
 from sandboxes.spec import SandboxSpec
 
 pytestmark = pytest.mark.docker

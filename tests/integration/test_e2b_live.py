@@ -28,8 +28,8 @@ from sandboxes import (
     SandboxPathError,
     SandboxSpec,
 )
-from sandboxes.base import LABEL_MANAGED, LABEL_OWNER
 from sandboxes.e2b import LABEL_SANDBOX_ID, E2BBackend
+from sandboxes.labels import LABEL_MANAGED, LABEL_OWNER
 
 TEMPLATE = os.environ.get("SANDGYM_E2B_TEST_TEMPLATE", "base")
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from sandboxes import PoolSettings, SandboxFileNotFoundError, SandboxPool, SandboxSpec
-from sandboxes.base import LABEL_OWNER
+from sandboxes.labels import LABEL_OWNER
 
 pytestmark = pytest.mark.docker
 

@@ -29,7 +29,8 @@ from sandboxes import (
     SandboxSpec,
     get_backend,
 )
-from sandboxes.base import (
+from sandboxes.e2b import LABEL_SANDBOX_ID, E2BBackend, template_for_image
+from sandboxes.labels import (
     LABEL_FINGERPRINT,
     LABEL_LEASE_EXPIRY,
     LABEL_MANAGED,
@@ -37,7 +38,6 @@ from sandboxes.base import (
     LABEL_OWNER_HOST,
     LABEL_OWNER_PID,
 )
-from sandboxes.e2b import LABEL_SANDBOX_ID, E2BBackend, template_for_image
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None or shutil.which("nsenter") is None,

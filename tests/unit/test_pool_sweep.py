@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from sandboxes import PoolClosedError, PoolSettings, SandboxError, SandboxPool, SandboxSpec
-from sandboxes.base import LABEL_OWNER
+from sandboxes.labels import LABEL_OWNER
 from sandboxes.null import NullBackend, NullSandbox
 from sandboxes.reaper import Sighting, sweep_untracked
 

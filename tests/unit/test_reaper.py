@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.base import (
+from sandboxes.labels import (
     LABEL_LEASE_EXPIRY,
     LABEL_MANAGED,
     LABEL_OWNER,
     LABEL_OWNER_HOST,
     LABEL_OWNER_PID,
+    should_reap,
 )
-from sandboxes.labels import should_reap
 from sandboxes.local import local_root
 from sandboxes.reaper import reap
 from sandboxes.reaper_cli import add_arguments
