@@ -258,6 +258,7 @@ def measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     from trainer.agents import OracleAgent, solutions_from_dir
     from trainer.cluster import EnvServerFleet, ServerBalancer
     from trainer.config import TrainConfig
+    from trainer.priority import local_ray_env
     from trainer.rollout import EpisodeRunner
 
     tasks_root = write_sleep_task(root / "tasks", args.sleep_s)
@@ -284,6 +285,7 @@ def measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     runner = EpisodeRunner(cfg, None, OracleAgent(solutions_from_dir(tasks_root, prefix="")))
     result: dict[str, Any] = {}
     t0 = time.monotonic()
+    local_ray_env()  # the nodes' workers at nice 0, not Ray's 15 (trainer/priority.py)
     cluster = Cluster(
         initialize_head=True,
         head_node_args={"num_cpus": 1, "include_dashboard": False, **node_args},

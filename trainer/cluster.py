@@ -67,8 +67,10 @@ class EnvServerActor:
 
         from envserver.runner import BackgroundServer
         from envserver.settings import ServerSettings
+        from trainer.priority import normal_priority
 
         logging.basicConfig(level=logging.INFO)
+        normal_priority()  # not Ray's nice 15: a busy node must not starve the server
         opts = dict(settings)
         # listen on the node's own address unless told otherwise (0.0.0.0 in containers)
         opts.setdefault("host", node_ip)

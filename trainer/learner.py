@@ -74,6 +74,9 @@ class LearnerWorker:
     """One data-parallel rank (a Ray actor; also usable in-process with world_size 1)."""
 
     def __init__(self, config_dict: dict[str, Any], rank: int, world_size: int) -> None:
+        from trainer.priority import normal_priority
+
+        normal_priority()  # not Ray's nice 15 (trainer/priority.py)
         self.config = TrainConfig.model_validate(config_dict)
         self.rank = rank
         self.world_size = world_size

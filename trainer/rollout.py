@@ -186,8 +186,10 @@ class RolloutWorker:
     ) -> None:
         from trainer.builders import build_agent, build_engine, uses_model
         from trainer.models import load_tokenizer
+        from trainer.priority import normal_priority
 
         logging.basicConfig(level=logging.INFO)
+        normal_priority()  # not Ray's nice 15 (trainer/priority.py)
         self.config = TrainConfig.model_validate(config_dict)
         self.index = worker_index
         cfg = self.config

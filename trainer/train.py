@@ -67,6 +67,7 @@ class Trainer:
         import ray
 
         from trainer.learner import LearnerGroup, latest_checkpoint
+        from trainer.priority import local_ray_env
         from trainer.rollout import RolloutWorker
 
         cfg = self.config
@@ -76,6 +77,7 @@ class Trainer:
             else:
                 # "local": a new instance of our own, never a cluster another process started
                 # on this host (ray.init() with no address would attach to that one)
+                local_ray_env()  # its workers at nice 0, not Ray's 15 (trainer/priority.py)
                 ray.init(address="local", num_cpus=cfg.run.ray_num_cpus, include_dashboard=False)
         self.learners = LearnerGroup(cfg)
         self.start_version = 0

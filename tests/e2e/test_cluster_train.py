@@ -123,6 +123,9 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     # servers listen, and the trainer connects, on loopback only
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # (nodes, trainer)
     monkeypatch.setattr(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False)  # (this one)
+    # the nodes' workers at nice 0, as the README's `ray start` lines and sandgym's own local
+    # Ray have them (Ray's default, 15, starves them on a busy host: trainer/priority.py)
+    monkeypatch.setenv("RAY_worker_niceness", "0")
     node = {"object_store_memory": 100 * MB}
     c = Cluster(
         initialize_head=True,
