@@ -36,21 +36,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 GIB = 1024**3
 
-#: SmolLM2-135M-Instruct's architecture (its config.json), the demo's policy model
-SMOLLM2 = dict(
-    hidden_size=576,
-    intermediate_size=1536,
-    num_hidden_layers=30,
-    num_attention_heads=9,
-    num_key_value_heads=3,
-    vocab_size=49152,
-    tie_word_embeddings=True,
-    rms_norm_eps=1e-5,
-    rope_theta=100000.0,
-)
-#: the same part at a size a CPU dry run finishes in seconds
-SMALL = dict(SMOLLM2, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-             num_attention_heads=4, num_key_value_heads=2, vocab_size=1024)  # fmt: skip
+#: the learner check's model shapes (one table for both parts): SmolLM2-135M-Instruct's, the
+#: demo's policy model, and `tiny` for a dry run that finishes in seconds
+SHAPES = "smollm2"
+SMALL_SHAPES = "tiny"
 
 
 def generate(args: argparse.Namespace) -> dict[str, Any]:
@@ -63,7 +52,10 @@ def generate(args: argparse.Namespace) -> dict[str, Any]:
 
     device = torch.device(args.device)
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    cfg = LlamaConfig(**(SMALL if args.small else SMOLLM2), max_position_embeddings=8192)
+    from scripts.gpu_fsdp_check import CONFIGS
+
+    shapes = SMALL_SHAPES if args.small else SHAPES
+    cfg = LlamaConfig(**CONFIGS[shapes], max_position_embeddings=8192)
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).to(device=device, dtype=dtype)
     engine = HFEngine(model, eos_token_ids=[], pad_token_id=0, device=args.device,
@@ -84,7 +76,7 @@ def generate(args: argparse.Namespace) -> dict[str, Any]:
     made = sum(len(g.token_ids) for g in gens)
     finite = all(all(lp == lp and lp <= 0.0 for lp in g.logprobs) for g in gens)  # NaN != NaN
     return {
-        "model": "smollm2-135m shapes, random weights" if not args.small else "small, random",
+        "model": f"{SMALL_SHAPES if args.small else SHAPES} shapes, random weights",
         "params": sum(p.numel() for p in model.parameters()),
         "dtype": str(dtype).removeprefix("torch."),
         "batch": args.batch,
@@ -101,7 +93,7 @@ def generate(args: argparse.Namespace) -> dict[str, Any]:
 
 def learner(args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
     """`scripts/gpu_fsdp_check.py` (the learner's update step, FSDP2 and replicate), bounded."""
-    configs = "smollm2_small" if args.small else "smollm2,1b"
+    configs = SMALL_SHAPES if args.small else f"{SHAPES},1b"
     out = out_dir / "gpu_fsdp_check.json"
     cmd = [sys.executable, str(REPO / "scripts/gpu_fsdp_check.py"), "--device", args.device,
            "--configs", configs, "--fake-worlds", "2" if args.small else "2,8", "--seq", str(args.seq),

@@ -45,19 +45,16 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-#: Llama-3-like shapes (vocab 128256, GQA 8 kv heads), SmolLM2-135M's; `tiny` and `smollm2_small` are
-#: for a CPU dry run of the script
+#: Llama-3-like shapes (vocab 128256, GQA 8 kv heads), SmolLM2-135M's; `tiny` is for
+#: a CPU dry run of the script
 CONFIGS: dict[str, dict[str, Any]] = {
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, vocab_size=1024,
                  tie_word_embeddings=True),
-    # SmolLM2-135M-Instruct's shapes (the demo's policy), and a small copy for a CPU dry run
+    # SmolLM2-135M-Instruct's shapes (the demo's policy model)
     "smollm2": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                     num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
                     tie_word_embeddings=True),
-    "smollm2_small": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, vocab_size=1024,
-                          tie_word_embeddings=True),
     "1b": dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
                tie_word_embeddings=True),
