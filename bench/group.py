@@ -9,6 +9,8 @@ times:
 - `independent`: `--size` clients reset the same task and seed at once, each prepared on its own;
 - `cold_create`: `--size` bare sandboxes created at once on the backend (no task set-up), the
   floor either of the above pays for its sandboxes;
+- `fork_snapshot` (docker, whose groups fork by changes, `group_fork`): the group again, its
+  members started from a `docker commit` of member 0 instead (the backend's other way);
 
 each timed from the first reset sent to the last reply (all members ready), each on a fresh
 server with no ready pool (`pool_size` 0, so every way starts cold). Tasks: `slow-setup` (a Harbor task whose
@@ -208,15 +210,25 @@ async def _bench_backend(name: str, root: Path, args: argparse.Namespace) -> dic
     )
     backend = get_backend(name)
 
-    async def one(task_id: str, group: bool, size: int) -> tuple[float, list[bool]]:
-        with BackgroundServer(settings) as srv:
+    async def one(
+        task_id: str, group: bool, size: int, options: dict[str, Any] | None = None
+    ) -> tuple[float, list[bool]]:
+        with BackgroundServer(
+            settings.model_copy(update={"backend_options": options or {}})
+        ) as srv:
             return await _resets(srv.url, task_id, size, group)
+
+    # docker forks by changes (its default); its other way, from a `docker commit`, side by side
+    by_changes = bool(getattr(backend, "forks_by_changes", False))
+    out["group_fork"] = "changes" if by_changes else "snapshot"
 
     parts = {p for p in args.parts.split(",") if p}
     try:
         for task_id in (SLOW_TASK, args.catalog_task) if "ready" in parts else ():
             spec = sandbox_spec_for(registry.get(task_id))
             raw: dict[str, list[float]] = {"fork": [], "independent": [], "cold_create": []}
+            if by_changes:
+                raw["fork_snapshot"] = []
             forked: list[list[bool]] = []
             await one(task_id, False, 1)  # images built, caches warm
             for _ in range(args.repeats):
@@ -226,6 +238,9 @@ async def _bench_backend(name: str, root: Path, args: argparse.Namespace) -> dic
                 took, _ = await one(task_id, False, args.size)
                 raw["independent"].append(took)
                 raw["cold_create"].append(await _cold_creates(backend, spec, args.size))
+                if by_changes:
+                    took, _ = await one(task_id, True, args.size, {"group_fork": "snapshot"})
+                    raw["fork_snapshot"].append(took)
             med = {k: _median(v) for k, v in raw.items()}
             out["tasks"][task_id] = {
                 "ready_s_median": med,
@@ -233,6 +248,11 @@ async def _bench_backend(name: str, root: Path, args: argparse.Namespace) -> dic
                     round(med["independent"] / med["fork"], 2)
                     if med["fork"] and med["independent"]
                     else None
+                ),
+                **(
+                    {"snapshot_fork_over_fork": round(med["fork_snapshot"] / med["fork"], 2)}
+                    if by_changes and med["fork"] and med["fork_snapshot"]
+                    else {}
                 ),
                 "raw_s": {k: [round(x, 4) for x in v] for k, v in raw.items()},
                 "members_forked": [sum(f) for f in forked],

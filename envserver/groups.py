@@ -46,6 +46,7 @@ class Prepared:
     setup: Any  # tasks.runtime.EpisodeSetup of member 0, copied per member
     fork_spec: Any = None  # SandboxSpec naming the snapshot; None: members prepare on their own
     snapshot: str | None = None
+    changes: Any = None  # sandboxes.FileChanges of member 0 (a backend that forks by changes)
 
 
 @dataclass

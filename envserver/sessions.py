@@ -243,20 +243,20 @@ class EnvService:
         try:
             spec = self.spec_for(task)
             prepared = None
-            if group is not None and member > 0:  # wait for member 0's preparation
-                prepared = await asyncio.shield(group.prepared)
-            t0 = time.perf_counter()
-            fork_spec = prepared.fork_spec if prepared is not None else None
-            forked = fork_spec is not None
-            sandbox = await self.pool.acquire(fork_spec if fork_spec is not None else spec)
-            acquire_s = time.perf_counter() - t0
+            if group is not None and member > 0:  # a copy of member 0's prepared sandbox
+                sandbox, prepared, acquire_s = await self._member_sandbox(group, spec)
+                forked = prepared.changes is not None or prepared.fork_spec is not None
+            else:
+                t0 = time.perf_counter()
+                forked = False
+                sandbox = await self.pool.acquire(spec)
+                acquire_s = time.perf_counter() - t0
             self.metrics.acquire_latency.observe(acquire_s)
-            if group is not None and member > 0:
-                assert self.groups is not None
-                self.groups.acquired(group)
             try:
                 t1 = time.perf_counter()
                 if prepared is not None and forked:  # a copy of member 0's prepared sandbox
+                    if prepared.changes is not None:
+                        await sandbox.apply_changes(prepared.changes)
                     setup = prepared.setup.model_copy(deep=True)  # and of its set-up
                     if setup.network is not None:
                         await sandbox.set_network(setup.network.agent)
@@ -330,13 +330,55 @@ class EnvService:
             ).wire(),
         )
 
+    async def _member_sandbox(self, group: Group, spec: Any) -> tuple[Sandbox, Prepared, float]:
+        """A member after the first: its sandbox, member 0's preparation, and the seconds spent
+        acquiring. Where the backend forks by changes, the sandbox is one of the task's own
+        spec, acquired at once (made while member 0 prepares); else the member waits for the
+        preparation and takes one made from its snapshot. Either way the member is counted as
+        having its sandbox; on error nothing is kept."""
+        assert self.groups is not None and self.pool is not None
+        early = self.backend is not None and self.backend.forks_by_changes
+        sandbox: Sandbox | None = None
+        acquire_s = 0.0
+        try:
+            if early:
+                t0 = time.perf_counter()
+                sandbox = await self.pool.acquire(spec)
+                acquire_s = time.perf_counter() - t0
+            prepared = await asyncio.shield(group.prepared)
+            if prepared.changes is None and (sandbox is None or prepared.fork_spec is not None):
+                if sandbox is not None:  # member 0 fell back to a snapshot
+                    await asyncio.shield(self.pool.release(sandbox))
+                    sandbox = None
+                t0 = time.perf_counter()
+                sandbox = await self.pool.acquire(prepared.fork_spec or spec)
+                acquire_s += time.perf_counter() - t0
+        except BaseException:
+            if sandbox is not None:
+                await asyncio.shield(self.pool.release(sandbox))
+            raise
+        assert sandbox is not None
+        self.groups.acquired(group)
+        return sandbox, prepared, acquire_s
+
     async def _snapshot_group(self, group: Group, sandbox: Sandbox, spec: Any, setup: Any) -> None:
-        """Member 0, prepared: snapshot its sandbox for the others and have the pool make their
-        copies now. A backend without snapshots, or a desktop task (its state is running
-        programs), leaves every member to prepare on its own."""
+        """Member 0, prepared: hand the others its changed files (a backend that forks by
+        changes), else snapshot its sandbox and have the pool make their copies now. A backend
+        without either, or a desktop task (its state is running programs), leaves every member
+        to prepare on its own."""
         assert self.groups is not None and self.pool is not None
         prepared = Prepared(setup=setup.model_copy(update={"desktop": None}, deep=True))
-        if group.size > 1 and setup.desktop is None:
+        if (
+            group.size > 1
+            and setup.desktop is None
+            and self.backend
+            and self.backend.forks_by_changes
+        ):
+            try:
+                prepared.changes = await sandbox.changes()
+            except SnapshotUnsupportedError as exc:
+                log.info("group %s: a snapshot instead of changes (%s)", group.id, exc)
+        if group.size > 1 and setup.desktop is None and prepared.changes is None:
             try:
                 snap = await sandbox.snapshot()
             except SnapshotUnsupportedError as exc:

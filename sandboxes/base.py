@@ -37,7 +37,7 @@ from sandboxes.errors import (
 from sandboxes.labels import sandbox_labels
 from sandboxes.network import NetworkPolicy
 from sandboxes.paths import new_sandbox_id
-from sandboxes.spec import ExecResult, SandboxSpec, ShellResult
+from sandboxes.spec import ExecResult, FileChanges, SandboxSpec, ShellResult
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +102,16 @@ class Sandbox(abc.ABC):
         are not copied). Remove it with `SandboxBackend.remove_snapshot`; the reaper removes
         those of a dead owner. Backends without one raise SnapshotUnsupportedError."""
         raise SnapshotUnsupportedError(f"the {self.backend_name} backend cannot snapshot")
+
+    async def changes(self) -> FileChanges:
+        """The files changed since this sandbox was made, to `apply_changes` to a fresh one of
+        the same spec: a group's fork without a snapshot (`SandboxBackend.forks_by_changes`).
+        SnapshotUnsupportedError where the backend cannot, or the changes are too large."""
+        raise SnapshotUnsupportedError(f"the {self.backend_name} backend cannot list changes")
+
+    async def apply_changes(self, changes: FileChanges) -> None:
+        """Make this fresh sandbox's files those of the one `changes` came from."""
+        raise SnapshotUnsupportedError(f"the {self.backend_name} backend cannot apply changes")
 
     async def warm_up(self) -> None:
         """Start what the first action would otherwise start (the persistent shell), so that a
@@ -200,6 +210,9 @@ class SandboxBackend(abc.ABC):
     """Creates sandboxes of one kind and finds the ones a dead owner left behind."""
 
     name: str = "?"
+    #: a group's members start as fresh sandboxes of the task's own spec, made while member 0
+    #: prepares, and get its `Sandbox.changes` (else: sandboxes made from its snapshot, after)
+    forks_by_changes: bool = False
 
     def __init__(self, owner_id: str | None = None, lease_s: float = 6 * 3600) -> None:
         self.owner_id = owner_id or ("srv-" + uuid.uuid4().hex[:10])

@@ -11,6 +11,7 @@ import json
 import os
 import time
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -258,3 +259,17 @@ class ShellResult(BaseModel):
     timed_out: bool = False
     truncated: bool = False
     duration_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class FileChanges:
+    """What a sandbox's file system gained since it was made (`Sandbox.changes`): the added and
+    modified entries as one tar (owners, modes and times kept; directories without their other
+    contents) and the paths that were deleted, to apply to another sandbox of the same spec."""
+
+    tar: bytes
+    deleted: tuple[str, ...] = ()
+
+    @property
+    def size_bytes(self) -> int:
+        return len(self.tar)

@@ -30,8 +30,17 @@ class DockerBackendBase(SandboxBackend):
         client_timeout_s: float = 600.0,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         bridge_root: str | Path | None = None,
+        group_fork: str = "changes",
     ) -> None:
         super().__init__(owner_id, lease_s)
+        if group_fork not in ("changes", "snapshot"):
+            raise ValueError(
+                f"docker backend option group_fork: expected 'changes' or 'snapshot', "
+                f"got {group_fork!r}"
+            )
+        #: how a group's members copy member 0 (`sandboxes.docker.changes`): its changed files
+        #: applied to sandboxes made meanwhile, or containers started from its `docker commit`
+        self.forks_by_changes = group_fork == "changes"
         self.max_output_bytes = max_output_bytes
         self.bridge_root = resolve_bridge_root(bridge_root)
         self.default_image = default_image

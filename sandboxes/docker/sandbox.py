@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandboxes.common.files import checked_upload, one_file_tar
 from sandboxes.docker.bridge import _remove_bridge_dir
-from sandboxes.docker.exec_kill import DockerExec
+from sandboxes.docker.changes import DockerChanges
 from sandboxes.docker.names import GROUP_SNAPSHOT_REPO, LABEL_BRIDGE_DIR, LABEL_SNAPSHOT_OF
 from sandboxes.docker.streams import _ChunkReader, _data_or_skip
 from sandboxes.docker.verifier import DockerPrivateVerifier
@@ -40,7 +40,7 @@ _GO_MODE_DIR = 1 << 31
 _GO_MODE_SYMLINK = 1 << 27
 
 
-class DockerSandbox(DockerExec, DockerPrivateVerifier):
+class DockerSandbox(DockerChanges, DockerPrivateVerifier):
     """One container. Create through `DockerBackend.create`."""
 
     # -- network -----------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 and docker: members start from identical prepared state (a nonce only one preparation could
 have made) and diverge on their own; a failed preparation is every member's error; a group's
 snapshot is removed after its last member, after a group whose members never came, and by the
-reaper after a SIGKILLed server."""
+reaper after a SIGKILLed server. Docker runs both ways: by changes (its default: no snapshot,
+the members' sandboxes made while member 0 prepares) and from a `docker commit` snapshot."""
 
 from __future__ import annotations
 
@@ -66,14 +67,25 @@ def task_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 BACKENDS = REAL_BACKENDS
+#: docker's fallback way: members started from a `docker commit` of member 0
+SNAPSHOT_FORK = {"group_fork": "snapshot"}
+DOCKER_SNAPSHOT = pytest.param("docker-snapshot", marks=REAL_BACKENDS[1].marks)
+#: (backend, its options) of each way a server is run here
+WAYS = {
+    "local": ("local", {}),
+    "docker": ("docker", {}),
+    "docker-snapshot": ("docker", SNAPSHOT_FORK),
+}
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+@pytest.fixture(scope="module", params=[*BACKENDS, DOCKER_SNAPSHOT])
 def server(request: pytest.FixtureRequest, task_root: Path) -> Iterator[BackgroundServer]:
+    backend, options = WAYS[request.param]
     settings = ServerSettings(
         host="127.0.0.1",
         port=0,
-        backend=request.param,
+        backend=backend,
+        backend_options=options,
         task_dirs=[task_root],
         include_builtin=False,
         pool_size=0,
@@ -81,8 +93,35 @@ def server(request: pytest.FixtureRequest, task_root: Path) -> Iterator[Backgrou
         sweep_interval_s=0.2,
     )
     with BackgroundServer(settings) as srv:
-        srv.backend_name = request.param  # type: ignore[attr-defined]
+        srv.backend_name = backend  # type: ignore[attr-defined]
+        srv.way = request.param  # type: ignore[attr-defined]
         yield srv
+
+
+def forks_by_changes(server: BackgroundServer) -> bool:
+    return server.way == "docker"  # type: ignore[attr-defined]
+
+
+async def pool_totals(server: BackgroundServer) -> dict[str, int]:
+    import httpx
+
+    async with httpx.AsyncClient() as h:
+        r = await h.get(f"{server.http_url}/v1/pool", timeout=30)
+        return {k: int(v) for k, v in r.json()["totals"].items()}
+
+
+async def wait_none_leased(server: BackgroundServer, bound_s: float = 60.0) -> None:
+    """Poll the server's pool until no sandbox is leased or being made for a reset (ready
+    ones the pool keeps for the next episode are its policy, not a leak; a generous bound: a
+    hang guard)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + bound_s
+    while True:
+        totals = await pool_totals(server)
+        if totals["leased"] == 0 and totals["creating"] == 0:
+            return
+        assert loop.time() < deadline, f"sandboxes left: {totals}"
+        await asyncio.sleep(0.1)
 
 
 def _group(gid: str, size: int) -> dict[str, Any]:
@@ -145,6 +184,8 @@ async def test_members_start_identical_and_diverge(server: BackgroundServer) -> 
         rewards = [(await c.step({"kind": "submit"})).reward for c in clients]
         assert rewards == [0.0, 1.0, 0.0]
         leader = next(info for _, info in resets if info["group"]["member"] == 0)
+        if forks_by_changes(server):  # copied from member 0's changes: no snapshot made
+            assert not snapshots_of(server.backend_name, leader["sandbox_id"])  # type: ignore[attr-defined]
     finally:
         for c in clients:
             await c.close()
@@ -168,6 +209,8 @@ async def test_a_failed_preparation_is_every_members_error(server: BackgroundSer
     assert all(isinstance(r, EnvError) for r in results), results
     assert len({(r.code, r.message) for r in results}) == 1  # type: ignore[union-attr]
     assert "generator failed on purpose" in results[0].message  # type: ignore[union-attr]
+    # members that took their sandbox while member 0 prepared (docker) gave it back
+    await wait_none_leased(server)
 
 
 async def test_a_member_must_match_its_group(server: BackgroundServer) -> None:
@@ -190,9 +233,12 @@ async def test_a_group_whose_members_never_came_is_removed(server: BackgroundSer
     await wait_for(lambda: not snapshots_of(backend, info["sandbox_id"]))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-async def test_the_reaper_removes_a_killed_servers_snapshots(backend: str, task_root: Path) -> None:
-    srv = ServerProcess(backend, args=["--tasks", str(task_root)], startup_timeout_s=120)
+@pytest.mark.parametrize("way", [BACKENDS[0], DOCKER_SNAPSHOT])
+async def test_the_reaper_removes_a_killed_servers_snapshots(way: str, task_root: Path) -> None:
+    backend, options = WAYS[way]
+    env = {"SANDGYM_BACKEND_OPTIONS": json.dumps(options)}
+    args = ["--tasks", str(task_root)]
+    srv = ServerProcess(backend, args=args, env=env, startup_timeout_s=120)
     restarted = None
     try:
         async with AsyncEnvClient(srv.url, request_timeout_s=300) as c:
@@ -201,7 +247,7 @@ async def test_the_reaper_removes_a_killed_servers_snapshots(backend: str, task_
         srv.proc.send_signal(signal.SIGKILL)
         await asyncio.to_thread(srv.proc.wait, 30)
         assert snapshots_of(backend, info["sandbox_id"])  # SIGKILL cleaned up nothing
-        restarted = ServerProcess(backend, args=["--tasks", str(task_root)], startup_timeout_s=120)
+        restarted = ServerProcess(backend, args=args, env=env, startup_timeout_s=120)
         await wait_for(lambda: not snapshots_of(backend, info["sandbox_id"]))
     finally:
         await asyncio.to_thread(srv.stop)
