@@ -2,10 +2,16 @@
 
 GRPO and RLOO play N episodes of one task and seed. The first reset that names a group id
 (member 0) prepares its sandbox as any reset does (environment, task set-up, the seed's
-instance), then snapshots it (`Sandbox.snapshot`: a `docker commit`, a copy of a local tree) and
-asks the pool to make `size - 1` sandboxes from that snapshot. Every other member waits for the
-preparation and is handed one of them with a copy of member 0's episode set-up: the same files,
-environment variables and instruction, and from then on its own (a write in one is never seen in
+instance). Then, two ways:
+
+- where the backend forks by changes (`SandboxBackend.forks_by_changes`: docker), every other
+  member acquires a sandbox of the task's own spec at once, made while member 0 prepares, and
+  gets member 0's changed files (`Sandbox.changes` / `apply_changes`);
+- else member 0's sandbox is snapshotted (`Sandbox.snapshot`: a `docker commit`, a copy of a
+  local tree) and the pool makes `size - 1` sandboxes from that snapshot, one per member.
+
+Either way each member gets a copy of member 0's episode set-up: the same files, environment
+variables and instruction, and from then on its own (a write in one is never seen in
 another). Processes are not copied: a member's shell is a fresh one in the same directory. Where
 a snapshot cannot be made (a backend without one, a desktop task whose state lives in running
 programs) every member prepares on its own, still with the seed's identical instance.

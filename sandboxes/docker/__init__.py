@@ -56,8 +56,10 @@ holds the decision (`should_reap`), `sandboxes.reaper` the cross-backend `sandgy
 
 Layout: `backend` (`DockerBackend.create` and the confinement), `client` (the SDK client),
 `images` (images and the storage quota), `reaping`, `bridge` (the bridge directories), `group`
-(services beside a sandbox), `core` / `exec_kill` / `verifier` / `sandbox` (the parts of
-`DockerSandbox`), `streams` (Docker's multiplexed streams), `names` (labels and repositories).
+(services beside a sandbox), `core` / `exec_kill` / `changes` / `verifier` / `sandbox` (the
+parts of `DockerSandbox`; `changes` is a sandbox's changed files, applied to another: how a
+group's members copy member 0, unless the backend option `group_fork="snapshot"` asks for a
+commit), `streams` (Docker's multiplexed streams), `names` (labels and repositories).
 """
 
 from sandboxes.common.kill import (

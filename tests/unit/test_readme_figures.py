@@ -129,6 +129,16 @@ FIGURES: list[tuple[str, Callable[[], str]]] = [
         )
         for b, fmt in [("local", ".2f"), ("docker", ".1f")]
     ],
+    (
+        "docker group by snapshot",
+        lambda: (
+            "docker's snapshot way too: "
+            f"{at(GR, 'backends/docker/tasks/slow-setup/ready_s_median/fork_snapshot'):.1f} s "
+            "on the slow task and "
+            f"{at(GR, 'backends/docker/tasks/builtin//hello-file/ready_s_median/fork_snapshot'):.1f}"
+            " s on the\ncatalog task"
+        ),
+    ),
     *[
         (
             f"harbor {i}",
