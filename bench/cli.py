@@ -19,6 +19,7 @@ BENCHES: dict[str, str] = {
     "reliability": "bench.reliability",
     "group": "bench.group",
     "cluster": "bench.cluster",
+    "openai_llamacpp": "bench.openai_llamacpp",
 }
 
 

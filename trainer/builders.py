@@ -58,6 +58,15 @@ def build_engine(cfg: TrainConfig, tokenizer: Any, seed: int | None = None) -> I
             eos_token_ids=eos,
             gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
         )
+    if cfg.engine.kind == "openai_text":  # llama-cpp-python's server: text in, strings out
+        return create_engine(
+            "openai_text",
+            base_url=cfg.engine.base_url,
+            model_name=cfg.engine.model_name or "default",
+            tokenizer=tokenizer,
+            api_key=cfg.engine.api_key,
+            eos_token_ids=eos,
+        )
     return create_engine(
         "openai",
         base_url=cfg.engine.base_url,

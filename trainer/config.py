@@ -136,7 +136,9 @@ class SamplingSettings(_Settings):
 class EngineSettings(_Settings):
     """Which inference engine rollout workers use."""
 
-    kind: Literal["hf", "vllm", "openai"] = Field("hf", description="inference engine")
+    kind: Literal["hf", "vllm", "openai", "openai_text"] = Field(
+        "hf", description="inference engine (openai_text: llama-cpp-python's server)"
+    )
     device: str = Field("cpu", description="hf: torch device of the rollout copy of the model")
     max_batch_size: int = Field(16, ge=1, description="hf: prompts generated together at most")
     batch_wait_s: float = Field(
@@ -272,8 +274,8 @@ class TrainConfig(_Settings):
     def _check(self) -> TrainConfig:
         if not self.env.task_ids:
             raise ValueError("env.task_ids is empty: expected at least one training task id")
-        if self.engine.kind == "openai" and not self.engine.base_url:
-            raise ValueError("engine.kind is openai but engine.base_url is not set")
+        if self.engine.kind in ("openai", "openai_text") and not self.engine.base_url:
+            raise ValueError(f"engine.kind is {self.engine.kind} but engine.base_url is not set")
         if self.learner.strategy == "fsdp" and self.learner.lora_rank > 0:
             raise ValueError("learner.strategy fsdp with lora_rank > 0 is not supported yet")
         if self.agent.kind == "harness" and self.agent.workflow != "single":

@@ -9,7 +9,8 @@ from trainer.engines.base import EngineError, Generation, InferenceEngine
 
 
 def create_engine(kind: str, **kwargs: Any) -> InferenceEngine:
-    """`hf` (transformers), `vllm` (in-process, GPU) or `openai` (any compatible HTTP server)."""
+    """`hf` (transformers), `vllm` (in-process, GPU), `openai` (any compatible HTTP server that
+    takes and returns token ids) or `openai_text` (one that takes text: llama-cpp-python's)."""
     if kind == "hf":
         from trainer.engines.hf import HFEngine
 
@@ -22,7 +23,11 @@ def create_engine(kind: str, **kwargs: Any) -> InferenceEngine:
         from trainer.engines.openai import OpenAIEngine
 
         return OpenAIEngine(**kwargs)
-    raise EngineError(f"unknown engine kind {kind!r}; expected hf, vllm or openai")
+    if kind == "openai_text":
+        from trainer.engines.openai_text import TextCompletionEngine
+
+        return TextCompletionEngine(**kwargs)
+    raise EngineError(f"unknown engine kind {kind!r}; expected hf, vllm, openai or openai_text")
 
 
 __all__ = ["EngineError", "Generation", "InferenceEngine", "create_engine"]

@@ -1,0 +1,183 @@
+"""An OpenAI-compatible engine for servers that take the prompt as text and give back token
+strings, not ids: llama-cpp-python's server (`python -m llama_cpp.server --logits_all true`).
+
+The trainer works in token ids, so this engine turns them into text and back, and checks both
+ways against the server's own tokenizer (`POST /extras/tokenize`, special tokens parsed):
+
+- the prompt: the ids are rendered to text with the policy's tokenizer (special tokens kept);
+  the server must tokenize that text back into exactly those ids, else `EngineError`;
+- the reply: the generated text is tokenized by the server, and those ids must line up one to
+  one with the token strings the server reported sampling (same count, each id's text equal to
+  its token's), else `EngineError`. A sample that is not the tokenizer's own split of its text
+  (it happens: "hel" + "lo" where the tokenizer says "hello") fails here, loudly, rather than
+  train on ids the server never sampled;
+- the end token: llama-cpp-python stops at it without reporting it, so its logprob is asked
+  for separately (the prompt and reply with the end token appended, `echo`).
+
+What such a server cannot give, and this engine does not pretend to:
+
+- its logprobs are the raw model's (before temperature, top-p, top-k), not those of the
+  distribution it sampled from; the gap shows in the `tis/*` metrics and is corrected by
+  truncated importance sampling (`algorithm.tis: auto` is on for this engine);
+- weights cannot be pushed (no reload or adapter endpoint): `supports_weight_sync` is False.
+
+Sampling options the server would add by default (llama-cpp-python: `top_k` 40, `min_p` 0.05,
+`repeat_penalty` 1.1) are switched off, so it samples from the rule the trainer asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from trainer.engines.base import EngineError, Generation, SamplingParams
+from trainer.engines.openai import OpenAIEngine
+
+
+def _root(base_url: str) -> str:
+    """The server's root for `/extras/*`: `base_url` without a trailing `/v1`."""
+    url = base_url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+class TextCompletionEngine(OpenAIEngine):
+    """See the module docstring. `tokenizer`: the policy's (a transformers tokenizer, or the
+    path to one); `eos_token_ids`: the end tokens, the first of which a `stop` reply ends with."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model_name: str,
+        tokenizer: Any,
+        api_key: str | None = None,
+        eos_token_ids: list[int] | None = None,
+        timeout_s: float = 120.0,
+        max_concurrency: int = 64,
+    ) -> None:
+        super().__init__(base_url, model_name, api_key, eos_token_ids, timeout_s, max_concurrency)
+        if isinstance(tokenizer, str):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        self.tokenizer = tokenizer
+        if not self.eos_token_ids and tokenizer.eos_token_id is not None:
+            self.eos_token_ids = [int(tokenizer.eos_token_id)]
+        self.root_url = _root(base_url)
+        self.rejected_samples = 0  # replies whose ids did not line up (raised)
+
+    def _text(self, ids: list[int]) -> str:
+        return str(
+            self.tokenizer.decode(
+                ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
+        )
+
+    async def _post(self, url: str, body: dict[str, Any]) -> Any:
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers)
+        try:
+            resp = await self._client.post(url, json=body)
+        except httpx.HTTPError as exc:
+            raise EngineError(f"{url} unreachable: {exc!r}") from exc
+        if resp.status_code != 200:
+            raise EngineError(f"{url} answered {resp.status_code}: {resp.text[:300]}")
+        return resp.json()
+
+    async def _tokenize(self, text: str) -> list[int]:
+        reply = await self._post(f"{self.root_url}/extras/tokenize", {"input": text})
+        ids = [int(i) for i in reply["tokens"]]
+        bos = self.tokenizer.bos_token_id
+        if ids and bos is not None and ids[0] == bos and not text.startswith(self._text([bos])):
+            ids = ids[1:]  # the endpoint adds the model's BOS; a completion prompt does not
+        return ids
+
+    def _text_body(self, prompt: str, params: SamplingParams, **extra: Any) -> dict[str, Any]:
+        return {
+            "model": self.model_name,
+            "prompt": prompt,
+            "max_tokens": params.max_new_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "top_k": params.top_k,  # 0: off (the server's default is 40)
+            "min_p": 0.0,
+            "typical_p": 1.0,
+            "repeat_penalty": 1.0,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
+            "logprobs": 1,
+            **extra,
+        }
+
+    async def agenerate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        async with self._sem:
+            prompt = self._text(prompt_ids)
+            back = await self._tokenize(prompt)
+            if back != list(prompt_ids):
+                n = min(len(back), len(prompt_ids))
+                first = next((i for i in range(n) if back[i] != prompt_ids[i]), n)
+                raise EngineError(
+                    f"the prompt does not survive the trip through text: {len(prompt_ids)} ids "
+                    f"became {len(back)} in the server's tokenizer (first difference at {first})"
+                )
+            reply = await self._post(
+                f"{self.base_url}/completions", self._text_body(prompt, params)
+            )
+            choice = reply["choices"][0]
+            text = str(choice.get("text") or "")
+            lp = choice.get("logprobs") or {}
+            tokens = [str(t) for t in lp.get("tokens") or []]
+            logprobs = lp.get("token_logprobs") or []
+            ids = await self._tokenize(text) if text else []
+            self._check_alignment(text, tokens, logprobs, ids)
+            out_lp = [float(x) for x in logprobs]
+            finish = "stop" if choice.get("finish_reason") == "stop" else "length"
+            if finish == "stop" and self.eos_token_ids:
+                eos = self.eos_token_ids[0]
+                out_lp.append(
+                    await self._end_logprob(prompt, text, len(prompt_ids) + len(ids), eos)
+                )
+                ids.append(eos)
+        gen = Generation(ids, out_lp, finish)
+        gen.version = self.version
+        self.generated_tokens += len(ids)
+        return gen
+
+    def _check_alignment(
+        self, text: str, tokens: list[str], logprobs: list[Any], ids: list[int]
+    ) -> None:
+        """The server's tokenization of `text` is the split it sampled, token for token."""
+        problem = None
+        if len(logprobs) != len(tokens):
+            problem = f"{len(tokens)} tokens but {len(logprobs)} logprobs"
+        elif "".join(tokens) != text:
+            problem = "the token strings do not spell the reply's text"
+        elif len(ids) != len(tokens):
+            problem = (
+                f"it sampled {len(tokens)} tokens; its tokenizer splits the text in {len(ids)}"
+            )
+        else:
+            for i, (tid, tok) in enumerate(zip(ids, tokens, strict=True)):
+                if self._text([tid]) != tok:
+                    problem = f"token {i}: sampled {tok!r}, the tokenizer's id {tid} is {self._text([tid])!r}"
+                    break
+        if problem is not None:
+            self.rejected_samples += 1
+            raise EngineError(
+                f"cannot recover the sampled token ids from {self.root_url}: {problem} "
+                "(a sample that is not the tokenizer's own split of its text)"
+            )
+
+    async def _end_logprob(self, prompt: str, text: str, index: int, eos: int) -> float:
+        """The raw logprob of the end token after `prompt + text`, the `index`-th token."""
+        body = self._text_body(
+            prompt + text + self._text([eos]), SamplingParams(max_new_tokens=1), echo=True
+        )
+        reply = await self._post(f"{self.base_url}/completions", body)
+        echoed = (reply["choices"][0].get("logprobs") or {}).get("token_logprobs") or []
+        if len(echoed) <= index or echoed[index] is None:
+            raise EngineError(
+                f"the end token's logprob: expected at least {index + 1} echoed logprobs, "
+                f"found {len(echoed)}"
+            )
+        return float(echoed[index])
