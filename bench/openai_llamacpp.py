@@ -179,7 +179,7 @@ def _summary(raw: list[dict[str, Any]]) -> dict[str, Any]:
     ]
     out.update(
         tokens=len(d_rule),
-        stopped=sum(r["finish"] == "stop" for r in ok),
+        stopped_at_end_token=sum(r["finish"] in ("stop", "stop_unscored") for r in ok),
         abs_diff_vs_learner_rule={"mean": statistics.fmean(d_rule), "max": max(d_rule)},
         abs_diff_vs_learner_raw={"mean": statistics.fmean(d_raw), "max": max(d_raw)},
         importance_ratio={
@@ -221,15 +221,15 @@ async def _bench(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[st
             llama_cpp_python=version, **(await asyncio.to_thread(weight_endpoints, url))
         )
         engine = TextCompletionEngine(f"{url}/v1", "smollm2", tokenizer=tok)
-        prompts = [
+        texts = [
             tok.apply_chat_template(
                 [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
                 add_generation_prompt=True,
-                tokenize=True,
+                tokenize=False,
             )
             for i in range(args.n)
         ]
-        prompts = [list(p["input_ids"]) if isinstance(p, dict) else list(p) for p in prompts]
+        prompts = [list(tok.encode(t, add_special_tokens=False)) for t in texts]
         doc["rules"] = {}
         for pair in args.rules.split(","):
             t, p = (float(x) for x in pair.split("/"))

@@ -63,6 +63,9 @@ WRITERS: dict[str, tuple[str, ...]] = {
     # `sandgym bench cluster`: its per-episode records beside it (every figure recomputes)
     "cluster.json": ("bench/cluster.py", "bench/report.py"),
     "cluster.raw.jsonl": ("bench/cluster.py",),
+    # `sandgym bench openai_llamacpp`: the openai_text engine against llama-cpp-python's server
+    "openai_llamacpp.json": ("bench/openai_llamacpp.py", "bench/report.py"),
+    "openai_llamacpp.raw.jsonl": ("bench/openai_llamacpp.py",),
 }
 
 #: key paths (`*`: any key of a data map, `[]`: any list item) of the maps whose keys are data
@@ -117,6 +120,8 @@ DATA_MAPS: dict[str, tuple[str, ...]] = {
     "learner.json": (),
     "cluster.json": (),
     "cluster.raw.jsonl": (),
+    "openai_llamacpp.json": ("rules",),
+    "openai_llamacpp.raw.jsonl": (),
 }
 
 

@@ -1,6 +1,6 @@
 """`TextCompletionEngine` (llama-cpp-python's server: text in, token strings out) against a fake
 server speaking that API, with a character-level tokenizer: ids recovered through the server's
-tokenizer, an end token's logprob asked for by echo, and a loud error whenever the prompt or
+tokenizer, an end token the server does not report said so, and a loud error whenever the prompt or
 the reply does not line up. The real server: `bench/openai_llamacpp.py`."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from trainer.engines.base import EngineError, SamplingParams
+from trainer.engines.base import STOP_UNSCORED, EngineError, SamplingParams
 from trainer.engines.openai_text import TextCompletionEngine
 
 EOS, BOS = 1, 0
@@ -47,14 +47,6 @@ class FakeLlamaServer:
         self.bodies.append({"path": request.url.path, **body})
         if request.url.path == "/extras/tokenize":
             return httpx.Response(200, json={"tokens": [BOS, *self.split(body["input"])]})
-        if body.get("echo"):  # prompt + reply + end token, each with a logprob
-            n = len(self.split(body["prompt"].replace("</s>", ""))) + 1
-            return httpx.Response(
-                200,
-                json={
-                    "choices": [{"text": "", "logprobs": {"token_logprobs": [None] + [-0.5] * n}}]
-                },
-            )
         toks = self.reply_tokens
         lp = {"tokens": toks, "token_logprobs": [-0.1 * (i + 1) for i in range(len(toks))]}
         return httpx.Response(
@@ -81,13 +73,14 @@ def generate(eng: TextCompletionEngine, prompt: str, **params: Any) -> Any:
     return asyncio.run(go())
 
 
-def test_ids_logprobs_and_the_end_token() -> None:
+def test_ids_logprobs_and_an_unreported_end_token() -> None:
     server = FakeLlamaServer(["o", "k"])
     gen = generate(engine_for(server), "hi", temperature=0.5, top_p=0.9)
-    assert gen.token_ids == [ord("o") + 10, ord("k") + 10, EOS]
-    assert gen.logprobs[:2] == [-0.1, -0.2] and gen.logprobs[2] == -0.5
-    assert gen.finish_reason == "stop"
-    sent = next(b for b in server.bodies if b["path"] == "/v1/completions" and not b.get("echo"))
+    # the end token the server stopped at is not reported: not in the ids, and said so
+    assert gen.token_ids == [ord("o") + 10, ord("k") + 10]
+    assert gen.logprobs == [-0.1, -0.2]
+    assert gen.finish_reason == STOP_UNSCORED
+    sent = next(b for b in server.bodies if b["path"] == "/v1/completions")
     assert sent["prompt"] == "hi" and sent["temperature"] == 0.5 and sent["top_p"] == 0.9
     # the server's own extra samplers are off: it samples from the rule asked for
     assert (sent["top_k"], sent["min_p"], sent["repeat_penalty"]) == (0, 0.0, 1.0)

@@ -42,6 +42,7 @@ def s(ms: float) -> str:
 SB, GR, HC, RE = "sandbox_latency.json", "group.json", "harbor_compat.json", "reliability.json"
 SE, ST = "sessions.json", "step.json"
 GF = "group_first_command.json"
+OL = "openai_llamacpp.json"
 ABUSES = {
     "fork_bomb": "fork bomb",
     "memory_hog": "memory hog",
@@ -129,6 +130,24 @@ FIGURES: list[tuple[str, Callable[[], str]]] = [
         )
         for b, fmt in [("local", ".2f"), ("docker", ".1f")]
     ],
+    (
+        "llama.cpp token ids",
+        lambda: (
+            f"all {at(OL, 'rules/0.5//0.9/usable')} replies lined up; at T=1.0, "
+            f"{at(OL, 'rules/1.0//1.0/rejected')} of {at(OL, 'rules/1.0//1.0/replies')} were"
+        ),
+    ),
+    (
+        "llama.cpp logprobs",
+        lambda: (
+            f"mean difference is {at(OL, 'rules/1.0//1.0/abs_diff_vs_learner_raw/mean'):.3f} "
+            f"nats at T=1.0 and {at(OL, 'rules/0.5//0.9/abs_diff_vs_learner_raw/mean'):.3f} at "
+            "T=0.5 (quantized kernels). Against the\n  learner's logprobs under the sampling rule "
+            f"(T=0.5, top-p 0.9) it is {at(OL, 'rules/0.5//0.9/abs_diff_vs_learner_rule/mean'):.3f}"
+            " nats, and "
+            f"{100 * at(OL, 'rules/0.5//0.9/importance_ratio/frac_over_2'):.0f} % of"
+        ),
+    ),
     (
         "docker group by snapshot",
         lambda: (

@@ -40,11 +40,17 @@ class SamplingParams:
         return SamplingRule(self.temperature, self.top_p, self.top_k)
 
 
+#: `Generation.finish_reason` of a reply an end token ended that the engine cannot score
+STOP_UNSCORED = "stop_unscored"
+
+
 @dataclass
 class Generation:
     token_ids: list[int]
     logprobs: list[float]
-    #: "stop" (an end token was generated; it is included in token_ids) or "length"
+    #: "stop" (an end token was generated; it is included in token_ids), "length", or
+    #: STOP_UNSCORED (an end token ended it, but the engine cannot report it or its logprob:
+    #: it is not in token_ids, and the conversation adds it as context)
     finish_reason: str
     #: policy version of the weights that produced it
     version: int = 0

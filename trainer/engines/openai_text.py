@@ -11,8 +11,11 @@ ways against the server's own tokenizer (`POST /extras/tokenize`, special tokens
   its token's), else `EngineError`. A sample that is not the tokenizer's own split of its text
   (it happens: "hel" + "lo" where the tokenizer says "hello") fails here, loudly, rather than
   train on ids the server never sampled;
-- the end token: llama-cpp-python stops at it without reporting it, so its logprob is asked
-  for separately (the prompt and reply with the end token appended, `echo`).
+- the end token: llama-cpp-python stops at it without reporting it or its logprob (its
+  `echo` logprobs are each one position off, and its top logprobs spell every control token
+  as ""), so a reply it ended is `finish_reason="stop_unscored"`: the end token is not in
+  `token_ids`, the conversation closes the turn with it as context, and the policy is not
+  trained on when to stop through this server.
 
 What such a server cannot give, and this engine does not pretend to:
 
@@ -31,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from trainer.engines.base import EngineError, Generation, SamplingParams
+from trainer.engines.base import STOP_UNSCORED, EngineError, Generation, SamplingParams
 from trainer.engines.openai import OpenAIEngine
 
 
@@ -43,7 +46,7 @@ def _root(base_url: str) -> str:
 
 class TextCompletionEngine(OpenAIEngine):
     """See the module docstring. `tokenizer`: the policy's (a transformers tokenizer, or the
-    path to one); `eos_token_ids`: the end tokens, the first of which a `stop` reply ends with."""
+    path to one)."""
 
     def __init__(
         self,
@@ -130,15 +133,9 @@ class TextCompletionEngine(OpenAIEngine):
             logprobs = lp.get("token_logprobs") or []
             ids = await self._tokenize(text) if text else []
             self._check_alignment(text, tokens, logprobs, ids)
-            out_lp = [float(x) for x in logprobs]
-            finish = "stop" if choice.get("finish_reason") == "stop" else "length"
-            if finish == "stop" and self.eos_token_ids:
-                eos = self.eos_token_ids[0]
-                out_lp.append(
-                    await self._end_logprob(prompt, text, len(prompt_ids) + len(ids), eos)
-                )
-                ids.append(eos)
-        gen = Generation(ids, out_lp, finish)
+            # the server stops at the end token without reporting it or its logprob
+            finish = STOP_UNSCORED if choice.get("finish_reason") == "stop" else "length"
+        gen = Generation(ids, [float(x) for x in logprobs], finish)
         gen.version = self.version
         self.generated_tokens += len(ids)
         return gen
@@ -167,17 +164,3 @@ class TextCompletionEngine(OpenAIEngine):
                 f"cannot recover the sampled token ids from {self.root_url}: {problem} "
                 "(a sample that is not the tokenizer's own split of its text)"
             )
-
-    async def _end_logprob(self, prompt: str, text: str, index: int, eos: int) -> float:
-        """The raw logprob of the end token after `prompt + text`, the `index`-th token."""
-        body = self._text_body(
-            prompt + text + self._text([eos]), SamplingParams(max_new_tokens=1), echo=True
-        )
-        reply = await self._post(f"{self.base_url}/completions", body)
-        echoed = (reply["choices"][0].get("logprobs") or {}).get("token_logprobs") or []
-        if len(echoed) <= index or echoed[index] is None:
-            raise EngineError(
-                f"the end token's logprob: expected at least {index + 1} echoed logprobs, "
-                f"found {len(echoed)}"
-            )
-        return float(echoed[index])
