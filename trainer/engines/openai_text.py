@@ -12,8 +12,9 @@ ways against the server's own tokenizer (`POST /extras/tokenize`, special tokens
   (it happens: "hel" + "lo" where the tokenizer says "hello") fails here, loudly, rather than
   train on ids the server never sampled;
 - the end token: llama-cpp-python stops at it without reporting it or its logprob (its
-  `echo` logprobs are each one position off, and its top logprobs spell every control token
-  as ""), so a reply it ended is `finish_reason="stop_unscored"`: the end token is not in
+  `echo` logprobs leave out the model's BOS token wherever it appears, and by its source (0.3.36)
+  pair each echoed token with the distribution after it; its top logprobs spell every control
+  token as ""), so a reply it ended is `finish_reason="stop_unscored"`: the end token is not in
   `token_ids`, the conversation closes the turn with it as context, and the policy is not
   trained on when to stop through this server.
 
