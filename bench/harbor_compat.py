@@ -132,12 +132,13 @@ _NET = (
 _NET_RE = re.compile(_NET, re.IGNORECASE)
 _BASE_RE = re.compile(
     r"pull access denied|manifest unknown|repository does not exist|"
-    r"failed to resolve reference|not found: manifest|no such image",
+    r"failed to resolve reference|not found: manifest|no such image|"
+    r"Get \"https://registry-1\.docker\.io/v2/\": dial tcp",  # FROM, not local, no registry
     re.IGNORECASE,
 )
 _APT_MISSING_RE = re.compile(
     r"Unable to locate package|has no installation candidate|"
-    r"Package '[^']+' has no installation candidate",
+    r"Package '[^']+' has no installation candidate|E: Version '[^']+' for '[^']+' was not found",
 )
 _PIP_RE = re.compile(
     r"No matching distribution found|Could not find a version that satisfies", re.IGNORECASE
@@ -365,8 +366,8 @@ _FAIL_WORD_RE = re.compile(
 #: colour codes of docker build's streamed stderr (they split words, and so host names)
 _ANSI_RE = re.compile(r"\x1b?\[[0-9;]*m")
 #: apt on a Debian stand-in for an Ubuntu image, asked for what only Ubuntu's archive has
-_UBUNTU_APT_RE = re.compile(
-    r"E: Version '[^']*(?:ubuntu|build\d)[^']*' for '[^']+' was not found|"
+_UBUNTU_APT_RE = re.compile(  # on an Ubuntu stand-in, a pinned version is Ubuntu's archive's
+    r"E: Version '[^']+' for '[^']+' was not found|"
     r"E: Unable to locate package|has no installation candidate"
 )
 _APT_VERSION_RE = re.compile(r"E: Version '[^']+' for '[^']+' was not found")

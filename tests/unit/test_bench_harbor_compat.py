@@ -52,6 +52,19 @@ def test_build_errors_are_grouped_by_cause() -> None:
     assert hc.classify_build_error("returned a non-zero code: 2 (make: *** Error 1)") == (
         "build_other"
     )
+    # a FROM image neither in the engine nor stood in for, and no registry to pull it from
+    no_registry = (
+        'building Dockerfile failed: Get "https://registry-1.docker.io/v2/": dial tcp: lookup '
+        "registry-1.docker.io on 10.255.255.53:53: no such host\n--- build log tail ---\n"
+        "Step 1/8 : FROM python:3.10-slim-bookworm"
+    )
+    assert hc.classify_build_error(no_registry) == "base_image_unavailable"
+    # a pinned apt version the stand-in's release does not have
+    pinned = (
+        "Package texlive-latex-base is not available, but is referred to by another package.\n"
+        "\x1b[91mE: Version '2023.20240207-1' for 'texlive-latex-base' was not found\n"
+    )
+    assert hc.classify_build_error(pinned) == "build_apt_package_missing"
 
 
 def test_phase_errors_split_and_classify() -> None:

@@ -155,6 +155,14 @@ def test_shortfalls_that_need_an_unreachable_host_are_classified_so() -> None:
     )
     assert hc.verdict(pinned)[0] == "needs_unreachable_host"
     assert hc.unreachable_needs(pinned)[0].startswith("archive.ubuntu.com")
+    # a plain Debian-style version pinned on an Ubuntu image, failing its build
+    plain = _entry(
+        base_image="ubuntu:24.04",
+        env_builds=False,
+        build_reason="build_apt_package_missing",
+        build_error="\x1b[91mE: Version '2023.20240207-1' for 'texlive-latex-base' was not found",
+    )
+    assert hc.unreachable_needs(plain)[0].startswith("archive.ubuntu.com")
     on_debian = dict(pinned, base_image="python:3.13-slim-bookworm")  # a stand-in's gap
     assert hc.verdict(on_debian) == ["oracle_below_one"]
     old_point = dict(
