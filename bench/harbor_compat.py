@@ -622,10 +622,24 @@ def plan_dataset(args: argparse.Namespace, index: int, load: bool = True) -> lis
                 dst = Path(args.work_dir) / name / d.name
                 item.substitutions = prepare_task_copy(d, dst, cpython)
                 src = dst if item.substitutions else d
+                for rec in item.substitutions:
+                    if rec["name"] == "uv-image-from-pypi":
+                        _ensure_uv_image(rec["version"], Path(args.work_dir))
             item.refs = referenced_unreachable_hosts(d) if d.is_dir() else {}
             item.task, item.load_error = _load(src)
         items.append(item)
     return items
+
+
+def _ensure_uv_image(version: str, work_dir: Path) -> None:
+    """The local image a `uv-image-from-pypi` substitution copies from; a failure is logged
+    (the task's build then fails on the missing image and is reported so)."""
+    from bench.substitutions import ensure_uv_image
+
+    try:
+        ensure_uv_image(version, work_dir)
+    except Exception as exc:
+        log.warning("substitution uv-image-from-pypi %s: %s", version, exc)
 
 
 def interleave(groups: list[list[Item]]) -> list[Item]:

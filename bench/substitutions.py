@@ -16,6 +16,10 @@ The substitutions (`SUBSTITUTIONS`):
   `uv`/`uvx` binaries), unpack it into the installer's directory (`$UV_INSTALL_DIR`, else
   `$XDG_BIN_HOME`, else `~/.local/bin`) and write the installer's `env` file, so the script's
   next line (`source $HOME/.local/bin/env`) works as before.
+- `uv-image-from-pypi`: a Dockerfile's `COPY --from=ghcr.io/astral-sh/uv:<version> /uv /uvx
+  ...` (uv's image on the GitHub container registry) copies from `sandgym/subst-uv:<version>`
+  instead, a local image holding only those two binaries, unpacked from the same version's
+  wheel on the Python package index (`ensure_uv_image`, built once).
 - `uv-python-from-debian`: where the script then asks uv for an interpreter by version
   (`uvx -p 3.13`, `uv venv --python 3.12`), uv would download a CPython build from GitHub. With
   `UV_PYTHON_DOWNLOADS=never` it uses a system interpreter instead; when the image has no
@@ -52,7 +56,17 @@ SUBSTITUTIONS: dict[str, dict[str, str]] = {
         "unpacked under /opt/sandgym-cpython-X.Y and started through their own dynamic "
         "loader by a pythonX.Y wrapper on PATH, so they run on any glibc",
     },
+    "uv-image-from-pypi": {
+        "replaces": "a Dockerfile's `COPY --from=ghcr.io/astral-sh/uv:<version>` (uv's image on "
+        "the GitHub container registry)",
+        "with": "`COPY --from=sandgym/subst-uv:<version>`, a local image holding only /uv and "
+        "/uvx, unpacked from the uv wheel of the same version on the Python package index "
+        "(`ensure_uv_image`)",
+    },
 }
+
+#: the local stand-in of uv's registry image (`uv-image-from-pypi`)
+UV_IMAGE_REPO = "sandgym/subst-uv"
 
 #: Debian release that ships each CPython minor version, and the packages of a working
 #: interpreter there (the interpreter, its standard library, and every library they link)
@@ -95,6 +109,9 @@ SCRIPT_FILES = (
 _UV_INSTALLER_RE = re.compile(
     r"(?:curl|wget)\b[^\n|;&]*?https?://astral\.sh/uv/(?:(?P<ver>\d+\.\d+\.\d+)/)?install\.sh"
     r"[^\n|;&]*\|\s*(?:env\s+(?P<env>(?:[A-Za-z_]+=\S+\s+)+))?(?:ba)?sh\b(?:\s+-s\b[^\n;&|]*)?"
+)
+_UV_IMAGE_RE = re.compile(
+    r"(?im)^(?P<head>\s*COPY\s+(?:--\S+\s+)*--from=)ghcr\.io/astral-sh/uv:(?P<ver>\d+\.\d+\.\d+)(?=\s)"
 )
 _UV_PYVER_RE = re.compile(
     r"\b(?:uvx|uv)\b[^\n]*?(?:\s-p|\s--python)(?:\s+|=)(?:python)?(?P<ver>3\.\d+)\b"
@@ -210,8 +227,51 @@ def rewrite_script(
             snippet += "; " + "; ".join(_python_snippet(v, debs.get(v)) for v in pyvers)
         return snippet
 
+    def uv_image(m: re.Match[str]) -> str:
+        ver = m.group("ver")
+        records.append(
+            {"name": "uv-image-from-pypi", "original": m.group(0).strip(), "version": ver}
+        )
+        return f"{m.group('head')}{UV_IMAGE_REPO}:{ver}"
+
     new = _UV_INSTALLER_RE.sub(uv, text)
+    if is_dockerfile:
+        new = _UV_IMAGE_RE.sub(uv_image, new)
     return new, records
+
+
+def ensure_uv_image(version: str, work_dir: Path) -> str:
+    """`sandgym/subst-uv:<version>` in the local engine (built once): FROM scratch, /uv and /uvx
+    from the uv wheel of `version` on the Python package index. Returns the tag."""
+    import subprocess
+    import sys
+    import zipfile
+
+    tag = f"{UV_IMAGE_REPO}:{version}"
+    if subprocess.run(["docker", "image", "inspect", tag], capture_output=True).returncode == 0:
+        return tag
+    ctx = Path(work_dir) / f"subst-uv-{version}"
+    shutil.rmtree(ctx, ignore_errors=True)
+    (ctx / "wheel").mkdir(parents=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+         "--platform", "manylinux_2_17_x86_64", "--python-version", "3.11",
+         "-d", str(ctx / "wheel"), f"uv=={version}"],
+        check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    (wheel,) = (ctx / "wheel").glob("uv-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        for name in ("uv", "uvx"):
+            (member,) = [n for n in z.namelist() if n.endswith(f".data/scripts/{name}")]
+            (ctx / name).write_bytes(z.read(member))
+            (ctx / name).chmod(0o755)
+    (ctx / "Dockerfile").write_text(
+        "FROM scratch\nLABEL sandgym.substitution=uv-image-from-pypi\nCOPY uv uvx /\n"
+    )
+    subprocess.run(
+        ["docker", "build", "-q", "-t", tag, str(ctx)], check=True, capture_output=True, timeout=600
+    )
+    return tag
 
 
 def script_python_versions(text: str) -> list[str]:

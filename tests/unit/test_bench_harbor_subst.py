@@ -328,3 +328,23 @@ def test_a_reachable_host_that_did_not_answer_is_infra() -> None:
     assert hc.verdict(build) == ["infra"]
     gone = _entry(oracle_reward=0.0, oracle_output="E: Failed to fetch http://deb.debian.org/x 404")
     assert hc.verdict(gone) == ["oracle_below_one"]  # a 404 is an answer
+
+
+def test_uv_registry_image_is_copied_from_the_local_stand_in() -> None:
+    text = (
+        "FROM python:3.13-slim-bookworm\n"
+        "COPY --from=ghcr.io/astral-sh/uv:0.8.15 /uv /uvx /bin/\n"
+        "COPY --from=ghcr.io/other/tool:1.0 /x /bin/\n"
+    )
+    new, recs = sb.rewrite_script(text, is_dockerfile=True)
+    assert "COPY --from=sandgym/subst-uv:0.8.15 /uv /uvx /bin/" in new
+    assert "COPY --from=ghcr.io/other/tool:1.0 /x /bin/" in new  # only uv's image
+    assert recs == [
+        {
+            "name": "uv-image-from-pypi",
+            "original": "COPY --from=ghcr.io/astral-sh/uv:0.8.15",
+            "version": "0.8.15",
+        }
+    ]
+    # a shell script is not a Dockerfile: left alone
+    assert sb.rewrite_script(text, is_dockerfile=False) == (text, [])
