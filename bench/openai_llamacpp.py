@@ -129,6 +129,7 @@ async def _run_rule(
     engine: Any, model: Any, prompts: list[list[int]], t: float, p: float, max_new: int
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     from trainer.engines.base import EngineError, SamplingParams
+    from trainer.engines.sampling import SamplingRule
 
     params = SamplingParams(temperature=t, top_p=p, max_new_tokens=max_new)
     raw: list[dict[str, Any]] = []
@@ -142,9 +143,12 @@ async def _run_rule(
             continue
         mine = learner_logprobs(model, prompt_ids, gen.token_ids, params.rule)
         # the server's logprobs are the raw model's: compare with the learner's raw ones too
-        from trainer.engines.sampling import SamplingRule
-
-        raw_lp = learner_logprobs(model, prompt_ids, gen.token_ids, SamplingRule())
+        # (the same forward pass again only when the rule is not the raw one)
+        raw_lp = (
+            mine
+            if params.rule == SamplingRule()
+            else learner_logprobs(model, prompt_ids, gen.token_ids, SamplingRule())
+        )
         rec.update(
             ok=True,
             finish=gen.finish_reason,

@@ -368,17 +368,13 @@ class EnvService:
         to prepare on its own."""
         assert self.groups is not None and self.pool is not None
         prepared = Prepared(setup=setup.model_copy(update={"desktop": None}, deep=True))
-        if (
-            group.size > 1
-            and setup.desktop is None
-            and self.backend
-            and self.backend.forks_by_changes
-        ):
+        copies = group.size > 1 and setup.desktop is None
+        if copies and self.backend is not None and self.backend.forks_by_changes:
             try:
                 prepared.changes = await sandbox.changes()
             except SnapshotUnsupportedError as exc:
                 log.info("group %s: a snapshot instead of changes (%s)", group.id, exc)
-        if group.size > 1 and setup.desktop is None and prepared.changes is None:
+        if copies and prepared.changes is None:
             try:
                 snap = await sandbox.snapshot()
             except SnapshotUnsupportedError as exc:

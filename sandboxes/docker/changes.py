@@ -18,8 +18,10 @@ GNU tar, raises SnapshotUnsupportedError, and the group falls back to the snapsh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import posixpath
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from sandboxes.docker.exec_kill import DockerExec
@@ -60,9 +62,24 @@ def split_diff(diff: list[dict[str, Any]], mounts: tuple[str, ...]) -> tuple[lis
 class DockerChanges(DockerExec):
     """`changes` and `apply_changes` (see the module docstring)."""
 
+    @contextlib.contextmanager
+    def _path_list(self, kind: str, paths: list[str] | tuple[str, ...]) -> Iterator[str]:
+        """`paths`, NUL-separated, in a file of this sandbox's bridge directory for the time of
+        the block; yields the file's path inside the container (`/run/sandgym/...`)."""
+        if self._bridge_dir is None:
+            raise SandboxError(f"sandbox {self.id} has no bridge directory")
+        name = f".{kind}-{uuid.uuid4().hex[:8]}"
+        listing = self._bridge_dir / name
+        listing.write_bytes(b"".join(p.encode() + b"\0" for p in paths))
+        listing.chmod(0o644)
+        try:
+            yield f"/run/sandgym/{name}"
+        finally:
+            listing.unlink(missing_ok=True)
+
     async def changes(self) -> FileChanges:
         await self._check_running("changes")
-        if self._bridge_dir is None:
+        if self._bridge_dir is None:  # no list to hand tar: the group takes a snapshot instead
             raise SnapshotUnsupportedError(f"sandbox {self.id} has no bridge directory")
         api = self._api
         info, diff = await asyncio.gather(
@@ -73,14 +90,8 @@ class DockerChanges(DockerExec):
         keep, deleted = split_diff(diff, mounts)
         if not keep:
             return FileChanges(tar=b"", deleted=tuple(deleted))
-        name = f".changes-{uuid.uuid4().hex[:8]}"
-        listing = self._bridge_dir / name
-        listing.write_bytes(b"".join(p.lstrip("/").encode() + b"\0" for p in keep))
-        listing.chmod(0o644)
-        try:
-            code, tar = await asyncio.to_thread(self._tar_out, f"/run/sandgym/{name}")
-        finally:
-            listing.unlink(missing_ok=True)
+        with self._path_list("changes", [p.lstrip("/") for p in keep]) as listing:
+            code, tar = await asyncio.to_thread(self._tar_out, listing)
         if code != 0:
             raise SnapshotUnsupportedError(
                 f"sandbox {self.id}: packing its {len(keep)} changed paths with tar failed "
@@ -107,18 +118,10 @@ class DockerChanges(DockerExec):
     async def apply_changes(self, changes: FileChanges) -> None:
         await self._check_running("apply changes")
         if changes.deleted:
-            if self._bridge_dir is None:
-                raise SandboxError(f"sandbox {self.id} has no bridge directory")
-            name = f".deleted-{uuid.uuid4().hex[:8]}"
-            listing = self._bridge_dir / name
-            listing.write_bytes(b"".join(p.encode() + b"\0" for p in changes.deleted))
-            listing.chmod(0o644)
-            try:
+            with self._path_list("deleted", changes.deleted) as listing:
                 code, out = await self._raw_exec(
-                    ["sh", "-c", f"xargs -0 rm -rf -- < /run/sandgym/{name}"], user="root"
+                    ["sh", "-c", f"xargs -0 rm -rf -- < {listing}"], user="root"
                 )
-            finally:
-                listing.unlink(missing_ok=True)
             if code != 0:
                 raise SandboxError(
                     f"sandbox {self.id}: removing {len(changes.deleted)} deleted paths failed "

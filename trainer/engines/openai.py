@@ -86,21 +86,22 @@ class OpenAIEngine(InferenceEngine):
             body["stop_token_ids"] = self.eos_token_ids
         return body
 
-    async def agenerate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+    async def _post(self, url: str, body: dict[str, Any]) -> Any:
+        """POST `body` to `url`; its JSON reply, or EngineError (unreachable, not 200)."""
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers)
-        async with self._sem:
-            try:
-                resp = await self._client.post(
-                    f"{self.base_url}/completions", json=self._body(prompt_ids, params)
-                )
-            except httpx.HTTPError as exc:
-                raise EngineError(f"{self.base_url}/completions unreachable: {exc!r}") from exc
+        try:
+            resp = await self._client.post(url, json=body)
+        except httpx.HTTPError as exc:
+            raise EngineError(f"{url} unreachable: {exc!r}") from exc
         if resp.status_code != 200:
-            raise EngineError(
-                f"{self.base_url}/completions answered {resp.status_code}: {resp.text[:300]}"
-            )
-        gen = parse_completion_choice(resp.json()["choices"][0])
+            raise EngineError(f"{url} answered {resp.status_code}: {resp.text[:300]}")
+        return resp.json()
+
+    async def agenerate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        async with self._sem:
+            reply = await self._post(f"{self.base_url}/completions", self._body(prompt_ids, params))
+        gen = parse_completion_choice(reply["choices"][0])
         gen.version = self.version
         self.generated_tokens += len(gen.token_ids)
         return gen

@@ -33,8 +33,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
-
 from trainer.engines.base import STOP_UNSCORED, EngineError, Generation, SamplingParams
 from trainer.engines.openai import OpenAIEngine
 
@@ -65,8 +63,6 @@ class TextCompletionEngine(OpenAIEngine):
 
             tokenizer = AutoTokenizer.from_pretrained(tokenizer)
         self.tokenizer = tokenizer
-        if not self.eos_token_ids and tokenizer.eos_token_id is not None:
-            self.eos_token_ids = [int(tokenizer.eos_token_id)]
         self.root_url = _root(base_url)
         self.rejected_samples = 0  # replies whose ids did not line up (raised)
 
@@ -77,17 +73,6 @@ class TextCompletionEngine(OpenAIEngine):
             )
         )
 
-    async def _post(self, url: str, body: dict[str, Any]) -> Any:
-        if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers)
-        try:
-            resp = await self._client.post(url, json=body)
-        except httpx.HTTPError as exc:
-            raise EngineError(f"{url} unreachable: {exc!r}") from exc
-        if resp.status_code != 200:
-            raise EngineError(f"{url} answered {resp.status_code}: {resp.text[:300]}")
-        return resp.json()
-
     async def _tokenize(self, text: str) -> list[int]:
         reply = await self._post(f"{self.root_url}/extras/tokenize", {"input": text})
         ids = [int(i) for i in reply["tokens"]]
@@ -96,7 +81,7 @@ class TextCompletionEngine(OpenAIEngine):
             ids = ids[1:]  # the endpoint adds the model's BOS; a completion prompt does not
         return ids
 
-    def _text_body(self, prompt: str, params: SamplingParams, **extra: Any) -> dict[str, Any]:
+    def _text_body(self, prompt: str, params: SamplingParams) -> dict[str, Any]:
         return {
             "model": self.model_name,
             "prompt": prompt,
@@ -110,7 +95,6 @@ class TextCompletionEngine(OpenAIEngine):
             "presence_penalty": 0.0,
             "frequency_penalty": 0.0,
             "logprobs": 1,
-            **extra,
         }
 
     async def agenerate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
