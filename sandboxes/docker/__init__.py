@@ -1,12 +1,13 @@
 """The `docker` backend: one container per sandbox, driven through the Docker SDK.
 
-A sandbox is a container under Docker's init (so zombies are reaped) with CPU, memory (swap
-equal, i.e. no extra swap) and pids limits, all capabilities dropped except the few a root user
-needs to work on its own files, `no-new-privileges`, and the network its spec's policy names
-(`sandboxes.network`: public = the engine's bridge, attached or detached per phase; no-network
-= loopback only; allowlist = loopback plus an egress proxy listening in the container's network
-namespace, `sandboxes.egress`).
-Its main process is a small fork-free bash loop, the kill helper (`HELPER_SCRIPT`; plain
+A sandbox is a container under an init of its own (`MAIN_INIT`: it reaps zombies, and the
+agent cannot kill it) with CPU, memory (swap equal, i.e. no extra swap) and pids limits, all
+capabilities dropped except the few a root user needs to work on its own files,
+`no-new-privileges`, and the network its spec's policy names (`sandboxes.network`: public =
+the engine's bridge, attached or detached per phase; no-network = loopback only; allowlist =
+loopback plus an egress proxy listening in the container's network namespace,
+`sandboxes.egress`).
+The init's child is a small fork-free bash loop, the kill helper (`HELPER_SCRIPT`; plain
 `sleep infinity` in images without bash). Images come by name (default
 `sandgym/terminal:latest`, made offline by `images/bootstrap-base.sh`), or are built from
 `spec.build_context` once per content hash (`sandgym/ctx:<hash16>`, reused while it exists;

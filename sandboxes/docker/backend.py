@@ -12,7 +12,7 @@ from typing import Any
 from sandboxes.cgroups import CPU_PERIOD_US
 from sandboxes.common.tolerated import tolerate
 from sandboxes.docker.bridge import _make_bridge_dir, _remove_bridge_dir
-from sandboxes.docker.exec_kill import HELPER_SCRIPT, MAIN_BOOT
+from sandboxes.docker.exec_kill import HELPER_SCRIPT, MAIN_BOOT, MAIN_INIT
 from sandboxes.docker.group import DockerGroup, wait_docker_health
 from sandboxes.docker.images import DockerImages
 from sandboxes.docker.names import BRIDGE_MOUNT, LABEL_BRIDGE_DIR
@@ -46,13 +46,16 @@ CAP_ADD = [
 class DockerBackend(DockerImages, DockerReaping):
     """Sandboxes as Docker containers (see `sandboxes.docker` for the isolation settings)."""
 
-    def _confinement(self, spec: SandboxSpec, image_mb: int = 0) -> dict[str, Any]:
+    def _confinement(
+        self, spec: SandboxSpec, image_mb: int = 0, docker_init: bool = True
+    ) -> dict[str, Any]:
         """Host-config options every container of a sandbox gets (the sandbox's own and its
-        verifier's): Docker's init, the reduced capabilities, `no-new-privileges`, and the
-        spec's CPU, memory, pids and storage limits. `image_mb`: what the storage quota must
-        leave for the image's own files on top of `storage_mb` (see `_quota_image_mb`)."""
+        verifier's): Docker's init (unless `docker_init` is False: the sandbox's own container
+        has an init of its own, `MAIN_INIT`), the reduced capabilities, `no-new-privileges`,
+        and the spec's CPU, memory, pids and storage limits. `image_mb`: what the storage quota
+        must leave for the image's own files on top of `storage_mb` (see `_quota_image_mb`)."""
         host: dict[str, Any] = dict(
-            init=True,
+            init=docker_init,
             cap_drop=["ALL"],
             cap_add=CAP_ADD,
             security_opt=["no-new-privileges"],
@@ -115,7 +118,7 @@ class DockerBackend(DockerImages, DockerReaping):
             if group is not None
             else ("bridge" if spec.ever_public else "none"),
             binds={str(bridge_dir): {"bind": BRIDGE_MOUNT, "mode": "ro"}},
-            **self._confinement(spec, image_mb),
+            **self._confinement(spec, image_mb, docker_init=False),
         )
         api = self._client().api
         pids: dict[str, int] = {}
@@ -127,7 +130,7 @@ class DockerBackend(DockerImages, DockerReaping):
             extra = group.main_create_kwargs() if group is not None else {}
             resp = api.create_container(
                 image,
-                entrypoint=["/bin/sh", "-c", MAIN_BOOT, HELPER_SCRIPT],
+                entrypoint=["/bin/sh", "-c", MAIN_INIT, MAIN_BOOT, HELPER_SCRIPT],
                 command=[],
                 name=sandbox_id,
                 hostname=sandbox_id,

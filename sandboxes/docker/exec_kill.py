@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 HELPER_DIR = "/run/sandgym/kill"
 
 
-#: The container's main process (under Docker's init): a bash loop that forks nothing once
+#: The container's kill helper (a child of its init, MAIN_INIT): a bash loop that forks nothing once
 #: started. Every 0.2 s it looks for non-empty files in HELPER_DIR, named by an exec's marker,
 #: kills the processes carrying that marker and truncates the file. Requests arrive through
 #: put_archive, which needs no process inside the container, so a timed-out command is killed
@@ -62,6 +62,14 @@ HELPER_SCRIPT = (
 
 #: sh starts the helper under bash when the image has bash, else just sleeps.
 MAIN_BOOT = 'if command -v bash >/dev/null 2>&1; then exec bash -c "$0"; fi; exec sleep infinity'
+
+#: The container's pid 1 (no Docker init above it): runs MAIN_BOOT ($0, with the helper as its
+#: $0) as a child and starts it again whenever it ends. From inside, pid 1 gets only the signals
+#: it has a handler for, and this one has none, so the agent's `kill -9 -1` ends the helper and
+#: its own processes but never the container: a sandbox it could lose would be masked as
+#: infrastructure by the trainer. `wait` reaps any child, so adopted orphans too (as an init
+#: must); the `sleep 1` keeps a helper that cannot start from spinning.
+MAIN_INIT = 'while :; do sh -c "$0" "$1" & wait; sleep 1; done'
 
 
 def _pid_exhausted(result: ExecResult) -> bool:

@@ -48,6 +48,10 @@ if TYPE_CHECKING:
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
+#: the sandbox's pid 1: says it is up, then waits on children forever (reaping orphans)
+INIT_SCRIPT = "echo ready; while :; do sleep 3600 & wait; done"
+
+
 class LocalSandbox(ShellSandbox):
     backend_name = "local"
 
@@ -176,7 +180,12 @@ class LocalSandbox(ShellSandbox):
         argv += ["--clearenv"]
         for k, v in self.env.items():
             argv += ["--setenv", k, v]
-        argv += ["sh", "-c", "echo ready; exec sleep infinity"]
+        # The init is the namespace's pid 1 itself (--as-pid-1: no bwrap reaper above it). From
+        # inside, pid 1 only gets the signals it has a handler for, and this one has none: the
+        # agent's `kill -9 -1` (or `kill 1`) ends its own processes, never the sandbox, so it
+        # cannot turn its episode into a lost sandbox (masked as infrastructure). As pid 1 it
+        # reaps the namespace's orphans: `wait` collects any child, adopted ones included.
+        argv += ["--as-pid-1", "sh", "-c", INIT_SCRIPT]
         return argv
 
     def _join_prefix(self, cg: cgroups.CgroupSet | None = None) -> list[str]:

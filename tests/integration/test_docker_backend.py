@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from sandboxes.docker.exec_kill import MAIN_INIT
 from sandboxes.errors import (
     BackendUnavailableError,
     SandboxClosedError,
@@ -295,7 +296,10 @@ async def test_labels_limits_and_isolation_settings(backend) -> None:
         assert hc["NetworkMode"] == "none"
         assert hc["CapDrop"] == ["ALL"] and "NET_RAW" not in hc["CapAdd"]
         assert "no-new-privileges" in hc["SecurityOpt"]
-        assert hc["Init"] is True
+        # pid 1 is the sandbox's own init (the agent cannot kill it), not Docker's
+        assert not hc["Init"]
+        pid1 = await sb.exec(["cat", "/proc/1/cmdline"])
+        assert pid1.stdout.split("\0")[:3] == ["/bin/sh", "-c", MAIN_INIT], pid1.stdout[:200]
     finally:
         api.close()
         await sb.close()

@@ -177,6 +177,19 @@ async def test_sigterm_ignoring_process_is_killed(abuse_server: ServerProcess) -
     server_healthy(abuse_server)
 
 
+async def test_killing_every_process_does_not_lose_the_sandbox(abuse_server: ServerProcess) -> None:
+    """`kill -9 -1` (and `kill -9 1`) inside the sandbox end the agent's own processes, never the
+    sandbox: a lost sandbox is masked as infrastructure by the trainer, so an agent able to cause
+    one could drop its failed episodes from training instead of being scored on them."""
+    killer = {"kind": "command", "command": "kill -9 -1; kill -9 1; echo survived", "timeout_s": 20}
+    outcome, abuser = await abuse_with_neighbour(abuse_server.url, killer)
+    # The command's own shell is among what it kills: its output may be cut short, but the step
+    # is not an error, let alone `sandbox_lost`.
+    assert isinstance(outcome, StepResult), outcome
+    await still_works(abuser)
+    server_healthy(abuse_server)
+
+
 def host_processes(pattern: str) -> list[str]:
     out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
     return out.split()
