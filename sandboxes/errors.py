@@ -34,6 +34,18 @@ class SandboxLostError(SandboxError, ConnectionError):
     """The sandbox died underneath us (container killed, process tree gone)."""
 
 
+class ShellExitedError(SandboxLostError):
+    """The persistent shell ended while running a command (`exit`, `exec`, `kill $$`). Raised by
+    the shell, which cannot tell whether its sandbox went too: `ShellSandbox.run` asks the
+    sandbox, and turns it into the command's result when the sandbox lives (the agent's doing,
+    scored) or a plain `SandboxLostError` when it does not. `output`: what the command printed."""
+
+    def __init__(self, message: str, output: str = "", exit_code: int | None = None) -> None:
+        super().__init__(message)
+        self.output = output
+        self.exit_code = exit_code
+
+
 class CommandTimeoutError(SandboxError, TimeoutError):
     """A command did not finish within its timeout (its process tree was killed)."""
 

@@ -41,7 +41,7 @@ from sandboxes.common.kill import count_children_script as count_children_script
 from sandboxes.common.kill import kill_tree_script as kill_tree_script
 from sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES, CappedBuffer, mark_truncated
 from sandboxes.common.tolerated import tolerate
-from sandboxes.errors import SandboxLostError
+from sandboxes.errors import SandboxLostError, ShellExitedError
 from sandboxes.spec import ShellResult
 
 log = logging.getLogger(__name__)
@@ -181,6 +181,13 @@ class _PtyChild:
     def isalive(self) -> bool:
         return self.proc.poll() is None
 
+    @property
+    def exitstatus(self) -> int | None:
+        """The exit status once it has ended (as pexpect's), None while it runs or when a
+        signal ended it."""
+        code = self.proc.returncode
+        return code if code is not None and code >= 0 else None
+
     def terminate(self, force: bool = False) -> bool:
         """Hang up (as a closing terminal would), then kill what is left."""
         for sig in (signal.SIGHUP, signal.SIGCONT):
@@ -304,6 +311,21 @@ class PexpectShell:
     def is_alive(self) -> bool:
         return self._child is not None and not self._eof and self._child.isalive()
 
+    async def _exit_status(self, wait_s: float = 2.0) -> int | None:
+        """The ended shell's exit status: its output has ended, its process follows within
+        moments (polled up to `wait_s`); None when it cannot be had."""
+        child = self._child
+        deadline = time.monotonic() + wait_s
+        try:
+            while child is not None and child.isalive():
+                if time.monotonic() > deadline:
+                    return None
+                await asyncio.sleep(0.02)
+        except Exception:  # noqa: BLE001 - a child we cannot poll has no status to give
+            return None
+        status = getattr(child, "exitstatus", None)
+        return status if isinstance(status, int) else None
+
     # -- reading -----------------------------------------------------------------------------
     def _on_readable(self) -> None:
         try:
@@ -410,7 +432,12 @@ class PexpectShell:
                 duration_s=time.perf_counter() - start,
             )
         if self._eof:
-            raise SandboxLostError("the sandbox shell exited while running a command")
+            output, truncated = self._take_output(None)
+            raise ShellExitedError(
+                "the sandbox shell exited while running a command",
+                output=output,
+                exit_code=await self._exit_status(),
+            )
         # Timed out: interrupt, kill the command's process tree, re-synchronise the shell.
         output, truncated = self._take_output(None)
         note = await self._interrupt()

@@ -17,11 +17,18 @@ from typing import TYPE_CHECKING
 
 from sandboxes.base import Sandbox
 from sandboxes.common.kill import count_children_script, kill_tree_script
-from sandboxes.errors import SandboxLostError
+from sandboxes.errors import SandboxLostError, ShellExitedError
 from sandboxes.spec import SandboxSpec, ShellResult
 
 if TYPE_CHECKING:
     from sandboxes.shell import PexpectShell
+
+
+#: appended to the output of a command that ended the persistent shell
+SHELL_EXITED_NOTE = (
+    "\n[sandgym: this command ended the shell; the next command runs in a new shell (the working "
+    "directory, variables and background jobs of this one are gone)]\n"
+)
 
 
 class ShellSandbox(Sandbox):
@@ -89,10 +96,16 @@ class ShellSandbox(Sandbox):
         try:
             return await shell.run(command, timeout_s)
         except SandboxLostError as exc:
-            err = await self._shell_error(exc)
-            if err is exc:
-                raise
-            raise err from exc
+            err = await self._shell_error(exc)  # raises, or returns a new error, when it is gone
+            if err is not exc:
+                raise err from exc
+            if isinstance(exc, ShellExitedError):
+                # The sandbox lives: the command itself ended its shell (`exit`, `exec`,
+                # `kill $$`). That is the agent's doing, so it is the command's result (scored),
+                # never a lost sandbox (masked as infrastructure); the next command gets a new
+                # shell, without this one's state.
+                return ShellResult(output=exc.output + SHELL_EXITED_NOTE, exit_code=exc.exit_code)
+            raise
 
     async def send_keys(self, keys: str) -> None:
         shell = await self._get_shell()

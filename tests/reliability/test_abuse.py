@@ -190,6 +190,23 @@ async def test_killing_every_process_does_not_lose_the_sandbox(abuse_server: Ser
     server_healthy(abuse_server)
 
 
+@pytest.mark.parametrize("command", ["exit 7", "kill -9 $$", "exec true"])
+async def test_a_command_that_ends_its_shell_is_scored_not_lost(
+    abuse_server: ServerProcess, command: str
+) -> None:
+    """`exit`, `kill $$` or `exec` end the persistent shell, not the sandbox: the step is the
+    command's result (the agent's doing, scored), never `sandbox_lost` (masked), and the next
+    command runs in a new shell."""
+    async with episode(abuse_server.url) as c:
+        res = await c.step({"kind": "command", "command": command, "timeout_s": 20})
+        assert "this command ended the shell" in res.observation["output"], res.observation
+        if command == "exit 7":
+            assert res.observation["exit_code"] == 7, res.observation
+        again = await c.step("echo alive")
+        assert again.observation["output"] == "alive\n", again.observation
+    server_healthy(abuse_server)
+
+
 def host_processes(pattern: str) -> list[str]:
     out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
     return out.split()
