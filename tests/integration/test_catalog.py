@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import posixpath
 import shutil
 import subprocess
 import threading
@@ -192,11 +193,11 @@ async def test_procedural_tasks_vary_with_seed_on_local() -> None:
         assert len(secrets) == 2, f"{task.id}: seeds 1 and 2 gave the same instance"
 
 
-@pytest.mark.parametrize("name", ["file-ops", "file-facts"])
+@pytest.mark.parametrize("name", ["file-ops", "file-facts", "path-ops"])
 async def test_generated_instructions_vary_and_reach_the_agent_on_local(name: str) -> None:
     """A generator's own instruction ($SANDGYM_INSTRUCTION_FILE) replaces instruction.md: it
-    differs between seeds, names the instance's directory, and the oracle (which reads it) solves
-    every seed while an untouched sandbox fails."""
+    differs between seeds, names a path in the instance's directory (the path itself may be one to
+    create), and the oracle (which reads it) solves every seed while an untouched sandbox fails."""
     local_backend_or_skip()
     task = TaskRegistry().get(f"builtin/{name}")
     backend = get_backend("local")
@@ -207,9 +208,9 @@ async def test_generated_instructions_vary_and_reach_the_agent_on_local(name: st
             try:
                 setup = await prepare_episode(task, sb, seed)
                 assert setup.instruction != task.instruction
-                directory = setup.instruction.split("`")[1]
-                assert directory.startswith("/app/")
-                assert (await sb.exec(["ls", directory])).exit_code == 0
+                named = setup.instruction.split("`")[1]
+                assert named.startswith("/app/")
+                assert (await sb.exec(["ls", posixpath.dirname(named)])).exit_code == 0
                 seen.add(setup.instruction)
                 if oracle:
                     await run_oracle(task, sb, setup)

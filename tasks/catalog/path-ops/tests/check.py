@@ -1,0 +1,83 @@
+"""Verifier checks for path-ops: exit 0 when the task is solved, 10 (with the reason) when it is not.
+
+Convention (tasks/catalog/README.md): exit 0 = solved; exit FAIL (10) = not solved, with the
+reason. Any other exit (a traceback here, a missing secret) means this checker could not run, and
+tests/test.sh then writes no reward: a verifier_error, not the agent's failure. So whatever the
+agent left (a missing file, a FIFO, a directory, a program that hangs or crashes) must end in
+fail(), through the helpers below, never in an exception.
+"""
+import json
+import os
+import stat as _stat
+import sys
+
+FAIL = 10
+MAX_READ = 50_000_000
+
+
+def fail(msg):
+    print("FAIL:", msg)
+    sys.exit(FAIL)
+
+
+def read(path):
+    """The text of a regular file the agent left. Opened without blocking: a FIFO (which would
+    hang the checker until its timeout), a device or a directory is the agent's failure."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        fail(f"{path} does not exist")
+    except OSError as exc:
+        fail(f"cannot open {path}: {exc}")
+    if not _stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        fail(f"{path} is not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            data = f.read(MAX_READ + 1)
+        except OSError as exc:
+            fail(f"cannot read {path}: {exc}")
+    if len(data) > MAX_READ:
+        fail(f"{path} is larger than {MAX_READ} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        fail(f"{path} is not UTF-8 text: {exc}")
+
+
+def stat(path):
+    """os.stat of something the agent should have left; its absence is the agent's failure."""
+    try:
+        return os.stat(path)
+    except OSError as exc:
+        fail(f"cannot stat {path}: {exc}")
+
+
+
+def secret():
+    """The episode's secret (copied in by the verifier): missing means the checker cannot run."""
+    with open("/tests/secret/expected", encoding="utf-8") as f:
+        return f.read()
+
+
+want = json.loads(secret())
+op, path = want["op"], want["path"]
+for other, text in want["keep"].items():  # every file not named by the operation stays as it was
+    if read(other) != text:
+        fail(f"{other} was changed or removed; only the asked path may be touched")
+if op == "mkdir":
+    if not os.path.isdir(path):
+        fail(f"{path} is not a directory")
+elif op == "touch":
+    if stat(path).st_size != 0 or read(path) != "":
+        fail(f"{path} is not an empty file")
+elif op == "write":
+    if read(path).strip() != want["word"]:
+        fail(f"{path} does not hold just the word {want['word']!r}")
+elif op in ("delete", "delete-prefix", "rmdir"):
+    if os.path.lexists(path):
+        fail(f"{path} is still there")
+else:
+    raise ValueError(f"unknown operation in the secret: {op!r}")
+
+print("PASS")
