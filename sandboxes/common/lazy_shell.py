@@ -96,16 +96,26 @@ class ShellSandbox(Sandbox):
         try:
             return await shell.run(command, timeout_s)
         except SandboxLostError as exc:
-            err = await self._shell_error(exc)  # raises, or returns a new error, when it is gone
-            if err is not exc:
-                raise err from exc
-            if isinstance(exc, ShellExitedError):
+            if isinstance(exc, ShellExitedError) and await self._outlived_shell():
                 # The sandbox lives: the command itself ended its shell (`exit`, `exec`,
                 # `kill $$`). That is the agent's doing, so it is the command's result (scored),
                 # never a lost sandbox (masked as infrastructure); the next command gets a new
                 # shell, without this one's state.
                 return ShellResult(output=exc.output + SHELL_EXITED_NOTE, exit_code=exc.exit_code)
-            raise
+            err = await self._shell_error(exc)
+            if err is exc:
+                raise
+            raise err from exc
+
+    async def _outlived_shell(self) -> bool:
+        """Whether the sandbox still lives after its shell ended. Asked three times, 0.2 s
+        apart: a killed sandbox's shell can end a moment before its engine reports it."""
+        for attempt in range(3):
+            if attempt:
+                await asyncio.sleep(0.2)
+            if not await self.is_alive():
+                return False
+        return True
 
     async def send_keys(self, keys: str) -> None:
         shell = await self._get_shell()
