@@ -1,6 +1,7 @@
-"""`DockerBackend`: creating a sandbox's container with its confinement (Docker's init, the
-reduced capabilities, `no-new-privileges`, the spec's limits), its bridge directory, network and
-services; the images (`images`) and reaping (`reaping`) parts are mixed in."""
+"""`DockerBackend`: creating a sandbox's container with its confinement (its own pid-1 init,
+`MAIN_INIT`, or Docker's for verifier and service containers; the reduced capabilities,
+`no-new-privileges`, the spec's limits), its bridge directory, network and services; the images
+(`images`) and reaping (`reaping`) parts are mixed in."""
 
 from __future__ import annotations
 
