@@ -92,6 +92,15 @@ def summary_text(record: dict[str, Any]) -> str:
             f"{_rate(res['after'])} after, {c['delta']:+.2f} (95% CI {c['ci95'][0]:+.2f} to "
             f"{c['ci95'][1]:+.2f}, {verdict})."
         )
+    for task, phases in (record.get("by_operation") or {}).items():
+        before, after = phases.get("eval-before") or {}, phases.get("eval-after") or {}
+        cells = [
+            f"{op} {before.get(op, {}).get('successes', 0)}/{before.get(op, {}).get('episodes', 0)}"
+            f" -> {after.get(op, {}).get('successes', 0)}/{after.get(op, {}).get('episodes', 0)}"
+            for op in sorted({*before, *after})
+        ]
+        if cells:
+            parts.append(f"{task} by operation asked, before -> after: " + "; ".join(cells) + ".")
     kinds = record.get("heldout_by_instance_kind") or {}
     if kinds:
         cells = []

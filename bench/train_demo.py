@@ -282,6 +282,44 @@ def by_instance_kind(episodes: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def operation(instruction: str) -> str:
+    """What a path-ops or file-ops instruction asks, from its wording (the generators'):
+    `mkdir`, `touch`, `write`, `delete`, `delete-directory`, `copy`, `move` or `rename`, with
+    ` (look-first)` when only a directory and a name prefix are given."""
+    text = instruction.strip()
+    if text.startswith(("Copy", "Make a copy")):
+        op = "copy"
+    elif text.startswith("Move"):
+        op = "move"
+    elif text.startswith(("Rename", "Give")):
+        op = "rename"
+    elif text.startswith(("Delete", "Remove")):
+        op = "delete-directory" if "the directory" in text else "delete"
+    elif "directory" in text:
+        op = "mkdir"
+    elif "word" in text:
+        op = "write"
+    elif "empty file" in text:
+        op = "touch"
+    else:
+        op = "other"
+    return f"{op} (look-first)" if instance_kind(text) == "look-first" else op
+
+
+def by_operation(episodes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Success per task, phase and operation asked, from recorded episodes (dicts)."""
+    out: dict[str, Any] = {}
+    for e in episodes:
+        cell = (
+            out.setdefault(e["task_id"], {})
+            .setdefault(e["phase"], {})
+            .setdefault(operation(e.get("instruction", "")), {"successes": 0, "episodes": 0})
+        )
+        cell["episodes"] += 1
+        cell["successes"] += int(e.get("reward", 0.0) >= 1.0)
+    return out
+
+
 def evaluation_record(
     run_dir: Path, cfg: Any, heldout_tasks: list[str], transfer_tasks: list[str]
 ) -> dict[str, Any]:
@@ -314,6 +352,7 @@ def evaluation_record(
             if e["task_id"] in heldout_tasks
         ]
     )
+    out["by_operation"] = by_operation(_read_jsonl(run_dir / "sampled_episodes.jsonl"))
     after = {}
     for t in heldout_tasks:
         for k, v in (
@@ -382,6 +421,7 @@ def run(args: argparse.Namespace) -> int:
     heldout_tasks = cfg.env.eval_task_ids or cfg.env.task_ids
     record = summarize(run_dir, cfg.model_dump(mode="json"))
     record.update(evaluation_record(run_dir, cfg, heldout_tasks, args.transfer_tasks))
+    record["summarized_at_commit"] = _git_head()  # the code that wrote this record
     record["summary"] = summary_text(record)
     _write(record, run_dir, args)
     return 0 if record["heldout_instruction_check"]["ok"] else 1
