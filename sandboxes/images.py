@@ -113,8 +113,9 @@ class Unavailable:
 
 def _python_run(version: str) -> tuple[str, ...]:
     """CPython `version` from Debian's packages, laid out like the official python:*-slim
-    images: python/python3/pip/pip3 in /usr/local/bin, headers (python3-dev) present, no gcc,
-    no PEP 668 marker (so `pip install` works as root without --break-system-packages)."""
+    images: python/python3/pip/pip3 in /usr/local/bin (pip installed by pip, so it can upgrade
+    itself), headers (python3-dev) present, no gcc, no PEP 668 marker (so `pip install` works
+    as root without --break-system-packages)."""
     links = " && ".join(
         f"ln -sf {target} /usr/local/bin/{name}"
         for name, target in (
@@ -124,9 +125,6 @@ def _python_run(version: str) -> tuple[str, ...]:
             (f"python{version}-config", f"/usr/bin/python{version}-config"),
             ("python3-config", f"/usr/bin/python{version}-config"),
             ("python-config", f"/usr/bin/python{version}-config"),
-            ("pip", "/usr/bin/pip3"),
-            ("pip3", "/usr/bin/pip3"),
-            (f"pip{version}", "/usr/bin/pip3"),
         )
     )
     return (
@@ -138,6 +136,11 @@ def _python_run(version: str) -> tuple[str, ...]:
         " python3-pip python3-venv python3-dev"
         " && rm -rf /var/lib/apt/lists/*"
         f" && rm -f /usr/lib/python{version}/EXTERNALLY-MANAGED"
+        # pip itself as the official images have it: installed by pip (with its RECORD, so
+        # `pip install --upgrade pip` can replace it) into /usr/local, from the wheel Debian
+        # ships beside its own copy (offline), with pip/pip3/pip3.X in /usr/local/bin
+        f" && python{version} -m pip install --no-cache-dir --no-index --ignore-installed"
+        " /usr/share/python-wheels/pip-*.whl"
         f" && {links}",
         "ENV PIP_DISABLE_PIP_VERSION_CHECK=1",
         'CMD ["python3"]',

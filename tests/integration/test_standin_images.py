@@ -127,6 +127,10 @@ def test_python_standin_is_the_version_its_tag_promises(standin: im.StandIn) -> 
         network=True,
     )
     assert out.strip().splitlines()[-1] == "1.16.0", out
+    # pip can replace itself, as on the official images (a Debian-installed pip has no RECORD:
+    # `pip install --upgrade pip` then fails with uninstall-no-record-file)
+    out = sh(image, "pip uninstall -y pip && echo removed")
+    assert out.strip().splitlines()[-1] == "removed", out
     if standin in TBENCH:
         assert "tmux" in sh(image, "tmux -V") and sh(image, "asciinema --version").startswith(
             "asciinema"
