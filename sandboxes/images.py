@@ -128,19 +128,28 @@ def _python_run(version: str) -> tuple[str, ...]:
         )
     )
     return (
-        # Our own apt line may skip recommends (python3-pip recommends the whole gcc toolchain,
+        # Our own apt line may skip recommends (python3-dev recommends the whole gcc toolchain,
         # which the official slim images do not carry); the image's apt defaults stay Debian's.
         "RUN apt-get update"
         " && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends"
-        f" python{version} python{version}-venv python{version}-dev"
-        " python3-pip python3-venv python3-dev"
+        f" python{version} python{version}-venv python{version}-dev python3-venv python3-dev"
         " && rm -rf /var/lib/apt/lists/*"
         f" && rm -f /usr/lib/python{version}/EXTERNALLY-MANAGED"
-        # pip itself as the official images have it: installed by pip (with its RECORD, so
-        # `pip install --upgrade pip` can replace it) into /usr/local, from the wheel Debian
-        # ships beside its own copy (offline), with pip/pip3/pip3.X in /usr/local/bin
-        f" && python{version} -m pip install --no-cache-dir --no-index --ignore-installed"
-        " /usr/share/python-wheels/pip-*.whl"
+        # pip as the official images have it: installed by pip itself, run from the wheel
+        # Debian's venv package ships (offline; Debian disables ensurepip outside a venv), into
+        # /usr/local with its RECORD, so `pip install --upgrade pip` can replace it; and no
+        # Debian-installed pip, setuptools or wheel, which pip could not upgrade (no RECORD)
+        # and the official 3.12+ images do not carry
+        " && w=$(ls /usr/share/python-wheels/pip-*.whl)"
+        f' && python{version} "$w/pip" install --no-cache-dir --no-index "$w"'
+        # before 3.12, ensurepip (and so the official image) also installed setuptools
+        + (
+            " && s=$(ls /usr/share/python-wheels/setuptools-*.whl)"
+            f' && python{version} -m pip install --no-cache-dir --no-index "$s"'
+            if tuple(int(x) for x in version.split(".")) < (3, 12)
+            else ""
+        )
+        + f" && python{version} -m pip --version"
         f" && {links}",
         "ENV PIP_DISABLE_PIP_VERSION_CHECK=1",
         'CMD ["python3"]',

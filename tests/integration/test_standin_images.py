@@ -131,6 +131,13 @@ def test_python_standin_is_the_version_its_tag_promises(standin: im.StandIn) -> 
     # `pip install --upgrade pip` then fails with uninstall-no-record-file)
     out = sh(image, "pip uninstall -y pip && echo removed")
     assert out.strip().splitlines()[-1] == "removed", out
+    # ... and so can what a Dockerfile pins next to it (Terminal-Bench 2.0's pypi-server)
+    out = sh(
+        image,
+        "pip install -q --upgrade --no-deps setuptools==75.6.0 wheel==0.45.1 && echo upgraded",
+        network=True,
+    )
+    assert out.strip().splitlines()[-1] == "upgraded", out
     if standin in TBENCH:
         assert "tmux" in sh(image, "tmux -V") and sh(image, "asciinema --version").startswith(
             "asciinema"
