@@ -76,7 +76,9 @@ def test_python_recipe_lays_out_like_the_official_image() -> None:
     assert "rm -f /usr/lib/python3.13/EXTERNALLY-MANAGED" in df
     links = dict((m[1], m[0]) for m in re.findall(r"ln -sf (\S+) /usr/local/bin/([\w.-]+)", df))
     assert links["python"] == links["python3"] == "/usr/bin/python3.13"
-    assert links["pip"] == links["pip3"] == "/usr/bin/pip3"
+    # pip installs itself (with its RECORD, so it can be upgraded), not Debian's python3-pip
+    assert "pip" not in links and not re.search(r"\bpython3-(pip|wheel|setuptools)\b", df)
+    assert re.search(r'python3\.13 "\$w/pip" install .*"\$w"', df), df
     assert "python3.13-dev" in df and not re.search(r"\b(gcc|build-essential)\b", df)
     # no /usr/bin/python of its own: TermiGen Dockerfiles make that link themselves
     assert "/usr/bin/python " not in df and "python-is-python3" not in df
