@@ -238,8 +238,11 @@ def test_train_across_two_nodes_survives_a_dead_node(
         on_dead = [e for e in eps[before:] if e["server_url"] == dead.url]
         # episodes in flight at the kill (or sent there before the trainer noticed) fail as
         # infrastructure, never as a score of the agent's
+        # (Whether any is recorded depends on timing: the victim's own rollout actor dies with
+        # its node, so only the survivor's episodes in flight there come back; 2 of 4 runs on
+        # 2026-12-02 had none, so their presence is not asserted, only their kind.)
         lost = [e for e in on_dead if e["termination"] != "submitted"]
-        assert lost and all(e["termination"] in ("connection", "error") for e in lost), [
+        assert all(e["termination"] in ("connection", "error") for e in lost), [
             (e["termination"], e["error"]) for e in lost
         ]
         # nothing is scored on the dead server once it is gone: an episode scored there ran its
