@@ -40,9 +40,9 @@ log = logging.getLogger(__name__)
 HELPER_DIR = "/run/sandgym/kill"
 
 
-#: The container's kill helper (a child of its init, MAIN_INIT): a bash loop that forks nothing once
-#: started. Every 0.2 s it looks for non-empty files in HELPER_DIR, named by an exec's marker,
-#: kills the processes carrying that marker and truncates the file. Requests arrive through
+#: The container's kill helper (a child of its init, MAIN_INIT): a bash loop that forks
+#: nothing once started. Every 0.2 s it looks for non-empty files in HELPER_DIR, named by an
+#: exec's marker, kills the processes carrying that marker and truncates the file. Requests arrive through
 #: put_archive, which needs no process inside the container, so a timed-out command is killed
 #: even when a fork bomb holds every pid the pids limit allows and no `docker exec` can start.
 #: (As root without CAP_SYS_PTRACE it cannot read other users' environments; execs run as

@@ -263,8 +263,8 @@ class E2BSandbox(ShellSandbox):
         return await self._raw_run(script)
 
     async def _shell_error(self, exc: SandboxLostError) -> SandboxLostError:
-        # None: the VM lives, so the shell's end was the command's doing (ShellSandbox.run)
-        return await self._lost("shell") or exc
+        lost = await self._lost("shell")
+        return lost or SandboxLostError(f"sandbox {self.id}: the shell exited")
 
     # -- files -------------------------------------------------------------------------------
     def _path(self, path: str) -> str:
