@@ -252,6 +252,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--resume", action="store_true", help="skip the tasks --jsonl FILE already holds"
     )
     parser.add_argument(
+        "--rerun",
+        action="append",
+        default=[],
+        metavar="TASK",
+        help="with --resume: check this task again even though FILE holds it (repeatable; "
+        "TASK or DATASET/TASK); its new line supersedes the old, which stays in FILE",
+    )
+    parser.add_argument(
         "--report-only",
         action="store_true",
         help="build the document from --jsonl FILE without running anything",
@@ -401,6 +409,36 @@ def reachable_host_failed(entry: Mapping[str, Any]) -> bool:
     return False
 
 
+#: the task folder whose files ran in the phase an output comes from
+_PHASE_FOLDER = {
+    "oracle_output": "solution/",
+    "oracle_verifier_output": "tests/",
+    "noop_verifier_output": "tests/",
+}
+#: a network failure whose message names no host
+_NAMELESS_NET_RE = re.compile(
+    r"Name or service not known|Temporary failure in name resolution|"
+    r"is not available for this version of R|unable to access index for repository"
+)
+
+
+def _phase_hosts(entry: Mapping[str, Any], folder: str) -> list[str]:
+    """The unreachable hosts the task's files under `folder` name, except those a listed
+    substitution replaced in that very file."""
+    from bench.substitutions import unreachable_hosts
+
+    replaced: dict[str, set[str]] = {}
+    for sub in entry.get("substitutions") or ():
+        replaced.setdefault(sub.get("file", ""), set()).update(
+            unreachable_hosts(sub.get("original", ""))
+        )
+    out: list[str] = []
+    for rel, hosts in sorted((entry.get("referenced_unreachable_hosts") or {}).items()):
+        if rel.startswith(folder):
+            out += [h for h in hosts if h not in replaced.get(rel, set()) and h not in out]
+    return out
+
+
 def unreachable_needs(entry: Mapping[str, Any]) -> list[str]:
     """What unreachable host(s) explain this task's shortfall, from what failed: a network
     failure naming a host that only answers from elsewhere, uv finding no CPython it could only
@@ -412,16 +450,26 @@ def unreachable_needs(entry: Mapping[str, Any]) -> list[str]:
         found.append("github.com (files absent from the public copy)")
     base = entry.get("base_image") or ""
     ubuntu = base.startswith(("ubuntu", "ghcr.io/laude-institute/t-bench/ubuntu"))
-    texts = [
-        _ANSI_RE.sub("", entry.get(k) or "")
-        for k in (
-            "build_error",
-            "error",
-            "oracle_output",
-            "oracle_verifier_output",
-            "noop_verifier_output",
-        )
-    ]
+    keys = (
+        "build_error",
+        "error",
+        "oracle_output",
+        "oracle_verifier_output",
+        "noop_verifier_output",
+    )
+    texts = [_ANSI_RE.sub("", entry.get(k) or "") for k in keys]
+    for key, text in zip(keys, texts, strict=True):
+        # a lookup that failed without naming its host (urllib's `[Errno -2] Name or service
+        # not known`, R's `package 'x' is not available`): the unreachable hosts that the
+        # files of the phase that failed name, less those a substitution replaced there
+        folder = _PHASE_FOLDER.get(key)
+        if folder is None or not _NAMELESS_NET_RE.search(text):
+            continue
+        if any(unreachable_hosts(ln) for ln in text.splitlines() if _NET_RE.search(ln)):
+            continue  # the failure names its host: the loop below takes it
+        for h in _phase_hosts(entry, folder):
+            if h not in found:
+                found.append(h)
     if entry.get("build_reason") == "build_network":
         # a quiet download (wget -q, curl -s) says nothing: the step that failed names the host
         err = _ANSI_RE.sub("", entry.get("build_error") or "")
@@ -895,6 +943,16 @@ def dataset_doc(
     }
 
 
+def entries_by_commit(entries: list[dict[str, Any]]) -> dict[str, int]:
+    """How many of the reported tasks each code commit checked (`code_commit` of the line; a
+    line from before that field was written counts as "not recorded")."""
+    out: dict[str, int] = {}
+    for e in entries:
+        key = e.get("code_commit") or "not recorded"
+        out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))
+
+
 def build_document(
     args: argparse.Namespace,
     plans: list[list[Item]],
@@ -928,6 +986,8 @@ def build_document(
         "reasons": group_reasons(all_entries),
         "reason_meanings": REASONS,
         "pruned_images": pruned,
+        "entries_by_commit": entries_by_commit(all_entries),
+        "earlier_provenance": list(getattr(args, "earlier_provenance", None) or []),
         "datasets": datasets,
         "datasets_unavailable": [
             {"name": n, "why": w}
@@ -949,6 +1009,26 @@ def _prepare(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[list[
         if again:
             log.info("resuming: %d task(s) that failed only in the engine run again", len(again))
             earlier = [e for e in earlier if not infra_only(reclassify(e))]
+        rerun = set(args.rerun)
+        if rerun:
+            earlier = [
+                e
+                for e in earlier
+                if e.get("task_id") not in rerun
+                and f"{e.get('dataset')}/{e.get('task_id')}" not in rerun
+            ]
+    # the document a resumed run continues: its provenance (and that of the runs before it)
+    # is carried into the new one, so every run that wrote a task's line stays named
+    args.earlier_provenance = []
+    if (args.resume or args.report_only) and args.out is not None and Path(args.out).exists():
+        try:
+            prev = json.loads(Path(args.out).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            prev = {}
+        chain = list(prev.get("earlier_provenance") or [])
+        if prev.get("provenance") and prev["provenance"] not in chain:
+            chain.append(prev["provenance"])
+        args.earlier_provenance = chain
     if jsonl is not None and not (args.resume or args.report_only) and jsonl.exists():
         jsonl.unlink()  # a fresh run starts a fresh file
     plans = [plan_dataset(args, i, load=not args.report_only) for i in range(len(args.tasks_dir))]
@@ -978,6 +1058,10 @@ async def run_compat(args: argparse.Namespace) -> dict[str, Any]:
     pruned = 0
     start = time.perf_counter()
     sem = asyncio.Semaphore(max(1, args.concurrency))
+    from bench.report import provenance
+
+    prov = provenance()
+    run_commit = (prov["git_commit"] or "unknown") + ("-dirty" if prov["git_dirty"] else "")
 
     def record(entry: dict[str, Any]) -> None:
         finished.append(entry)
@@ -1019,6 +1103,10 @@ async def run_compat(args: argparse.Namespace) -> dict[str, Any]:
             [s["name"] for s in e.get("substitutions") or []],
             e["duration_s"],
         )
+        e["code_commit"] = run_commit
+        e["checked_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        # a --rerun may use another limit or load than the run it continues
+        e["task_timeout_s"], e["concurrency"] = args.task_timeout_s, args.concurrency
         record(e)
 
     try:

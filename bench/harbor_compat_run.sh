@@ -3,7 +3,7 @@
 # (never committed) from the repositories and commits named below, into $SETS/tb2 (every
 # terminal-bench-2/ task directory) and $SETS/termigen (a seeded sample of 50 of
 # environments_harbor/: the task names sorted, random.Random(17).shuffle, the first 50).
-#   SETS=/path/to/sets bash bench/harbor_compat_run.sh
+#   SETS=/path/to/sets bash bench/harbor_compat_run.sh [more options, e.g. --rerun TASK]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SETS="${SETS:?set SETS to the folder holding tb2/ and termigen/}"
@@ -25,4 +25,4 @@ exec .venv/bin/sandgym bench harbor_compat \
   --image-map python:3.11=python:3.11-slim \
   --substitute --work-dir "$WORK/work" --jsonl bench/results/harbor_compat.jsonl --resume \
   --out bench/results/harbor_compat.json \
-  --task-timeout-s 600 --concurrency 3 --infra-retries 1 --prune-images
+  --task-timeout-s 600 --concurrency 3 --infra-retries 1 --prune-images "$@"

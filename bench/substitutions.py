@@ -315,10 +315,18 @@ _HOST_WORD_RE = re.compile(
 )
 
 
+#: a host quoted in a client library's error (urllib3: `host='x.org'`, `Failed to resolve 'x.org'`)
+_QUOTED_HOST_RE = re.compile(r"(?:host=|Failed to resolve )'([A-Za-z0-9.-]+\.[A-Za-z]{2,})'")
+
+
 def unreachable_hosts(text: str) -> list[str]:
-    """Hosts named in `text` (URLs, or well-known hosts named in messages) that this machine
-    cannot reach, sorted."""
-    hosts = set(_URL_HOST_RE.findall(text)) | set(_HOST_WORD_RE.findall(text))
+    """Hosts named in `text` (URLs, well-known hosts named in messages, hosts a client
+    library's error quotes) that this machine cannot reach, sorted."""
+    hosts = (
+        set(_URL_HOST_RE.findall(text))
+        | set(_HOST_WORD_RE.findall(text))
+        | set(_QUOTED_HOST_RE.findall(text))
+    )
     out = set()
     for h in hosts:
         h = h.lower().rstrip(".")

@@ -186,6 +186,52 @@ def test_shortfalls_that_need_an_unreachable_host_are_classified_so() -> None:
     assert hc.verdict(clean) == []
 
 
+def test_a_lookup_failure_naming_no_host_is_put_on_the_hosts_its_phase_names() -> None:
+    refs = {
+        "tests/test_outputs.py": ["github.com"],
+        "tests/test.sh": ["astral.sh"],
+        "solution/solve.sh": ["cloud.r-project.org"],
+    }
+    subst = [
+        {
+            "name": "uv-installer-from-pypi",
+            "original": "curl https://astral.sh/uv/install.sh",
+            "file": "tests/test.sh",
+        }
+    ]
+    # the verifier's own download: urllib names no host; tests/ names github.com (and the
+    # uv installer's host, which a substitution replaced)
+    test_dl = _entry(
+        oracle_reward=0.0,
+        referenced_unreachable_hosts=refs,
+        substitutions=subst,
+        oracle_verifier_output="E   urllib.error.URLError: <urlopen error [Errno -2] Name or "
+        "service not known>",
+    )
+    assert hc.unreachable_needs(test_dl) == ["github.com"]
+    assert hc.verdict(test_dl) == ["needs_unreachable_host", "oracle_below_one"]
+    # R's repository out of reach: the solution names it
+    cran = _entry(
+        oracle_reward=0.0,
+        referenced_unreachable_hosts=refs,
+        oracle_output="package 'remotes' is not available for this version of R",
+    )
+    assert hc.unreachable_needs(cran) == ["cloud.r-project.org"]
+    # the same words without a failing lookup, or a host named nowhere in that phase: no need
+    assert hc.unreachable_needs(dict(cran, oracle_output="Error in library(x)")) == []
+    only_sub = dict(test_dl, referenced_unreachable_hosts={"tests/test.sh": ["astral.sh"]})
+    assert hc.unreachable_needs(only_sub) == []
+    assert hc.verdict(only_sub) == ["oracle_below_one"]
+    # urllib3 quotes the host it failed to resolve
+    quoted = _entry(
+        oracle_reward=0.0,
+        oracle_output="requests.exceptions.ConnectionError: HTTPSConnectionPool(host='pubchem."
+        "ncbi.nlm.nih.gov', port=443): Max retries exceeded (Caused by NameResolutionError("
+        "\"Failed to resolve 'pubchem.ncbi.nlm.nih.gov' ([Errno -2] Name or service not known)\"))",
+    )
+    assert hc.unreachable_needs(quoted) == ["pubchem.ncbi.nlm.nih.gov"]
+
+
 def test_reachable_figures_leave_unreachable_needs_out() -> None:
     ok = _entry(task_id="ok", substitutions=[{"name": "uv-installer-from-pypi"}])
     bad = _entry(task_id="bad", oracle_reward=0.0)
@@ -279,6 +325,59 @@ async def test_compat_run_streams_to_jsonl_and_resumes(
     n = len(calls)
     again = await hc.run_compat(_args(tmp_path, *base, "--report-only"))
     assert len(calls) == n and again["summary"] == doc["summary"]
+    # every line a run writes names the commit that checked it
+    assert all(e["code_commit"] and e["checked_at"] for e in lines)
+    assert sum(again["entries_by_commit"].values()) == 4
+
+
+async def test_rerun_checks_named_tasks_again_and_keeps_the_earlier_runs_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = tmp_path / "a"
+    a.mkdir()
+    for n in ("t1", "t2", "t3"):
+        shutil.copytree(FIXTURES / "harbor-legacy", a / n)
+    calls: list[str] = []
+    reward = {"t1": 0.0}
+
+    async def fake(task: Any, backend: Any, image_map: Any, t: Any, r: Any, item: Any) -> Any:
+        calls.append(task.id)
+        e = _entry(task_id=task.id, dataset=item.dataset, oracle_reward=reward.get(task.id, 1.0))
+        e["reasons"] = hc.verdict(e)
+        e["duration_s"] = 0.0
+        return e
+
+    monkeypatch.setattr(hc, "_check_one", fake)
+    jsonl, out = tmp_path / "run.jsonl", tmp_path / "run.json"
+    base = ["--tasks-dir", str(a), "--source-name", "A", "--jsonl", str(jsonl), "--out", str(out)]
+    from bench.report import save_json
+
+    first = await hc.run_compat(_args(tmp_path, *base))
+    save_json(first, out)
+    assert first["summary"]["clean"]["count"] == 2 and sorted(calls) == ["t1", "t2", "t3"]
+    old_line = [json.loads(x) for x in jsonl.read_text().splitlines() if '"t1"' in x]
+    # an old line without the commit field (as a run before this field wrote it)
+    old_line[0].pop("code_commit")
+    jsonl.write_text(
+        "".join(
+            json.dumps(old_line[0]) + "\n" if '"t1"' in x else x + "\n"
+            for x in jsonl.read_text().splitlines()
+        )
+    )
+    calls.clear()
+    reward["t1"] = 1.0  # the fix
+    doc = await hc.run_compat(_args(tmp_path, *base, "--resume", "--rerun", "A/t1"))
+    assert calls == ["t1"]  # only the named task ran again
+    assert doc["summary"]["clean"]["count"] == 3
+    lines = jsonl.read_text().splitlines()
+    assert len(lines) == 4  # the old line stays in the raw data, the new one wins in the report
+    by_commit = doc["entries_by_commit"]
+    assert "not recorded" not in by_commit and sum(by_commit.values()) == 3
+    assert doc["earlier_provenance"] == [first["provenance"]]
+    # without --rerun, a resumed run leaves every task alone
+    calls.clear()
+    await hc.run_compat(_args(tmp_path, *base, "--resume"))
+    assert calls == []
 
 
 def test_engine_failures_are_infra_and_run_again_on_resume(tmp_path: Path) -> None:
