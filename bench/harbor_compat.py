@@ -191,7 +191,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--task-timeout-s",
         type=float,
         default=600.0,
-        help="limit of one task's whole check: build, oracle and no-op episodes",
+        help="limit of one task's whole check: build, oracle and no-op episodes "
+        "(0: the task's own build, agent and verifier limits, plus a margin)",
     )
     parser.add_argument(
         "--infra-retries",
@@ -706,6 +707,20 @@ def _trim(entry: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
+#: beyond the task's own limits: starting sandboxes, copying tests, two episodes' set-up
+LIMIT_SLACK_S = 300.0
+
+
+def task_limit_s(task: TaskSpec, cap_s: float) -> float:
+    """The limit of one task's whole check: `cap_s`, or with `cap_s <= 0` the task's own
+    limits (its image build, the oracle's episode under the agent's limit, two verifier runs)
+    plus `LIMIT_SLACK_S`, as Harbor would give that task."""
+    if cap_s > 0:
+        return cap_s
+    t = task.timeouts
+    return t.build_timeout_s + t.agent_timeout_s + 2 * t.verifier_timeout_s + LIMIT_SLACK_S
+
+
 async def _check_one(
     task: TaskSpec,
     backend: Any,
@@ -1077,9 +1092,8 @@ async def run_compat(args: argparse.Namespace) -> dict[str, Any]:
             record(load_error_entry(it))
             return
         async with sem:
-            e = await _check_one(
-                it.task, backend, image_map, args.task_timeout_s, args.infra_retries, it
-            )
+            limit = task_limit_s(it.task, args.task_timeout_s)
+            e = await _check_one(it.task, backend, image_map, limit, args.infra_retries, it)
             if args.prune_images:
                 tag = _ctx_tag(it.task, image_map)
                 if tag and tag not in before:
@@ -1106,7 +1120,7 @@ async def run_compat(args: argparse.Namespace) -> dict[str, Any]:
         e["code_commit"] = run_commit
         e["checked_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         # a --rerun may use another limit or load than the run it continues
-        e["task_timeout_s"], e["concurrency"] = args.task_timeout_s, args.concurrency
+        e["task_timeout_s"], e["concurrency"] = limit, args.concurrency
         record(e)
 
     try:

@@ -447,3 +447,17 @@ def test_uv_registry_image_is_copied_from_the_local_stand_in() -> None:
     ]
     # a shell script is not a Dockerfile: left alone
     assert sb.rewrite_script(text, is_dockerfile=False) == (text, [])
+
+
+def test_a_zero_limit_gives_each_task_its_own_limits() -> None:
+    from tasks import load_task_dir
+
+    task = load_task_dir(FIXTURES / "harbor-legacy")
+    assert hc.task_limit_s(task, 600.0) == 600.0
+    t = task.timeouts
+    own = t.build_timeout_s + t.agent_timeout_s + 2 * t.verifier_timeout_s + hc.LIMIT_SLACK_S
+    assert hc.task_limit_s(task, 0) == own
+    longer = task.model_copy(
+        update={"timeouts": t.model_copy(update={"agent_timeout_s": t.agent_timeout_s + 1000})}
+    )
+    assert hc.task_limit_s(longer, 0) == own + 1000
