@@ -48,6 +48,9 @@ from tasks.loaders.common import read_yaml
 log = logging.getLogger(__name__)
 
 COMPOSE_NAMES = ("docker-compose.yaml", "docker-compose.yml")
+#: the one name Harbor reads (`environment/docker-compose.yaml`): a `docker-compose.yml` beside a
+#: Harbor task's Dockerfile is task data (a file its Dockerfile copies in), not its environment
+HARBOR_COMPOSE_NAMES = ("docker-compose.yaml",)
 
 _IGNORED_KEYS = {
     "container_name",
@@ -121,8 +124,8 @@ class _Harness(Exception):
     """A value names the harness's own variable: the entry is the harness's, not the task's."""
 
 
-def find_compose(directory: Path) -> Path | None:
-    for name in COMPOSE_NAMES:
+def find_compose(directory: Path, names: tuple[str, ...] = COMPOSE_NAMES) -> Path | None:
+    for name in names:
         if (directory / name).is_file():
             return directory / name
     return None
@@ -531,7 +534,7 @@ def harbor_environment(task_dir: Path, table: dict[str, Any], environment: Any, 
             table["healthcheck"], f"{where}: [environment.healthcheck]"
         )
     env_dir = task_dir / "environment"
-    compose_path = find_compose(env_dir)
+    compose_path = find_compose(env_dir, HARBOR_COMPOSE_NAMES)
     if compose_path is not None:
         c = load_compose(
             compose_path,

@@ -162,6 +162,19 @@ def test_harbor_healthcheck_table_errors(tmp_path: Path) -> None:
         load_task_dir(d)
 
 
+def test_a_harbor_docker_compose_yml_is_task_data_not_the_environment(tmp_path: Path) -> None:
+    """Harbor reads `environment/docker-compose.yaml` only; a TermiGen task ships a JSON file
+    named `docker-compose.yml` that its Dockerfile copies in as the puzzle's data."""
+    d = harbor_task(tmp_path, None)
+    (d / "environment" / "docker-compose.yml").write_text('{"api_gateway": {"retries": 3}}\n')
+    env = load_task_dir(d).environment
+    assert env.services == () and env.build_context == d / "environment"
+    # the same file under Harbor's name is the environment, and refused by name
+    (d / "environment" / "docker-compose.yml").rename(d / "environment" / "docker-compose.yaml")
+    with pytest.raises(ComposeUnsupportedError, match="api_gateway"):
+        load_task_dir(d)
+
+
 def test_main_compose_healthcheck_is_the_sandbox_one(tmp_path: Path) -> None:
     compose = """\
         services:
