@@ -12,8 +12,10 @@ names onto it only when no registry answers for them:
   that exist only in Ubuntu, or versions pinned to Ubuntu's, still fail there.
 * `python:3.X-slim*`: CPython 3.X as `python`, `python3`, `pip`, `pip3` on PATH (in
   /usr/local/bin, like the official images), headers for C extensions, `pip install` without
-  `--break-system-packages`. 3.13 comes from Debian trixie, 3.11 from bookworm; 3.12 is in
-  neither and no reachable registry ships a CPython build, so it gets no alias (`UNAVAILABLE`).
+  `--break-system-packages`. `-trixie` 3.13 and `-bookworm` 3.11 are Debian's own packages;
+  `-bookworm` 3.13 is built from python.org's tarball (which Debian's mirror carries) on
+  bookworm, as the official image is. 3.12 has no source or build on any reachable host, so it
+  gets no alias (`UNAVAILABLE`).
 * Terminal-Bench's `t-bench/python-3-13` and `t-bench/ubuntu-24-04`: the python/ubuntu
   stand-in plus `tmux` and `asciinema`, as the real images are.
 
@@ -156,6 +158,74 @@ def _python_run(version: str) -> tuple[str, ...]:
     )
 
 
+#: CPython sources the Debian mirror carries (python.org's signed release tarball, byte for byte:
+#: Debian's `.orig.tar.xz` of the release that ships it), so a python stand-in can be built on
+#: the Debian release its tag names even where that release packages another Python
+PYTHON_SOURCES: dict[str, tuple[str, str]] = {
+    "3.13": (
+        "http://deb.debian.org/debian/pool/main/p/python3.13/python3.13_3.13.5.orig.tar.xz",
+        "93e583f243454e6e9e4588ca2c2662206ad961659863277afcdb96801647d640",
+    ),
+}
+
+
+def _python_source_run(version: str) -> tuple[str, ...]:
+    """CPython `version` built from its release tarball into /usr/local, as the official
+    python:*-slim images are (their Dockerfile's steps: runtime packages, build dependencies
+    removed afterwards except the libraries the build links, shared libpython, ensurepip's pip,
+    the unversioned links), without the official build's profile-guided and link-time
+    optimisation (they cost the test suite's run under PGO, tens of minutes on two cores)."""
+    url, sha = PYTHON_SOURCES[version]
+    build_deps = (
+        "dpkg-dev gcc gnupg libbluetooth-dev libbz2-dev libc6-dev libdb-dev libffi-dev "
+        "libgdbm-dev liblzma-dev libncursesw5-dev libreadline-dev libsqlite3-dev libssl-dev "
+        "make tk-dev uuid-dev wget xz-utils zlib1g-dev"
+    )
+    return (
+        # the official Debian images' apt setting (their docker-autoremove-suggests file):
+        # without it apt keeps what a kept package merely suggests (libdpkg-perl suggests
+        # gcc), so the build tools would stay in the image
+        "RUN echo 'Apt::AutoRemove::SuggestsImportant \"false\";'"
+        " > /etc/apt/apt.conf.d/docker-autoremove-suggests",
+        "ENV PATH=/usr/local/bin:$PATH LANG=C.UTF-8",
+        "RUN set -eux; apt-get update;"
+        " DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends"
+        " ca-certificates netbase tzdata; rm -rf /var/lib/apt/lists/*",
+        'RUN set -eux; savedAptMark="$(apt-mark showmanual)"; apt-get update;'
+        f" DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends {build_deps};"
+        f" wget -q -O python.tar.xz {url};"
+        f' echo "{sha} *python.tar.xz" | sha256sum -c -;'
+        " mkdir -p /usr/src/python;"
+        " tar --extract --directory /usr/src/python --strip-components=1 --file python.tar.xz;"
+        " rm python.tar.xz; cd /usr/src/python;"
+        ' gnuArch="$(dpkg-architecture --query DEB_BUILD_GNU_TYPE)";'
+        ' ./configure --build="$gnuArch" --enable-loadable-sqlite-extensions'
+        " --enable-option-checking=fatal --enable-shared --with-ensurepip;"
+        ' EXTRA_CFLAGS="$(dpkg-buildflags --get CFLAGS)";'
+        ' LDFLAGS="$(dpkg-buildflags --get LDFLAGS) -Wl,--strip-all";'
+        ' make -j "$(nproc)" "EXTRA_CFLAGS=$EXTRA_CFLAGS" "LDFLAGS=$LDFLAGS";'
+        " make install; cd /; rm -rf /usr/src/python;"
+        r" find /usr/local -depth \( \( -type d -a \( -name test -o -name tests"
+        r" -o -name idle_test \) \) -o \( -type f -a \( -name '*.pyc' -o -name '*.pyo'"
+        r" -o -name 'libpython*.a' \) \) \) -exec rm -rf '{}' +;"
+        " ldconfig;"
+        # keep the libraries the build links (as the official recipe does), drop the rest
+        " apt-mark auto '.*' > /dev/null; apt-mark manual $savedAptMark;"
+        " find /usr/local -type f -executable -not -name '*tkinter*' -exec ldd '{}' ';'"
+        ' | awk \'/=>/ { so = $(NF-1); if (index(so, "/usr/local/") == 1) { next };'
+        ' gsub("^/(usr/)?", "", so); printf "*%s\\n", so }\''
+        " | sort -u | xargs -r dpkg-query --search | cut -d: -f1 | sort -u"
+        " | xargs -r apt-mark manual;"
+        " apt-get purge -y --auto-remove -o APT::AutoRemove::RecommendsImportant=false;"
+        " rm -rf /var/lib/apt/lists/*;"
+        f" python{version} --version; pip3 --version",
+        "RUN set -eux; for src in idle3 pip3 pydoc3 python3 python3-config; do"
+        ' dst="$(echo "$src" | tr -d 3)"; ln -svT "$src" "/usr/local/bin/$dst"; done',
+        "ENV PIP_DISABLE_PIP_VERSION_CHECK=1",
+        'CMD ["python3"]',
+    )
+
+
 #: Terminal-Bench's base images are the python/ubuntu image plus these (installed with apt's
 #: defaults, as their Dockerfiles do).
 TBENCH_RUN = (
@@ -206,11 +276,20 @@ STANDINS: tuple[StandIn, ...] = (
         aliases=(
             "python:3.13-slim",
             "python:3.13-slim-trixie",
-            "python:3.13-slim-bookworm",
         ),
         really=_TRIXIE + ", with Debian's CPython 3.13 (python3.13, pip, venv, headers) "
-        "as python/python3/pip in /usr/local/bin; the OS is trixie even for -bookworm",
+        "as python/python3/pip in /usr/local/bin",
         run=_python_run("3.13"),
+        python="3.13",
+    ),
+    StandIn(
+        image="sandgym/standin:python-3.13-bookworm",
+        base=BASE_BOOKWORM,
+        aliases=("python:3.13-slim-bookworm",),
+        really=_BOOKWORM + ", with CPython 3.13.5 built from python.org's release tarball "
+        "(Debian's pool copy) into /usr/local as the official image's Dockerfile does, "
+        "without its PGO/LTO optimisation",
+        run=_python_source_run("3.13"),
         python="3.13",
     ),
     StandIn(
@@ -224,13 +303,14 @@ STANDINS: tuple[StandIn, ...] = (
     ),
     StandIn(
         image="sandgym/standin:tbench-python-3-13",
-        base="sandgym/standin:python-3.13",
+        # made on 2025-06-20 from python:3.13-slim, which was bookworm until August 2025
+        base="sandgym/standin:python-3.13-bookworm",
         aliases=(
             "ghcr.io/laude-institute/t-bench/python-3-13:20250620",
             "ghcr.io/laude-institute/t-bench/python-3-13:latest",
         ),
-        really="the python:3.13-slim stand-in (Debian trixie, CPython 3.13) plus tmux and "
-        "asciinema, as Terminal-Bench's image is",
+        really="the python:3.13-slim-bookworm stand-in (Debian bookworm, CPython 3.13 from "
+        "source) plus tmux and asciinema, as Terminal-Bench's image is",
         run=TBENCH_RUN,
         python="3.13",
     ),

@@ -138,10 +138,38 @@ def test_python_standin_is_the_version_its_tag_promises(standin: im.StandIn) -> 
         network=True,
     )
     assert out.strip().splitlines()[-1] == "upgraded", out
+    # slim: no compiler left behind (the official images have none)
+    assert sh(image, "command -v gcc cc make || echo none").strip() == "none"
     if standin in TBENCH:
         assert "tmux" in sh(image, "tmux -V") and sh(image, "asciinema --version").startswith(
             "asciinema"
         )
+
+
+_DEBIAN_TAGS = {"bookworm": "bookworm", "12": "bookworm", "trixie": "trixie", "13": "trixie"}
+
+
+def _named_release(alias: str) -> str | None:
+    """The Debian release a public tag names (`debian:12-slim`, `python:3.13-slim-bookworm`)."""
+    name, _, tag = alias.partition(":")
+    if name == "debian":
+        return _DEBIAN_TAGS.get(tag.split("-")[0])
+    return next((c for c in ("bookworm", "trixie") if tag.endswith("-" + c)), None)
+
+
+CODENAMED = [(s, a, r) for s in im.STANDINS for a in s.aliases if (r := _named_release(a))]
+
+
+@pytest.mark.parametrize(
+    ("standin", "alias", "codename"), CODENAMED, ids=[f"{a}" for _, a, _ in CODENAMED]
+)
+def test_a_tag_that_names_a_debian_release_is_that_release(
+    standin: im.StandIn, alias: str, codename: str
+) -> None:
+    """`python:3.13-slim-bookworm` is bookworm (gcc 12, OpenSSL 3.0, its package names), not the
+    Debian release that happens to package the Python version."""
+    out = sh(image_for(standin), ". /etc/os-release && echo $VERSION_CODENAME")
+    assert out.strip() == codename, f"{alias} ({standin.image}) is {out.strip()}"
 
 
 def test_tbench_ubuntu_standin_has_tmux_and_asciinema() -> None:

@@ -84,6 +84,29 @@ def test_python_recipe_lays_out_like_the_official_image() -> None:
     assert "/usr/bin/python " not in df and "python-is-python3" not in df
 
 
+def test_bookworm_python_is_built_from_the_release_tarball_on_bookworm() -> None:
+    """`-bookworm` must be bookworm (gcc 12, OpenSSL 3.0, its package names), so its CPython
+    3.13, which bookworm does not package, is built from source as the official image does."""
+    s = im.standin_for("python:3.13-slim-bookworm")
+    assert s is not None and s.base == im.BASE_BOOKWORM and s.python == "3.13"
+    assert s is not im.standin_for("python:3.13-slim-trixie")
+    df = s.dockerfile()
+    url, sha = im.PYTHON_SOURCES["3.13"]
+    assert url.startswith("http://deb.debian.org/") and url.endswith("3.13.5.orig.tar.xz")
+    assert f'echo "{sha} *python.tar.xz" | sha256sum -c -' in df  # checked before it is used
+    assert "--enable-shared --with-ensurepip" in df and "make install" in df
+    # Debian's Python stays out; pip is ensurepip's, in /usr/local, and the plain names link
+    assert not re.search(r"\bpython3(\.13)?(-dev|-venv|-pip)?\b(?![-.\w])", df.split("wget")[0])
+    assert re.search(r"for src in idle3 pip3 pydoc3 python3 python3-config", df)
+    assert "ENV PATH=/usr/local/bin:$PATH LANG=C.UTF-8" in df
+    # the build tools go again: gcc is not left in a slim image (apt must not keep what is
+    # only suggested, as the official Debian images set it)
+    assert "apt-get purge -y --auto-remove" in df
+    assert df.index("SuggestsImportant \"false\"") < df.index("apt-get purge")
+    tb = next(x for x in im.STANDINS if x.image == "sandgym/standin:tbench-python-3-13")
+    assert tb.base == s.image
+
+
 def test_no_global_apt_recommends_switch_anywhere() -> None:
     """apt defaults stay Debian's: neither the base bootstrap nor a stand-in turns recommends
     off for the whole image (an image's own apt lines may pass --no-install-recommends)."""
@@ -263,7 +286,10 @@ def test_build_plan_only_builds_what_it_needs(monkeypatch: pytest.MonkeyPatch) -
     engine = FakeEngine(_bases(), {})
     report = _run(engine, monkeypatch, only=["ghcr.io/laude-institute/t-bench/python-3-13:latest"])
     built = [c[1] for c in engine.calls if c[0] == "build"]
-    assert built == ["sandgym/standin:python-3.13", "sandgym/standin:tbench-python-3-13"]
+    assert built == [
+        "sandgym/standin:python-3.13-bookworm",
+        "sandgym/standin:tbench-python-3-13",
+    ]
     assert "debian:12" not in {a["name"] for a in report["aliases"]}
     engine2 = FakeEngine(_bases(), {})
     report = _run(engine2, monkeypatch, only=["debian:12"])
@@ -294,9 +320,12 @@ def test_list_report_and_text(monkeypatch: pytest.MonkeyPatch) -> None:
     assert {a["name"]: a["status"] for a in py["aliases"]} == {
         "python:3.13-slim": im.REAL,
         "python:3.13-slim-trixie": im.ALIAS,
-        "python:3.13-slim-bookworm": im.ALIAS,
     }
     assert doc["unavailable"][0]["status"][0] == {"name": "python:3.12-slim", "status": im.ABSENT}
+    bw = by_image["sandgym/standin:python-3.13-bookworm"]
+    assert [(a["name"], a["status"]) for a in bw["aliases"]] == [
+        ("python:3.13-slim-bookworm", im.ALIAS)
+    ]
     text = im.format_list(doc)
     assert "sandgym/standin:ubuntu-24.04  [built]" in text
     assert "    real     python:3.13-slim" in text
