@@ -34,12 +34,18 @@ from sandboxes.errors import SandboxFileNotFoundError, SandboxPathError
 from sandboxes.spec import ExecResult, truncate_output
 
 TIMEOUT_MARKER = "\n[sandgym: command timed out after {timeout_s:g}s and was killed]\n"
+#: after the (cut) output of a command that ended the persistent shell
+SHELL_EXITED_MARKER = (
+    "\n[sandgym: this command ended the shell; the next command runs in a new shell (the working "
+    "directory, variables and background jobs of this one are gone)]\n"
+)
 
 
-def _cut(text: str, limit: int) -> str:
+def _cut(text: str, limit: int) -> tuple[str, bool]:
+    """`text` cut to `limit` bytes (with the marker that says how much went), and whether it was."""
     if len(text) <= limit:  # characters <= bytes, so this skips the encode in the common case
-        return text
-    return truncate_output(text.encode(), limit)[0]
+        return text, False
+    return truncate_output(text.encode(), limit)
 
 
 async def apply_action(
@@ -52,13 +58,16 @@ async def apply_action(
     """Run `action` (anything but `submit`) and return (observation, extra info)."""
     if isinstance(action, CommandAction):
         res = await sandbox.run(action.command, timeout_s=timeout_s)
-        output = _cut(res.output, max_output_bytes)
+        output, cut = _cut(res.output, max_output_bytes)
         info: dict[str, Any] = {}
         if res.timed_out:
             # A command that outlives its timeout is the agent's doing: report it as data.
             output += TIMEOUT_MARKER.format(timeout_s=timeout_s)
             info["timed_out"] = True
-        if res.truncated:
+        if res.shell_exited:
+            output += SHELL_EXITED_MARKER
+            info["shell_exited"] = True
+        if res.truncated or cut:
             info["output_truncated"] = True
         return Observation(output=output, exit_code=res.exit_code), info
     if isinstance(action, KeysAction):

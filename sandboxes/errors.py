@@ -38,12 +38,22 @@ class ShellExitedError(SandboxLostError):
     """The persistent shell ended while running a command (`exit`, `exec`, `kill $$`). Raised by
     the shell, which cannot tell whether its sandbox went too: `ShellSandbox.run` asks the
     sandbox, and turns it into the command's result when the sandbox lives (the agent's doing,
-    scored) or a plain `SandboxLostError` when it does not. `output`: what the command printed."""
+    scored) or a plain `SandboxLostError` when it does not. `output`: what the command printed
+    (`truncated`: cut to the output cap, as a result's would be)."""
 
-    def __init__(self, message: str, output: str = "", exit_code: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        output: str = "",
+        exit_code: int | None = None,
+        truncated: bool = False,
+        duration_s: float = 0.0,
+    ) -> None:
         super().__init__(message)
         self.output = output
         self.exit_code = exit_code
+        self.truncated = truncated
+        self.duration_s = duration_s
 
 
 class CommandTimeoutError(SandboxError, TimeoutError):

@@ -437,6 +437,8 @@ class PexpectShell:
                 "the sandbox shell exited while running a command",
                 output=output,
                 exit_code=await self._exit_status(),
+                truncated=truncated,
+                duration_s=time.perf_counter() - start,
             )
         # Timed out: interrupt, kill the command's process tree, re-synchronise the shell.
         output, truncated = self._take_output(None)

@@ -259,6 +259,9 @@ class ShellResult(BaseModel):
     timed_out: bool = False
     truncated: bool = False
     duration_s: float = 0.0
+    #: the command ended the persistent shell (`exit`, `exec`, `kill $$`) but not the sandbox:
+    #: the next command runs in a new shell
+    shell_exited: bool = False
 
 
 @dataclass(frozen=True)

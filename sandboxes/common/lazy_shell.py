@@ -24,13 +24,6 @@ if TYPE_CHECKING:
     from sandboxes.shell import PexpectShell
 
 
-#: appended to the output of a command that ended the persistent shell
-SHELL_EXITED_NOTE = (
-    "\n[sandgym: this command ended the shell; the next command runs in a new shell (the working "
-    "directory, variables and background jobs of this one are gone)]\n"
-)
-
-
 class ShellSandbox(Sandbox):
     """A sandbox with a lazily started persistent shell (see the module docstring)."""
 
@@ -101,7 +94,13 @@ class ShellSandbox(Sandbox):
                 # `kill $$`). That is the agent's doing, so it is the command's result (scored),
                 # never a lost sandbox (masked as infrastructure); the next command gets a new
                 # shell, without this one's state.
-                return ShellResult(output=exc.output + SHELL_EXITED_NOTE, exit_code=exc.exit_code)
+                return ShellResult(
+                    output=exc.output,
+                    shell_exited=True,
+                    exit_code=exc.exit_code,
+                    truncated=exc.truncated,
+                    duration_s=exc.duration_s,
+                )
             err = await self._shell_error(exc)
             if err is exc:
                 raise

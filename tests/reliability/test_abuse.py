@@ -207,6 +207,25 @@ async def test_a_command_that_ends_its_shell_is_scored_not_lost(
     server_healthy(abuse_server)
 
 
+async def test_a_shell_ending_command_past_the_output_cap_says_it_was_cut(
+    abuse_server: ServerProcess,
+) -> None:
+    """Output cut to the cap (64 KiB here) is flagged as cut even when the command then ends
+    its shell."""
+    async with episode(abuse_server.url) as c:
+        res = await c.step(
+            {
+                "kind": "command",
+                "command": "head -c 300000 /dev/zero | tr '\\0' a; exit 3",
+                "timeout_s": 30,
+            }
+        )
+        assert "this command ended the shell" in res.observation["output"], res.observation
+        assert res.observation["exit_code"] == 3 and res.info.get("output_truncated"), res.info
+        assert len(res.observation["output"]) < 100_000
+    server_healthy(abuse_server)
+
+
 def host_processes(pattern: str) -> list[str]:
     out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout
     return out.split()
