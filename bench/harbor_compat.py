@@ -33,8 +33,14 @@ every dataset about equally.
 Long runs: `--jsonl FILE` streams one JSON line per finished task (the `sandgym tasks check`
 streaming, `tasks.cli.JsonlSink`, flushed and synced per line); `--resume` skips every task
 FILE already holds and appends the rest; `--report-only` builds the document from FILE without
-running anything. A document from a run that did not cover every selected task says
-`"complete": false` and counts what was run (`tasks_selected`, `tasks_run`).
+running anything; `--rerun TASK` (with `--resume`) checks a task FILE holds once more (after a
+fix), its new line superseding the old one, which stays in FILE. Every line names the commit
+that checked it (`code_commit`), when, and under what limit and concurrency; the document
+counts the reported tasks by commit (`entries_by_commit`) and carries the provenance of the
+runs it continues (`earlier_provenance`). A document from a run that did not cover every
+selected task says `"complete": false` and counts what was run (`tasks_selected`, `tasks_run`).
+`--task-timeout-s 0` gives each task its own limits (build, agent, two verifier runs) plus a
+margin, as Harbor would, instead of one cap for all.
 
 Substitutions (`--substitute`, opt-in; `bench/substitutions.py` describes them): a few fetches
 of *tools* from hosts that cannot be reached here are replaced in a rewritten copy of the task
