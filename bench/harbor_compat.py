@@ -133,7 +133,8 @@ _NET = (
     r"Network is unreachable|Connection refused|Connection timed out|Failed to connect|"
     r"curl: \(\d+\)|unable to resolve host|Failed to establish a new connection|"
     r"ConnectTimeout|ReadTimeout|Max retries exceeded|SSL: CERTIFICATE_VERIFY_FAILED|"
-    r"failed: Temporary failure|Failed to fetch|fatal: unable to access"
+    r"failed: Temporary failure|Failed to fetch|fatal: unable to access|couldn't connect to|"
+    r"Could not connect to|Failed to resolve"
 )
 _NET_RE = re.compile(_NET, re.IGNORECASE)
 _BASE_RE = re.compile(
@@ -409,15 +410,24 @@ def reachable_host_failed(entry: Mapping[str, Any]) -> bool:
         "oracle_output",
         "oracle_verifier_output",
         "noop_verifier_output",
+        "oracle_network_lines",
     ):
-        for line in _ANSI_RE.sub("", entry.get(k) or "").splitlines():
+        for line in _ANSI_RE.sub("", _text(entry.get(k))).splitlines():
             if _CONNECT_RE.search(line) and _REACHABLE_RE.search(line):
                 return True
     return False
 
 
+def _text(value: Any) -> str:
+    """An entry's output field as text (`oracle_network_lines` is a list of lines)."""
+    if isinstance(value, list):
+        return "\n".join(str(v) for v in value)
+    return value or ""
+
+
 #: the task folder whose files ran in the phase an output comes from
 _PHASE_FOLDER = {
+    "oracle_network_lines": "solution/",
     "oracle_output": "solution/",
     "oracle_verifier_output": "tests/",
     "noop_verifier_output": "tests/",
@@ -463,8 +473,9 @@ def unreachable_needs(entry: Mapping[str, Any]) -> list[str]:
         "oracle_output",
         "oracle_verifier_output",
         "noop_verifier_output",
+        "oracle_network_lines",
     )
-    texts = [_ANSI_RE.sub("", entry.get(k) or "") for k in keys]
+    texts = [_ANSI_RE.sub("", _text(entry.get(k))) for k in keys]
     for key, text in zip(keys, texts, strict=True):
         # a lookup that failed without naming its host (urllib's `[Errno -2] Name or service
         # not known`, R's `package 'x' is not available`): the unreachable hosts that the

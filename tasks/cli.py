@@ -25,6 +25,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -47,6 +48,31 @@ log = logging.getLogger(__name__)
 
 #: how much of an output's tail `check_task(detail=True)` keeps
 DETAIL_CHARS = 4000
+#: a line that says a connection or a name lookup failed: `check_task(detail=True)` keeps such
+#: lines of the whole oracle output (`oracle_network_lines`), since the tail often lacks them
+NETWORK_FAILURE_RE = re.compile(
+    r"Name or service not known|Temporary failure in name resolution|Could not resolve|"
+    r"Failed to resolve|Max retries exceeded|Network is unreachable|Connection timed out|"
+    r"Failed to establish a new connection|couldn't connect to|Could not connect to|"
+    r"unable to access|Failed to connect to|is not available for this version of R|"
+    r"unable to access index for repository",
+    re.IGNORECASE,
+)
+NETWORK_LINES = 20
+
+
+def network_failure_lines(text: str) -> list[str]:
+    """The distinct lines of `text` that say a connection or name lookup failed (at most
+    NETWORK_LINES, each cut to 400 characters)."""
+    out: list[str] = []
+    for line in text.splitlines():
+        if NETWORK_FAILURE_RE.search(line):
+            line = line.strip()[:400]
+            if line not in out:
+                out.append(line)
+                if len(out) == NETWORK_LINES:
+                    break
+    return out
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -257,8 +283,9 @@ async def check_task(
 ) -> dict[str, Any]:
     """Oracle episode then no-op episode, each in a fresh sandbox. With `detail`, the entry also
     carries the tails of the oracle's output and of each verifier run (`oracle_exit_code`,
-    `oracle_output`, `oracle_verifier_output`, `noop_verifier_output`), for reports that must
-    say why a reward fell short."""
+    `oracle_output`, `oracle_verifier_output`, `noop_verifier_output`) and the oracle output's
+    failed connections wherever they were (`oracle_network_lines`), for reports that must say
+    why a reward fell short."""
     entry: dict[str, Any] = {
         "task_id": task.id,
         "oracle_reward": None,
@@ -285,6 +312,7 @@ async def check_task(
                         entry["oracle_exit_code"] = res.exit_code
                         out = (res.stdout or "") + (res.stderr or "")
                         entry["oracle_output"] = out[-DETAIL_CHARS:]
+                        entry["oracle_network_lines"] = network_failure_lines(out)
                     if res.exit_code != 0:
                         log.warning(
                             "task %s: oracle exited %s: %s",

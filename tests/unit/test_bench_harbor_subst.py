@@ -461,3 +461,22 @@ def test_a_zero_limit_gives_each_task_its_own_limits() -> None:
         update={"timeouts": t.model_copy(update={"agent_timeout_s": t.agent_timeout_s + 1000})}
     )
     assert hc.task_limit_s(longer, 0) == own + 1000
+
+
+def test_a_failed_download_early_in_a_long_oracle_output_is_still_seen() -> None:
+    from tasks.cli import network_failure_lines
+
+    out = (
+        "Downloading model...\n"
+        "OSError: We couldn't connect to 'https://huggingface.co' to load the files\n"
+        + "flask log line\n" * 5000
+        + "requests.exceptions.ConnectionError: HTTPConnectionPool(host='localhost', port=5000)"
+    )
+    lines = network_failure_lines(out)
+    assert lines[0].startswith("OSError: We couldn't connect to 'https://huggingface.co'")
+    tail_only = _entry(oracle_reward=0.0, oracle_output=out[-1500:])
+    assert hc.verdict(tail_only) == ["oracle_below_one"]  # the tail names only localhost
+    whole = dict(tail_only, oracle_network_lines=lines)
+    assert hc.verdict(whole) == ["needs_unreachable_host", "oracle_below_one"]
+    assert hc.unreachable_needs(whole) == ["huggingface.co"]
+    assert len(network_failure_lines("x: Connection timed out\n" * 500)) == 1  # distinct lines
