@@ -393,9 +393,10 @@ _NO_PYTHON_RE = re.compile(r"No interpreter found for Python (\d+\.\d+)")
 _CONNECT_RE = re.compile(
     r"Unable to connect to|Could not resolve|Temporary failure resolving|Connection refused|"
     r"Connection timed out|Network is unreachable|Failed to connect to|Could not connect to|"
-    r"Failed to establish a new connection",
+    r"Failed to establish a new connection|Temporary failure in name resolution|dns error",
     re.IGNORECASE,
 )
+_UV_FETCH_RE = re.compile(r"Failed to fetch: `https?://(pypi\.org|files\.pythonhosted\.org)/")
 _REACHABLE_RE = re.compile(
     r"deb\.debian\.org|security\.debian\.org|pypi\.org|files\.pythonhosted\.org"
 )
@@ -412,8 +413,14 @@ def reachable_host_failed(entry: Mapping[str, Any]) -> bool:
         "noop_verifier_output",
         "oracle_network_lines",
     ):
-        for line in _ANSI_RE.sub("", _text(entry.get(k))).splitlines():
+        lines = _ANSI_RE.sub("", _text(entry.get(k))).splitlines()
+        for i, line in enumerate(lines):
             if _CONNECT_RE.search(line) and _REACHABLE_RE.search(line):
+                return True
+            # uv names the URL on one line and the lookup that failed on its "Caused by" lines
+            if _UV_FETCH_RE.search(line) and any(
+                _CONNECT_RE.search(x) for x in lines[i + 1 : i + 8]
+            ):
                 return True
     return False
 

@@ -480,3 +480,22 @@ def test_a_failed_download_early_in_a_long_oracle_output_is_still_seen() -> None
     assert hc.verdict(whole) == ["needs_unreachable_host", "oracle_below_one"]
     assert hc.unreachable_needs(whole) == ["huggingface.co"]
     assert len(network_failure_lines("x: Connection timed out\n" * 500)) == 1  # distinct lines
+
+
+def test_uv_failing_to_reach_pypi_is_infra() -> None:
+    out = (
+        "error: Failed to fetch: `https://pypi.org/simple/pytest/`\n"
+        "  Caused by: Request failed after 3 retries\n"
+        "  Caused by: error sending request for url (https://pypi.org/simple/pytest/)\n"
+        "  Caused by: client error (Connect)\n  Caused by: dns error\n"
+        "  Caused by: failed to lookup address information: Temporary failure in name resolution"
+    )
+    lost = _entry(oracle_reward=0.0, oracle_verifier_output=out)
+    assert hc.verdict(lost) == ["infra"]
+    # a package that does not exist is no network failure
+    missing = _entry(
+        oracle_reward=0.0,
+        oracle_verifier_output="error: Failed to fetch: `https://pypi.org/simple/nopkg/`\n"
+        "  Caused by: HTTP status client error (404 Not Found)",
+    )
+    assert hc.verdict(missing) == ["oracle_below_one"]
