@@ -82,6 +82,7 @@ DATA_MAPS: dict[str, tuple[str, ...]] = {
         "tasks/[]/absent_files",
         "tasks/[]/referenced_unreachable_hosts",
         "summary/by_dataset",
+        "entries_by_commit",
     ),
     "harbor_compat.jsonl": ("absent_files", "referenced_unreachable_hosts"),
     "harbor_multistep_check.jsonl": (),
