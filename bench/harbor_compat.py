@@ -134,7 +134,9 @@ _NET = (
     r"curl: \(\d+\)|unable to resolve host|Failed to establish a new connection|"
     r"ConnectTimeout|ReadTimeout|Max retries exceeded|SSL: CERTIFICATE_VERIFY_FAILED|"
     r"failed: Temporary failure|Failed to fetch|fatal: unable to access|couldn't connect to|"
-    r"Could not connect to|Failed to resolve"
+    r"Could not connect to|Failed to resolve|"
+    # opam's download error: curl's exit code 6 (host not resolved) or 7 (no connection)
+    r"Download_fail.*exited with code [67]\b"
 )
 _NET_RE = re.compile(_NET, re.IGNORECASE)
 _BASE_RE = re.compile(

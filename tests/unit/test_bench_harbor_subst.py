@@ -499,3 +499,17 @@ def test_uv_failing_to_reach_pypi_is_infra() -> None:
         "  Caused by: HTTP status client error (404 Not Found)",
     )
     assert hc.verdict(missing) == ["oracle_below_one"]
+
+
+def test_opam_failing_to_download_its_index_needs_opam_ocaml_org() -> None:
+    line = (
+        '[ERROR] Could not update repository "default": OpamDownload.Download_fail(_, "curl '
+        'failed: \\"/usr/bin/curl --retry 3 -L -o /tmp/index.tar.gz.part -- '
+        'https://opam.ocaml.org/index.tar.gz\\" exited with code 6")'
+    )
+    e = _entry(oracle_reward=0.0, oracle_output="...\n" + line + "\n[ERROR] Initial download")
+    assert hc.verdict(e) == ["needs_unreachable_host", "oracle_below_one"]
+    assert hc.unreachable_needs(e) == ["opam.ocaml.org"]
+    # a download that failed for another reason (22: an HTTP error) is not a host out of reach
+    other = _entry(oracle_reward=0.0, oracle_output=line.replace("code 6", "code 22"))
+    assert hc.verdict(other) == ["oracle_below_one"]
