@@ -407,14 +407,7 @@ _REACHABLE_RE = re.compile(
 def reachable_host_failed(entry: Mapping[str, Any]) -> bool:
     """A connection to a host that answers from this machine failed (so the sandbox's own
     network failed: infrastructure, not the task)."""
-    for k in (
-        "build_error",
-        "error",
-        "oracle_output",
-        "oracle_verifier_output",
-        "noop_verifier_output",
-        "oracle_network_lines",
-    ):
+    for k in OUTPUT_KEYS:
         lines = _ANSI_RE.sub("", _text(entry.get(k))).splitlines()
         for i, line in enumerate(lines):
             if _CONNECT_RE.search(line) and _REACHABLE_RE.search(line):
@@ -425,6 +418,17 @@ def reachable_host_failed(entry: Mapping[str, Any]) -> bool:
             ):
                 return True
     return False
+
+
+#: the fields of an entry that hold what its check printed (read for network failures)
+OUTPUT_KEYS = (
+    "build_error",
+    "error",
+    "oracle_output",
+    "oracle_verifier_output",
+    "noop_verifier_output",
+    "oracle_network_lines",
+)
 
 
 def _text(value: Any) -> str:
@@ -476,16 +480,8 @@ def unreachable_needs(entry: Mapping[str, Any]) -> list[str]:
         found.append("github.com (files absent from the public copy)")
     base = entry.get("base_image") or ""
     ubuntu = base.startswith(("ubuntu", "ghcr.io/laude-institute/t-bench/ubuntu"))
-    keys = (
-        "build_error",
-        "error",
-        "oracle_output",
-        "oracle_verifier_output",
-        "noop_verifier_output",
-        "oracle_network_lines",
-    )
-    texts = [_ANSI_RE.sub("", _text(entry.get(k))) for k in keys]
-    for key, text in zip(keys, texts, strict=True):
+    texts = [_ANSI_RE.sub("", _text(entry.get(k))) for k in OUTPUT_KEYS]
+    for key, text in zip(OUTPUT_KEYS, texts, strict=True):
         # a lookup that failed without naming its host (urllib's `[Errno -2] Name or service
         # not known`, R's `package 'x' is not available`): the unreachable hosts that the
         # files of the phase that failed name, less those a substitution replaced there
