@@ -6,6 +6,11 @@ either. A non-zero exit code is *not* an error: it is data in `ExecResult.exit_c
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sandboxes.spec import ShellResult
+
 
 class SandboxError(Exception):
     """Base class of every error raised by the sandbox layer."""
@@ -38,22 +43,12 @@ class ShellExitedError(SandboxLostError):
     """The persistent shell ended while running a command (`exit`, `exec`, `kill $$`). Raised by
     the shell, which cannot tell whether its sandbox went too: `ShellSandbox.run` asks the
     sandbox, and turns it into the command's result when the sandbox lives (the agent's doing,
-    scored) or a plain `SandboxLostError` when it does not. `output`: what the command printed
-    (`truncated`: cut to the output cap, as a result's would be)."""
+    scored) or a plain `SandboxLostError` when it does not. `result`: the command's result as
+    far as it got (what it printed, the shell's exit status), with `shell_exited` set."""
 
-    def __init__(
-        self,
-        message: str,
-        output: str = "",
-        exit_code: int | None = None,
-        truncated: bool = False,
-        duration_s: float = 0.0,
-    ) -> None:
+    def __init__(self, message: str, result: ShellResult) -> None:
         super().__init__(message)
-        self.output = output
-        self.exit_code = exit_code
-        self.truncated = truncated
-        self.duration_s = duration_s
+        self.result = result
 
 
 class CommandTimeoutError(SandboxError, TimeoutError):

@@ -435,10 +435,13 @@ class PexpectShell:
             output, truncated = self._take_output(None)
             raise ShellExitedError(
                 "the sandbox shell exited while running a command",
-                output=output,
-                exit_code=await self._exit_status(),
-                truncated=truncated,
-                duration_s=time.perf_counter() - start,
+                ShellResult(
+                    output=output,
+                    exit_code=await self._exit_status(),
+                    truncated=truncated,
+                    duration_s=time.perf_counter() - start,
+                    shell_exited=True,
+                ),
             )
         # Timed out: interrupt, kill the command's process tree, re-synchronise the shell.
         output, truncated = self._take_output(None)

@@ -94,13 +94,7 @@ class ShellSandbox(Sandbox):
                 # `kill $$`). That is the agent's doing, so it is the command's result (scored),
                 # never a lost sandbox (masked as infrastructure); the next command gets a new
                 # shell, without this one's state.
-                return ShellResult(
-                    output=exc.output,
-                    shell_exited=True,
-                    exit_code=exc.exit_code,
-                    truncated=exc.truncated,
-                    duration_s=exc.duration_s,
-                )
+                return exc.result
             err = await self._shell_error(exc)
             if err is exc:
                 raise
