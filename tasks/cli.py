@@ -55,7 +55,7 @@ NETWORK_FAILURE_RE = re.compile(
     r"Failed to resolve|Max retries exceeded|Network is unreachable|Connection timed out|"
     r"Failed to establish a new connection|couldn't connect to|Could not connect to|"
     r"unable to access|Failed to connect to|is not available for this version of R|"
-    r"unable to access index for repository|Download_fail",
+    r"Download_fail",
     re.IGNORECASE,
 )
 NETWORK_LINES = 20
