@@ -12,7 +12,15 @@ import argparse
 import importlib
 import sys
 
+from envserver.errors import EnvServerError
 from envserver.standalone import configure_logging
+from sandboxes.errors import SandboxError
+from tasks.errors import TaskError
+
+#: errors a user's input can cause (an unknown task id, a bad task directory, a backend that is
+#: not installed): printed as one line with exit code 2; anything else is a bug and keeps its
+#: traceback
+USER_ERRORS = (TaskError, SandboxError, EnvServerError)
 
 #: subcommand -> (module exposing add_arguments/run, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -67,7 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "_unavailable", None):
         print(f"sandgym {args._unavailable}: not yet available in this build", file=sys.stderr)
         return 3
-    return int(args._run(args) or 0)
+    try:
+        return int(args._run(args) or 0)
+    except USER_ERRORS as exc:  # a typo or a refused request: one line, not a traceback
+        print(f"sandgym {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

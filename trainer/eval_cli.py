@@ -144,6 +144,41 @@ class EvalError(RuntimeError):
     """The evaluation cannot start (no env server to run episodes on)."""
 
 
+def check_task_ids(urls: list[str], task_ids: list[str], token: str | None) -> None:
+    """Refuse task ids some server does not serve, before any episode runs (a typo would
+    otherwise give one unknown_task error per attempt and an empty table)."""
+    import difflib
+    from urllib.parse import urlsplit, urlunsplit
+
+    import httpx
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    for url in urls:
+        parts = urlsplit(url)
+        scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+        tasks_url = urlunsplit((scheme, parts.netloc, "/v1/tasks", "", ""))
+        try:
+            reply = httpx.get(tasks_url, headers=headers, timeout=30)
+            reply.raise_for_status()
+            served = set(reply.json()["tasks"])
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            raise EvalError(
+                f"could not list the tasks of the env server {url} ({tasks_url}): {exc}; "
+                "expected a running `sandgym serve` (and --token if it has one)"
+            ) from exc
+        unknown = [t for t in task_ids if t not in served]
+        if unknown:
+            hints = {t: difflib.get_close_matches(t, sorted(served), n=3) for t in unknown}
+            said = "; ".join(
+                f"{t!r}" + (f" (did you mean {', '.join(h)}?)" if h else "")
+                for t, h in hints.items()
+            )
+            raise EvalError(
+                f"unknown task id {said}: the env server {url} serves {len(served)} tasks "
+                "(`sandgym tasks list` names them)"
+            )
+
+
 def server_urls(args: argparse.Namespace) -> tuple[list[str], Any]:
     """(the env servers' URLs, the fleet this run placed or None): `--server-url`, and with
     `--ray-servers` those found (or placed) through Ray (initialised by the caller)."""
@@ -289,6 +324,7 @@ def run(args: argparse.Namespace) -> int:
                     ray.init(address=args.ray_address, namespace=NAMESPACE, log_to_driver=False)
                     ray_started = True
             urls, fleet = server_urls(args)
+            check_task_ids(urls, args.tasks, args.token)
         except (EvalError, ClusterError, ConnectionError) as exc:  # no servers, no Ray cluster
             print(f"sandgym eval: {exc}", file=sys.stderr)
             return 2

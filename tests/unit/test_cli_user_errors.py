@@ -1,0 +1,48 @@
+"""A user's typo on the command line is one line saying what was expected and what was found,
+with a non-zero exit code: never a traceback, never an empty table with exit 0."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from envserver.runner import BackgroundServer
+from envserver.settings import ServerSettings
+from sandgym_cli.main import main
+
+
+def test_run_unknown_task_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["run", "--task", "builtin/nope", "--backend", "null"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    lines = [ln for ln in err.splitlines() if ln.startswith("sandgym run:")]
+    assert len(lines) == 1, err
+    assert "builtin/nope" in lines[0] and "did you mean" in lines[0]
+    assert "Traceback" not in err
+
+
+def test_eval_unknown_task_runs_nothing(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    out = tmp_path / "episodes.jsonl"
+    with BackgroundServer(ServerSettings(backend="null", port=0)) as srv:
+        rc = main(
+            ["eval", "--server-url", srv.url, "--tasks", "builtin/hello-file", "builtin/nope",
+             "--agent", "noop", "--out", str(out), "--json"]
+        )
+    captured = capsys.readouterr()
+    assert rc == 2
+    assert captured.out == ""  # no table
+    assert "'builtin/nope'" in captured.err and "hello-file" not in captured.err.split("did")[0]
+    assert not out.exists()  # no episode was played
+
+
+def test_eval_without_server_says_so(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    rc = main(
+        ["eval", "--server-url", "ws://127.0.0.1:9/v1/env", "--tasks", "builtin/hello-file",
+         "--agent", "noop", "--out", str(tmp_path / "e.jsonl")]
+    )
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "could not list the tasks of the env server ws://127.0.0.1:9/v1/env" in err
