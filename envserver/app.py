@@ -337,4 +337,16 @@ def create_app(
             service.connections -= 1
 
     app.env_endpoint = env
+    # OpenEnv's wire protocol over the same episodes (envserver/openenv_wire.py).
+    from envserver.openenv_wire import OPENENV_PATH, create_openenv_app
+
+    app.mount(
+        OPENENV_PATH,
+        create_openenv_app(
+            service,
+            settings.openenv_max_concurrent_envs or settings.max_sessions,
+            _token_ok,
+            hide_docs=settings.token is not None,
+        ),
+    )
     return app

@@ -28,6 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pool-size", type=int, help="ready sandboxes kept per task environment")
     parser.add_argument("--max-sessions", type=int, help="live episodes at most")
     parser.add_argument(
+        "--openenv-max-concurrent-envs",
+        type=int,
+        help="OpenEnv wire sockets (/openenv/ws) open at once (default: --max-sessions)",
+    )
+    parser.add_argument(
         "--tasks",
         action="append",
         type=Path,
@@ -68,6 +73,7 @@ def settings_from_args(args: argparse.Namespace) -> Any:
         ("backend", "backend"),
         ("pool_size", "pool_size"),
         ("max_sessions", "max_sessions"),
+        ("openenv_max_concurrent_envs", "openenv_max_concurrent_envs"),
         ("token", "token"),
         ("network_ceiling", "network_ceiling"),
         ("verifier_stop_agent_processes", "verifier_stop_agent_processes"),

@@ -52,6 +52,12 @@ class ServerSettings(BaseSettings):
         "'allowlist:HOST,...' or 'public' (None: each task's own policy); reported in info.network",
     )
     max_sessions: int = Field(256, ge=1, description="live episodes at most (else `capacity`)")
+    openenv_max_concurrent_envs: int | None = Field(
+        None,
+        ge=1,
+        description="OpenEnv wire sockets (/openenv/ws) open at once, OpenEnv's "
+        "max_concurrent_envs (None: max_sessions); beyond it a socket gets CAPACITY_REACHED",
+    )
     max_steps: int = Field(
         200, ge=1, description="steps per episode before `truncated: true` (submit excluded)"
     )
@@ -112,6 +118,14 @@ class ServerSettings(BaseSettings):
     )
     max_output_bytes: int = Field(
         256 * 1024, ge=1024, description="an observation's output is cut to this many bytes"
+    )
+    sandbox_grace_s: float | None = Field(
+        300.0,
+        ge=5.0,
+        description="every sandbox carries a deadline after which it ends itself, without any "
+        "server (docker, local: its own init; e2b: E2B's timeout): this long after the server's "
+        "last refresh, or at the end of its episode's limits if later; None: no deadline "
+        "(docs/operations.md)",
     )
     reap_on_start: bool = Field(
         True, description="at startup, remove sandboxes a crashed server left (owner gone)"
