@@ -25,9 +25,12 @@ def uses_model(cfg: TrainConfig) -> bool:
     return cfg.agent.kind not in ("noop", "oracle")
 
 
-def build_engine(cfg: TrainConfig, tokenizer: Any, seed: int | None = None) -> InferenceEngine:
+def build_engine(
+    cfg: TrainConfig, tokenizer: Any, seed: int | None = None, weight_dir: str | None = None
+) -> InferenceEngine:
     """The engine of `cfg.engine.kind` on `cfg.model`. `seed` seeds torch's sampling first
-    (hf only: the other engines sample elsewhere)."""
+    (hf only: the other engines sample elsewhere). `weight_dir`: where an engine that reloads
+    weights from files gets them written (default `cfg.engine.weight_dir`)."""
     from trainer.engines import create_engine
 
     eos = [tokenizer.eos_token_id]
@@ -57,6 +60,7 @@ def build_engine(cfg: TrainConfig, tokenizer: Any, seed: int | None = None) -> I
             model_path=path,
             eos_token_ids=eos,
             gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
+            weight_dir=weight_dir or cfg.engine.weight_dir,
         )
     if cfg.engine.kind == "openai_text":  # llama-cpp-python's server: text in, strings out
         return create_engine(
@@ -67,12 +71,15 @@ def build_engine(cfg: TrainConfig, tokenizer: Any, seed: int | None = None) -> I
             api_key=cfg.engine.api_key,
             eos_token_ids=eos,
         )
+    sync = "none" if cfg.engine.weight_sync == "auto" else cfg.engine.weight_sync
     return create_engine(
         "openai",
         base_url=cfg.engine.base_url,
         model_name=cfg.engine.model_name or "default",
         api_key=cfg.engine.api_key,
         eos_token_ids=eos,
+        weight_sync=sync,
+        weight_dir=weight_dir or cfg.engine.weight_dir,
     )
 
 

@@ -196,7 +196,11 @@ class RolloutWorker:
         self.tokenizer = load_tokenizer(cfg.model)
         engine: InferenceEngine | None = None
         if uses_model(cfg):
-            engine = build_engine(cfg, self.tokenizer, seed=cfg.run.seed + 1000 + worker_index)
+            base = cfg.engine.weight_dir or (f"{run_dir}/weights" if run_dir else None)
+            weight_dir = f"{base}/rollout-{worker_index}" if base else None
+            engine = build_engine(
+                cfg, self.tokenizer, seed=cfg.run.seed + 1000 + worker_index, weight_dir=weight_dir
+            )
         self.engine = engine
         agent = build_agent(cfg, self.tokenizer)
         self.runner = EpisodeRunner(cfg, engine, agent)
@@ -245,9 +249,12 @@ class RolloutWorker:
         return ep.to_dict(with_tokens=True)
 
     async def update_weights(self, state_dict: dict[str, Any], version: int) -> int:
-        if self.engine is not None:
-            await asyncio.to_thread(self.engine.update_weights, state_dict, version)
-        return version
+        """Hand the learner's weights of `version` to the engine; returns the version the engine
+        now serves (its own, when it cannot take weights; without an engine nothing generates
+        and the learner's version is returned). A failed load raises (the trainer counts it)."""
+        if self.engine is None:
+            return version
+        return int(await asyncio.to_thread(self.engine.update_weights, state_dict, version))
 
     def stats(self) -> dict[str, Any]:
         return {

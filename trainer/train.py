@@ -51,6 +51,24 @@ class TrainError(RuntimeError):
     """The run cannot continue (e.g. every episode fails for infrastructure reasons)."""
 
 
+#: a rollout worker whose engine refused this many weight pushes in a row stops the run
+MAX_PUSH_FAILURES_IN_A_ROW = 3
+
+
+def check_served_versions(served: list[int], learner_version: int, purpose: str) -> None:
+    """Raise TrainError unless every rollout engine serves the learner's weights (`served`: the
+    versions the engines report, which are those they really serve)."""
+    wrong = {i: v for i, v in enumerate(served) if v != learner_version}
+    if wrong:
+        i, v = next(iter(wrong.items()))
+        raise TrainError(
+            f"{purpose} would not score the learner's weights: rollout engine {i} serves weights "
+            f"of version {v} but the learner holds version {learner_version} "
+            f"({len(wrong)} of {len(served)} engines differ; an engine that cannot take weights "
+            "never serves the learner's)"
+        )
+
+
 class Trainer:
     def __init__(self, config: TrainConfig, run_dir: str | Path | None = None) -> None:
         self.config = config
@@ -94,6 +112,8 @@ class Trainer:
         self.rollouts: list[Any] = [self._new_rollout(i) for i in range(cfg.rollout.num_workers)]
         self._rollout_pending: dict[Any, int] = {}  # a replacement's first call -> its index
         self.version = self.start_version
+        #: the version each rollout engine reports it serves (set by every weight push)
+        self.served_versions = [0] * len(self.rollouts)
         self._start_servers()
         if self.start_version > 0:
             self._push_weights()
@@ -154,16 +174,46 @@ class Trainer:
         return url
 
     def _push_weights(self) -> None:
-        import ray
-
         ref = self.learners.state_dict_ref()
         ready = [i for i in range(len(self.rollouts)) if i not in self._rollout_pending.values()]
-        calls = [self.rollouts[i].update_weights.remote(ref, self.version) for i in ready]
-        for i, call in zip(ready, calls, strict=True):
-            try:
-                ray.get(call)
-            except ray.exceptions.RayActorError as exc:  # its node died: a new one gets weights
-                self._replace_rollout(i, self.rollouts[i], exc)
+        calls = [(i, self.rollouts[i].update_weights.remote(ref, self.version)) for i in ready]
+        for i, call in calls:
+            self._await_push(i, call)
+
+    def _await_push(self, i: int, call: Any) -> None:
+        """The outcome of one rollout worker's weight push. Its engine answers the version it
+        now serves (an engine that cannot take weights keeps its own). A dead actor is replaced
+        (the replacement gets the weights when it answers); an engine that refused the weights
+        (its load raised) keeps serving its old version, so its groups go stale and are dropped,
+        and MAX_PUSH_FAILURES_IN_A_ROW refusals in a row stop the run; any other failure (the
+        weights themselves lost with the learner) stops it at once."""
+        import ray
+
+        streak = self.__dict__.setdefault("_push_streak", {})
+        try:
+            served = int(ray.get(call))
+        except ray.exceptions.RayActorError as exc:  # its node or process died
+            self._replace_rollout(i, self.rollouts[i], exc)
+            return
+        except ray.exceptions.RayTaskError as exc:  # the engine raised while loading
+            streak[i] = streak.get(i, 0) + 1
+            log.error(
+                "rollout engine %d refused the weights of version %d (%d in a row): %s",
+                i, self.version, streak[i], str(exc)[:500],
+            )  # fmt: skip
+            if streak[i] >= MAX_PUSH_FAILURES_IN_A_ROW:
+                raise TrainError(
+                    f"rollout engine {i} refused {streak[i]} weight pushes in a row; last: "
+                    f"{str(exc)[:1000]}"
+                ) from exc
+            return
+        except ray.exceptions.RayError as exc:
+            raise TrainError(
+                f"weight push of version {self.version} to rollout engine {i} failed: "
+                f"{type(exc).__name__}: {str(exc)[:1000]}"
+            ) from exc
+        streak[i] = 0
+        self.served_versions[i] = served
 
     def _replace_rollout(self, i: int, dead: Any, exc: BaseException) -> None:
         """A rollout actor died (its node, its engine): start another; it gets work (and the
@@ -179,6 +229,7 @@ class Trainer:
             pass
         self.rollouts[i] = self._new_rollout(i)
         self._busy[i] = 0
+        self.served_versions[i] = 0
         self._rollout_pending[self.rollouts[i].stats.remote()] = i
 
     def _check_pending_rollouts(self) -> None:
@@ -196,14 +247,12 @@ class Trainer:
                 self._replace_rollout(i, self.rollouts[i], exc)
                 continue
             log.info("rollout actor %d is back", i)
+            self.served_versions[i] = 0
             if self.version > 0:
-                try:
-                    w = self.rollouts[i].update_weights.remote(
-                        self.learners.state_dict_ref(), self.version
-                    )
-                    ray.get(w)
-                except ray.exceptions.RayActorError as exc:
-                    self._replace_rollout(i, self.rollouts[i], exc)
+                w = self.rollouts[i].update_weights.remote(
+                    self.learners.state_dict_ref(), self.version
+                )
+                self._await_push(i, w)
 
     # -- scheduling ----------------------------------------------------------------------------
     def _group_task(self, g: int) -> tuple[str, int]:
@@ -289,7 +338,13 @@ class Trainer:
         """Greedy episodes on the held-out seeds; mean reward."""
         import ray
 
+        from trainer.builders import uses_model
+
         env = self.config.env
+        if uses_model(self.config):  # never score other weights as the learner's
+            live = [v for i, v in enumerate(self.served_versions)
+                    if i not in self._rollout_pending.values()]  # fmt: skip
+            check_served_versions(live, self.version, f"evaluation {tag}")
         refs = [
             self._dispatch(t, s, f"eval-{tag}-{t}-{s}", greedy=True, url=self._evaluate_server())
             for t in (env.eval_task_ids or env.task_ids)

@@ -296,7 +296,9 @@ def test_tis_defaults_follow_the_engine() -> None:
         return TrainConfig.model_validate({"env": {"task_ids": ["t"]}, **kw})
 
     assert not cfg().tis_enabled  # hf: the same process and sampling function: they agree
-    assert cfg(engine={"kind": "openai", "base_url": "http://x/v1"}).tis_enabled
+    assert cfg(
+        engine={"kind": "openai", "base_url": "http://x/v1", "weight_sync": "vllm_http"}
+    ).tis_enabled
     assert cfg(engine={"kind": "vllm"}).tis_enabled
     assert cfg(algorithm={"tis": "on"}).tis_enabled
     assert not cfg(engine={"kind": "vllm"}, algorithm={"tis": "off"}).tis_enabled

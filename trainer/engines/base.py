@@ -66,7 +66,8 @@ class _Request:
 class InferenceEngine(ABC):
     """Generate from token ids; take new weights from the learner."""
 
-    #: whether `update_weights` really changes what the engine generates
+    #: whether `update_weights` really changes what the engine generates; an engine without it
+    #: keeps reporting the version it serves (0: the weights it started with), whatever it is sent
     supports_weight_sync: bool = True
 
     def __init__(self, max_batch_size: int = 16, batch_wait_s: float = 0.02) -> None:
@@ -86,10 +87,17 @@ class InferenceEngine(ABC):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Replace the weights (called under the engine lock)."""
 
-    def update_weights(self, state_dict: dict[str, Any], version: int) -> None:
+    def update_weights(self, state_dict: dict[str, Any], version: int) -> int:
+        """Load the learner's weights of `version`; returns the version the engine now serves.
+        An engine that cannot take weights (`supports_weight_sync` False) loads nothing and keeps
+        its version: generations are stamped with the weights that really made them, so the
+        trainer's staleness bound sees the truth. A failed load raises and keeps the version."""
+        if not self.supports_weight_sync:
+            return self.version
         with self._lock:
             self.load_state_dict(state_dict)
             self.version = version
+        return self.version
 
     async def agenerate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         """Generate for one prompt, batched with whatever other episodes ask at the same time."""

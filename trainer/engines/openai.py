@@ -3,8 +3,19 @@
 The prompt is sent as token ids and the reply must give the generated token ids and their
 logprobs. vLLM returns them with `logprobs: 0` plus either `return_token_ids: true` (a
 `token_ids` list per choice) or `return_tokens_as_token_ids: true` (tokens spelled
-`token_id:N`); both are understood. Weights cannot be pushed over this API: the server keeps
-whatever it serves, so `supports_weight_sync` is False and the trainer's staleness bound applies.
+`token_id:N`); both are understood.
+
+Weights. By default the server keeps whatever it serves: `supports_weight_sync` is False, the
+engine's version stays 0 (the weights it really serves) and a config that trains on-policy with it
+is refused at load (trainer/config.py). `weight_sync="vllm_http"` pushes the learner's weights
+into `vllm serve` through what vLLM (0.34) offers for it in dev mode (`VLLM_SERVER_DEV_MODE=1`):
+the weights are written as a safetensors directory under `weight_dir` (a path the server reads
+too: the same host or a shared filesystem), `POST /collective_rpc` runs every worker's own
+`reload_weights(weights_path=DIR)` (arguments are strings, as that endpoint requires; no pickled
+code), then `POST /reset_prefix_cache` drops KV cached under the old weights. The version
+advances only when both succeeded; a failure is an `EngineError` and the version stays.
+A request under way while the weights change is stamped with the version at its start (the
+older one), so staleness is never understated.
 
 The logprobs must be those of the distribution the server sampled from (after temperature,
 top-k, top-p), which is what the learner recomputes (`trainer/engines/sampling.py`). vLLM reports
@@ -17,11 +28,14 @@ by truncated importance sampling, on by default for this engine (`algorithm.tis:
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 import httpx
 
 from trainer.engines.base import EngineError, Generation, InferenceEngine, SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 def parse_completion_choice(choice: dict[str, Any]) -> Generation:
@@ -48,6 +62,10 @@ def parse_completion_choice(choice: dict[str, Any]) -> Generation:
     return Generation([int(i) for i in ids], [float(x) for x in logprobs], finish)
 
 
+#: how an OpenAI-compatible engine receives the learner's weights (see the module docstring)
+WEIGHT_SYNCS = ("none", "vllm_http")
+
+
 class OpenAIEngine(InferenceEngine):
     supports_weight_sync = False
 
@@ -59,8 +77,21 @@ class OpenAIEngine(InferenceEngine):
         eos_token_ids: list[int] | None = None,
         timeout_s: float = 120.0,
         max_concurrency: int = 64,
+        weight_sync: str = "none",
+        weight_dir: str | None = None,
+        push_timeout_s: float = 600.0,
     ) -> None:
         super().__init__()
+        if weight_sync not in WEIGHT_SYNCS:
+            raise EngineError(f"weight_sync {weight_sync!r}: expected one of {WEIGHT_SYNCS}")
+        if weight_sync != "none" and not weight_dir:
+            raise EngineError(
+                f"weight_sync {weight_sync} needs weight_dir (a path the server reads)"
+            )
+        self.weight_sync = weight_sync
+        self.supports_weight_sync = weight_sync != "none"
+        self.weight_dir = weight_dir
+        self.push_timeout_s = push_timeout_s
         self.base_url = base_url.rstrip("/")
         self.model_name = model_name
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -99,10 +130,11 @@ class OpenAIEngine(InferenceEngine):
         return resp.json()
 
     async def agenerate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        version = self.version  # the weights at the start: a push under way is not counted
         async with self._sem:
             reply = await self._post(f"{self.base_url}/completions", self._body(prompt_ids, params))
         gen = parse_completion_choice(reply["choices"][0])
-        gen.version = self.version
+        gen.version = min(version, self.version)
         self.generated_tokens += len(gen.token_ids)
         return gen
 
@@ -115,10 +147,54 @@ class OpenAIEngine(InferenceEngine):
 
         return asyncio.run(_all())
 
+    @property
+    def server_root(self) -> str:
+        """The server's root (dev-mode routes are not under `/v1`)."""
+        return self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        # the served weights live in another process; the version still advances so that
-        # callers see what they asked for, and `supports_weight_sync` tells them it is moot
+        """`vllm_http`: write the weights where the server reads them, reload them in every
+        worker, drop the prefix cache (called from a worker thread, under the engine lock)."""
+        if self.weight_sync == "none":
+            return None
+        from pathlib import Path
+
+        from trainer.engines.weight_files import write_weights
+
+        assert self.weight_dir is not None
+        out = Path(self.weight_dir) / "serving"
+        write_weights(state_dict.items(), out)
+        with httpx.Client(timeout=self.push_timeout_s, headers=self.headers) as client:
+            self._push_call(
+                client,
+                "/collective_rpc",
+                {
+                    "method": "reload_weights",
+                    "args": [],
+                    "kwargs": {"weights_path": str(out.resolve())},
+                },
+            )
+            reply = self._push_call(client, "/reset_prefix_cache", None)
+        if isinstance(reply, dict) and reply.get("success") is False:
+            # vLLM refuses while requests hold cached blocks: the new weights are in place, and
+            # blocks computed under the old ones may still be reused for a prompt's prefix
+            log.warning("vllm kept its prefix cache after the weight push (requests held blocks)")
         return None
+
+    def _push_call(self, client: httpx.Client, route: str, body: dict[str, Any] | None) -> Any:
+        url = f"{self.server_root}{route}"
+        try:
+            resp = client.post(url, json=body) if body is not None else client.post(url)
+        except httpx.HTTPError as exc:
+            raise EngineError(f"weight push: {url} unreachable: {exc!r}") from exc
+        if resp.status_code == 404:
+            raise EngineError(
+                f"weight push: {url} answered 404: start vllm serve with VLLM_SERVER_DEV_MODE=1 "
+                "(its dev-mode routes /collective_rpc and /reset_prefix_cache take the weights)"
+            )
+        if resp.status_code != 200:
+            raise EngineError(f"weight push: {url} answered {resp.status_code}: {resp.text[:300]}")
+        return resp.json() if resp.content else None
 
     async def aclose(self) -> None:
         if self._client is not None:

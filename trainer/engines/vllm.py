@@ -1,9 +1,13 @@
 """The in-process vLLM engine (GPU only; vllm is imported when this engine is created).
 
 It cannot be exercised on the CPU machines this project is tested on: the code follows vLLM's
-offline `LLM.generate` API with token-id prompts and sample logprobs, and reloads weights by
-handing the learner's state dict to the model's own `load_weights` inside the worker, which is
-how vLLM's RLHF examples push weights when the engine runs in the same process.
+offline `LLM.generate` API (0.34) with token-id prompts and sample logprobs. Weights: the learner's
+state dict is written as a safetensors directory (trainer/engines/weight_files.py) and every
+worker runs its own `reload_weights(weights_path=DIR)` through `LLM.collective_rpc` by *name*:
+vLLM's engine core lives in another process, and a callable sent there needs
+`VLLM_ALLOW_INSECURE_SERIALIZATION=1` (pickled code), which this engine does not ask for; a name
+and a string path cross as plain data. Then the prefix cache (KV of the old weights) is reset.
+`scripts/gpu_vllm_push_check.py` checks this on a GPU with vLLM installed.
 
 The engine asks for `logprobs_mode="processed_logprobs"` (vLLM >= 0.10.2), so the recorded
 logprobs are of the distribution after temperature, top-k and top-p, which the learner recomputes;
@@ -29,8 +33,14 @@ class VLLMEngine(InferenceEngine):
         gpu_memory_utilization: float = 0.5,
         max_batch_size: int = 256,
         batch_wait_s: float = 0.01,
+        weight_dir: str | None = None,
     ) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_wait_s=batch_wait_s)
+        if weight_dir is None:
+            import tempfile
+
+            weight_dir = tempfile.mkdtemp(prefix="sandgym-vllm-weights-")
+        self.weight_dir = weight_dir
         try:
             import vllm
         except ImportError as exc:
@@ -72,16 +82,14 @@ class VLLMEngine(InferenceEngine):
         return gens
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        items = list(state_dict.items())
+        from pathlib import Path
 
-        def _load(worker: Any) -> None:
-            worker.model_runner.model.load_weights(weights=items)
+        from trainer.engines.weight_files import write_weights
 
+        out = Path(self.weight_dir) / "serving"
+        write_weights(state_dict.items(), out)
         try:
-            self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model.load_weights(
-                weights=items
-            )
-        except AttributeError:
-            # newer vLLM: run the loader inside each worker
-            self.llm.collective_rpc(_load)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(out.resolve())})
+        except Exception as exc:  # vLLM raises its own types; the trainer counts EngineError
+            raise EngineError(f"vllm reload_weights from {out} failed: {exc!r}") from exc
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights

@@ -1,0 +1,175 @@
+"""Weights that reach the engine (issue 31, item 1).
+
+- an engine reports the version of the weights it really serves: an OpenAI-compatible engine
+  without a weight push keeps version 0 whatever the learner sends, and stamps its generations
+  so (the staleness bound then sees the truth);
+- an engine that cannot take weights makes an on-policy config a named error at load; the
+  explicit off-policy setting needs a staleness bound that its frozen version can meet;
+- `engine.weight_sync: vllm_http` pushes the learner's weights into `vllm serve` through the
+  endpoints vLLM 0.34 offers in dev mode (`POST /collective_rpc` calling the worker's own
+  `reload_weights(weights_path=...)`, then `POST /reset_prefix_cache`): tested here against an
+  HTTP server in the test that answers those routes as vLLM's routers do (vLLM itself needs a
+  GPU), checking the request shapes and that the pushed directory holds the learner's tensors;
+- evaluation refuses to run while an engine serves other weights than the learner's.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from trainer.config import ConfigError, load_config
+from trainer.engines import EngineError, create_engine
+from trainer.engines.base import SamplingParams
+
+CONFIGS = Path(__file__).resolve().parents[2] / "trainer" / "configs"
+
+
+class _VLLMDevServer(BaseHTTPRequestHandler):
+    """Answers like `vllm serve` with VLLM_SERVER_DEV_MODE=1 (vLLM 0.34's routers): completions,
+    `/collective_rpc` ({"method", "args", "kwargs", "timeout"} -> {"results": [...]}) and
+    `/reset_prefix_cache` (-> {"success": bool})."""
+
+    requests: list[tuple[str, dict[str, Any]]] = []
+    rpc_status = 200
+    #: the weights the "server" would serve after a reload: the pushed directory's tensors
+    loaded: dict[str, torch.Tensor] = {}
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])) or b"{}")
+        type(self).requests.append((self.path, body))
+        if self.path == "/collective_rpc":
+            if type(self).rpc_status != 200:
+                return self._reply(type(self).rpc_status, {"error": "worker failed"})
+            if body.get("method") == "reload_weights":
+                from safetensors.torch import load_file
+
+                path = Path(body["kwargs"]["weights_path"])
+                index = json.loads((path / "model.safetensors.index.json").read_text())
+                loaded: dict[str, torch.Tensor] = {}
+                for shard in sorted(set(index["weight_map"].values())):
+                    loaded.update(load_file(str(path / shard)))
+                type(self).loaded = loaded
+            return self._reply(200, {"results": [None]})
+        if self.path.startswith("/reset_prefix_cache"):
+            return self._reply(200, {"success": True})
+        if self.path == "/v1/completions":
+            choice = {
+                "token_ids": [4],
+                "logprobs": {"token_logprobs": [-0.5]},
+                "finish_reason": "length",
+            }
+            return self._reply(200, {"choices": [choice]})
+        return self._reply(404, {"detail": "Not Found"})
+
+    def _reply(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def vllm_dev() -> Iterator[str]:
+    _VLLMDevServer.requests = []
+    _VLLMDevServer.rpc_status = 200
+    _VLLMDevServer.loaded = {}
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _VLLMDevServer)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+async def test_an_engine_without_a_push_reports_the_version_it_serves(vllm_dev: str) -> None:
+    engine = create_engine("openai", base_url=vllm_dev, model_name="m")
+    assert not engine.supports_weight_sync
+    engine.update_weights({"w": torch.ones(2)}, 3)
+    assert engine.version == 0  # the server still serves the weights it started with
+    g = await engine.agenerate([1, 2], SamplingParams(max_new_tokens=1))
+    assert g.version == 0
+    assert not any(p == "/collective_rpc" for p, _ in _VLLMDevServer.requests)
+    await engine.aclose()
+
+
+async def test_vllm_http_push_reloads_the_learners_weights(vllm_dev: str, tmp_path: Path) -> None:
+    engine = create_engine(
+        "openai", base_url=vllm_dev, model_name="m", weight_sync="vllm_http",
+        weight_dir=str(tmp_path / "weights"),
+    )  # fmt: skip
+    assert engine.supports_weight_sync
+    state = {"model.layer.weight": torch.arange(6.0).reshape(2, 3), "lm_head.weight": torch.ones(4)}
+    engine.update_weights(state, 1)
+    paths = [p for p, _ in _VLLMDevServer.requests]
+    # the reload, then the prefix cache (KV computed under the old weights) is dropped
+    assert paths[:2] == ["/collective_rpc", "/reset_prefix_cache"], paths
+    body = _VLLMDevServer.requests[0][1]
+    assert body["method"] == "reload_weights" and body["args"] == []
+    assert set(body["kwargs"]) == {"weights_path"}
+    assert all(isinstance(v, str) for v in body["kwargs"].values())  # vLLM takes strings only
+    assert set(_VLLMDevServer.loaded) == set(state)
+    for k, v in state.items():
+        assert torch.equal(_VLLMDevServer.loaded[k], v)
+    assert engine.version == 1
+    g = await engine.agenerate([1], SamplingParams(max_new_tokens=1))
+    assert g.version == 1
+    await engine.aclose()
+
+
+def test_a_failed_push_is_an_error_and_the_version_stays(vllm_dev: str, tmp_path: Path) -> None:
+    engine = create_engine(
+        "openai", base_url=vllm_dev, model_name="m", weight_sync="vllm_http",
+        weight_dir=str(tmp_path / "weights"),
+    )  # fmt: skip
+    _VLLMDevServer.rpc_status = 404  # a server started without VLLM_SERVER_DEV_MODE=1
+    with pytest.raises(EngineError, match="VLLM_SERVER_DEV_MODE"):
+        engine.update_weights({"w": torch.ones(2)}, 1)
+    assert engine.version == 0
+
+
+def test_an_engine_that_cannot_take_weights_is_a_config_error() -> None:
+    base = ["engine.kind=openai", "engine.base_url=http://h:8000/v1"]
+    with pytest.raises(ConfigError, match="cannot take the learner's weights"):
+        load_config(CONFIGS / "smoke.yaml", base)
+    with pytest.raises(ConfigError, match="cannot take the learner's weights"):
+        load_config(CONFIGS / "smoke.yaml", ["engine.kind=openai_text", *base[1:]])
+    # explicit off-policy: the staleness bound is on the served version (0), so it must cover
+    # the run
+    with pytest.raises(ConfigError, match="max_staleness"):
+        load_config(
+            CONFIGS / "smoke.yaml", [*base, "algorithm.off_policy=true", "run.num_updates=5"]
+        )
+    cfg = load_config(
+        CONFIGS / "smoke.yaml",
+        [*base, "algorithm.off_policy=true", "algorithm.max_staleness=100", "run.num_updates=3"],
+    )
+    assert cfg.algorithm.off_policy and not cfg.engine_takes_weights
+    # ...and evaluation would score the frozen served model, not the learner's weights
+    with pytest.raises(ConfigError, match="evaluat"):
+        load_config(
+            CONFIGS / "smoke.yaml",
+            [*base, "algorithm.off_policy=true", "algorithm.max_staleness=100", "run.eval_every=1"],
+        )
+    cfg = load_config(CONFIGS / "smoke.yaml", [*base, "engine.weight_sync=vllm_http"])
+    assert cfg.engine_takes_weights
+
+
+def test_evaluation_refuses_an_engine_serving_other_weights() -> None:
+    from trainer.train import TrainError, check_served_versions
+
+    check_served_versions([4, 4], 4, "evaluation")
+    with pytest.raises(TrainError, match="serves weights of version 0.*learner holds version 4"):
+        check_served_versions([4, 0], 4, "evaluation")
