@@ -53,6 +53,13 @@ are read on: over the tasks whose needs are reachable from here, `oracle_one_noo
 oracle scores 1.0 and the no-op 0.0; for sets that ship solutions) and `reward_no_verifier_error`
 (the verifier gave a reward without a `verifier_error`; for sets without solutions).
 
+Each line's category (clean, failing in sandgym, needs a host unreachable here, stand-in limit,
+public copy incomplete), its one actionable reason and its evidence are decided when the task
+runs (`judge`, bench/compat_outcome.py) and recorded on the line (`outcome`); the document
+reads every stored line as its own run classified it, never with newer rules, and names the
+commit that did (`classified_by`). It leads with the absolute figure (clean of all tasks, beside
+the set's published oracle pass rate where one is published: `PUBLISHED_ORACLE`).
+
 Why over 500 lines: the classification of each task's outcome (build, phase and network causes,
 verdicts) and the run that produces them must agree on one vocabulary of reasons; the
 substitutions live apart (bench/substitutions.py).
@@ -75,6 +82,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.compat_outcome import (
+    CATEGORIES,
+    CATEGORY_REASON,
+    NOT_REACHABLE,
+    Outcome,
+    classified_by,
+    decide,
+    recorded_category,
+)
 from bench.report import save_json
 from tasks.errors import TaskError
 from tasks.loaders import is_task_dir, load_task_dir
@@ -119,6 +135,9 @@ REASONS: dict[str, str] = {
     "variable is unset)",
     "task_runtime_error": "a runtime step inside the sandbox failed (resetting /tests, COPY, "
     "the generator): see the task's error",
+    "stand_in_limit": "the task needs the real image a local stand-in only approximates (a "
+    "real Ubuntu image: the Ubuntu stand-ins are Debian)",
+    "dataset_incomplete": "the public copy of the task lacks some of its files",
     "needs_unreachable_host": "the task needs a host unreachable here (only the package "
     "registries answer) for something no listed substitution replaces: data, a model, sources, a "
     "CPython build; or files its public copy lacks (see unreachable_hosts / absent_files)",
@@ -347,7 +366,8 @@ def split_phase_errors(error: str | None) -> list[str]:
 
 
 def verdict(entry: Mapping[str, Any]) -> list[str]:
-    """Every reason this task's check fell short of a clean oracle 1.0 / no-op 0.0 (or [])."""
+    """Every reason this task's check fell short of a clean oracle 1.0 / no-op 0.0 (or []),
+    without the category's own reason (`outcome` adds that: see `judge`)."""
     reasons: list[str] = []
     if entry.get("load_error"):
         return ["loader_error"]
@@ -356,7 +376,13 @@ def verdict(entry: Mapping[str, Any]) -> list[str]:
     if entry.get("build_error"):
         reasons.append(entry["build_reason"])
     else:
-        for part in split_phase_errors(entry.get("error")):
+        typed = entry.get("phase_errors")
+        parts = (
+            [f"{pe['phase']}: {pe['error_type']}: {pe['message']}" for pe in typed]
+            if typed is not None
+            else split_phase_errors(entry.get("error"))
+        )
+        for part in parts:
             r = classify_phase_error(part)
             if r not in reasons:
                 reasons.append(r)
@@ -371,25 +397,22 @@ def verdict(entry: Mapping[str, Any]) -> list[str]:
         # a host that answers from this machine did not answer the sandbox: its network went
         # away under it (the engine's bridge was removed), which says nothing about the task
         return ["infra"]
-    if failing and "base_image_unavailable" not in reasons:
-        needs = unreachable_needs(entry)
-        if needs:
-            reasons.insert(0, "needs_unreachable_host")
     return reasons
 
 
-_FAIL_WORD_RE = re.compile(
-    r"(?i)error|fail|fatal|unable|couldn't|could not|refused|unreachable|timed out"
-)
+def judge(entry: Mapping[str, Any]) -> tuple[list[str], Outcome]:
+    """A line's reasons and its outcome (category, one actionable reason, evidence), decided
+    from what its run recorded (bench/compat_outcome.py); an excluding category's reason goes
+    first (`needs_unreachable_host`, `stand_in_limit`, `dataset_incomplete`)."""
+    reasons = verdict(entry)
+    outcome = decide(entry, reasons)
+    if outcome.category in CATEGORY_REASON:
+        reasons = [CATEGORY_REASON[outcome.category], *reasons]
+    return reasons, outcome
+
+
 #: colour codes of docker build's streamed stderr (they split words, and so host names)
 _ANSI_RE = re.compile(r"\x1b?\[[0-9;]*m")
-#: apt on a Debian stand-in for an Ubuntu image, asked for what only Ubuntu's archive has
-_UBUNTU_APT_RE = re.compile(  # on an Ubuntu stand-in, a pinned version is Ubuntu's archive's
-    r"E: Version '[^']+' for '[^']+' was not found|"
-    r"E: Unable to locate package|has no installation candidate"
-)
-_APT_VERSION_RE = re.compile(r"E: Version '[^']+' for '[^']+' was not found")
-_NO_PYTHON_RE = re.compile(r"No interpreter found for Python (\d+\.\d+)")
 
 
 _CONNECT_RE = re.compile(
@@ -438,104 +461,17 @@ def _text(value: Any) -> str:
     return value or ""
 
 
-#: the task folder whose files ran in the phase an output comes from
-_PHASE_FOLDER = {
-    "oracle_network_lines": "solution/",
-    "oracle_output": "solution/",
-    "oracle_verifier_output": "tests/",
-    "noop_verifier_output": "tests/",
-}
-#: a network failure whose message names no host
-_NAMELESS_NET_RE = re.compile(
-    r"Name or service not known|Temporary failure in name resolution|"
-    r"is not available for this version of R|unable to access index for repository"
-)
-
-
-def _phase_hosts(entry: Mapping[str, Any], folder: str) -> list[str]:
-    """The unreachable hosts the task's files under `folder` name, except those a listed
-    substitution replaced in that very file."""
-    from bench.substitutions import unreachable_hosts
-
-    replaced: dict[str, set[str]] = {}
-    for sub in entry.get("substitutions") or ():
-        replaced.setdefault(sub.get("file", ""), set()).update(
-            unreachable_hosts(sub.get("original", ""))
-        )
-    out: list[str] = []
-    for rel, hosts in sorted((entry.get("referenced_unreachable_hosts") or {}).items()):
-        if rel.startswith(folder):
-            out += [h for h in hosts if h not in replaced.get(rel, set()) and h not in out]
-    return out
-
-
-def unreachable_needs(entry: Mapping[str, Any]) -> list[str]:
-    """What unreachable host(s) explain this task's shortfall, from what failed: a network
-    failure naming a host that only answers from elsewhere, uv finding no CPython it could only
-    download from github.com, or files the public copy of the task lacks. [] if none."""
-    from bench.substitutions import unreachable_hosts
-
-    found: list[str] = []
-    if entry.get("absent_files"):
-        found.append("github.com (files absent from the public copy)")
-    base = entry.get("base_image") or ""
-    ubuntu = base.startswith(("ubuntu", "ghcr.io/laude-institute/t-bench/ubuntu"))
-    texts = [_ANSI_RE.sub("", _text(entry.get(k))) for k in OUTPUT_KEYS]
-    for key, text in zip(OUTPUT_KEYS, texts, strict=True):
-        # a lookup that failed without naming its host (urllib's `[Errno -2] Name or service
-        # not known`, R's `package 'x' is not available`): the unreachable hosts that the
-        # files of the phase that failed name, less those a substitution replaced there
-        folder = _PHASE_FOLDER.get(key)
-        if folder is None or not _NAMELESS_NET_RE.search(text):
-            continue
-        if any(unreachable_hosts(ln) for ln in text.splitlines() if _NET_RE.search(ln)):
-            continue  # the failure names its host: the loop below takes it
-        for h in _phase_hosts(entry, folder):
-            if h not in found:
-                found.append(h)
-    if entry.get("build_reason") == "build_network":
-        # a quiet download (wget -q, curl -s) says nothing: the step that failed names the host
-        err = _ANSI_RE.sub("", entry.get("build_error") or "")
-        failed = _FAILED_STEP_RE.search(err)
-        steps = re.findall(r"Step \d+/\d+ : (.*)", err)
-        step = failed.group(1) if failed else (steps[-1] if steps else "")
-        for h in unreachable_hosts(step):
-            if h not in found:
-                found.append(h)
-    # a stand-in of the very Debian release the task names, short of a pinned older version
-    same_debian = base.startswith(("debian:13", "debian:trixie", "debian:12", "debian:bookworm"))
-    for text in texts:
-        if same_debian and _APT_VERSION_RE.search(text):
-            need = "snapshot.debian.org (a pinned package version the Debian mirror no longer has)"
-            if need not in found:
-                found.append(need)
-        if ubuntu and _UBUNTU_APT_RE.search(text):
-            need = "archive.ubuntu.com (a package or version only Ubuntu's archive has)"
-            if need not in found:
-                found.append(need)
-        m = _NO_PYTHON_RE.search(text)
-        if m:
-            need = f"github.com (a CPython {m.group(1)} build for uv)"
-            if need not in found:
-                found.append(need)
-        if not _NET_RE.search(text):
-            continue
-        # only the lines that failed: a host merely named in passing is not a need
-        for line in text.splitlines():
-            if _NET_RE.search(line) or _FAIL_WORD_RE.search(line):
-                for h in unreachable_hosts(line):
-                    if h not in found:
-                        found.append(h)
-    return found
-
-
 def summarize(entries: list[dict[str, Any]]) -> dict[str, Any]:
-    """Counts and shares over all checked task directories."""
+    """Counts and shares over all checked task directories, each line taken as its own run
+    classified it (`recorded_category`): the per-category table, the absolute figure (clean of
+    all tasks), then the figures over the reachable tasks (those not in `NOT_REACHABLE`)."""
     n = len(entries)
 
     def share(k: int, d: int) -> dict[str, Any]:
         return {"count": k, "of": d, "share": round(k / d, 3) if d else None}
 
+    cats = {id(e): recorded_category(e)[0] for e in entries}
+    table = {c: sum(1 for e in entries if cats[id(e)] == c) for c in CATEGORIES}
     loaded = [e for e in entries if not e.get("load_error")]
     builds = [e for e in loaded if e.get("env_builds")]
     rewards = [
@@ -546,8 +482,7 @@ def summarize(entries: list[dict[str, Any]]) -> dict[str, Any]:
         and not (e.get("oracle_shipped") and e.get("oracle_reward") is None)
     ]
     shipped = [e for e in loaded if e.get("oracle_shipped")]
-    unreachable = [e for e in entries if any(r in UNREACHABLE_REASONS for r in e["reasons"])]
-    reachable = [e for e in entries if e not in unreachable]
+    reachable = [e for e in entries if cats[id(e)] not in NOT_REACHABLE]
     subst = [e for e in entries if e.get("substitutions")]
     by_name: dict[str, int] = {}
     for e in subst:
@@ -555,16 +490,19 @@ def summarize(entries: list[dict[str, Any]]) -> dict[str, Any]:
             by_name[name] = by_name.get(name, 0) + 1
     reach_shipped = [e for e in reachable if e.get("oracle_shipped")]
     reach_rewards = [e for e in reachable if e in rewards]
+    clean = [e for e in entries if cats[id(e)] == "clean"]
     return {
         "tasks": n,
+        "table": table,
+        "absolute_clean": share(len(clean), n),
         "loaded": share(len(loaded), n),
         "env_builds": share(len(builds), n),
         "verifier_rewards": share(len(rewards), n),
         "noop_zero": share(sum(1 for e in entries if e.get("noop_reward") == 0.0), n),
         "oracle_shipped": share(len(shipped), n),
         "oracle_one": share(sum(1 for e in shipped if e.get("oracle_reward") == 1.0), len(shipped)),
-        "clean": share(sum(1 for e in entries if not e["reasons"]), n),
-        "needs_unreachable_host": share(len(unreachable), n),
+        "clean": share(len(clean), n),
+        "needs_unreachable_host": share(table["unreachable_host"], n),
         "reachable": {
             "tasks": len(reachable),
             "oracle_one_noop_zero": share(
@@ -579,17 +517,42 @@ def summarize(entries: list[dict[str, Any]]) -> dict[str, Any]:
             "noop_zero": share(
                 sum(1 for e in reachable if e.get("noop_reward") == 0.0), len(reachable)
             ),
-            "clean": share(sum(1 for e in reachable if not e["reasons"]), len(reachable)),
+            "clean": share(sum(1 for e in reachable if e in clean), len(reachable)),
         },
+        "shortfalls": shortfalls(entries),
         "substituted": {
             "tasks": len(subst),
             "by_substitution": by_name,
-            "clean": sum(1 for e in subst if not e["reasons"]),
-            "clean_without_substitution": sum(
-                1 for e in entries if not e["reasons"] and not e.get("substitutions")
-            ),
+            "clean": sum(1 for e in subst if cats[id(e)] == "clean"),
+            "clean_without_substitution": sum(1 for e in clean if not e.get("substitutions")),
         },
     }
+
+
+def shortfalls(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per task short of clean: its category, its one reason and the action it names
+    (the line's `outcome`, or for an older line its first recorded reason and host), and the
+    code commit that classified it."""
+    rows = []
+    for e in sorted(entries, key=lambda x: str(x.get("task_id"))):
+        cat, reason = recorded_category(e)
+        if cat == "clean":
+            continue
+        outcome = e.get("outcome") or {}
+        hosts = e.get("unreachable_hosts") or []
+        action = outcome.get("action") or (
+            f"needs {hosts[0]}" if hosts and cat != "failing" else f"{reason} (recorded)"
+        )
+        rows.append(
+            {
+                "task_id": e.get("task_id"),
+                "category": cat,
+                "reason": reason,
+                "action": action,
+                "classified_by": classified_by(e),
+            }
+        )
+    return rows
 
 
 def group_reasons(entries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -780,7 +743,8 @@ async def _check_one(
     except TaskError as exc:  # reported like check_task reports it
         entry["error"] = f"setup: {type(exc).__name__}: {exc}"
         entry["duration_s"] = round(time.perf_counter() - start, 1)
-        entry["reasons"] = verdict(entry)
+        entry["reasons"], outcome = judge(entry)
+        entry["outcome"] = outcome.model_dump()
         return entry
     image_for = getattr(backend, "image_for", None)
     for attempt in range(retries + 1):
@@ -840,9 +804,11 @@ async def _check_one(
             continue
         break
     entry["duration_s"] = round(time.perf_counter() - start, 1)
-    entry["reasons"] = verdict(entry)
-    needs = unreachable_needs(entry) if "needs_unreachable_host" in entry["reasons"] else []
-    entry["unreachable_hosts"] = needs
+    # decided now, from what this run saw, and never again (the report reads it as recorded)
+    entry["reasons"], outcome = judge(entry)
+    entry["outcome"] = outcome.model_dump()
+    ev = outcome.evidence
+    entry["unreachable_hosts"] = [ev.needs] if ev is not None else []
     return _trim(entry)
 
 
@@ -850,21 +816,6 @@ def infra_only(entry: Mapping[str, Any]) -> bool:
     """The entry's check failed in the sandbox layer and nowhere else."""
     reasons = [r for r in entry.get("reasons") or [] if r != "oracle_not_shipped"]
     return bool(reasons) and all(r == "infra" for r in reasons)
-
-
-def reclassify(entry: dict[str, Any]) -> dict[str, Any]:
-    """The entry with its reasons found again from what it recorded (so a document rebuilt
-    from a JSONL stream uses the current classification)."""
-    if entry.get("load_error") or "reasons" not in entry:
-        return entry
-    e = dict(entry)
-    if e.get("build_error") and e.get("build_reason") not in ("build_timeout", "infra"):
-        e["build_reason"] = classify_build_error(e["build_error"])
-    e["reasons"] = verdict(e)
-    e["unreachable_hosts"] = (
-        unreachable_needs(e) if "needs_unreachable_host" in e["reasons"] else []
-    )
-    return e
 
 
 def load_error_entry(item: Item) -> dict[str, Any]:
@@ -876,6 +827,11 @@ def load_error_entry(item: Item) -> dict[str, Any]:
         "oracle_reward": None,
         "noop_reward": None,
         "reasons": ["loader_error"],
+        "outcome": Outcome(
+            category="failing",
+            reason="loader_error",
+            action=f"the loader refused it: {item.load_error}",
+        ).model_dump(),
     }
 
 
@@ -951,7 +907,8 @@ def dataset_doc(
     for e in entries:
         if e.get("dataset") == name:
             latest[e["task_id"]] = e
-    mine = [reclassify(e) for e in latest.values()]
+    # each line as its run classified it (never re-classified with newer rules)
+    mine = [dict(e, classified_by=classified_by(e)) for e in latest.values()]
     selected = {i.task_id for i in items}
     mine = [e for e in mine if e["task_id"] in selected]
     bases: dict[str, int] = {}
@@ -970,6 +927,7 @@ def dataset_doc(
             "selection": _nth(args.source_sample, index) or "all",
             "tasks_dir": str(args.tasks_dir[index]),
         },
+        "published_oracle": PUBLISHED_ORACLE.get(name, {"share": None, "note": "none found"}),
         "tasks_selected": len(items),
         "tasks_run": len(mine),
         "not_run": sorted(selected - run_ids),
@@ -978,6 +936,23 @@ def dataset_doc(
         "reasons": group_reasons(mine),
         "tasks": sorted(mine, key=lambda e: e["task_id"]),
     }
+
+
+#: the oracle pass rate each set's own harness publishes, beside our absolute figure: none was
+#: found (searched Harbor's docs, Terminal-Bench's docs and source with the search tool)
+PUBLISHED_ORACLE: dict[str, dict[str, Any]] = {
+    "terminal-bench-2.0": {
+        "share": None,
+        "note": "none found: Harbor's 'Running Terminal-Bench' page "
+        "(harborframework.com/docs/running-tbench) says an install is correct when "
+        "`harbor run -d terminal-bench@2.0 -a oracle` runs, and publishes no pass rate",
+    },
+    "terminal-bench-1": {
+        "share": None,
+        "note": "none found in Terminal-Bench's released docs or source",
+    },
+    "termigen": {"share": None, "note": "none: the set ships no solutions"},
+}
 
 
 def entries_by_commit(entries: list[dict[str, Any]]) -> dict[str, int]:
@@ -1022,6 +997,7 @@ def build_document(
         "summary": summarize(all_entries),
         "reasons": group_reasons(all_entries),
         "reason_meanings": REASONS,
+        "category_meanings": CATEGORIES,
         "pruned_images": pruned,
         "entries_by_commit": entries_by_commit(all_entries),
         "earlier_provenance": list(getattr(args, "earlier_provenance", None) or []),
@@ -1042,10 +1018,10 @@ def _prepare(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[list[
     if args.resume:
         # a task whose check failed only in the sandbox layer (engine restarted, bridge gone)
         # says nothing about the task: run it again
-        again = [e for e in earlier if infra_only(reclassify(e))]
+        again = [e for e in earlier if infra_only(e)]
         if again:
             log.info("resuming: %d task(s) that failed only in the engine run again", len(again))
-            earlier = [e for e in earlier if not infra_only(reclassify(e))]
+            earlier = [e for e in earlier if not infra_only(e)]
         rerun = set(args.rerun)
         if rerun:
             earlier = [

@@ -191,6 +191,10 @@ def load_error_entry(path: str | Path, message: str) -> dict[str, Any]:
         "oracle_reward": None,
         "noop_reward": None,
         "error": f"load: {message}",
+        "phase_errors": [
+            {"phase": "load", "error_type": message.partition(":")[0], "message": message}
+        ],
+        "shortfall": f"the task directory did not load: {message}",
     }
 
 
@@ -293,11 +297,16 @@ async def check_task(
         "error": None,
     }
     errors: list[str] = []
+    typed: list[dict[str, str]] = []
     try:
         spec = sandbox_spec_for(task, image_map, allow_run=allow_run)
     except TaskError as exc:  # e.g. an env template whose host variable is unset
         log.warning("task %s: no sandbox spec: %s", task.id, exc)
         entry["error"] = f"setup: {type(exc).__name__}: {exc}"
+        entry["phase_errors"] = [
+            {"phase": "setup", "error_type": type(exc).__name__, "message": str(exc)}
+        ]
+        entry["shortfall"] = shortfall(entry)
         return entry
     for phase in ("oracle", "noop"):
         start = time.perf_counter()
@@ -308,8 +317,8 @@ async def check_task(
             while True:  # once, or once per step of a multi-step task
                 if phase == "oracle":
                     res = await run_oracle(task, sandbox, setup)
+                    entry["oracle_exit_code"] = res.exit_code
                     if detail:
-                        entry["oracle_exit_code"] = res.exit_code
                         out = (res.stdout or "") + (res.stderr or "")
                         entry["oracle_output"] = out[-DETAIL_CHARS:]
                         entry["oracle_network_lines"] = network_failure_lines(out)
@@ -342,6 +351,7 @@ async def check_task(
                 )
         except Exception as exc:  # every failure is reported per task, never aborts the run
             errors.append(f"{phase}: {type(exc).__name__}: {exc}")
+            typed.append({"phase": phase, "error_type": type(exc).__name__, "message": str(exc)})
             log.warning("task %s: %s failed: %s", task.id, phase, exc)
         finally:
             if sandbox is not None:
@@ -349,10 +359,51 @@ async def check_task(
                     await asyncio.shield(sandbox.close())
                 except Exception as exc:  # e.g. the engine restarted: report, keep checking
                     errors.append(f"{phase}: close: {type(exc).__name__}: {exc}")
+                    typed.append(
+                        {
+                            "phase": f"{phase} close",
+                            "error_type": type(exc).__name__,
+                            "message": str(exc),
+                        }
+                    )
                     log.warning("task %s: closing the %s sandbox failed: %s", task.id, phase, exc)
         log.info("task %s: %s done in %.1f s", task.id, phase, time.perf_counter() - start)
     entry["error"] = "; ".join(errors) or None
+    entry["phase_errors"] = typed
+    entry["shortfall"] = shortfall(entry)
     return entry
+
+
+#: the one sentence `shortfall` gives for an error type a maintainer meets often
+_ERROR_ACTIONS = {
+    "VerifierError": "the verifier did not give a reward",
+    "SandboxCreateError": "the environment did not start (its image did not build or run)",
+    "TaskUnsupportedError": "the task cannot run here as configured",
+    "TaskLoadError": "the task directory did not load",
+}
+
+
+def shortfall(entry: dict[str, Any]) -> str | None:
+    """The one reason a maintainer can act on why this check fell short (None when it did
+    not), read from the entry's typed fields: its first phase error (type and message), else
+    the oracle's exit code and reward, else the no-op's reward."""
+    typed = entry.get("phase_errors") or []
+    if typed:
+        first = typed[0]
+        what = _ERROR_ACTIONS.get(first["error_type"], f"{first['error_type']} raised")
+        return f"{first['phase']}: {what}: {first['message'][:300]}"
+    oracle, noop = entry.get("oracle_reward"), entry.get("noop_reward")
+    if oracle is not None and oracle != 1.0:
+        code = entry.get("oracle_exit_code")
+        if code not in (None, 0):
+            return f"oracle: the solution exited {code} and the verifier gave it {oracle}"
+        return f"oracle: the solution ran but the verifier gave it {oracle}, not 1.0"
+    if noop is not None and noop != 0.0:
+        return (
+            f"noop: the untouched environment already scores {noop}: its tests do not tell it "
+            "from a solved one"
+        )
+    return None
 
 
 def entry_ok(entry: dict[str, Any]) -> bool:
@@ -434,6 +485,6 @@ async def _check_all(args: argparse.Namespace) -> int:
             mark = "ok  " if entry_ok(e) else "FAIL"
             print(
                 f"{mark} {e['task_id']}: oracle={e['oracle_reward']} noop={e['noop_reward']}"
-                + (f" error={e['error']}" if e["error"] else "")
+                + (f" -- {e['shortfall']}" if e.get("shortfall") else "")
             )
     return 0 if all(entry_ok(e) for e in entries) else 1

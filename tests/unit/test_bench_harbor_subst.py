@@ -114,65 +114,66 @@ def _entry(**kw: Any) -> dict[str, Any]:
     return e
 
 
-def test_shortfalls_that_need_an_unreachable_host_are_classified_so() -> None:
-    build = _entry(
-        env_builds=False,
-        build_error="SandboxCreateError: building: fatal: unable to access "
-        "'https://github.com/a/b.git/': Could not resolve host: github.com",
-        build_reason="build_network",
+def _judged(**kw: Any) -> tuple[list[str], Any]:
+    return hc.judge(_entry(**kw))
+
+
+def test_a_host_leaves_the_denominator_only_when_its_phase_fetches_it_and_its_output_names_it() -> (
+    None
+):
+    clone = (
+        "SandboxCreateError: building: fatal: unable to access "
+        "'https://github.com/a/b.git/': Could not resolve host: github.com"
     )
-    assert hc.verdict(build) == ["needs_unreachable_host", "build_network"]
-    assert hc.unreachable_needs(build) == ["github.com"]
+    build = dict(env_builds=False, build_error=clone, build_reason="build_network")
+    reasons, out = _judged(
+        **build, referenced_unreachable_hosts={"environment/Dockerfile": ["github.com"]}
+    )
+    assert reasons == ["needs_unreachable_host", "build_network"]
+    assert out.category == "unreachable_host" and out.evidence is not None
+    assert (out.evidence.needs, out.evidence.phase, out.evidence.file) == (
+        "github.com",
+        "build",
+        "environment/Dockerfile",
+    )
+    # the output names the host, but no file of the build fetches it: no evidence, a failure
+    reasons, out = _judged(**build, referenced_unreachable_hosts={"tests/test.sh": ["github.com"]})
+    assert reasons == ["build_network"] and out.category == "failing"
     # docker build's coloured stderr splits the host name
     coloured = dict(
         build,
         build_error="\x1b[91mc\x1b[0m\x1b[91mu\x1b[0mrl: (6) Could not resolve host: r\x1b[0m"
         "\x1b[91maw.\x1b[0m\x1b[91mg\x1b[0mithubusercontent.com",
     )
-    assert hc.unreachable_needs(coloured) == ["raw.githubusercontent.com"]
+    refs = {"environment/Dockerfile": ["raw.githubusercontent.com"]}
+    _, out = _judged(**coloured, referenced_unreachable_hosts=refs)
+    assert out.evidence is not None and out.evidence.needs == "raw.githubusercontent.com"
+    # a quiet download: the failed step is the output line that names the host
     quiet = dict(
         build,
         build_error="Step 4/13 : RUN cd /build && wget -q https://github.com/x/y.tar.gz\n"
-        " ---> Running in 245a4526e47c\nRemoving intermediate container 245a4526e47c",
+        " ---> Running in 245a4526e47c\nThe command '/bin/sh -c cd /build && wget -q "
+        "https://github.com/x/y.tar.gz' returned a non-zero code: 4",
     )
-    assert hc.unreachable_needs(quiet) == ["github.com"]
-    nopy = _entry(
-        oracle_reward=0.0,
-        oracle_verifier_output="error: No interpreter found for Python 3.13 in managed "
-        "installations or search path",
+    _, out = _judged(
+        **quiet, referenced_unreachable_hosts={"environment/Dockerfile": ["github.com"]}
     )
-    assert hc.verdict(nopy) == ["needs_unreachable_host", "oracle_below_one"]
-    data = _entry(
+    assert out.category == "unreachable_host"
+    # the solution's download, seen in the oracle's output; the solution fetches it
+    data = dict(
         oracle_reward=0.0,
         oracle_output="OSError: We couldn't connect to 'https://huggingface.co' to load "
         "this file\nrequests.exceptions.ConnectionError: Max retries exceeded",
     )
-    assert hc.verdict(data)[0] == "needs_unreachable_host"
-    pinned = _entry(
-        base_image="ubuntu:24.04",
-        oracle_reward=0.0,
-        oracle_output="E: Version '4.3.3-2build2' for 'r-base-core' was not found",
+    reasons, out = _judged(
+        **data, referenced_unreachable_hosts={"solution/solve.sh": ["huggingface.co"]}
     )
-    assert hc.verdict(pinned)[0] == "needs_unreachable_host"
-    assert hc.unreachable_needs(pinned)[0].startswith("archive.ubuntu.com")
-    # a plain Debian-style version pinned on an Ubuntu image, failing its build
-    plain = _entry(
-        base_image="ubuntu:24.04",
-        env_builds=False,
-        build_reason="build_apt_package_missing",
-        build_error="\x1b[91mE: Version '2023.20240207-1' for 'texlive-latex-base' was not found",
+    assert reasons == ["needs_unreachable_host", "oracle_below_one"]
+    # ... but a host only the tests name does not explain the solution's failure
+    _, out = _judged(
+        **data, referenced_unreachable_hosts={"tests/test_outputs.py": ["huggingface.co"]}
     )
-    assert hc.unreachable_needs(plain)[0].startswith("archive.ubuntu.com")
-    on_debian = dict(pinned, base_image="python:3.13-slim-bookworm")  # a stand-in's gap
-    assert hc.verdict(on_debian) == ["oracle_below_one"]
-    old_point = dict(
-        pinned,
-        base_image="debian:13.0-slim",
-        oracle_output="E: Version '20250419' for 'ca-certificates' was not found",
-    )
-    assert hc.unreachable_needs(old_point)[0].startswith("snapshot.debian.org")
-    absent = _entry(oracle_reward=0.0, absent_files=["tests/weights.pt"])
-    assert hc.verdict(absent)[0] == "needs_unreachable_host"
+    assert out.category == "failing"
     # a failure on a reachable host is the sandbox's network (infra), not such a need; a task
     # that merely names an unreachable host does not need it
     pypi = _entry(
@@ -181,55 +182,88 @@ def test_shortfalls_that_need_an_unreachable_host_are_classified_so() -> None:
     )
     assert hc.verdict(pypi) == ["infra"]
     named = _entry(noop_reward=1.0, noop_verifier_output="see https://github.com/x/y")
-    assert hc.verdict(named) == ["noop_nonzero"]
+    assert hc.judge(named)[0] == ["noop_nonzero"]
     clean = _entry(oracle_output="cloned https://github.com/x/y fine")
-    assert hc.verdict(clean) == []
+    assert hc.judge(clean)[0] == [] and hc.judge(clean)[1].category == "clean"
 
 
-def test_a_lookup_failure_naming_no_host_is_put_on_the_hosts_its_phase_names() -> None:
-    refs = {
-        "tests/test_outputs.py": ["github.com"],
-        "tests/test.sh": ["astral.sh"],
-        "solution/solve.sh": ["cloud.r-project.org"],
-    }
-    subst = [
-        {
-            "name": "uv-installer-from-pypi",
-            "original": "curl https://astral.sh/uv/install.sh",
-            "file": "tests/test.sh",
-        }
-    ]
-    # the verifier's own download: urllib names no host; tests/ names github.com (and the
-    # uv installer's host, which a substitution replaced)
+def test_a_lookup_failure_naming_no_host_stays_a_failure() -> None:
+    refs = {"tests/test_outputs.py": ["github.com"], "solution/solve.sh": ["cloud.r-project.org"]}
     test_dl = _entry(
         oracle_reward=0.0,
         referenced_unreachable_hosts=refs,
-        substitutions=subst,
         oracle_verifier_output="E   urllib.error.URLError: <urlopen error [Errno -2] Name or "
         "service not known>",
     )
-    assert hc.unreachable_needs(test_dl) == ["github.com"]
-    assert hc.verdict(test_dl) == ["needs_unreachable_host", "oracle_below_one"]
-    # R's repository out of reach: the solution names it
+    reasons, out = hc.judge(test_dl)
+    assert reasons == ["oracle_below_one"] and out.category == "failing"
     cran = _entry(
         oracle_reward=0.0,
         referenced_unreachable_hosts=refs,
         oracle_output="package 'remotes' is not available for this version of R",
     )
-    assert hc.unreachable_needs(cran) == ["cloud.r-project.org"]
-    # the same words without a failing lookup, or a host named nowhere in that phase: no need
-    assert hc.unreachable_needs(dict(cran, oracle_output="Error in library(x)")) == []
-    only_sub = dict(test_dl, referenced_unreachable_hosts={"tests/test.sh": ["astral.sh"]})
-    assert hc.unreachable_needs(only_sub) == []
-    assert hc.verdict(only_sub) == ["oracle_below_one"]
-    # urllib3 quotes the host it failed to resolve
+    assert hc.judge(cran)[1].category == "failing"
+    # urllib3 quotes the host it failed to resolve: named, and the solution fetches it
     quoted = _entry(
         oracle_reward=0.0,
+        referenced_unreachable_hosts={"solution/solve.py": ["pubchem.ncbi.nlm.nih.gov"]},
         oracle_output="requests.exceptions.ConnectionError: HTTPSConnectionPool(host='pubchem."
         "ncbi.nlm.nih.gov', port=443): Max retries exceeded (Caused by NameResolutionError("
         "\"Failed to resolve 'pubchem.ncbi.nlm.nih.gov' ([Errno -2] Name or service not known)\"))",
     )
-    assert hc.unreachable_needs(quoted) == ["pubchem.ncbi.nlm.nih.gov"]
+    _, out = hc.judge(quoted)
+    assert out.evidence is not None and out.evidence.needs == "pubchem.ncbi.nlm.nih.gov"
+    # a host a substitution replaced in that very file is no evidence
+    subst = [{"name": "uv-installer-from-pypi", "original": "curl https://astral.sh/uv/install.sh",
+              "file": "tests/test.sh"}]  # fmt: skip
+    uv = _entry(
+        oracle_reward=0.0,
+        substitutions=subst,
+        referenced_unreachable_hosts={"tests/test.sh": ["astral.sh"]},
+        oracle_verifier_output="curl: (6) Could not resolve host: astral.sh",
+    )
+    assert hc.judge(uv)[1].category == "failing"
+
+
+def test_stand_in_limits_bit_rot_and_incomplete_copies_each_get_their_own_line() -> None:
+    # Ubuntu's CPython 3.12 on the Debian stand-in of ubuntu:24.04
+    py = _entry(
+        base_image="ubuntu:24.04",
+        oracle_reward=0.0,
+        oracle_verifier_output="error: No interpreter found for Python 3.12 in managed "
+        "installations or search path",
+    )
+    reasons, out = hc.judge(py)
+    assert reasons == ["stand_in_limit", "oracle_below_one"]
+    assert out.category == "stand_in_limit" and "real Ubuntu 24.04" in out.action
+    # an Ubuntu pin on its stand-in
+    pinned = _entry(
+        base_image="ubuntu:24.04",
+        env_builds=False,
+        build_reason="build_apt_package_missing",
+        build_error="\x1b[91mE: Version '2023.20240207-1' for 'texlive-latex-base' was not found",
+    )
+    assert hc.judge(pinned)[1].category == "stand_in_limit"
+    # 3.13 is no Ubuntu 24.04 CPython: not the stand-in's limit
+    assert (
+        hc.judge(dict(py, oracle_verifier_output="No interpreter found for Python 3.13"))[
+            1
+        ].category
+        == "failing"
+    )
+    # bit-rot: a pin the Debian mirror of the very release no longer has is a failure
+    rot = _entry(
+        base_image="debian:13.0-slim",
+        oracle_reward=0.0,
+        oracle_output="E: Version '20250419' for 'ca-certificates' was not found",
+    )
+    reasons, out = hc.judge(rot)
+    assert reasons == ["oracle_below_one"] and out.category == "failing"
+    assert out.action.startswith("bit-rot: the task pins ca-certificates=20250419")
+    absent = _entry(oracle_reward=0.0, absent_files=["tests/weights.pt"])
+    reasons, out = hc.judge(absent)
+    assert reasons[0] == "dataset_incomplete" and out.category == "dataset_incomplete"
+    assert "tests/weights.pt" in out.action
 
 
 def test_reachable_figures_leave_unreachable_needs_out() -> None:
@@ -238,24 +272,78 @@ def test_reachable_figures_leave_unreachable_needs_out() -> None:
     far = _entry(task_id="far", oracle_reward=0.0, absent_files=["x"])
     img = _entry(
         task_id="img",
-        env_builds=False,
-        build_error="pull access denied",
-        build_reason="base_image_unavailable",
+        oracle_reward=0.0,
+        oracle_output="curl: (6) Could not resolve host: huggingface.co",
+        referenced_unreachable_hosts={"solution/solve.sh": ["huggingface.co"]},
     )
     entries = [ok, bad, far, img]
     for e in entries:
-        e["reasons"] = hc.verdict(e)
+        e["reasons"], out = hc.judge(e)
+        e["outcome"] = out.model_dump()
     s = hc.summarize(entries)
-    assert s["needs_unreachable_host"]["count"] == 2
+    assert s["table"] == {
+        "clean": 1,
+        "failing": 1,
+        "unreachable_host": 1,
+        "stand_in_limit": 0,
+        "dataset_incomplete": 1,
+    }
+    assert s["absolute_clean"] == {"count": 1, "of": 4, "share": 0.25}
     r = s["reachable"]
     assert r["tasks"] == 2
     assert r["oracle_one_noop_zero"] == {"count": 1, "of": 2, "share": 0.5}
+    assert [x["task_id"] for x in s["shortfalls"]] == ["bad", "far", "img"]
     assert s["substituted"] == {
         "tasks": 1,
         "by_substitution": {"uv-installer-from-pypi": 1},
         "clean": 1,
         "clean_without_substitution": 0,
     }
+
+
+def test_stored_lines_keep_the_reasons_their_run_recorded(tmp_path: Path) -> None:
+    """The report never classifies a stored line again: an older line (no `outcome`) is read by
+    the reasons it recorded, whatever today's rules would make of its outputs."""
+    # recorded as a failure; today's rules would find evidence of an unreachable host in it
+    failed = _entry(
+        task_id="t1",
+        dataset="A",
+        oracle_reward=0.0,
+        oracle_output="curl: (6) Could not resolve host: huggingface.co",
+        referenced_unreachable_hosts={"solution/solve.sh": ["huggingface.co"]},
+        reasons=["oracle_below_one"],
+    )
+    assert hc.judge(failed)[1].category == "unreachable_host"
+    # recorded as needing a host, by an older rule that today's would not accept
+    excluded = _entry(
+        task_id="t2",
+        dataset="A",
+        oracle_reward=0.0,
+        reasons=["needs_unreachable_host", "oracle_below_one"],
+        unreachable_hosts=["cloud.r-project.org"],
+        code_commit="abc123",
+    )
+    assert hc.judge(excluded)[1].category == "failing"
+    jsonl = tmp_path / "r.jsonl"
+    jsonl.write_text(json.dumps(failed) + "\n" + json.dumps(excluded) + "\n")
+    a = tmp_path / "a"
+    for n in ("t1", "t2"):
+        (a / n).mkdir(parents=True)
+    args = _args(
+        tmp_path, "--tasks-dir", str(a), "--source-name", "A", "--jsonl", str(jsonl),
+        "--report-only",
+    )  # fmt: skip
+    earlier, plans = hc._prepare(args)
+    doc = hc.build_document(args, plans, earlier, {}, None)
+    (ds,) = doc["datasets"]
+    assert ds["summary"]["table"]["failing"] == 1
+    assert ds["summary"]["table"]["unreachable_host"] == 1
+    rows = {r["task_id"]: r for r in ds["summary"]["shortfalls"]}
+    assert rows["t1"]["category"] == "failing"
+    assert rows["t2"]["category"] == "unreachable_host"
+    assert rows["t2"]["classified_by"] == "abc123"
+    assert rows["t1"]["classified_by"].startswith("not recorded")
+    assert ds["summary"]["reachable"]["tasks"] == 1
 
 
 def _args(tmp_path: Path, *argv: str) -> argparse.Namespace:
@@ -395,8 +483,7 @@ def test_engine_failures_are_infra_and_run_again_on_resume(tmp_path: Path) -> No
         build_reason="build_other",  # as an older classification recorded it
         reasons=["build_other"],
     )
-    assert hc.reclassify(old)["reasons"] == ["infra"]
-    assert hc.infra_only(hc.reclassify(old))
+    old["reasons"] = ["infra"]  # as its run recorded it
     good = _entry(task_id="t2", dataset="A", reasons=[])
     jsonl = tmp_path / "r.jsonl"
     jsonl.write_text(json.dumps(old) + "\n" + json.dumps(good) + "\n")
@@ -476,9 +563,13 @@ def test_a_failed_download_early_in_a_long_oracle_output_is_still_seen() -> None
     assert lines[0].startswith("OSError: We couldn't connect to 'https://huggingface.co'")
     tail_only = _entry(oracle_reward=0.0, oracle_output=out[-1500:])
     assert hc.verdict(tail_only) == ["oracle_below_one"]  # the tail names only localhost
-    whole = dict(tail_only, oracle_network_lines=lines)
-    assert hc.verdict(whole) == ["needs_unreachable_host", "oracle_below_one"]
-    assert hc.unreachable_needs(whole) == ["huggingface.co"]
+    whole = dict(
+        tail_only,
+        oracle_network_lines=lines,
+        referenced_unreachable_hosts={"solution/solve.sh": ["huggingface.co"]},
+    )
+    assert hc.judge(whole)[0] == ["needs_unreachable_host", "oracle_below_one"]
+    assert hc.judge(whole)[1].evidence.needs == "huggingface.co"
     assert len(network_failure_lines("x: Connection timed out\n" * 500)) == 1  # distinct lines
 
 
@@ -507,9 +598,13 @@ def test_opam_failing_to_download_its_index_needs_opam_ocaml_org() -> None:
         'failed: \\"/usr/bin/curl --retry 3 -L -o /tmp/index.tar.gz.part -- '
         'https://opam.ocaml.org/index.tar.gz\\" exited with code 6")'
     )
-    e = _entry(oracle_reward=0.0, oracle_output="...\n" + line + "\n[ERROR] Initial download")
-    assert hc.verdict(e) == ["needs_unreachable_host", "oracle_below_one"]
-    assert hc.unreachable_needs(e) == ["opam.ocaml.org"]
+    e = _entry(
+        oracle_reward=0.0,
+        oracle_output="...\n" + line + "\n[ERROR] Initial download",
+        referenced_unreachable_hosts={"solution/solve.sh": ["opam.ocaml.org"]},
+    )
+    assert hc.judge(e)[0] == ["needs_unreachable_host", "oracle_below_one"]
+    assert hc.judge(e)[1].evidence.needs == "opam.ocaml.org"
     # a download that failed for another reason (22: an HTTP error) is not a host out of reach
-    other = _entry(oracle_reward=0.0, oracle_output=line.replace("code 6", "code 22"))
-    assert hc.verdict(other) == ["oracle_below_one"]
+    other = dict(e, oracle_output=line.replace("code 6", "code 22"))
+    assert hc.judge(other)[0] == ["oracle_below_one"]

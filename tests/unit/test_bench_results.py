@@ -30,11 +30,17 @@ WRITERS: dict[str, tuple[str, ...]] = {
     # each task's entry is `sandgym tasks check`'s (tasks/cli.py), with the bench's fields added
     "harbor_compat.json": (
         "bench/harbor_compat.py",
+        "bench/compat_outcome.py",
         "bench/substitutions.py",
         "tasks/cli.py",
         "bench/report.py",
     ),
-    "harbor_compat.jsonl": ("bench/harbor_compat.py", "bench/substitutions.py", "tasks/cli.py"),
+    "harbor_compat.jsonl": (
+        "bench/harbor_compat.py",
+        "bench/compat_outcome.py",
+        "bench/substitutions.py",
+        "tasks/cli.py",
+    ),
     # `sandgym tasks check --jsonl` on the multi-step tasks (see the README's Harbor section)
     "harbor_multistep_check.jsonl": ("tasks/cli.py",),
     "harness_eval.json": ("bench/harness_eval.py", "trainer/eval_cli.py"),

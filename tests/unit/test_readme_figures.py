@@ -53,6 +53,30 @@ ABUSES = {
 }
 
 
+def harbor_row(doc: str, i: int) -> str:
+    """A row of the README's compatibility table: set i's absolute figure (clean of all its
+    tasks, beside the published oracle figure), its reachable figure, and its table."""
+    d = f"datasets/{i}"
+    sm = f"{d}/summary"
+
+    def frac(path: str) -> str:
+        c, n = at(doc, f"{path}/count"), at(doc, f"{path}/of")
+        return f"{c}/{n} ({100 * c / n:.0f} %)" if n else f"{c}/{n}"
+
+    pub = at(doc, f"{d}/published_oracle/share")
+    table = [at(doc, f"{sm}/table/{k}") for k in ("failing", "unreachable_host")]
+    table += [at(doc, f"{sm}/table/{k}") for k in ("stand_in_limit", "dataset_incomplete")]
+    return "| {} | {}/{} | {} | {} | {} | {} | {} | {} | {} |".format(
+        at(doc, f"{d}/name"),
+        at(doc, f"{d}/tasks_run"),
+        at(doc, f"{d}/tasks_selected"),
+        frac(f"{sm}/absolute_clean"),
+        "none found" if pub is None else f"{100 * pub:.0f} %",
+        frac(f"{sm}/reachable/clean"),
+        *table,
+    )
+
+
 def sessions_row(i: int) -> str:
     """A row of the README's sessions table: level i's median pair and every pair's ratio."""
     v, ours, theirs = (
@@ -158,30 +182,7 @@ FIGURES: list[tuple[str, Callable[[], str]]] = [
             " s on the\ncatalog task"
         ),
     ),
-    *[
-        (
-            f"harbor {i}",
-            lambda i=i: (
-                "| {name} | {run}/{sel} | {loaded} | {builds} | {unreach} | {reach} | "
-                "{o1}/{o1of} | {rw}/{rwof} | {sub} ({clean}) |".format(
-                    name=at(HC, f"datasets/{i}/name"),
-                    run=at(HC, f"datasets/{i}/tasks_run"),
-                    sel=at(HC, f"datasets/{i}/tasks_selected"),
-                    loaded=at(HC, f"datasets/{i}/summary/loaded/count"),
-                    builds=at(HC, f"datasets/{i}/summary/env_builds/count"),
-                    unreach=at(HC, f"datasets/{i}/summary/needs_unreachable_host/count"),
-                    reach=at(HC, f"datasets/{i}/summary/reachable/tasks"),
-                    o1=at(HC, f"datasets/{i}/summary/reachable/oracle_one_noop_zero/count"),
-                    o1of=at(HC, f"datasets/{i}/summary/reachable/oracle_one_noop_zero/of"),
-                    rw=at(HC, f"datasets/{i}/summary/reachable/reward_no_verifier_error/count"),
-                    rwof=at(HC, f"datasets/{i}/summary/reachable/reward_no_verifier_error/of"),
-                    sub=at(HC, f"datasets/{i}/summary/substituted/tasks"),
-                    clean=at(HC, f"datasets/{i}/summary/substituted/clean"),
-                )
-            ),
-        )
-        for i in range(2)
-    ],
+    *[(f"harbor {i}", lambda i=i: harbor_row(HC, i)) for i in range(2)],
     (
         "server SIGKILL",
         lambda: (

@@ -73,7 +73,11 @@ def test_jsonl_streams_each_task_as_it_finishes_and_keeps_going_past_load_errors
     # one line per task on stdout, no closing document; the broken task is one of them
     assert [e["task_id"] for e in lines] == ["broken", "fast", "slow"]
     for e in lines:
-        assert set(e) == {"task_id", "oracle_reward", "noop_reward", "error"}
+        assert {"task_id", "oracle_reward", "noop_reward", "error"} <= set(e)
+        assert set(e) <= {"task_id", "oracle_reward", "noop_reward", "error"} | {
+            "phase_errors",
+            "shortfall",
+        }
     broken = lines[0]
     assert broken["error"].startswith("load: TaskLoadError:")
     assert broken["oracle_reward"] is None and broken["noop_reward"] is None
@@ -150,3 +154,41 @@ def test_read_jsonl_skips_a_cut_off_line(tmp_path: Path) -> None:
     sink.write({"task_id": "d"})
     sink.close()
     assert [e["task_id"] for e in cli.read_jsonl(f)] == ["a", "b", "d"]
+
+
+async def test_each_shortfall_names_one_reason_from_typed_fields() -> None:
+    """`tasks check` says, per task short of the marks, the one reason to act on, read from
+    the entry's typed fields (the failing phase, the error's type, the oracle's exit code and
+    rewards), never from matching the joined error text."""
+    from sandboxes.null import NullBackend
+    from tasks import load_task_dir
+
+    task = load_task_dir(FIXTURES / "harbor-legacy")
+    entry = await cli.check_task(task, NullBackend(), {}, 0)
+    # the null backend runs no shell: both phases fail, each recorded with its type
+    assert [(p["phase"], p["error_type"]) for p in entry["phase_errors"]] == [
+        ("oracle", "TaskError"),
+        ("noop", "TaskError"),
+    ]
+    assert entry["shortfall"].startswith("oracle: TaskError raised: resetting /tests")
+    # the first typed error wins, whatever the joined text says
+    typed = {
+        "error": "noop: something else entirely",
+        "phase_errors": [
+            {"phase": "oracle", "error_type": "VerifierError", "message": "wrote no reward"},
+            {"phase": "noop", "error_type": "SandboxLostError", "message": "gone"},
+        ],
+        "oracle_reward": None,
+        "noop_reward": None,
+    }
+    assert cli.shortfall(typed) == "oracle: the verifier did not give a reward: wrote no reward"
+    exited = {"phase_errors": [], "oracle_reward": 0.0, "noop_reward": 0.0, "oracle_exit_code": 2}
+    assert cli.shortfall(exited) == "oracle: the solution exited 2 and the verifier gave it 0.0"
+    ran = dict(exited, oracle_exit_code=0)
+    assert cli.shortfall(ran) == "oracle: the solution ran but the verifier gave it 0.0, not 1.0"
+    noop = {"phase_errors": [], "oracle_reward": 1.0, "noop_reward": 1.0}
+    assert str(cli.shortfall(noop)).startswith("noop: the untouched environment already scores")
+    assert cli.shortfall({"phase_errors": [], "oracle_reward": 1.0, "noop_reward": 0.0}) is None
+    loaded = cli.load_error_entry("/x/broken", "TaskLoadError: bad toml")
+    assert loaded["phase_errors"][0]["error_type"] == "TaskLoadError"
+    assert loaded["shortfall"] == "the task directory did not load: TaskLoadError: bad toml"

@@ -1,0 +1,318 @@
+"""The one outcome of a task checked by `sandgym bench harbor_compat`, decided when it runs.
+
+Each checked task falls into one category of the per-set table, with one reason a maintainer can
+act on, and (where the task leaves the denominator of the reachable figures) the evidence that
+was seen at run time:
+
+- `clean`: the oracle scored 1.0 (where one is shipped) and the no-op 0.0, no error;
+- `failing`: it fell short here and nothing recorded shows a cause outside sandgym. This
+  includes bit-rot: a pinned package version that the reachable registry itself no longer has
+  fails the same way with full internet, so it is a failure, never an exclusion;
+- `unreachable_host`: a host unreachable from here, with positive evidence: an output line of
+  the failing phase that reports a failed fetch names the host, AND one of that phase's own
+  task files (the build's Dockerfile and context, the solution, the tests) names that host too,
+  not counting a name a listed substitution replaced there. A lookup that names no host, or a
+  host only some other phase's files name, is not evidence: such a task stays `failing`;
+- `stand_in_limit`: the task needs the real image a local stand-in only approximates (the
+  Ubuntu stand-ins are Debian: an Ubuntu-only package or version, Ubuntu's CPython);
+- `dataset_incomplete`: the public copy of the task lacks some of its files.
+
+Lines written before this module existed have no `outcome`: the report keeps the reasons they
+recorded when they ran (`recorded_category`), never classifies them again with these rules, and
+says which code commit classified every line (`classified_by`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Category = Literal["clean", "failing", "unreachable_host", "stand_in_limit", "dataset_incomplete"]
+Phase = Literal["build", "oracle", "verifier"]
+
+#: the table's columns, in order, and what each means (the document carries this)
+CATEGORIES: dict[str, str] = {
+    "clean": "oracle 1.0 (where a solution is shipped) and no-op 0.0, without an error",
+    "failing": "fell short in sandgym with no recorded cause outside it (bit-rot included)",
+    "unreachable_host": "a failed fetch in the failing phase names a host that phase's own "
+    "files fetch, and that host is unreachable here",
+    "stand_in_limit": "needs the real image a local stand-in only approximates (e.g. a real "
+    "Ubuntu image: the Ubuntu stand-ins are Debian)",
+    "dataset_incomplete": "the public copy of the task lacks some of its files",
+}
+#: categories that leave the denominator of the reachable figures
+NOT_REACHABLE: tuple[str, ...] = ("unreachable_host", "stand_in_limit", "dataset_incomplete")
+#: the reason code each excluding category puts first in a line's `reasons`
+CATEGORY_REASON = {
+    "unreachable_host": "needs_unreachable_host",
+    "stand_in_limit": "stand_in_limit",
+    "dataset_incomplete": "dataset_incomplete",
+}
+
+
+class Evidence(BaseModel):
+    """What was seen at run time that puts a task outside the reachable figures."""
+
+    model_config = ConfigDict(frozen=True)
+
+    needs: str = Field(description="the host (or real image) the task needs")
+    phase: Phase = Field(description="the phase that failed")
+    file: str = Field(description="the task file of that phase that names what it needs")
+    output_line: str = Field(description="the failing output line (cut to 300 characters)")
+
+
+class Outcome(BaseModel):
+    """A task's category in the per-set table, its one actionable reason, and its evidence."""
+
+    model_config = ConfigDict(frozen=True)
+
+    category: Category
+    reason: str = Field(description="the reason code (bench.harbor_compat.REASONS)")
+    action: str = Field(description="one sentence a maintainer can act on")
+    evidence: Evidence | None = None
+
+
+_ANSI_RE = re.compile(r"\x1b?\[[0-9;]*m")
+#: a line that reports a failed fetch or lookup
+FETCH_FAILED_RE = re.compile(
+    r"Could not resolve|Temporary failure in name resolution|Name or service not known|"
+    r"Network is unreachable|Connection refused|Connection timed out|Failed to connect|"
+    r"curl: \(\d+\)|unable to resolve host|Failed to establish a new connection|"
+    r"ConnectTimeout|Max retries exceeded|failed: Temporary failure|Failed to fetch|"
+    r"fatal: unable to access|couldn't connect to|Could not connect to|Failed to resolve|"
+    r"Download_fail.*exited with code [67]\b|unable to access index for repository",
+    re.IGNORECASE,
+)
+_FAILED_STEP_RE = re.compile(r"The command '(.*?)' returned a non-zero code", re.DOTALL)
+_STEP_RE = re.compile(r"Step \d+/\d+ : (.*)")
+_APT_VERSION_RE = re.compile(r"E: Version '([^']+)' for '([^']+)' was not found")
+_APT_MISSING_RE = re.compile(
+    r"E: Unable to locate package (\S+)|Package '?([^' ]+)'? has no installation candidate"
+)
+_NO_PYTHON_RE = re.compile(r"No interpreter found for Python (\d+\.\d+)")
+#: what each Ubuntu release ships that its Debian stand-in lacks (named in the action)
+UBUNTU_PYTHON = {"24.04": "3.12", "22.04": "3.10"}
+_UBUNTU_BASE_RE = re.compile(
+    r"^(?:ubuntu|ghcr\.io/laude-institute/t-bench/ubuntu)[:-](\d\d)[.-](\d\d)"
+)
+_DEBIAN_BASE_RE = re.compile(r"^debian:(?:1[123]|bookworm|trixie|bullseye)|^python:3\.\d+")
+
+
+def _lines(value: Any) -> list[str]:
+    if isinstance(value, list):
+        text = "\n".join(str(v) for v in value)
+    else:
+        text = value or ""
+    return _ANSI_RE.sub("", text).splitlines()
+
+
+def phase_of_file(rel: str) -> Phase:
+    """Which phase runs a task file: the solution's, the tests', or (the rest) the build's."""
+    if rel.startswith("solution"):
+        return "oracle"
+    if rel.startswith("tests/") or rel == "run-tests.sh":
+        return "verifier"
+    return "build"
+
+
+def phase_outputs(entry: Mapping[str, Any]) -> list[tuple[Phase, list[str]]]:
+    """The recorded output lines of each phase of a check (typed `phase_errors` where the line
+    has them; a verifier's error is the verifier's, a sandbox build's the build's)."""
+    out: list[tuple[Phase, list[str]]] = [
+        ("build", _lines(entry.get("build_error"))),
+        ("oracle", _lines(entry.get("oracle_output")) + _lines(entry.get("oracle_network_lines"))),
+        (
+            "verifier",
+            _lines(entry.get("oracle_verifier_output")) + _lines(entry.get("noop_verifier_output")),
+        ),
+    ]
+    for pe in entry.get("phase_errors") or ():
+        etype = pe.get("error_type", "")
+        phase: Phase = (
+            "verifier"
+            if etype == "VerifierError"
+            else "build"
+            if etype == "SandboxCreateError"
+            else "oracle"
+        )
+        out.append((phase, _lines(pe.get("message"))))
+    return out
+
+
+def _phase_file_hosts(entry: Mapping[str, Any], phase: Phase) -> dict[str, list[str]]:
+    """The unreachable hosts each task file of `phase` names, less those a listed substitution
+    replaced in that very file."""
+    from bench.substitutions import unreachable_hosts
+
+    replaced: dict[str, set[str]] = {}
+    for sub in entry.get("substitutions") or ():
+        replaced.setdefault(sub.get("file", ""), set()).update(
+            unreachable_hosts(sub.get("original", ""))
+        )
+    out: dict[str, list[str]] = {}
+    for rel, hosts in sorted((entry.get("referenced_unreachable_hosts") or {}).items()):
+        if phase_of_file(rel) == phase:
+            kept = [h for h in hosts if h not in replaced.get(rel, set())]
+            if kept:
+                out[rel] = kept
+    return out
+
+
+def host_evidence(entry: Mapping[str, Any]) -> Evidence | None:
+    """The first failed fetch whose output line names a host that the failing phase's own
+    files name (see the module docstring), or None."""
+    from bench.substitutions import unreachable_hosts
+
+    for phase, lines in phase_outputs(entry):
+        files = _phase_file_hosts(entry, phase)
+        if not files:
+            continue
+        candidates = [ln for ln in lines if FETCH_FAILED_RE.search(ln)]
+        if phase == "build":
+            # a quiet download (wget -q, curl -s) prints nothing: the failed step is the line
+            text = "\n".join(lines)
+            failed = _FAILED_STEP_RE.search(text)
+            steps = _STEP_RE.findall(text)
+            if failed or steps:
+                candidates.append(failed.group(1) if failed else steps[-1])
+        for line in candidates:
+            for host in unreachable_hosts(line):
+                for rel, hosts in files.items():
+                    if host in hosts:
+                        return Evidence(
+                            needs=host, phase=phase, file=rel, output_line=line.strip()[:300]
+                        )
+    return None
+
+
+def _first(
+    lines_by_phase: list[tuple[Phase, list[str]]], rx: re.Pattern[str]
+) -> tuple[Phase, str, re.Match[str]] | None:
+    for phase, lines in lines_by_phase:
+        for line in lines:
+            m = rx.search(line)
+            if m:
+                return phase, line.strip()[:300], m
+    return None
+
+
+def stand_in_evidence(entry: Mapping[str, Any]) -> Evidence | None:
+    """On an Ubuntu stand-in (Debian), a failure that only a real Ubuntu image avoids: a
+    package or pinned version only Ubuntu's archive has, or Ubuntu's own CPython."""
+    base = entry.get("base_image") or ""
+    m = _UBUNTU_BASE_RE.match(base)
+    if not m:
+        return None
+    release = f"{m.group(1)}.{m.group(2)}"
+    needs = f"a real Ubuntu {release} image ({base}); its stand-in is Debian"
+    outputs = phase_outputs(entry)
+    pkg = _first(outputs, _APT_VERSION_RE) or _first(outputs, _APT_MISSING_RE)
+    if pkg is not None:
+        phase, line, _ = pkg
+        return Evidence(needs=needs, phase=phase, file=_phase_file(phase), output_line=line)
+    py = _first(outputs, _NO_PYTHON_RE)
+    if py is not None and UBUNTU_PYTHON.get(release) == py[2].group(1):
+        phase, line, _ = py
+        return Evidence(needs=needs, phase=phase, file=_phase_file(phase), output_line=line)
+    return None
+
+
+def _phase_file(phase: Phase) -> str:
+    return {"build": "Dockerfile", "oracle": "solution", "verifier": "tests"}[phase]
+
+
+def bit_rot(entry: Mapping[str, Any]) -> str | None:
+    """A pinned apt version that the Debian mirror of the very release the task names no
+    longer has: the action sentence, or None."""
+    base = entry.get("base_image") or ""
+    if not _DEBIAN_BASE_RE.match(base):
+        return None
+    hit = _first(phase_outputs(entry), _APT_VERSION_RE)
+    if hit is None:
+        return None
+    _, _, m = hit
+    return (
+        f"bit-rot: the task pins {m.group(2)}={m.group(1)}, which the Debian mirror no longer "
+        "has; it fails the same way with full internet (update the pin)"
+    )
+
+
+def decide(entry: Mapping[str, Any], reasons: list[str]) -> Outcome:
+    """The outcome of a line from what it recorded at run time and its failing `reasons`
+    (bench.harbor_compat.verdict, without any exclusion reason)."""
+    failing = [r for r in reasons if r not in ("oracle_not_shipped",)]
+    if not failing:
+        return Outcome(category="clean", reason="clean", action="nothing to do")
+    first = failing[0]
+    if entry.get("absent_files"):
+        files = ", ".join(entry["absent_files"][:3])
+        return Outcome(
+            category="dataset_incomplete",
+            reason="dataset_incomplete",
+            action=f"bring the files the public copy lacks ({files}) from the task's source",
+        )
+    if first not in ("infra", "task_timeout", "loader_error"):
+        ev = stand_in_evidence(entry)
+        if ev is not None:
+            return Outcome(
+                category="stand_in_limit",
+                reason="stand_in_limit",
+                action=f"needs {ev.needs}: run it where that image can be pulled",
+                evidence=ev,
+            )
+        ev = host_evidence(entry)
+        if ev is not None:
+            return Outcome(
+                category="unreachable_host",
+                reason="needs_unreachable_host",
+                action=f"needs {ev.needs} ({ev.file}, {ev.phase}): run it with that host "
+                "reachable, or add a substitution from a registry",
+                evidence=ev,
+            )
+        rot = bit_rot(entry)
+        if rot is not None:
+            return Outcome(category="failing", reason=first, action=rot)
+    return Outcome(category="failing", reason=first, action=failing_action(entry, first))
+
+
+def failing_action(entry: Mapping[str, Any], reason: str) -> str:
+    """One sentence for a failure in sandgym, from the line's typed fields."""
+    shortfall = entry.get("shortfall")
+    if isinstance(shortfall, str) and shortfall:
+        return shortfall
+    if reason.startswith("build_"):
+        tail = [ln for ln in _lines(entry.get("build_error")) if ln.strip()][-1:]
+        return f"the image does not build ({reason}): {tail[0][:200] if tail else '?'}"
+    return f"{reason}: see the task's recorded outputs"
+
+
+#: what a line recorded before `outcome` existed says, by its own recorded reasons
+def recorded_category(entry: Mapping[str, Any]) -> tuple[str, str]:
+    """(category, reason) of a line from the `reasons` and `unreachable_hosts` it recorded when
+    it ran: a line with an `outcome` keeps it; an older line is read as its code wrote it (its
+    exclusion reasons were `needs_unreachable_host`/`base_image_unavailable`; where its first
+    recorded host was the public copy's missing files, that is `dataset_incomplete`)."""
+    outcome = entry.get("outcome")
+    if isinstance(outcome, Mapping):
+        return str(outcome["category"]), str(outcome["reason"])
+    reasons = [r for r in entry.get("reasons") or [] if r != "oracle_not_shipped"]
+    if not reasons:
+        return "clean", "clean"
+    if "needs_unreachable_host" in reasons or "base_image_unavailable" in reasons:
+        hosts = entry.get("unreachable_hosts") or []
+        if hosts and "files absent from the public copy" in str(hosts[0]):
+            return "dataset_incomplete", "dataset_incomplete"
+        return "unreachable_host", (
+            "needs_unreachable_host"
+            if "needs_unreachable_host" in reasons
+            else "base_image_unavailable"
+        )
+    return "failing", reasons[0]
+
+
+def classified_by(entry: Mapping[str, Any]) -> str:
+    """The code commit that classified this line (recorded on it when it ran)."""
+    return str(entry.get("code_commit") or "not recorded (first run, before per-line commits)")
