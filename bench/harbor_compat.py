@@ -965,6 +965,19 @@ def entries_by_commit(entries: list[dict[str, Any]]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+def stand_ins_of(
+    args: argparse.Namespace, bases: list[str], image_map: dict[str, str]
+) -> dict[str, Any]:
+    """The stand-in images the lines ran on: with `--report-only`, those the document it
+    rebuilds recorded (this engine's images may be gone or rebuilt since); on a run, this
+    engine's, and the recorded one where this engine has none."""
+    earlier: dict[str, Any] = dict(getattr(args, "earlier_stand_ins", None) or {})
+    if args.report_only or args.backend != "docker":
+        return {b: earlier.get(b) for b in sorted(set(bases))} if earlier else {}
+    now = _stand_ins(bases, image_map)
+    return {b: now[b] if now[b] is not None else earlier.get(b) for b in now}
+
+
 def build_document(
     args: argparse.Namespace,
     plans: list[list[Item]],
@@ -986,7 +999,7 @@ def build_document(
         "tasks_run": len(all_entries),
         "backend": args.backend,
         "image_map": image_map,
-        "stand_in_images": _stand_ins(bases, image_map) if args.backend == "docker" else {},
+        "stand_in_images": stand_ins_of(args, bases, image_map),
         "substitute": bool(args.substitute),
         "substitution_table": SUBSTITUTIONS if args.substitute else {},
         "reachable_hosts": list(REACHABLE_HOSTS),
@@ -1038,6 +1051,7 @@ def _prepare(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[list[
             prev = json.loads(Path(args.out).read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):
             prev = {}
+        args.earlier_stand_ins = prev.get("stand_in_images") or {}
         chain = list(prev.get("earlier_provenance") or [])
         if prev.get("provenance") and prev["provenance"] not in chain:
             chain.append(prev["provenance"])

@@ -608,3 +608,27 @@ def test_opam_failing_to_download_its_index_needs_opam_ocaml_org() -> None:
     # a download that failed for another reason (22: an HTTP error) is not a host out of reach
     other = dict(e, oracle_output=line.replace("code 6", "code 22"))
     assert hc.judge(other)[0] == ["oracle_below_one"]
+
+
+def test_a_rebuilt_document_keeps_the_stand_ins_its_lines_ran_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--report-only` on another engine (stand-ins absent or rebuilt) names the images the
+    document it rebuilds recorded, not this engine's."""
+    ran_on = {"ubuntu:24.04": {"local_image": "ubuntu:24.04", "id": "sha256:87f5debecf12"}}
+    out = tmp_path / "doc.json"
+    out.write_text(json.dumps({"stand_in_images": ran_on, "provenance": {"git_commit": "x"}}))
+    jsonl = tmp_path / "r.jsonl"
+    jsonl.write_text(json.dumps(_entry(task_id="t1", dataset="A", reasons=[])) + "\n")
+    (tmp_path / "a" / "t1").mkdir(parents=True)
+    args = _args(
+        tmp_path, "--tasks-dir", str(tmp_path / "a"), "--source-name", "A",
+        "--jsonl", str(jsonl), "--report-only", "--out", str(out),
+    )  # fmt: skip
+    args.backend = "docker"
+    rebuilt = {"ubuntu:24.04": {"local_image": "ubuntu:24.04", "id": "sha256:0cfdd3d64afe"}}
+    monkeypatch.setattr(hc, "_stand_ins", lambda bases, image_map: rebuilt)
+    earlier, plans = hc._prepare(args)
+    assert hc.stand_ins_of(args, ["ubuntu:24.04"], {}) == ran_on
+    args.report_only = False  # a run: this engine's images, which its new lines run on
+    assert hc.stand_ins_of(args, ["ubuntu:24.04"], {}) == rebuilt
