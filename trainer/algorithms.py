@@ -186,6 +186,11 @@ class LossSettings:
     tis: bool = False
     #: its cap C; also the threshold of the `tis/capped_frac` metric when `tis` is off
     tis_cap: float = 2.0
+    #: which distribution the engine's recorded logprobs are under: "processed" (the one it
+    #: sampled from: hf, in-process vLLM, `vllm serve --logprobs-mode processed_logprobs`) or
+    #: "raw" (the unmodified model's: `vllm serve` by default, llama-cpp-python). The
+    #: engine/learner ratio compares like with like (see `compute_loss`)
+    engine_logprobs: str = "processed"
 
     @property
     def rule(self) -> SamplingRule:
@@ -224,6 +229,7 @@ def token_logprobs_and_entropy(
     entropy_grad: bool = True,
     rule: SamplingRule | None = None,
     loss_mask: Any = None,
+    raw_out: list[Any] | None = None,
 ) -> tuple[Any, Any]:
     """log p(token t | tokens < t) for t >= 1 (position 0 gets 0), and the entropy there, under
     the sampler's processed distribution `rule` (temperature, top-k, top-p; default: the
@@ -233,12 +239,18 @@ def token_logprobs_and_entropy(
     `loss_mask` is set (the generated tokens; every position when it is None), in chunks;
     elsewhere the logprobs are temperature-scaled only (they carry no loss). The sampled token
     itself is never masked (see `sampling.processed_logits`). With `entropy_grad=False` the
-    entropy is a statistic only (no graph over the vocabulary)."""
+    entropy is a statistic only (no graph over the vocabulary). `raw_out`, when given, receives
+    the unmodified policy's logprobs (temperature 1, nothing masked; detached) of the same
+    tokens: what an engine reporting raw logprobs is compared with."""
     import torch
 
     rule = rule or SamplingRule()
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
     targets = input_ids[:, 1:]
+    if raw_out is not None:
+        with torch.no_grad():
+            raw = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+            raw_out.append(torch.cat([torch.zeros_like(raw[:, :1]), raw], dim=1))
     scaled = logits / rule.temperature if not rule.greedy and rule.temperature != 1.0 else logits
     logp_all = torch.log_softmax(scaled, dim=-1)
     lp = torch.gather(logp_all, -1, targets.unsqueeze(-1)).squeeze(-1)
@@ -311,10 +323,21 @@ def compute_loss(
     weighted by min(rho, tis_cap), detached. Without it the PPO ratio is taken against the
     engine's logprobs (the behaviour policy). Either way the first pass reports the ratio's
     statistics (`mismatch_*`; `mismatch_metrics` turns them into `tis/*` metrics).
+
+    Like with like: an engine that reports the *raw* model's logprobs (`settings.engine_logprobs`
+    "raw": `vllm serve` without `--logprobs-mode processed_logprobs`, llama-cpp-python) is
+    compared with the learner's raw logprobs of the same tokens (one log-softmax of the logits
+    the forward already computed), so rho measures engine/learner disagreement, not the gap
+    between the sampling distribution and the raw model; and the PPO ratio is then always taken
+    against the learner's processed logprobs. (rho over raw distributions is exact at
+    temperature 1 without truncation; otherwise it estimates the processed ratio.)
     """
     import torch
 
     mask = batch["loss_mask"]
+    raw_engine = settings.engine_logprobs == "raw"
+    first_pass = "learner_old_logprobs" not in batch
+    raw_out: list[Any] | None = [] if raw_engine and first_pass else None
     logprobs, entropy = token_logprobs_and_entropy(
         model,
         batch["input_ids"],
@@ -322,19 +345,24 @@ def compute_loss(
         settings.entropy_coef > 0,
         settings.rule,
         mask,
+        raw_out,
     )
     engine_lp = batch["old_logprobs"]
-    first_pass = "learner_old_logprobs" not in batch
     if first_pass:
         batch["learner_old_logprobs"] = logprobs.detach()
+        # the learner's logprobs under the engine's declared distribution (like with like)
+        batch["learner_engine_view"] = raw_out[0] if raw_out else batch["learner_old_logprobs"]
     learner_old = batch["learner_old_logprobs"]
-    log_rho = (learner_old - engine_lp) * mask  # 0 where no loss: weight 1 there
+    log_rho = (batch["learner_engine_view"] - engine_lp) * mask  # 0 where no loss: weight 1
     log_cap = math.log(settings.tis_cap)
-    if settings.tis:
+    weight = torch.exp(torch.clamp(log_rho, max=log_cap)) if settings.tis else None
+    if settings.tis or raw_engine:
+        # raw engine logprobs are not the sampling distribution's: the PPO ratio is then taken
+        # against the learner's own processed logprobs, never processed over raw
         old = learner_old
-        weight = torch.exp(torch.clamp(log_rho, max=log_cap))
     else:
         old = engine_lp
+    if weight is None:
         weight = torch.ones_like(log_rho)
     pg, clipped = clipped_policy_loss(
         logprobs, old, batch["advantages"], settings.clip_low, settings.clip_high
@@ -366,7 +394,7 @@ def compute_loss(
             "logprob_diff_sum": float(((logprobs - old).abs() * mask).sum()),
         }
         if first_pass:
-            diff = (learner_old - engine_lp).abs() * mask
+            diff = log_rho.abs()
             stats.update(
                 mismatch_tokens=float(mask.sum()),
                 # exp of a clamped log: a wild token cannot make the mean inf

@@ -147,6 +147,14 @@ class EngineSettings(_Settings):
     base_url: str | None = Field(None, description="openai: http://host:port/v1 of the server")
     api_key: str | None = Field(None, description="openai: API key, if the endpoint wants one")
     model_name: str | None = Field(None, description="openai/vllm: the served model's name")
+    logprobs: Literal["auto", "processed", "raw"] = Field(
+        "auto",
+        description="the distribution the engine's reported logprobs are under: processed (the "
+        "one sampled from: hf, in-process vllm, vllm serve --logprobs-mode processed_logprobs) "
+        "or raw (the model's before temperature/top-p: vllm serve's default, openai_text); "
+        "auto = processed for hf/vllm, raw for openai/openai_text. Resolved at load (config.yaml "
+        "records it); the learner's importance ratio compares the same distribution",
+    )
     weight_sync: Literal["auto", "none", "vllm_http"] = Field(
         "auto",
         description="how the learner's weights reach the engine: auto = in-process for hf/vllm, "
@@ -302,6 +310,14 @@ class TrainConfig(_Settings):
         if self.engine.kind in ("openai", "openai_text") and not self.engine.base_url:
             raise ValueError(f"engine.kind is {self.engine.kind} but engine.base_url is not set")
         self._check_weight_sync()
+        if self.engine.logprobs == "auto":
+            raw = self.engine.kind in ("openai", "openai_text")
+            self.engine.logprobs = "raw" if raw else "processed"
+        if self.engine.kind == "openai_text" and self.engine.logprobs != "raw":
+            raise ValueError(
+                "engine.logprobs processed with engine.kind openai_text: llama-cpp-python's "
+                "server reports the raw model's logprobs only; expected raw (or auto)"
+            )
         if self.learner.strategy == "fsdp" and self.learner.lora_rank > 0:
             raise ValueError("learner.strategy fsdp with lora_rank > 0 is not supported yet")
         if self.agent.kind == "harness" and self.agent.workflow != "single":

@@ -67,6 +67,7 @@ def loss_settings(cfg: TrainConfig) -> LossSettings:
         top_k=cfg.sampling.top_k,
         tis=cfg.tis_enabled,
         tis_cap=a.tis_cap,
+        engine_logprobs=cfg.engine.logprobs,
     )
 
 

@@ -323,3 +323,74 @@ def test_entropy_and_kl_under_truncation_have_finite_gradients(peaked: tuple[Any
     assert math.isfinite(float(loss.detach())) and math.isfinite(stats["entropy_sum"])
     assert stats["entropy_sum"] > 0
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+class _RawLogprobEngine:
+    """An engine that samples from the processed distribution but reports the *raw* model's
+    logprobs of what it sampled (T=1, nothing masked), as `vllm serve` does by default and
+    llama-cpp-python's server always does (the `openai`/`openai_text` engines)."""
+
+    def __init__(self, model: Any, tok: Any) -> None:
+        self.model = model
+        self.inner = create_engine(
+            "hf", model=model, eos_token_ids=[tok.eos_token_id], pad_token_id=tok.pad_token_id
+        )
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        gens = self.inner.generate(prompts, params)
+        raw = _raw_logprobs(self.model, prompts, gens)
+        for g in gens:
+            g.logprobs, raw = raw[: len(g.token_ids)], raw[len(g.token_ids) :]
+        return gens
+
+
+@pytest.mark.parametrize("params", SAMPLING)
+def test_tis_compares_raw_engine_logprobs_with_raw_learner_logprobs(
+    peaked: tuple[Any, Any], params: SamplingParams
+) -> None:
+    """An engine reporting raw logprobs: the ratio compares the learner's raw logprobs with the
+    engine's (like with like), and the PPO ratio is taken against the learner's processed ones;
+    with the old comparison (learner-processed over engine-raw) neither holds."""
+    model, tok = peaked
+    prompts = _prompts(tok)
+    torch.manual_seed(1)
+    gens = _RawLogprobEngine(model, tok).generate(prompts, params)
+    assert all(g.token_ids for g in gens)
+    samples = _samples(prompts, gens)
+    rule = {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}
+    for tis in (True, False):
+        settings = LossSettings(**rule, tis=tis, engine_logprobs="raw")
+        norm = aggregation_norm(samples, settings)
+        loss, stats = compute_loss(model, collate(samples, tok.pad_token_id, "cpu"), settings, norm)
+        m = mismatch_metrics(stats, tis=tis)
+        assert m["tis/logprob_diff_max"] < TOL, m
+        assert m["tis/ratio_mean"] == pytest.approx(1.0, abs=TOL)
+        # same weights, first pass: every ratio is 1 and weight 1, so the loss is -sum(A)/norm
+        n_tokens = sum(len(g.token_ids) for g in gens)
+        assert float(loss.detach()) == pytest.approx(-n_tokens / norm, abs=1e-4)
+    # declared processed (the old comparison): the "ratio" is processed over raw, far from 1
+    wrong = LossSettings(**rule, tis=True)
+    _, stats = compute_loss(
+        model, collate(samples, tok.pad_token_id, "cpu"), wrong, aggregation_norm(samples, wrong)
+    )
+    assert mismatch_metrics(stats, tis=True)["tis/logprob_diff_max"] > 0.3
+
+
+def test_engine_logprobs_are_resolved_and_recorded_in_the_run_config() -> None:
+    def cfg(**kw: Any) -> TrainConfig:
+        return TrainConfig.model_validate(
+            {"env": {"task_ids": ["t"]}, "algorithm": {"off_policy": True, "max_staleness": 9},
+             **kw}
+        )  # fmt: skip
+
+    text = cfg(engine={"kind": "openai_text", "base_url": "http://x/v1"})
+    assert text.engine.logprobs == "raw"  # llama-cpp-python reports nothing else
+    assert text.model_dump(mode="json")["engine"]["logprobs"] == "raw"  # config.yaml holds it
+    assert loss_settings(text).engine_logprobs == "raw"
+    served = cfg(engine={"kind": "openai", "base_url": "http://x/v1"})
+    assert served.engine.logprobs == "raw"  # vllm serve's default --logprobs-mode
+    declared = cfg(engine={"kind": "openai", "base_url": "http://x/v1", "logprobs": "processed"})
+    assert loss_settings(declared).engine_logprobs == "processed"
+    assert cfg().engine.logprobs == "processed"  # hf: sampled and scored by the same function
+    with pytest.raises(ValueError, match="processed"):
+        cfg(engine={"kind": "openai_text", "base_url": "http://x/v1", "logprobs": "processed"})
