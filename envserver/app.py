@@ -8,7 +8,8 @@ with handling, so a second request while one is in flight is answered at once wi
 (`invalid_message`, `retryable: true`) instead of queueing behind a long command.
 
 HTTP: `GET /healthz` (never authenticated), `GET /metrics`, `GET /v1/tasks`, `GET /v1/pool`,
-`GET /v1/sessions`, `POST /v1/pool/prewarm {"task_ids": [...], "count": N}`. With a token set,
+`GET /v1/sessions`, `POST /v1/pool/prewarm {"task_ids": [...], "count": N}`, and the sandbox API
+under `/v1/sandboxes` (protocol 1.2, `envserver.sandbox_api`). With a token set,
 all but `/healthz` need `Authorization: Bearer T` (or `?token=T`); a websocket without it is
 accepted and closed at once with code 4401.
 """
@@ -44,6 +45,7 @@ from envserver.protocol import (
     StepMsg,
     parse_client_message,
 )
+from envserver.sandbox_api import SandboxApi, sandbox_router
 from envserver.sessions import EnvService, Session
 from envserver.settings import ServerSettings
 from sandboxes import SandboxBackend
@@ -230,13 +232,16 @@ def create_app(
     """Build the server app. `backend` overrides `settings.backend` (tests pass a fake one)."""
     settings = settings or ServerSettings()
     service = EnvService(settings, backend)
+    sandbox_api = SandboxApi(service)  # the sandbox API (protocol 1.2), over the same pool
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         await service.start()
+        await sandbox_api.start()
         try:
             yield
         finally:
+            await asyncio.shield(sandbox_api.stop())
             await service.stop()
 
     # With a token, the schema and docs pages are not served: FastAPI would serve them
@@ -246,6 +251,7 @@ def create_app(
     )
     app = _EnvServerApp(title="sandgym env server", version="1", lifespan=lifespan, **hidden)
     app.state.service = service
+    app.state.sandbox_api = sandbox_api
     app.state.settings = settings
 
     def _token_ok(header: str | None, query: str | None) -> bool:
@@ -336,6 +342,7 @@ def create_app(
         finally:
             service.connections -= 1
 
+    app.include_router(sandbox_router(sandbox_api, _token_ok))
     app.env_endpoint = env
     # OpenEnv's wire protocol over the same episodes (envserver/openenv_wire.py).
     from envserver.openenv_wire import OPENENV_PATH, create_openenv_app

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gzip
 import io
 import os
 import posixpath
@@ -191,13 +192,14 @@ def pack_environment(directory: Path | str) -> str:
         info.mtime = 0
         return info
 
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
+    with tarfile.open(fileobj=buf, mode="w") as tar:
         for path in sorted(root.rglob("*")):
             rel = path.relative_to(root)
             if {".git", "__pycache__", ".DS_Store"} & set(rel.parts):
                 continue
             tar.add(str(path), arcname=rel.as_posix(), recursive=False, filter=clean)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
+    # mtime=0: gzip's header would otherwise hold the time of packing
+    return base64.b64encode(gzip.compress(buf.getvalue(), 6, mtime=0)).decode("ascii")
 
 
 def _tar_of(source: Path, arcname: str | None) -> bytes:

@@ -111,3 +111,41 @@ def test_pack_environment_is_deterministic_and_skips_git(tmp_path) -> None:
     assert sc.pack_environment(tmp_path) == one
     with tarfile.open(fileobj=io.BytesIO(base64.b64decode(one))) as tar:
         assert sorted(tar.getnames()) == ["Dockerfile", "files", "files/a.txt"]
+
+
+def test_server_maps_each_failure_to_one_code() -> None:
+    from envserver.sandbox_api import (
+        EnvironmentInvalidError,
+        SandboxCapacityError,
+        UnknownSandboxError,
+        to_sandbox_error,
+    )
+    from sandboxes import errors as sbx
+    from sandboxes.pool import PoolKeyFailingError, PoolTimeoutError
+    from tasks.errors import TaskLoadError
+
+    cases = {
+        UnknownSandboxError("x"): "unknown_sandbox",
+        SandboxCapacityError("x"): "capacity",
+        PoolTimeoutError("x"): "capacity",
+        EnvironmentInvalidError("x"): "environment_invalid",
+        TaskLoadError("bad compose"): "environment_invalid",
+        sbx.SandboxGroupUnsupportedError("x"): "environment_invalid",
+        sbx.NetworkPolicyUnsupportedError("x"): "network_unsupported",
+        sbx.SandboxCreateError("build failed"): "build_failed",
+        PoolKeyFailingError("x", "key", None): "build_failed",
+        sbx.CommandTimeoutError("x"): "exec_timeout",
+        sbx.SandboxLostError("x"): "sandbox_lost",
+        sbx.SandboxClosedError("x"): "sandbox_lost",
+        sbx.SandboxFileNotFoundError("x"): "file_not_found",
+        sbx.SandboxPathError("x"): "invalid_request",
+        RuntimeError("boom"): "internal",
+    }
+    for exc, code in cases.items():
+        err = to_sandbox_error(exc)
+        assert err.code == code, (exc, err)
+        assert sc.error_for_code(err.code).code == code
+    with pytest.raises(ValidationError) as info:
+        sp.ExecRequest.model_validate_json('{"command": 3}')
+    assert to_sandbox_error(info.value).code == "invalid_request"
+    assert to_sandbox_error(PoolTimeoutError("x")).retryable is True
