@@ -114,6 +114,20 @@ class ServerMetrics:
             buckets=LATENCY_BUCKETS_S,
             registry=r,
         )
+        self.tamper_reports = Counter(
+            "sandgym_tamper_reports",
+            "scored episodes by verify mode and tamper report: clean, tampered (verified anyway: "
+            "shared, pristine), refused (refuse-tampered: scored without the verifier), "
+            "unchecked (the backend lists no changed paths)",
+            ["verify", "report"],
+            registry=r,
+        )
+        self.tampered_paths = Counter(
+            "sandgym_tampered_paths",
+            "paths named by tamper reports, by category",
+            ["category"],
+            registry=r,
+        )
         # Pre-bind label children so the hot path does no label lookups.
         self.latency_by_kind = {k: self.action_latency.labels(k) for k in ACTION_KINDS}
         self.errors_by_code = {c: self.errors.labels(c) for c in ERROR_CODES}
@@ -125,6 +139,21 @@ class ServerMetrics:
         if child is None:
             child = self._episodes_by_outcome[outcome] = self.episodes.labels(outcome)
         child.inc()
+
+    def episode_verified(self, verify: str | None, tamper: Any) -> None:
+        """Count one scored episode's tamper report (`tasks.tamper.TamperReport`)."""
+        if not tamper.checked:
+            report = "unchecked"
+        elif not tamper.tampered:
+            report = "clean"
+        else:
+            report = "refused" if verify == "refuse-tampered" else "tampered"
+        self.tamper_reports.labels(verify or "shared", report).inc()
+        counts: dict[str, int] = {}
+        for p in tamper.paths:
+            counts[p.category] = counts.get(p.category, 0) + 1
+        for category, n in counts.items():
+            self.tampered_paths.labels(category).inc(n)
 
     def watch_pool(self, snapshot: Callable[[], dict[str, Any]]) -> None:
         self.registry.register(_PoolCollector(snapshot))

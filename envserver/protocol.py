@@ -205,6 +205,10 @@ DESKTOP_ACTION_KINDS = frozenset(
 
 
 # -- client -> server ---------------------------------------------------------------------------
+#: how an episode is verified (docs/verification.md)
+VerifyMode = Literal["shared", "pristine", "refuse-tampered"]
+
+
 class GroupOptions(_Wire):
     """`reset.options.group` (protocol 1.1): this episode is one of `size` that start from one
     prepared state (GRPO/RLOO groups). The first reset of a group id prepares the sandbox
@@ -225,6 +229,11 @@ class ResetOptions(_Wire):
         None,
         description="http://127.0.0.1:PORT of a model gateway, bridged into the sandbox as the "
         "unix socket /run/sandgym/gateway.sock (local, docker)",
+    )
+    verify: VerifyMode | None = Field(
+        None,
+        description="how this episode is verified (docs/verification.md); None: the server's "
+        "setting, else the task's, else `shared`",
     )
 
 
@@ -301,6 +310,29 @@ class ObservationReply(_Wire):
     info: dict[str, Any] = Field(default_factory=dict)
 
 
+class TamperedPathInfo(BaseModel):
+    """One path of `info.tamper.paths`: changed by the agent, runnable or importable by the
+    verifier before it writes its reward."""
+
+    path: str
+    change: Literal["created", "modified", "deleted"]
+    category: str = Field(description="verifier_mounts, executables, loader, python_startup, ...")
+
+
+class TamperInfo(BaseModel):
+    """`info.tamper` of a scored `submit`: the episode's tamper report (docs/verification.md)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    checked: bool = Field(description="the backend listed the changed paths (else see `reason`)")
+    tampered: bool = False
+    paths: list[TamperedPathInfo] = Field(default_factory=list, description="the first 100")
+    count: int = Field(0, description="tampered paths in all")
+    changed: int = Field(0, description="paths the agent changed in all")
+    expected: int = Field(0, description="sensitive paths the task declares expected")
+    reason: str | None = None
+
+
 class TaskStepInfo(BaseModel):
     """`info.step` of a `submit` reply in a multi-step task (protocol 1.1): the step just
     scored. While steps remain the reply has `terminated: false`, `reward` 0.0 and the next
@@ -369,6 +401,7 @@ class ResetInfo(_Info):
         None, description="the network policy in force (after any server clamp), per phase"
     )
     group: GroupInfo | None = None
+    verify: VerifyMode | None = Field(None, description="how the episode will be verified")
 
 
 class StepInfo(_Info):
@@ -389,6 +422,8 @@ class StepInfo(_Info):
     truncation: Literal["max_steps", "time_limit"] | None = Field(
         None, description="why the episode was truncated (with `truncated: true`)"
     )
+    tamper: TamperInfo | None = Field(None, description="a scored submit: its tamper report")
+    verify: VerifyMode | None = Field(None, description="a scored submit: how it was verified")
     timed_out: bool | None = Field(None, description="the command ran past its timeout")
     output_truncated: bool | None = Field(None, description="the output was cut to the cap")
 

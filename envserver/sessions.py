@@ -224,8 +224,9 @@ class EnvService:
 
     # -- the four requests ---------------------------------------------------------------------
     async def reset(self, conn: Connection, msg: ResetMsg) -> ObservationReply:
-        from tasks.runtime import prepare_episode
+        from tasks.runtime import mark_episode, prepare_episode
 
+        verify = msg.options.verify or self.settings.verify
         if conn.session is not None:
             await self._end(conn.session, "reset")
         assert self.pool is not None
@@ -260,9 +261,14 @@ class EnvService:
                     setup = prepared.setup.model_copy(deep=True)  # and of its set-up
                     if setup.network is not None:
                         await sandbox.set_network(setup.network.agent)
+                    await mark_episode(task, sandbox, setup, verify)  # its own tamper baseline
                 else:
                     setup = await prepare_episode(
-                        task, sandbox, msg.seed, network_ceiling=self._network_ceiling
+                        task,
+                        sandbox,
+                        msg.seed,
+                        network_ceiling=self._network_ceiling,
+                        verify=verify,
                     )
                 if group is not None and member == 0:
                     await self._snapshot_group(group, sandbox, spec, setup)
@@ -327,6 +333,7 @@ class EnvService:
                 **({"gateway_socket": "/run/sandgym/gateway.sock"} if bridge else {}),
                 **({"network": setup.network.describe()} if setup.network is not None else {}),
                 **({"group": group.describe(member, forked)} if group is not None else {}),
+                verify=setup.verify,
             ).wire(),
         )
 
@@ -460,6 +467,7 @@ class EnvService:
                 "verifier_duration_s": result.duration_s,
                 "verifier_output": _tail(result.output or ""),
                 "from_pool": s.sandbox.from_pool,
+                **self._tamper_info(result),
             }
             if outcome.step is not None:
                 # A multi-step task (protocol 1.1): info.step is the step just scored (name,
@@ -516,6 +524,13 @@ class EnvService:
             truncated=truncated,
             info=StepInfo(**info).wire(),
         )
+
+    def _tamper_info(self, result: Any) -> dict[str, Any]:
+        """info.tamper and info.verify of a scored submit, counted in the metrics."""
+        if result.tamper is None:
+            return {}
+        self.metrics.episode_verified(result.verify, result.tamper)
+        return {"tamper": result.tamper.model_dump(), "verify": result.verify}
 
     async def close(self, conn: Connection, msg: CloseMsg) -> ClosedReply:
         s = conn.session

@@ -8,7 +8,7 @@ or passed to the constructor; `sandgym serve` flags override both.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -69,6 +69,11 @@ class ServerSettings(BaseSettings):
     )
     resume_grace_s: float = Field(
         60.0, ge=0, description="a dropped connection's episode is kept this long for `resume`"
+    )
+    verify: Literal["shared", "pristine", "refuse-tampered"] | None = Field(
+        None,
+        description="how episodes are verified unless a reset asks otherwise (None: each task's "
+        "own `metadata.verify`, else `shared`); docs/verification.md",
     )
     verifier_stop_agent_processes: bool = Field(
         False,

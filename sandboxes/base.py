@@ -28,6 +28,7 @@ import uuid
 from pathlib import Path
 
 from sandboxes.errors import (
+    ChangesUnsupportedError,
     NetworkPolicyUnsupportedError,
     SandboxClosedError,
     SandboxError,
@@ -37,7 +38,7 @@ from sandboxes.errors import (
 from sandboxes.labels import sandbox_labels
 from sandboxes.network import NetworkPolicy
 from sandboxes.paths import new_sandbox_id
-from sandboxes.spec import ExecResult, FileChanges, SandboxSpec, ShellResult
+from sandboxes.spec import ExecResult, FileChanges, PathChanges, SandboxSpec, ShellResult
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,20 @@ class Sandbox(abc.ABC):
     async def apply_changes(self, changes: FileChanges) -> None:
         """Make this fresh sandbox's files those of the one `changes` came from."""
         raise SnapshotUnsupportedError(f"the {self.backend_name} backend cannot apply changes")
+
+    async def changed_paths(self) -> PathChanges:
+        """The paths created, modified and deleted since this sandbox was made, as the backend
+        itself sees them (the engine's diff, the host's view of the tree), never through a
+        program inside the sandbox: what a tamper report is computed from. Backends without
+        one raise ChangesUnsupportedError."""
+        raise ChangesUnsupportedError(f"the {self.backend_name} backend cannot list changed paths")
+
+    async def path_fingerprints(self, paths: list[str]) -> dict[str, str | None]:
+        """path -> an opaque fingerprint of what is there now (content, mode, owner, link
+        target; None when nothing is), read by the backend itself: a path that
+        `changed_paths` lists both before and after was changed again when its fingerprint
+        differs."""
+        raise ChangesUnsupportedError(f"the {self.backend_name} backend cannot fingerprint paths")
 
     async def warm_up(self) -> None:
         """Start what the first action would otherwise start (the persistent shell), so that a

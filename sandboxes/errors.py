@@ -67,6 +67,10 @@ class SnapshotUnsupportedError(SandboxError, NotImplementedError):
     """The backend cannot snapshot a sandbox (a group's members are then prepared one by one)."""
 
 
+class ChangesUnsupportedError(SandboxError, NotImplementedError):
+    """The backend cannot say which paths of a sandbox changed (no tamper report there)."""
+
+
 class NetworkPolicyUnsupportedError(SandboxError, ValueError):
     """The backend cannot enforce the network policy asked for (or the switch between two);
     the task is refused rather than run with a more open network than it declares."""

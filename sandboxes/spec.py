@@ -276,3 +276,22 @@ class FileChanges:
     @property
     def size_bytes(self) -> int:
         return len(self.tar)
+
+
+@dataclass(frozen=True)
+class PathChanges:
+    """Which paths of a sandbox's file system differ from what it was made from
+    (`Sandbox.changed_paths`), read by the backend itself, never by a program inside the
+    sandbox: created, modified (content, mode, owner or link target) and deleted, each sorted.
+    A directory counts as modified only when its own mode or owner changed, not its entries."""
+
+    created: tuple[str, ...] = ()
+    modified: tuple[str, ...] = ()
+    deleted: tuple[str, ...] = ()
+
+    def kinds(self) -> dict[str, str]:
+        """path -> "created" | "modified" | "deleted"."""
+        out = {p: "created" for p in self.created}
+        out.update({p: "modified" for p in self.modified})
+        out.update({p: "deleted" for p in self.deleted})
+        return out

@@ -15,10 +15,11 @@ from sandboxes.network import NetworkPolicy
 from tasks.desktop import start_task_desktop
 from tasks.dockerfile import apply_dockerfile
 from tasks.episode_models import EpisodeSetup, StepOutcome, VerifierResult
-from tasks.errors import TaskError
+from tasks.errors import TaskError, TaskUnsupportedError
 from tasks.models import TaskSpec
 from tasks.steps import begin_step, finish_step
-from tasks.verifier.run import run_verifier
+from tasks.tamper import mark_baseline
+from tasks.verifier.modes import resolve_verify_mode, verify_episode
 
 #: where a generator may write its seed's instruction (see `_run_generator`)
 INSTRUCTION_FILE_ENV = "SANDGYM_INSTRUCTION_FILE"
@@ -29,12 +30,17 @@ async def prepare_episode(
     sandbox: Sandbox,
     seed: int | None,
     network_ceiling: NetworkPolicy | None = None,
+    verify: str | None = None,
+    baseline: bool = True,
 ) -> EpisodeSetup:
     """Make a fresh sandbox ready for the agent: environment files, input files, and (for a
     procedural task) this seed's instance. Tests are *not* copied: they arrive at verify time.
     The set-up runs under the environment's network; the sandbox is then switched to the
-    agent's (both clamped by `network_ceiling`, as in `sandbox_spec_for`)."""
+    agent's (both clamped by `network_ceiling`, as in `sandbox_spec_for`). `verify`: the mode
+    asked for (the reset's or server's; `resolve_verify_mode`); `baseline`: record the changed
+    paths so far, so that the tamper report names only the agent's (`mark_episode`)."""
     start = time.perf_counter()
+    mode = resolve_verify_mode(task, verify)
     seed = random.randrange(2**31) if seed is None else int(seed)
     warnings: list[str] = []
     if not sandbox.builds_images:
@@ -57,7 +63,7 @@ async def prepare_episode(
         await begin_step(task, sandbox, first)
     plan = task.network_plan(first).clamp(network_ceiling)
     await sandbox.set_network(plan.agent)
-    return EpisodeSetup(
+    setup = EpisodeSetup(
         instruction=(
             generated_instruction
             if generated_instruction is not None
@@ -73,7 +79,28 @@ async def prepare_episode(
         desktop=desktop,
         network=plan,
         network_ceiling=network_ceiling,
+        verify=mode,
     )
+    if baseline:
+        await mark_episode(task, sandbox, setup)
+    return setup
+
+
+async def mark_episode(
+    task: TaskSpec, sandbox: Sandbox, setup: EpisodeSetup, verify: str | None = None
+) -> None:
+    """Record in `setup` the sandbox's changed paths now, the agent not having acted yet (the
+    tamper report's baseline), and, when given, the episode's `verify` mode. A group's member
+    calls it on its own sandbox after member 0's set-up was copied into it. A mode that needs
+    the report on a backend without one is a TaskUnsupportedError."""
+    if verify is not None:
+        setup.verify = resolve_verify_mode(task, verify)
+    setup.change_baseline = await mark_baseline(task, sandbox, setup.workdir)
+    if setup.change_baseline is None and setup.verify == "refuse-tampered":
+        raise TaskUnsupportedError(
+            f"task {task.id}: verify 'refuse-tampered' needs a tamper report, and the "
+            f"{sandbox.backend_name} backend cannot list the paths a sandbox changed"
+        )
 
 
 async def _run_generator(task: TaskSpec, sandbox: Sandbox, seed: int) -> tuple[bytes, str | None]:
@@ -119,6 +146,7 @@ async def _run_generator(task: TaskSpec, sandbox: Sandbox, seed: int) -> tuple[b
 async def score_step(
     task: TaskSpec, sandbox: Sandbox, setup: EpisodeSetup, **verifier_kw: Any
 ) -> tuple[VerifierResult, StepOutcome]:
-    """`run_verifier` then `finish_step`: what a `submit` does."""
-    result = await run_verifier(task, sandbox, setup, **verifier_kw)
+    """`verify_episode` (tamper report, then the verifier as `setup.verify` says) then
+    `finish_step`: what a `submit` does."""
+    result = await verify_episode(task, sandbox, setup, **verifier_kw)
     return result, await finish_step(task, sandbox, setup, result)

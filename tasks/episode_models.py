@@ -5,13 +5,20 @@ runtime (episode, steps, verifier, oracle) imports them without importing the ot
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandboxes.network import NetworkPolicy
 from tasks.models import NetworkPlan
 from tasks.paths import DEFAULT_WORKDIR
+from tasks.tamper import ChangeBaseline, TamperReport
+
+#: how an episode is verified (docs/verification.md): in the agent's own sandbox (`shared`, Harbor's
+#: default), in a fresh sandbox of the task's image holding only the agent's outputs (`pristine`),
+#: or in the agent's sandbox unless the tamper report names a path (`refuse-tampered`: scored 0)
+VerifyMode = Literal["shared", "pristine", "refuse-tampered"]
+VERIFY_MODES: tuple[VerifyMode, ...] = ("shared", "pristine", "refuse-tampered")
 
 
 class EpisodeSetup(BaseModel):
@@ -38,6 +45,10 @@ class EpisodeSetup(BaseModel):
     step_rewards: list[float] = Field(
         default_factory=list, description="multi-step tasks: the rewards of the steps scored"
     )
+    change_baseline: ChangeBaseline | None = Field(
+        None, description="the sandbox's changed paths when the set-up was done (tamper report)"
+    )
+    verify: VerifyMode = Field("shared", description="how the episode is verified")
 
 
 class VerifierResult(BaseModel):
@@ -47,6 +58,8 @@ class VerifierResult(BaseModel):
     output: str = Field("", description="the verifier's stdout+stderr")
     duration_s: float = 0.0
     details: dict[str, Any] = Field(default_factory=dict)
+    tamper: TamperReport | None = Field(None, description="the episode's tamper report")
+    verify: VerifyMode | None = Field(None, description="how it was verified")
 
 
 class StepOutcome(BaseModel):

@@ -36,9 +36,13 @@ class VerifierError(TaskError, RuntimeError):
         super().__init__(message)
         self.output = output
         self.cause = cause
+        #: the episode's tamper report, when it names paths (tasks/tamper.py): said in the message
+        self.tamper: str | None = None
 
     def __str__(self) -> str:
         base = f"[{self.cause}] {super().__str__()}"
+        if self.tamper:
+            base += f" [tampered: {self.tamper}]"
         if not self.output:
             return base
         tail = self.output[-2000:]

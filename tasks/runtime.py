@@ -23,7 +23,7 @@ files; RUN lines are skipped with a warning unless the spec opts in (`allow_run`
 """
 
 from tasks.dockerfile import task_dockerfile
-from tasks.episode import INSTRUCTION_FILE_ENV, prepare_episode, score_step
+from tasks.episode import INSTRUCTION_FILE_ENV, mark_episode, prepare_episode, score_step
 from tasks.episode_models import EpisodeSetup, StepOutcome, VerifierResult
 from tasks.oracle import INSTRUCTION_ENV, run_oracle
 from tasks.paths import (
@@ -52,6 +52,7 @@ __all__ = [
     "VerifierResult",
     "current_step",
     "finish_step",
+    "mark_episode",
     "parse_image_map",
     "prepare_episode",
     "reward_range",

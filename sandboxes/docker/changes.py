@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import posixpath
 import uuid
 from collections.abc import Iterator
@@ -26,12 +27,15 @@ from typing import Any
 
 from sandboxes.docker.exec_kill import DockerExec
 from sandboxes.errors import SandboxError, SnapshotUnsupportedError
-from sandboxes.spec import FileChanges
+from sandboxes.spec import FileChanges, PathChanges
 
 #: a larger change set is committed instead (it is held in the server's memory per group)
 MAX_CHANGES_BYTES = 64 * 1024 * 1024
 #: what the engine puts into every container: never part of a sandbox's changes
 ENGINE_PATHS = ("/etc/hosts", "/etc/hostname", "/etc/resolv.conf", "/proc", "/sys", "/dev")
+#: a file up to this size is fingerprinted by its bytes (`path_fingerprints`), a larger one by
+#: the engine's stat of it (size, mode, mtime)
+MAX_FINGERPRINT_BYTES = 4 * 1024 * 1024
 #: `docker diff` kinds
 _MODIFIED, _ADDED, _DELETED = 0, 1, 2
 
@@ -57,6 +61,30 @@ def split_diff(diff: list[dict[str, Any]], mounts: tuple[str, ...]) -> tuple[lis
             continue
         (deleted if entry.get("Kind") == _DELETED else keep).append(path)
     return sorted(keep), sorted(deleted)
+
+
+def diff_kinds(diff: list[dict[str, Any]], mounts: tuple[str, ...]) -> PathChanges:
+    """`docker diff` entries -> `PathChanges`, without what the engine mounts (as `split_diff`).
+    The engine marks every directory above a changed entry as changed: such a directory (one
+    that is the parent of another listed entry) is not reported; a directory listed alone (its
+    own mode or owner changed) is."""
+    skip = ENGINE_PATHS + mounts
+    kinds: dict[str, int] = {}
+    for entry in diff or []:
+        path = posixpath.normpath(str(entry.get("Path") or ""))
+        if not path.startswith("/") or path == "/" or _under(path, skip):
+            continue
+        if posixpath.basename(path) == "docker-init" and posixpath.dirname(path) in (
+            "/sbin",
+            "/usr/sbin",
+        ):
+            continue
+        kinds[path] = int(entry.get("Kind", _MODIFIED))
+    parents = {posixpath.dirname(p) for p in kinds}
+    created = sorted(p for p, k in kinds.items() if k == _ADDED)
+    deleted = sorted(p for p, k in kinds.items() if k == _DELETED)
+    modified = sorted(p for p, k in kinds.items() if k == _MODIFIED and p not in parents)
+    return PathChanges(created=tuple(created), modified=tuple(modified), deleted=tuple(deleted))
 
 
 class DockerChanges(DockerExec):
@@ -98,6 +126,50 @@ class DockerChanges(DockerExec):
                 f"(exit code {code}; expected GNU tar in the image)"
             )
         return FileChanges(tar=tar, deleted=tuple(deleted))
+
+    async def changed_paths(self) -> PathChanges:
+        """The engine's own diff of the container against its image (`diff_kinds`): no program
+        inside the container is run, so none the agent replaced can hide a change."""
+        await self._check_running("changed paths")
+        api = self._api
+        info, diff = await asyncio.gather(
+            asyncio.to_thread(api.inspect_container, self.container_id),
+            asyncio.to_thread(api.diff, self.container_id),
+        )
+        mounts = tuple(str(m.get("Destination")) for m in info.get("Mounts") or [])
+        return diff_kinds(diff, mounts)
+
+    async def path_fingerprints(self, paths: list[str]) -> dict[str, str | None]:
+        """Through the engine's archive endpoint: a regular file up to MAX_FINGERPRINT_BYTES by
+        the hash of its archive (bytes, mode, owner, mtime), anything else by the engine's stat
+        (mode, size, mtime, link target)."""
+        await self._check_running("fingerprints")
+        return await asyncio.to_thread(lambda: {p: self._fingerprint(p) for p in paths})
+
+    def _fingerprint(self, path: str) -> str | None:
+        """(Thread) One path's fingerprint; None when the engine finds nothing there."""
+        import docker.errors
+
+        try:
+            chunks, info = self._api.get_archive(self.container_id, path, 65536)
+        except docker.errors.NotFound:
+            return None
+        info = info or {}
+        mode = int(info.get("mode", 0))
+        stat = f"{mode}:{info.get('size')}:{info.get('mtime')}:{info.get('linkTarget')}"
+        regular = not mode & ((1 << 31) | (1 << 27)) and int(info.get("size") or 0) <= (
+            MAX_FINGERPRINT_BYTES
+        )
+        try:
+            if not regular:
+                return "s:" + stat
+            digest = hashlib.sha256()
+            for chunk in chunks:
+                digest.update(chunk)
+            return "h:" + digest.hexdigest()
+        finally:
+            with contextlib.suppress(Exception):
+                chunks.close()
 
     def _tar_out(self, listing: str) -> tuple[int | None, bytes]:
         """(Thread) GNU tar's archive of the paths in `listing` on stdout, as root; the exit

@@ -27,6 +27,7 @@ from sandboxes.errors import (
     SandboxLostError,
     SandboxPathError,
 )
+from sandboxes.local.changes import diff_manifest, path_fingerprint, tree_manifest
 from sandboxes.local.streams import _Capture, _feed, _read_all
 from sandboxes.local.tree import (
     PRIVATE_DIRS,
@@ -40,7 +41,7 @@ from sandboxes.local.tree import (
 from sandboxes.network import NetworkPolicy
 from sandboxes.paths import normalize_sandbox_path
 from sandboxes.shell import PexpectShell
-from sandboxes.spec import ExecResult, SandboxSpec
+from sandboxes.spec import ExecResult, PathChanges, SandboxSpec
 
 if TYPE_CHECKING:
     from sandboxes.local.backend import LocalBackend
@@ -68,6 +69,8 @@ class LocalSandbox(ShellSandbox):
             self.env.update(proxy_env())
         self.env.update(spec.env)
         self._proxy: EgressProxy | None = None
+        #: the tree as it was made (`changed_paths` compares with it)
+        self._manifest: dict[str, str] = {}
 
     @property
     def bridge_dir(self) -> Path:
@@ -138,6 +141,7 @@ class LocalSandbox(ShellSandbox):
             os.chmod(self.fs / d, 0o1777)
         os.chmod(self.fs / "logs/verifier", 0o777)
         (self.fs / self.spec.workdir.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        self._manifest = tree_manifest(self.fs)
 
     def _bwrap_argv(self, info_fd: int) -> list[str]:
         argv = ["bwrap", "--bind", str(self.fs), "/"]
@@ -229,6 +233,16 @@ class LocalSandbox(ShellSandbox):
             await asyncio.to_thread(_rmtree, dest)
             raise
         return snap
+
+    async def changed_paths(self) -> PathChanges:
+        """The tree now against the tree as it was made (sandboxes/local/changes.py)."""
+        await self._check_live()
+        now = await asyncio.to_thread(tree_manifest, self.fs)
+        return diff_manifest(self._manifest, now)
+
+    async def path_fingerprints(self, paths: list[str]) -> dict[str, str | None]:
+        await self._check_live()
+        return await asyncio.to_thread(lambda: {p: path_fingerprint(self.fs, p) for p in paths})
 
     async def _apply_network(self, policy: NetworkPolicy) -> None:
         """Between no-network and allowlist phases (`check_network` allows no other switch):

@@ -1,0 +1,93 @@
+"""How an episode is verified (`verify_episode`): the tamper report first, then the mode.
+
+- `shared` (Harbor's default): the tests run where the agent left things (`run_verifier`); the
+  tamper report says what of the agent's the verifier may have run;
+- `pristine`: in a fresh sandbox holding only the agent's outputs (`tasks.verifier.pristine`);
+- `refuse-tampered`: as `shared`, unless the report names a path: then the verifier does not
+  run and the step scores the task's lowest reward (0 on the default range), with the reason.
+
+The mode comes from the reset (`options.verify`), else the server (`verify`), else the task
+(`metadata.verify` in task.toml), else `shared`: `resolve_verify_mode`. docs/verification.md
+says when each fits.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from sandboxes import Sandbox, SandboxBackend
+from tasks.episode_models import VERIFY_MODES, EpisodeSetup, VerifierResult, VerifyMode
+from tasks.errors import TaskError, TaskUnsupportedError, VerifierError
+from tasks.models import TaskSpec
+from tasks.tamper import tamper_report
+from tasks.verifier.pristine import pristine_unsupported, pristine_verifier_sandbox
+from tasks.verifier.run import reward_range, run_verifier
+
+
+def resolve_verify_mode(task: TaskSpec, *requested: str | None) -> VerifyMode:
+    """The first mode given among `requested` (the reset's, the server's), else the task's
+    `metadata.verify`, else `shared`; a mode the task cannot use is a TaskUnsupportedError."""
+    declared = task.metadata.get("verify")
+    if declared is not None and declared not in VERIFY_MODES:
+        raise TaskError(
+            f"task {task.id}: metadata.verify must be one of {', '.join(VERIFY_MODES)}, "
+            f"found {declared!r}"
+        )
+    mode = next((m for m in requested if m is not None), declared or "shared")
+    if mode not in VERIFY_MODES:
+        raise TaskError(f"verify must be one of {', '.join(VERIFY_MODES)}, found {mode!r}")
+    if mode == "pristine":
+        why = pristine_unsupported(task)
+        if why is not None:
+            raise TaskUnsupportedError(f"task {task.id} cannot be verified pristine: {why}")
+    return mode  # type: ignore[return-value]
+
+
+async def verify_episode(
+    task: TaskSpec,
+    sandbox: Sandbox,
+    setup: EpisodeSetup,
+    backend: SandboxBackend | None = None,
+    image_map: Mapping[str, str] | None = None,
+    **verifier_kw: Any,
+) -> VerifierResult:
+    """The tamper report, then the verifier as `setup.verify` says (the module docstring). A
+    `VerifierError` of a tampered episode carries the report's summary in its message."""
+    start = time.perf_counter()
+    report = await tamper_report(task, sandbox, setup.change_baseline, setup.workdir)
+    mode = setup.verify
+    if mode == "refuse-tampered" and report.tampered:
+        low = reward_range(task)[0]
+        note = f"[sandgym: not verified ({mode}): {report.summary()}]"
+        return VerifierResult(
+            reward=low,
+            output=note,
+            duration_s=time.perf_counter() - start,
+            details={"refused": report.summary(limit=20)},
+            tamper=report,
+            verify=mode,
+        )
+    try:
+        if mode == "pristine":
+            async with pristine_verifier_sandbox(task, sandbox, setup, backend, image_map) as pv:
+                result = await run_verifier(
+                    task, pv.sandbox, pv.setup, backend=backend, image_map=image_map
+                )
+                result.details["pristine"] = {
+                    "sandbox": pv.sandbox.id,
+                    "copied": pv.copied,
+                    "dropped": pv.dropped[:100],
+                    "deleted": pv.deleted[:100],
+                }
+        else:
+            result = await run_verifier(
+                task, sandbox, setup, backend=backend, image_map=image_map, **verifier_kw
+            )
+    except VerifierError as exc:
+        if report.tampered:
+            exc.tamper = report.summary()
+        raise
+    result.tamper, result.verify = report, mode
+    return result
