@@ -49,7 +49,9 @@ def test_openenv_client_runs_sandgym_episodes(
         first = env.reset(task_id=TASK, seed=0)
         assert "/app/hello.txt" in first.observation["output"]
         assert first.done is False and first.reward is None
-        assert first.metadata["session_id"] in {s["session_id"] for s in srv.service.sessions_view()}
+        assert first.metadata["session_id"] in {
+            s["session_id"] for s in srv.service.sessions_view()
+        }
         assert env.state()["step_count"] == 0
 
         # max_concurrent_envs=1: a second OpenEnv session is refused as OpenEnv's server does
