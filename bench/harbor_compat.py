@@ -661,8 +661,34 @@ def plan_dataset(args: argparse.Namespace, index: int, load: bool = True) -> lis
                         _ensure_uv_image(rec["version"], Path(args.work_dir))
             item.refs = referenced_unreachable_hosts(d) if d.is_dir() else {}
             item.task, item.load_error = _load(src)
+            if item.task is not None:
+                item.substitutions += classic_builder_records(item.task, d)
         items.append(item)
     return items
+
+
+def classic_builder_records(task: TaskSpec, task_dir: Path) -> list[dict[str, str]]:
+    """One record per `COPY`/`ADD` of several sources whose destination the runtime spells
+    with its slash for the classic builder (`tasks.dockerfile.copy_dest`): the rewrite is made
+    for every run, and listed on the task's entry like a substitution."""
+    from tasks.dockerfile.copy_dest import copy_destinations
+
+    env = task.environment
+    if env.build_context is None:
+        return []
+    path = env.build_context / env.dockerfile
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return []
+    try:
+        rel = str(path.resolve().relative_to(Path(task_dir).resolve()))
+    except ValueError:  # loaded from its rewritten copy under --work-dir
+        rel = env.dockerfile
+    return [
+        {"name": "copy-dest-dir-for-classic-builder", "original": line, "file": rel}
+        for line in copy_destinations(text, env.build_context)[1]
+    ]
 
 
 def _ensure_uv_image(version: str, work_dir: Path) -> None:

@@ -63,6 +63,13 @@ SUBSTITUTIONS: dict[str, dict[str, str]] = {
         "/uvx, unpacked from the uv wheel of the same version on the Python package index "
         "(`ensure_uv_image`)",
     },
+    "copy-dest-dir-for-classic-builder": {
+        "replaces": "a Dockerfile's `COPY a b /dest` (several sources, or a wildcard matching "
+        "several files) without the destination's trailing slash, which BuildKit accepts and "
+        "the classic builder refuses",
+        "with": "the same `COPY` with `/dest/` (what BuildKit makes of it); made by the runtime "
+        "(tasks/dockerfile/copy_dest.py) on every build, listed here per task",
+    },
 }
 
 #: the local stand-in of uv's registry image (`uv-image-from-pypi`)
@@ -289,7 +296,14 @@ def prepare_task_copy(
         shutil.rmtree(dst)
     shutil.copytree(src, dst, symlinks=True)
     records: list[dict[str, str]] = []
-    for rel in SCRIPT_FILES:
+    # Terminal-Bench 1's harness scripts (setup-uv-pytest.sh, run-uv-pytest.sh), which its
+    # run-tests.sh sources from $TEST_DIR, are scripts of the task too
+    harness = (
+        sorted(str(p.relative_to(dst)) for p in (dst / "tests").glob("*.sh") if p.is_file())
+        if (dst / "tests").is_dir()
+        else []
+    )
+    for rel in dict.fromkeys([*SCRIPT_FILES, *harness]):
         f = dst / rel
         if not f.is_file() or f.is_symlink():
             continue

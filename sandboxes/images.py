@@ -227,11 +227,15 @@ def _python_source_run(version: str) -> tuple[str, ...]:
 
 
 #: Terminal-Bench's base images are the python/ubuntu image plus these (installed with apt's
-#: defaults, as their Dockerfiles do).
+#: defaults, as their Dockerfiles do), working in /app: Terminal-Bench 1 tasks build on that
+#: (path-tracing runs `./orig` and then moves `/app/reconstructed.ppm`; sqlite-db-truncate's
+#: `COPY trunc.db /app` needs /app to be a directory, else /app becomes a file and a sandbox of
+#: the image cannot start in it).
 TBENCH_RUN = (
     "RUN apt-get update"
     " && DEBIAN_FRONTEND=noninteractive apt-get install -y tmux asciinema"
     " && rm -rf /var/lib/apt/lists/*",
+    "WORKDIR /app",
 )
 
 _TRIXIE = "Debian 13 (trixie) minbase made with debootstrap, plus the host's CA bundle"

@@ -49,6 +49,11 @@ class EnvironmentSpec(_Frozen):
         (), description="a compose file's other services, beside the main one (docker only)"
     )
     service_name: str = Field("main", description="the main service's compose name")
+    bind_mounts: tuple[tuple[Path, str], ...] = Field(
+        (),
+        description="compose bind mounts of the task's own files: (host path, target), "
+        "copied into the built image at the target",
+    )
     healthcheck: HealthcheckSpec | None = Field(
         None, description="Harbor [environment] healthcheck: passes before the agent starts"
     )
@@ -160,9 +165,7 @@ class StepSpec(_Frozen):
     agent_timeout_s: float | None = Field(None, description="None = the task's")
     verifier_timeout_s: float | None = Field(None, description="None = the task's")
     agent_network: NetworkPolicy | None = Field(None, description="None = the task's agent's")
-    verifier_network: NetworkPolicy | None = Field(
-        None, description="None = the task's verifier's"
-    )
+    verifier_network: NetworkPolicy | None = Field(None, description="None = the task's verifier's")
     agent_user: str | None = Field(None, description="None = the task's agent user")
     verifier_environment: EnvironmentSpec | None = Field(
         None, description="a separate verifier for this step (None = the task's choice)"

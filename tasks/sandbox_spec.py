@@ -78,7 +78,7 @@ def sandbox_spec_for(
         image = image_map.get(env.image or "", env.image)
     else:
         text = (env.build_context / env.dockerfile).read_text(encoding="utf-8")
-        if needs_rewrite(text, image_map):
+        if needs_rewrite(text, image_map, env.build_context) or env.bind_mounts:
             build_context = rewritten_context(task, image_map)
     workdir = env.workdir or (df.workdir if df else None) or DEFAULT_WORKDIR
     task_env = resolve_env_templates(env.env, f"task {task.id}: environment.env")

@@ -1,7 +1,7 @@
 """Base-image mapping in a Dockerfile, for backends that build it: every stage's `FROM IMAGE` and
 every `COPY --from=IMAGE` named in an image map (FROM -> TO) replaced by a local image, and the
-build context copied with that Dockerfile (and its heredocs rewritten for the classic builder,
-`tasks.dockerfile.heredoc`), cached by content."""
+build context copied with that Dockerfile (and its heredocs and multi-source `COPY`s rewritten for
+the classic builder, `tasks.dockerfile.heredoc` and `.copy_dest`), cached by content."""
 
 from __future__ import annotations
 
@@ -13,12 +13,15 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tasks.cache import cached_tree
+from tasks.dockerfile.copy_dest import copy_destinations
 from tasks.dockerfile.heredoc import has_heredoc, rewrite_heredocs
 from tasks.models import TaskSpec
 
 log = logging.getLogger(__name__)
 
 _COPY_FROM = re.compile(r"(--from=)(\S+)")
+#: where a rewritten context holds the task files a compose bind mount names
+MOUNTS_DIR = ".sandgym-mounts"
 
 
 def map_images(text: str, image_map: Mapping[str, str]) -> str:
@@ -42,9 +45,14 @@ def map_images(text: str, image_map: Mapping[str, str]) -> str:
     return "\n".join(out) + "\n"
 
 
-def needs_rewrite(text: str, image_map: Mapping[str, str]) -> bool:
-    """Whether the Dockerfile text has a heredoc or an image `image_map` maps."""
-    return has_heredoc(text) or map_images(text, image_map) != "\n".join(text.splitlines()) + "\n"
+def needs_rewrite(text: str, image_map: Mapping[str, str], context: Path | None = None) -> bool:
+    """Whether the Dockerfile text has a heredoc, an image `image_map` maps, or a `COPY` of
+    several sources into a destination without its slash (`tasks.dockerfile.copy_dest`)."""
+    return (
+        has_heredoc(text)
+        or map_images(text, image_map) != "\n".join(text.splitlines()) + "\n"
+        or bool(copy_destinations(text, context)[1])
+    )
 
 
 def rewritten_context(task: TaskSpec, image_map: Mapping[str, str]) -> Path:
@@ -55,14 +63,31 @@ def rewritten_context(task: TaskSpec, image_map: Mapping[str, str]) -> Path:
     assert env.build_context is not None
     context = env.build_context
     text = (context / env.dockerfile).read_text(encoding="utf-8")
-    new_text = rewrite_heredocs(map_images(text, image_map))
+    new_text = copy_destinations(rewrite_heredocs(map_images(text, image_map)), context)[0]
     from sandboxes.spec import hash_directory
 
-    digest = hashlib.sha256((hash_directory(context) + new_text).encode()).hexdigest()[:16]
+    mounted = ""
+    for i, (src, target) in enumerate(env.bind_mounts):
+        # a compose bind mount of the task's own files: what the container sees at start
+        where = f"{MOUNTS_DIR}/{i}/" + ("" if src.is_dir() else src.name)
+        new_text = new_text.rstrip("\n") + f"\nCOPY {where} {target}\n"
+        mounted += (
+            hash_directory(src) if src.is_dir() else hashlib.sha256(src.read_bytes()).hexdigest()
+        )
+    digest = hashlib.sha256((hash_directory(context) + mounted + new_text).encode()).hexdigest()[
+        :16
+    ]
 
     def fill(tmp: Path) -> None:
         shutil.copytree(context, tmp, symlinks=True)
         (tmp / env.dockerfile).write_text(new_text, encoding="utf-8")
+        for i, (src, _) in enumerate(env.bind_mounts):
+            dst = tmp / MOUNTS_DIR / str(i)
+            if src.is_dir():
+                shutil.copytree(src, dst, symlinks=True)
+            else:
+                dst.mkdir(parents=True)
+                shutil.copy2(src, dst / src.name)
 
     dest = cached_tree("contexts", task.id, digest, fill)
     log.debug("task %s: build context rewritten (images mapped, heredocs) at %s", task.id, dest)

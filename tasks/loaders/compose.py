@@ -14,8 +14,10 @@ What is ignored, since it changes nothing a task can observe through sandgym: `c
 `hostname`, `restart`, `ports` and `expose` (nothing is published on the host; services reach
 each other by name), resource keys (every container gets the sandbox's limits), `tty`,
 `stdin_open`, `init`, `labels`, `pull_policy`, `platform`, logging and stop settings, `x-*`.
-The harness's own mounts (volumes whose source is a `${T_BENCH_...}` variable) are ignored.
-Anything else (other volumes, `privileged`, `cap_add`, `network_mode`, `env_file`, build
+The harness's own mounts (volumes whose source is a `${T_BENCH_...}` variable) are ignored. A
+bind mount of the task's own files (`./cached_models:/app/cached_models`, main service only) is
+copied into the main image at its target: the container sees at start what the mount shows it
+(its writes stay in the container, where the task's tests read them). Anything else (other volumes, `privileged`, `cap_add`, `network_mode`, `env_file`, build
 `args`, top-level `configs`/`secrets`, ...) is refused with `ComposeUnsupportedError` naming
 the file, the service and the key: a task is never run differently from how it says.
 
@@ -118,6 +120,8 @@ class ComposeEnvironment:
     workdir: str | None = None
     healthcheck: HealthcheckSpec | None = None
     services: tuple[ServiceSpec, ...] = ()
+    #: the main service's bind mounts of folders/files of the task: (host path, target)
+    bind_mounts: tuple[tuple[Path, str], ...] = ()
 
 
 class _Harness(Exception):
@@ -274,6 +278,7 @@ def load_compose(
     out: list[ServiceSpec] = []
     for name, p in parsed.items():
         deps = p.pop("depends_on")
+        p.pop("bind_mounts")  # empty: refused beside the main service above
         if main in deps:
             raise ComposeUnsupportedError(
                 f"{path}: service {name!r} depends on the main service {main!r}: sandgym starts "
@@ -303,6 +308,7 @@ def load_compose(
         workdir=m.get("workdir"),
         healthcheck=health if isinstance(health, HealthcheckSpec) else None,
         services=tuple(out),
+        bind_mounts=tuple(m.get("bind_mounts", ())),
     )
 
 
@@ -329,7 +335,13 @@ class _Ctx:
                 f"networks and links; see tasks/loaders/compose.py)"
             )
         out: dict[str, Any] = {}
-        self._volumes(svc.get("volumes"), where)
+        mounts = self._volumes(svc.get("volumes"), where)
+        if mounts and not is_main:
+            raise ComposeUnsupportedError(
+                f"{where}: volumes {[str(s) for s, _ in mounts]}: sandgym copies a task's own "
+                "folders into the main service only"
+            )
+        out["bind_mounts"] = mounts
         build = svc.get("build")
         if build is not None:
             out["build_context"], out["dockerfile"] = self._build(build, f"{where}: build")
@@ -379,21 +391,36 @@ class _Ctx:
             out["aliases"] = aliases
         return out
 
-    def _volumes(self, volumes: Any, where: str) -> None:
+    def _volumes(self, volumes: Any, where: str) -> list[tuple[Path, str]]:
+        """The bind mounts of the task's own files (`./x:/target`), each (host path, target);
+        the harness's mounts are dropped; anything else is refused."""
         if volumes is None:
-            return
+            return []
         if not isinstance(volumes, list):
             raise ComposeUnsupportedError(f"{where}: volumes must be a list, found {volumes!r}")
+        mounts: list[tuple[Path, str]] = []
         for v in volumes:
-            source = v.get("source") if isinstance(v, dict) else str(v).split(":", 1)[0]
+            if isinstance(v, dict):
+                source, target = v.get("source"), v.get("target")
+                kind = v.get("type", "bind")
+            else:
+                source, _, rest = str(v).partition(":")
+                target, kind = rest.split(":", 1)[0], "bind"
             try:
-                self.sub(source or "", f"{where}: volumes")
+                source = self.sub(source or "", f"{where}: volumes")
             except _Harness:
                 continue  # the harness's log mounts: sandgym collects logs its own way
+            if kind == "bind" and source.startswith(".") and str(target or "").startswith("/"):
+                host = (self.path.parent / source).resolve()
+                if host.is_relative_to(self.task_dir) and host.exists():
+                    mounts.append((host, str(target)))
+                    continue
             raise ComposeUnsupportedError(
-                f"{where}: unsupported key 'volumes' ({v!r}): sandgym does not mount host paths "
-                "or volumes into a task's containers"
+                f"{where}: volumes: {v!r}: sandgym copies only a task's own files and folders "
+                "(a relative bind mount such as ./data:/app/data) into its container, not other "
+                "host paths or named volumes"
             )
+        return mounts
 
     def _build(self, build: Any, where: str) -> tuple[Path, str]:
         if isinstance(build, str):
@@ -544,6 +571,7 @@ def harbor_environment(task_dir: Path, table: dict[str, Any], environment: Any, 
         )
         update["services"] = c.services
         update["service_name"] = "main"
+        update["bind_mounts"] = c.bind_mounts
         update["env"] = {**c.env, **environment.env}
         if environment.workdir is None and c.workdir:
             update["workdir"] = c.workdir

@@ -122,6 +122,7 @@ def load_tbench_dir(path: Path) -> TaskSpec:
         network=NetworkPolicy(mode="public"),
         services=compose.services if compose is not None else (),
         service_name="client",
+        bind_mounts=compose.bind_mounts if compose is not None else (),
     )
     timeouts = TimeoutsSpec(
         agent_timeout_s=as_float(data.get("max_agent_timeout_sec", 360.0), "max_agent_timeout_sec"),

@@ -632,3 +632,46 @@ def test_a_rebuilt_document_keeps_the_stand_ins_its_lines_ran_on(
     assert hc.stand_ins_of(args, ["ubuntu:24.04"], {}) == ran_on
     args.report_only = False  # a run: this engine's images, which its new lines run on
     assert hc.stand_ins_of(args, ["ubuntu:24.04"], {}) == rebuilt
+
+
+TB1_SETUP_UV = """#!/bin/bash
+apt-get update
+apt-get install -y curl
+curl -LsSf https://astral.sh/uv/0.7.13/install.sh | sh
+source $HOME/.local/bin/env
+uv init
+uv add pytest==8.4.1
+"""
+
+
+def test_terminal_bench_1_harness_scripts_and_multi_source_copies_are_rewritten_and_listed(
+    tmp_path: Path,
+) -> None:
+    """Terminal-Bench 1's run-tests.sh sources tests/setup-uv-pytest.sh, which fetches uv from
+    astral.sh: the uv substitution reaches it (before: `uv: command not found`); a BuildKit-only
+    multi-source COPY is listed per task with the file it is in."""
+    from tasks import load_task_dir
+
+    src = tmp_path / "src"
+    shutil.copytree(FIXTURES / "tbench-modern", src)
+    (src / "tests" / "setup-uv-pytest.sh").write_text(TB1_SETUP_UV)
+    (src / "tests" / "run-uv-pytest.sh").write_text("uv run pytest $TEST_DIR/test_outputs.py\n")
+    (src / "deps").mkdir()
+    for n in ("a.py", "b.py"):
+        (src / "deps" / n).write_text(n)
+    with (src / "Dockerfile").open("a") as fh:
+        fh.write("COPY deps/* /app\n")
+    recs = sb.prepare_task_copy(src, tmp_path / "work" / "t")
+    assert [(r["name"], r["file"]) for r in recs] == [
+        ("uv-installer-from-pypi", "tests/setup-uv-pytest.sh")
+    ]
+    text = (tmp_path / "work" / "t" / "tests" / "setup-uv-pytest.sh").read_text()
+    assert "astral.sh" not in text and '_sg_v="0.7.13"' in text and "uv add pytest" in text
+    assert hc.classic_builder_records(load_task_dir(src), src) == [
+        {
+            "name": "copy-dest-dir-for-classic-builder",
+            "original": "COPY deps/* /app",
+            "file": "Dockerfile",
+        }
+    ]
+    assert "copy-dest-dir-for-classic-builder" in sb.SUBSTITUTIONS

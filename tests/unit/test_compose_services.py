@@ -243,13 +243,52 @@ def test_tbench_client_and_services(tmp_path: Path) -> None:
     assert sandbox_spec_for(task).service_name == "client"
 
 
+def test_a_bind_mount_of_the_tasks_own_folder_is_copied_into_the_image(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Terminal-Bench 1's word2vec-from-scratch mounts `./cached_models:/app/cached_models`:
+    the task loads, and its built image holds the folder at the target (what the mount shows
+    the container at start); a mount beside the main service, or of a path outside the task,
+    is still refused by name."""
+    compose = TB1_COMPOSE.replace(
+        "          - ${T_BENCH_TASK_LOGS_PATH}:${T_BENCH_CONTAINER_LOGS_PATH}\n",
+        "          - ${T_BENCH_TASK_LOGS_PATH}:${T_BENCH_CONTAINER_LOGS_PATH}\n"
+        "          - ./cached_models:/app/cached_models\n"
+        "          - ./notes.txt:/srv/notes.txt\n",
+    )
+    d = tb1_task(tmp_path, compose)
+    (d / "cached_models").mkdir()
+    (d / "cached_models" / "vocab.txt").write_text("the\nof\n")
+    (d / "notes.txt").write_text("n")
+    task = load_task_dir(d)
+    assert task.environment.bind_mounts == (
+        ((d / "cached_models").resolve(), "/app/cached_models"),
+        ((d / "notes.txt").resolve(), "/srv/notes.txt"),
+    )
+    monkeypatch.setenv("SANDGYM_CACHE", str(tmp_path / "cache"))
+    spec = sandbox_spec_for(task)
+    assert spec.build_context is not None and spec.build_context != d.resolve()
+    lines = (spec.build_context / "Dockerfile").read_text().splitlines()
+    assert lines[-2:] == [
+        "COPY .sandgym-mounts/0/ /app/cached_models",
+        "COPY .sandgym-mounts/1/notes.txt /srv/notes.txt",
+    ]
+    assert (spec.build_context / ".sandgym-mounts/0/vocab.txt").read_text() == "the\nof\n"
+    assert (spec.build_context / ".sandgym-mounts/1/notes.txt").read_text() == "n"
+    outside = compose.replace("./cached_models:", "../../etc:")
+    with pytest.raises(ComposeUnsupportedError, match="copies only a task's own files"):
+        load_task_dir(tb1_task(tmp_path / "o", outside))
+
+
 @pytest.mark.parametrize(
     ("service", "needle"),
     [
         ("privileged: true", "unsupported keys ['privileged']"),
         ("cap_add: [NET_ADMIN]", "unsupported keys ['cap_add']"),
         ("network_mode: host", "unsupported keys ['network_mode']"),
-        ("volumes: ['./data:/data']", "unsupported key 'volumes'"),
+        ("volumes: ['./data:/data']", "copies only a task's own files"),
+        ("volumes: ['/etc:/data']", "copies only a task's own files"),
+        ("volumes: ['pgdata:/var/lib/postgresql']", "copies only a task's own files"),
         ("build: {context: ./web, dockerfile: Dockerfile.web, args: {A: '1'}}", "['args']"),
         ("build: ../../outside", "lies outside the task directory"),
         ("healthcheck: {test: [BOGUS, x]}", "healthcheck"),

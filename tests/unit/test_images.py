@@ -67,6 +67,8 @@ def test_plain_stand_ins_add_nothing_and_tbench_ones_add_tmux_and_asciinema() ->
         if "t-bench" in s.aliases[0]:
             assert "tmux asciinema" in s.dockerfile()
             assert "--no-install-recommends" not in s.dockerfile()
+            # Terminal-Bench 1 Dockerfiles `COPY file /app` and run `./x` expecting /app
+            assert s.dockerfile().splitlines()[-1] == "WORKDIR /app"
 
 
 def test_python_recipe_lays_out_like_the_official_image() -> None:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 
 from tasks.dockerfile import CopyStep, MkdirStep, RunStep, parse_dockerfile
 from tasks.errors import TaskLoadError, TaskUnsupportedError
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tasks"
 
 
 def test_full_example() -> None:
@@ -67,3 +72,42 @@ def test_missing_from_and_bad_copy() -> None:
         parse_dockerfile("WORKDIR /app\n")
     with pytest.raises(TaskLoadError, match="source and a destination"):
         parse_dockerfile("FROM a\nCOPY onlyone\n")
+
+
+def test_a_copy_of_several_sources_gets_its_destination_slash_for_the_classic_builder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The classic builder refuses `COPY a b /dest` and `COPY dir/* /dest` (several matches)
+    without the trailing slash, which BuildKit accepts; the rewritten context adds it."""
+    from tasks.dockerfile.copy_dest import copy_destinations
+    from tasks.loaders import load_task_dir
+    from tasks.runtime import sandbox_spec_for
+
+    task_dir = tmp_path / "t"
+    shutil.copytree(FIXTURES / "tbench-modern", task_dir)
+    (task_dir / "deps").mkdir()
+    for n in ("a.py", "b.py"):
+        (task_dir / "deps" / n).write_text(n)
+    (task_dir / "one").mkdir()
+    (task_dir / "one" / "only.py").write_text("x")
+    df = (
+        "FROM ghcr.io/laude-institute/t-bench/python-3-13:20250620\n"
+        "COPY deps/* /app\n"
+        "COPY words.txt deps/a.py /srv\n"
+        "COPY one/* /single\n"
+        "COPY words.txt /app/words.txt\n"
+        "COPY --from=ghcr.io/astral-sh/uv:0.8.14 /uv /uvx /bin/\n"
+        "COPY --chown=1:1 words.txt deps/b.py /opt/x/\n"
+    )
+    (task_dir / "Dockerfile").write_text(df)
+    new, changed = copy_destinations(df, task_dir)
+    assert changed == ["COPY deps/* /app", "COPY words.txt deps/a.py /srv"]
+    assert "COPY deps/* /app/\n" in new and "COPY words.txt deps/a.py /srv/\n" in new
+    # one match, one source, a slash already, another stage's image: as written
+    for kept in ("COPY one/* /single\n", "COPY words.txt /app/words.txt\n", "/uvx /bin/\n"):
+        assert kept in new
+    assert copy_destinations(new, task_dir) == (new, [])  # idempotent
+    monkeypatch.setenv("SANDGYM_CACHE", str(tmp_path / "cache"))
+    spec = sandbox_spec_for(load_task_dir(task_dir))
+    assert spec.build_context is not None and spec.build_context != task_dir
+    assert (spec.build_context / "Dockerfile").read_text() == new
