@@ -25,6 +25,7 @@ from trainer.failures import (
     AGENT_CAUSABLE_FAILURES,
     INFRA_FAILURES,
     TerminationReason,
+    drops_group,
     is_masked,
 )
 
@@ -89,6 +90,12 @@ class Episode:
     @property
     def is_infra_failure(self) -> bool:
         return is_masked(self.termination)
+
+    @property
+    def drops_group(self) -> bool:
+        """A failure the policy can cause that looks like infrastructure: its group is dropped
+        and the cause counted (trainer/failures.py)."""
+        return drops_group(self.termination)
 
     @property
     def min_policy_version(self) -> int:

@@ -15,7 +15,8 @@ environment ends the episode, and returns how it stopped (`"submitted"` when it 
   model calls into steps there), still inside the failure handling;
 - any exception ends the episode with `trainer.failures.classify_failure`'s reason, every
   trajectory scored 0, and the error recorded; it is never raised (one bad episode must not stop
-  a run). Whether the trainer masks it is `Episode.is_infra_failure` (trainer/failures.py).
+  a run). Whether the trainer masks it (`Episode.is_infra_failure`), drops its group
+  (`Episode.drops_group`) or scores it 0 is trainer/failures.py's table.
 """
 
 from __future__ import annotations
@@ -141,7 +142,11 @@ async def run_episode(
             episode.task_id,
             episode.seed,
             episode.termination,
-            "masked" if episode.is_infra_failure else "scored 0",
+            "masked"
+            if episode.is_infra_failure
+            else "its group dropped"
+            if episode.drops_group
+            else "scored 0",
             exc,
         )
     episode.metrics.update(

@@ -42,6 +42,7 @@ from trainer.algorithms import Sample, batch_advantages, episode_to_samples, mis
 from trainer.cluster import EnvServerFleet, ServerBalancer, discover_servers, ray_servers
 from trainer.config import TrainConfig
 from trainer.episode import Episode, EpisodeWriter
+from trainer.failures import unscored_fractions
 from trainer.metrics import MetricsLogger
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,24 @@ class TrainError(RuntimeError):
 
 #: a rollout worker whose engine refused this many weight pushes in a row stops the run
 MAX_PUSH_FAILURES_IN_A_ROW = 3
+
+
+def check_unscored_ceiling(fractions: dict[str, float], ceiling: float, version: int) -> None:
+    """Raise TrainError when the unscored fraction of an update's episodes (`fractions`:
+    trainer.failures.unscored_fractions) passes `algorithm.max_masked_frac`."""
+    total = fractions.get("masked/total", 0.0)
+    if total > ceiling:
+        causes = ", ".join(
+            f"{k.split('/', 1)[1]} {v:.2f}"
+            for k, v in sorted(fractions.items(), key=lambda kv: -kv[1])
+            if k != "masked/total"
+        )
+        raise TrainError(
+            f"update {version}: {total:.2f} of the episodes since the last update went unscored "
+            f"(masked or their group dropped), past algorithm.max_masked_frac {ceiling:g}; by "
+            f"cause: {causes}. Training on what is left would learn from a biased sample; see "
+            "episodes.jsonl (termination, error) for the causes"
+        )
 
 
 def check_served_versions(served: list[int], learner_version: int, purpose: str) -> None:
@@ -389,6 +408,7 @@ class Trainer:
         ready_groups: list[list[Episode]] = []
         in_flight: set[Any] = set()
         counts: Counter[str] = Counter()
+        window: Counter[str] = Counter()  # terminations since the last update
         next_group, next_member = 0, 0
         t_start = time.monotonic()
         episodes_done, gen_tokens = 0, 0
@@ -441,6 +461,7 @@ class Trainer:
                     episodes_done += 1
                     gen_tokens += int(ep.metrics.get("generated_tokens", 0))
                     counts[ep.termination] += 1
+                    window[ep.termination] += 1
                     writer.write(ep, received_at_version=self.version)
                     members = groups.setdefault(ep.group_id, [])
                     members.append(ep)
@@ -463,7 +484,11 @@ class Trainer:
                     ready_groups[: alg.groups_per_update],
                     ready_groups[alg.groups_per_update :],
                 )
+                unscored = unscored_fractions(window)
+                check_unscored_ceiling(unscored, alg.max_masked_frac, self.version + 1)
+                window.clear()
                 m = self._update(batch, counts)
+                m.update(unscored)
                 elapsed = time.monotonic() - t_start
                 m["throughput/episodes_per_s"] = episodes_done / elapsed
                 m["throughput/generated_tokens_per_s"] = gen_tokens / elapsed
@@ -518,8 +543,14 @@ class Trainer:
 
     def _admit_group(self, members: list[Episode], counts: Counter[str]) -> list[Episode] | None:
         """Mask infrastructure failures (`Episode.is_infra_failure`: never a failure the agent
-        can cause, such as a verifier it made time out); drop groups without usable signal."""
+        can cause, such as a verifier it made time out); drop a group with a failure the policy
+        may have caused that looks like infrastructure (`Episode.drops_group`), and groups without
+        usable signal; each drop counted by cause."""
         alg = self.config.algorithm
+        dropping = [e.termination for e in members if e.drops_group]
+        if dropping:  # the policy may have caused it: neither masked nor scored (failures.py)
+            counts[f"__dropped_groups_{dropping[0]}"] += 1
+            return None
         valid = [e for e in members if not e.is_infra_failure]
         need = 1 if alg.estimator == "reinforce" else 2
         if len(valid) < need:

@@ -60,6 +60,11 @@ class _VLLMDevServer(BaseHTTPRequestHandler):
             return self._reply(200, {"results": [None]})
         if self.path.startswith("/reset_prefix_cache"):
             return self._reply(200, {"success": True})
+        if self.path == "/v1/completions" and len(body["prompt"]) > 8:
+            # vLLM 0.34's reply to a prompt longer than the context (VLLMValidationError)
+            error = {"message": "This model's maximum context length is 8 tokens.",
+                     "type": "BadRequestError", "param": "input_tokens", "code": 400}  # fmt: skip
+            return self._reply(400, {"error": error})
         if self.path == "/v1/completions":
             choice = {
                 "token_ids": [4],
@@ -173,3 +178,14 @@ def test_evaluation_refuses_an_engine_serving_other_weights() -> None:
     check_served_versions([4, 4], 4, "evaluation")
     with pytest.raises(TrainError, match="serves weights of version 0.*learner holds version 4"):
         check_served_versions([4, 0], 4, "evaluation")
+
+
+async def test_a_prompt_longer_than_the_context_is_the_policys_failure(vllm_dev: str) -> None:
+    from trainer.engines.base import PolicyOutputError
+    from trainer.failures import classify_failure
+
+    engine = create_engine("openai", base_url=vllm_dev, model_name="m")
+    with pytest.raises(PolicyOutputError, match="too long") as info:
+        await engine.agenerate(list(range(20)), SamplingParams(max_new_tokens=1))
+    assert classify_failure(info.value) == "policy_output"
+    await engine.aclose()

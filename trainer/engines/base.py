@@ -26,6 +26,13 @@ class EngineError(RuntimeError):
     """An inference engine failed or was misconfigured."""
 
 
+class PolicyOutputError(EngineError):
+    """The engine could not use what the policy produced: a reply whose sampled ids cannot be
+    recovered, a prompt (built from the policy's replies) that does not survive the trip through
+    text, or one the server refuses as longer than its context. The policy can cause it, so an
+    episode ending so is never masked as infrastructure (trainer/failures.py)."""
+
+
 @dataclass
 class SamplingParams:
     temperature: float = 1.0

@@ -33,9 +33,30 @@ from typing import Any
 
 import httpx
 
-from trainer.engines.base import EngineError, Generation, InferenceEngine, SamplingParams
+from trainer.engines.base import (
+    EngineError,
+    Generation,
+    InferenceEngine,
+    PolicyOutputError,
+    SamplingParams,
+)
 
 log = logging.getLogger(__name__)
+
+
+#: vLLM's 400 reply names the input as the parameter at fault when the prompt is longer than
+#: the model's context (`VLLMValidationError(parameter="input_tokens" | "input_text")`, 0.34)
+TOO_LONG_PARAMS = frozenset({"input_tokens", "input_text"})
+
+
+def _too_long(resp: httpx.Response) -> bool:
+    """Whether a 400 reply says the prompt exceeds the context (by its structured `param`, not
+    its text): the conversation the policy's replies built is too long."""
+    try:
+        error = resp.json().get("error")
+    except ValueError:
+        return False
+    return isinstance(error, dict) and error.get("param") in TOO_LONG_PARAMS
 
 
 def parse_completion_choice(choice: dict[str, Any]) -> Generation:
@@ -125,6 +146,8 @@ class OpenAIEngine(InferenceEngine):
             resp = await self._client.post(url, json=body)
         except httpx.HTTPError as exc:
             raise EngineError(f"{url} unreachable: {exc!r}") from exc
+        if resp.status_code == 400 and _too_long(resp):
+            raise PolicyOutputError(f"{url} refused the prompt as too long: {resp.text[:300]}")
         if resp.status_code != 200:
             raise EngineError(f"{url} answered {resp.status_code}: {resp.text[:300]}")
         return resp.json()

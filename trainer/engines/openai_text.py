@@ -5,10 +5,10 @@ The trainer works in token ids, so this engine turns them into text and back, an
 ways against the server's own tokenizer (`POST /extras/tokenize`, special tokens parsed):
 
 - the prompt: the ids are rendered to text with the policy's tokenizer (special tokens kept);
-  the server must tokenize that text back into exactly those ids, else `EngineError`;
+  the server must tokenize that text back into exactly those ids, else `PolicyOutputError`;
 - the reply: the generated text is tokenized by the server, and those ids must line up one to
   one with the token strings the server reported sampling (same count, each id's text equal to
-  its token's), else `EngineError`. A sample that is not the tokenizer's own split of its text
+  its token's), else `PolicyOutputError`. A sample that is not the tokenizer's own split of its text
   (it happens: "hel" + "lo" where the tokenizer says "hello") fails here, loudly, rather than
   train on ids the server never sampled;
 - the end token: llama-cpp-python stops at it without reporting it or its logprob (its
@@ -33,7 +33,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer.engines.base import STOP_UNSCORED, EngineError, Generation, SamplingParams
+from trainer.engines.base import (
+    STOP_UNSCORED,
+    Generation,
+    PolicyOutputError,
+    SamplingParams,
+)
 from trainer.engines.openai import OpenAIEngine
 
 
@@ -104,7 +109,7 @@ class TextCompletionEngine(OpenAIEngine):
             if back != list(prompt_ids):
                 n = min(len(back), len(prompt_ids))
                 first = next((i for i in range(n) if back[i] != prompt_ids[i]), n)
-                raise EngineError(
+                raise PolicyOutputError(
                     f"the prompt does not survive the trip through text: {len(prompt_ids)} ids "
                     f"became {len(back)} in the server's tokenizer (first difference at {first})"
                 )
@@ -145,7 +150,7 @@ class TextCompletionEngine(OpenAIEngine):
                     break
         if problem is not None:
             self.rejected_samples += 1
-            raise EngineError(
+            raise PolicyOutputError(
                 f"cannot recover the sampled token ids from {self.root_url}: {problem} "
                 "(a sample that is not the tokenizer's own split of its text)"
             )
