@@ -54,7 +54,11 @@ class EnvSettings(_Settings):
     eval_task_ids: list[str] = Field(
         default_factory=list, description="held-out tasks for evaluation (default: task_ids)"
     )
-    seed_start: int = Field(0, description="first training seed; each group uses the next seed")
+    seed_start: int = Field(
+        0,
+        description="first training seed; each group uses the next seed that is not an "
+        "evaluation seed (training and evaluation seeds never meet: trainer/schedule.py)",
+    )
     eval_seeds: list[int] = Field(
         default_factory=lambda: [10_000, 10_001],
         description="seeds of held-out evaluation episodes",
@@ -276,7 +280,14 @@ class RunSettings(_Settings):
     checkpoint_every: int = Field(0, ge=0, description="checkpoint every N updates (0 = at end)")
     eval_every: int = Field(0, ge=0, description="evaluate on held-out seeds every N updates")
     eval_before: bool = Field(False, description="evaluate on held-out seeds before training")
-    resume: bool = Field(True, description="continue from the run dir's latest checkpoint")
+    resume: bool = Field(
+        True,
+        description="continue from the run dir's latest checkpoint: weights, optimizer and the "
+        "task/seed schedule's next group",
+    )
+    keep_checkpoints: int = Field(
+        3, ge=0, description="checkpoints kept (the newest; 0 = keep all)"
+    )
     save_tokens: bool = Field(False, description="write token ids into episodes.jsonl")
     seed: int = Field(0, description="torch/random seed")
     progress: bool = Field(True, description="tqdm progress bar on stderr")
@@ -318,6 +329,9 @@ class TrainConfig(_Settings):
         if self.engine.kind in ("openai", "openai_text") and not self.engine.base_url:
             raise ValueError(f"engine.kind is {self.engine.kind} but engine.base_url is not set")
         self._check_weight_sync()
+        dup = sorted({s for s in self.env.eval_seeds if self.env.eval_seeds.count(s) > 1})
+        if dup:
+            raise ValueError(f"env.eval_seeds repeats {dup}: expected distinct seeds")
         if self.engine.logprobs == "auto":
             raw = self.engine.kind in ("openai", "openai_text")
             self.engine.logprobs = "raw" if raw else "processed"

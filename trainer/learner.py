@@ -316,7 +316,10 @@ class LearnerWorker:
             self.optimizer.load_state_dict(state["optimizer"])
             self.version = int(state["version"])
             return self.version
-        weights = load_file(str(p / "model.safetensors"))
+        # save_pretrained shards a large model (model-0000K-of-0000N + index): read either form
+        from trainer.engines.weight_files import load_weights
+
+        weights = load_weights(p)
         missing, unexpected = self.model.load_state_dict(weights, strict=False)
         # tied embeddings are saved once; anything else missing is a real mismatch
         missing = [m for m in missing if "lm_head" not in m]

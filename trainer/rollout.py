@@ -182,7 +182,11 @@ class RolloutWorker:
     """Ray actor: its own engine + weights, many concurrent episodes (see module docstring)."""
 
     def __init__(
-        self, config_dict: dict[str, Any], worker_index: int = 0, run_dir: str | None = None
+        self,
+        config_dict: dict[str, Any],
+        worker_index: int = 0,
+        run_dir: str | None = None,
+        engine_seed: int | None = None,
     ) -> None:
         from trainer.builders import build_agent, build_engine, uses_model
         from trainer.models import load_tokenizer
@@ -199,7 +203,11 @@ class RolloutWorker:
             base = cfg.engine.weight_dir or (f"{run_dir}/weights" if run_dir else None)
             weight_dir = f"{base}/rollout-{worker_index}" if base else None
             engine = build_engine(
-                cfg, self.tokenizer, seed=cfg.run.seed + 1000 + worker_index, weight_dir=weight_dir
+                cfg,
+                self.tokenizer,
+                # the trainer's seed differs per restart and replacement (trainer/schedule.py)
+                seed=cfg.run.seed + 1000 + worker_index if engine_seed is None else engine_seed,
+                weight_dir=weight_dir,
             )
         self.engine = engine
         agent = build_agent(cfg, self.tokenizer)

@@ -44,6 +44,13 @@ from trainer.config import TrainConfig
 from trainer.episode import Episode, EpisodeWriter
 from trainer.failures import unscored_fractions
 from trainer.metrics import MetricsLogger
+from trainer.schedule import (
+    engine_seed,
+    prune_checkpoints,
+    read_schedule,
+    training_seed,
+    write_schedule,
+)
 
 log = logging.getLogger(__name__)
 
@@ -118,16 +125,30 @@ class Trainer:
                 ray.init(address="local", num_cpus=cfg.run.ray_num_cpus, include_dashboard=False)
         self.learners = LearnerGroup(cfg)
         self.start_version = 0
+        self.start_group = 0  # the task/seed schedule's next group (trainer/schedule.py)
         ckpt = latest_checkpoint(self.run_dir) if cfg.run.resume else None
         if ckpt is not None:
             self.start_version = self.learners.load(ckpt[0])
-            log.info("resumed from %s at version %d", ckpt[0], self.start_version)
+            self.start_group = read_schedule(
+                ckpt[0], self.start_version, cfg.algorithm.groups_per_update
+            )
+            log.info(
+                "resumed from %s at version %d, group %d",
+                ckpt[0], self.start_version, self.start_group,
+            )  # fmt: skip
         actor = ray.remote(RolloutWorker).options(
             num_cpus=cfg.rollout.num_cpus_per_worker,
             num_gpus=cfg.rollout.num_gpus_per_worker,
             max_concurrency=cfg.rollout.concurrent_episodes + 8,
         )
-        self._new_rollout = lambda i: actor.remote(cfg.model_dump(), i, str(self.run_dir.resolve()))
+        # sampling seeds differ per worker, per (re)start of the run and per replacement
+        self._restarts = [0] * cfg.rollout.num_workers
+        self._new_rollout = lambda i: actor.remote(
+            cfg.model_dump(),
+            i,
+            str(self.run_dir.resolve()),
+            engine_seed(cfg.run.seed, i, self.start_version, self._restarts[i]),
+        )
         self.rollouts: list[Any] = [self._new_rollout(i) for i in range(cfg.rollout.num_workers)]
         self._rollout_pending: dict[Any, int] = {}  # a replacement's first call -> its index
         self.version = self.start_version
@@ -246,6 +267,7 @@ class Trainer:
             ray.kill(dead, no_restart=True)
         except Exception:
             pass
+        self._restarts[i] += 1
         self.rollouts[i] = self._new_rollout(i)
         self._busy[i] = 0
         self.served_versions[i] = 0
@@ -275,8 +297,8 @@ class Trainer:
 
     # -- scheduling ----------------------------------------------------------------------------
     def _group_task(self, g: int) -> tuple[str, int]:
-        tasks = self.config.env.task_ids
-        return tasks[g % len(tasks)], self.config.env.seed_start + g
+        env = self.config.env
+        return env.task_ids[g % len(env.task_ids)], training_seed(env.seed_start, env.eval_seeds, g)
 
     def _prewarm(self, g: int) -> None:
         if not self.config.env.prewarm:
@@ -409,7 +431,7 @@ class Trainer:
         in_flight: set[Any] = set()
         counts: Counter[str] = Counter()
         window: Counter[str] = Counter()  # terminations since the last update
-        next_group, next_member = 0, 0
+        next_group, next_member = self.start_group, 0
         t_start = time.monotonic()
         episodes_done, gen_tokens = 0, 0
         bar = tqdm(
@@ -509,15 +531,13 @@ class Trainer:
                 )
                 every = cfg.run.checkpoint_every
                 if every and self.version % every == 0:
-                    self.learners.save(
-                        str(self.run_dir / "checkpoints" / f"step_{self.version:06d}")
-                    )
+                    self._checkpoint(next_group + (1 if next_member else 0))
             bar.close()
             if (
                 cfg.run.num_updates > self.start_version
                 or not (self.run_dir / "checkpoints").exists()
             ):
-                self.learners.save(str(self.run_dir / "checkpoints" / f"step_{self.version:06d}"))
+                self._checkpoint(next_group + (1 if next_member else 0))
             if cfg.run.eval_before or cfg.run.eval_every:
                 ev = self.evaluate(f"v{self.version}")
                 metrics.log(self.version, ev)
@@ -540,6 +560,15 @@ class Trainer:
         )
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
+
+    def _checkpoint(self, next_group: int) -> None:
+        """Weights and optimizer (the learners), the schedule's next group, then older
+        checkpoints beyond `run.keep_checkpoints` removed (trainer/schedule.py)."""
+        path = self.run_dir / "checkpoints" / f"step_{self.version:06d}"
+        self.learners.save(str(path))
+        write_schedule(path, next_group, self.version)
+        for old in prune_checkpoints(path.parent, self.config.run.keep_checkpoints):
+            log.info("removed checkpoint %s (run.keep_checkpoints)", old)
 
     def _admit_group(self, members: list[Episode], counts: Counter[str]) -> list[Episode] | None:
         """Mask infrastructure failures (`Episode.is_infra_failure`: never a failure the agent
