@@ -49,7 +49,8 @@ SUBSTITUTIONS: dict[str, dict[str, str]] = {
     },
     "uv-python-from-debian": {
         "replaces": "uv's download of a CPython X.Y build (python-build-standalone) from "
-        "github.com, for `uvx -p X.Y` / `uv ... --python X.Y`",
+        "github.com, for `uvx -p X.Y` / `uv ... --python X.Y` (in a script, or a Dockerfile "
+        "`RUN`, where `uv run script.py` also takes X.Y from the script's requires-python)",
         "with": "UV_PYTHON_DOWNLOADS=never and, where the image has no pythonX.Y, Debian's own "
         "CPython X.Y packages (python3.X-minimal, libpython3.X-stdlib, ... and the libraries "
         "they link, from the Debian release that ships X.Y) fetched from the Debian mirror, "
@@ -62,6 +63,11 @@ SUBSTITUTIONS: dict[str, dict[str, str]] = {
         "with": "`COPY --from=sandgym/subst-uv:<version>`, a local image holding only /uv and "
         "/uvx, unpacked from the uv wheel of the same version on the Python package index "
         "(`ensure_uv_image`)",
+    },
+    "noto-font-from-debian": {
+        "replaces": "a Dockerfile's download of a Noto font file from notofonts.github.io",
+        "with": "the same font file (same name) from Debian's fonts-noto-core package, fetched "
+        "with apt from Debian's mirror and unpacked to the same destination",
     },
     "copy-dest-dir-for-classic-builder": {
         "replaces": "a Dockerfile's `COPY a b /dest` (several sources, or a wildcard matching "
@@ -212,6 +218,7 @@ def rewrite_script(
     text: str,
     is_dockerfile: bool = False,
     cpython_debs: dict[str, list[str] | None] | None = None,
+    context: Path | None = None,
 ) -> tuple[str, list[dict[str, str]]]:
     """`text` with every substitutable fetch replaced, and one record per replacement.
     `cpython_debs` maps a CPython version to the Debian packages that provide it (see
@@ -244,7 +251,82 @@ def rewrite_script(
     new = _UV_INSTALLER_RE.sub(uv, text)
     if is_dockerfile:
         new = _UV_IMAGE_RE.sub(uv_image, new)
+        new = _NOTO_FONT_RE.sub(lambda m: _noto_font(m, records), new)
+        new = _uv_python_in_run_steps(new, debs, context, records)
     return new, records
+
+
+#: a font fetched from the Noto project's site (notofonts.github.io), written to a file
+_NOTO_FONT_RE = re.compile(
+    r"(?:curl|wget)\b[^\n|;&]*?https?://notofonts\.github\.io/\S*/(?P<font>Noto[A-Za-z0-9-]+\.ttf)"
+    r"[^\n|;&>]*?(?:>\s*|\s-o\s+|\s-O\s+)(?P<dest>[^\s;&|]+)"
+)
+NOTO_DEB = "fonts-noto-core"
+
+
+def _noto_font(m: re.Match[str], records: list[dict[str, str]]) -> str:
+    """The same font file from Debian's `fonts-noto-core` package (Debian's mirror)."""
+    font, dest = m.group("font"), m.group("dest")
+    records.append({"name": "noto-font-from-debian", "original": m.group(0), "font": font})
+    return (
+        '{ _sg_d="$(mktemp -d)" && '
+        f'{{ (cd "$_sg_d" && apt-get download {NOTO_DEB}) || '
+        f'{{ apt-get update -qq && (cd "$_sg_d" && apt-get download {NOTO_DEB}); }}; }} && '
+        f'echo "sandgym-substitution noto-font-from-debian: {font} from {NOTO_DEB}" >&2 && '
+        f'dpkg-deb --fsys-tarfile "$_sg_d"/{NOTO_DEB}_*.deb | '
+        f"tar -xO ./usr/share/fonts/truetype/noto/{font} > {dest} && "
+        f'test -s {dest} && rm -rf "$_sg_d"; }}'
+    )
+
+
+_RUN_UV_RE = re.compile(r"(?im)^(?P<head>\s*RUN\s+)(?P<cmd>.*\buv(?:x|\s+run)\b.*)$")
+_UV_RUN_SCRIPT_RE = re.compile(r"\buv\s+run\s+(?:--\S+\s+)*(?P<path>\S+\.py)\b")
+_REQUIRES_PYTHON_RE = re.compile(r"(?m)^#\s*requires-python\s*=\s*[\"']>=\s*(3\.\d+)")
+
+
+def _uv_python_in_run_steps(
+    text: str,
+    debs: dict[str, list[str] | None],
+    context: Path | None,
+    records: list[dict[str, str]],
+) -> str:
+    """A Dockerfile `RUN uv run script.py` / `RUN uvx -p 3.X ...` whose CPython uv would
+    download from github.com: the step first gets the `uv-python-from-debian` interpreter (the
+    version from `-p`/`--python`, or from the script's inline `requires-python`, read from the
+    build context)."""
+
+    def one(m: re.Match[str]) -> str:
+        cmd = m.group("cmd")
+        vers = script_python_versions(cmd)
+        script = _UV_RUN_SCRIPT_RE.search(cmd)
+        if not vers and script is not None and context is not None:
+            name = Path(script.group("path")).name
+            for f in sorted(context.rglob(name)):
+                try:
+                    head = f.read_text(encoding="utf-8")[:4000]
+                except (OSError, UnicodeDecodeError):
+                    continue
+                found = _REQUIRES_PYTHON_RE.search(head)
+                if found:
+                    vers = [found.group(1)]
+                    break
+        if not vers:
+            return m.group(0)
+        for v in vers:
+            records.append(
+                {
+                    "name": "uv-python-from-debian",
+                    "original": f"uv's download of CPython {v} (github.com) in `{cmd.strip()}`",
+                }
+            )
+        curl = (
+            "{ command -v curl >/dev/null 2>&1 || { apt-get update -qq && "
+            "apt-get install -y -qq curl >/dev/null; }; }"
+        )
+        pre = "; ".join(_python_snippet(v, debs.get(v)) for v in vers)
+        return f"{m.group('head')}{curl}; {pre}; {cmd}"
+
+    return _RUN_UV_RE.sub(one, text)
 
 
 def ensure_uv_image(version: str, work_dir: Path) -> str:
@@ -312,7 +394,7 @@ def prepare_task_copy(
         except UnicodeDecodeError:
             continue
         new, recs = rewrite_script(
-            text, is_dockerfile=f.name == "Dockerfile", cpython_debs=cpython_debs
+            text, is_dockerfile=f.name == "Dockerfile", cpython_debs=cpython_debs, context=f.parent
         )
         if recs:
             mode = f.stat().st_mode

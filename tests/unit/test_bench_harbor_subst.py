@@ -675,3 +675,59 @@ def test_terminal_bench_1_harness_scripts_and_multi_source_copies_are_rewritten_
         }
     ]
     assert "copy-dest-dir-for-classic-builder" in sb.SUBSTITUTIONS
+
+
+def test_a_noto_font_download_comes_from_debians_fonts_noto_core() -> None:
+    """chess-best-move fetches one Noto font from notofonts.github.io (unreachable); Debian's
+    fonts-noto-core ships the file under the same name."""
+    df = (
+        "FROM ubuntu:24.04\nRUN mkdir -p /fonts\n"
+        "RUN curl https://notofonts.github.io/symbols/fonts/NotoSansSymbols2/full/ttf/"
+        "NotoSansSymbols2-Regular.ttf > /fonts/noto.ttf\nCOPY make.py /app\n"
+    )
+    new, recs = sb.rewrite_script(df, is_dockerfile=True)
+    assert [(r["name"], r["font"]) for r in recs] == [
+        ("noto-font-from-debian", "NotoSansSymbols2-Regular.ttf")
+    ]
+    assert "notofonts.github.io" not in new and "apt-get download fonts-noto-core" in new
+    assert "./usr/share/fonts/truetype/noto/NotoSansSymbols2-Regular.ttf > /fonts/noto.ttf" in new
+    assert new.startswith("FROM ubuntu:24.04\nRUN mkdir -p /fonts\nRUN { ")
+    assert new.endswith("\nCOPY make.py /app\n")
+    # a shell script is not rewritten this way (only Dockerfile steps are)
+    assert sb.rewrite_script(df, is_dockerfile=False)[1] == []
+    assert "noto-font-from-debian" in sb.SUBSTITUTIONS
+
+
+def test_a_dockerfile_uv_run_gets_the_debian_cpython_its_script_requires(tmp_path: Path) -> None:
+    """financial-document-processor's build runs `uv run` on a script whose inline metadata
+    requires CPython 3.13: uv would download it from github.com. The step first gets the
+    uv-python-from-debian interpreter, as the verifier scripts do."""
+    (tmp_path / "randomize_filenames.py").write_text(
+        '#!/usr/bin/env python3\n# /// script\n# requires-python = ">=3.13"\n# ///\nprint(1)\n'
+    )
+    df = (
+        "FROM ubuntu:24.04 as build\n"
+        "COPY --from=ghcr.io/astral-sh/uv:0.8.14 /uv /uvx /bin/\n"
+        "COPY randomize_filenames.py /root\n"
+        "RUN uv run /root/randomize_filenames.py\n"
+        "RUN uvx -p 3.12 ruff --version\n"
+        "RUN echo uv is here\n"
+    )
+    new, recs = sb.rewrite_script(df, is_dockerfile=True, cpython_debs=DEBS, context=tmp_path)
+    names = [r["name"] for r in recs]
+    assert names == ["uv-image-from-pypi", "uv-python-from-debian", "uv-python-from-debian"]
+    assert "CPython 3.13" in recs[1]["original"] and "CPython 3.12" in recs[2]["original"]
+    lines = new.splitlines()
+    assert lines[3].startswith("RUN { command -v curl") and lines[3].endswith(
+        "; uv run /root/randomize_filenames.py"
+    )
+    assert "UV_PYTHON_DOWNLOADS=never" in lines[3] and "python3.13-minimal" in lines[3]
+    assert "UV_PYTHON_DOWNLOADS=never" in lines[4] and lines[4].endswith(
+        "; uvx -p 3.12 ruff --version"
+    )
+    assert lines[5] == "RUN echo uv is here"
+    # without the script in the context, no version is known: the step is left as written
+    bare, recs2 = sb.rewrite_script(
+        df, is_dockerfile=True, cpython_debs=DEBS, context=tmp_path / "x"
+    )
+    assert "RUN uv run /root/randomize_filenames.py" in bare.splitlines()
