@@ -58,6 +58,7 @@ from envserver.protocol import (
 from envserver.settings import ServerSettings
 from sandboxes import Sandbox, SandboxBackend, get_backend
 from sandboxes.errors import SnapshotUnsupportedError
+from sandboxes.lifetime import LifetimeSettings
 from sandboxes.pool import PoolSettings, SandboxPool
 
 if TYPE_CHECKING:
@@ -159,9 +160,14 @@ class EnvService:
                 raise
         if s.reap_on_start:
             await self._reap_orphans()
+        grace = s.sandbox_grace_s
         self.pool = SandboxPool(
             self.backend,
-            PoolSettings(min_ready=s.pool_size, max_total=max(s.pool_max_total, s.max_sessions)),
+            PoolSettings(
+                min_ready=s.pool_size,
+                max_total=max(s.pool_max_total, s.max_sessions),
+                lifetime=LifetimeSettings(enabled=grace is not None, grace_s=grace or 300.0),
+            ),
         )
         await self.pool.start()
         self.groups = GroupRegistry(self.backend, self.pool, ttl_s=s.group_ttl_s)
@@ -253,6 +259,8 @@ class EnvService:
                 sandbox = await self.pool.acquire(spec)
                 acquire_s = time.perf_counter() - t0
             self.metrics.acquire_latency.observe(acquire_s)
+            # Its hard lifetime: the episode's limits (sandboxes.lifetime), kept by the pool.
+            sandbox.episode_end = time.time() + self._episode_limit_s(task)
             try:
                 t1 = time.perf_counter()
                 if prepared is not None and forked:  # a copy of member 0's prepared sandbox
@@ -336,6 +344,15 @@ class EnvService:
                 verify=setup.verify,
             ).wire(),
         )
+
+    def _episode_limit_s(self, task: Any) -> float:
+        """The longest an episode of `task` can hold its sandbox: the time limit and a verifier
+        run per step of the task (the last may start just before the limit). While the server
+        lives, the pool's refresh keeps `sandbox_grace_s` ahead of now on top of it."""
+        timeouts = getattr(task, "timeouts", None)
+        verifier_s = float(getattr(timeouts, "verifier_timeout_s", 120.0))
+        steps = max(1, len(getattr(task, "steps", None) or ()))
+        return self.settings.episode_time_limit_s + steps * verifier_s
 
     async def _member_sandbox(self, group: Group, spec: Any) -> tuple[Sandbox, Prepared, float]:
         """A member after the first: its sandbox, member 0's preparation, and the seconds spent

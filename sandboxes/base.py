@@ -61,11 +61,26 @@ class Sandbox(abc.ABC):
         self._closed = False
         #: the network policy in force now (`set_network` switches it)
         self.network: NetworkPolicy = spec.network
+        #: unix time after which the sandbox ends itself (`sandboxes.lifetime`); None: never
+        self.deadline: float | None = None
+        #: unix time its episode's limits end (set by the server when it leases it), or None
+        self.episode_end: float | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
     def closed(self) -> bool:
         return self._closed
+
+    async def set_deadline(self, deadline: float) -> None:
+        """Move the time (unix seconds) after which this sandbox ends itself, without any
+        server (`sandboxes.lifetime`). Only a sandbox created with a deadline has one to move;
+        backends without one keep the number only."""
+        self._check_open()
+        await self._write_deadline(deadline)
+        self.deadline = deadline
+
+    async def _write_deadline(self, deadline: float) -> None:
+        return None
 
     @property
     def bridge_dir(self) -> Path | None:

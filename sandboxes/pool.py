@@ -67,6 +67,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sandboxes.base import Sandbox, SandboxBackend
 from sandboxes.errors import SandboxCreateError, SandboxError
 from sandboxes.labels import Sighting, sweep_untracked
+from sandboxes.lifetime import LifetimeKeeper, LifetimeSettings, set_first_deadline
 from sandboxes.spec import SandboxSpec
 
 log = logging.getLogger(__name__)
@@ -187,6 +188,11 @@ class PoolSettings(BaseModel):
         ge=0,
         description="an untracked sandbox is removed no sooner than this after a sweep first "
         "saw it (and only once every creation in flight then has ended)",
+    )
+    lifetime: LifetimeSettings = Field(
+        default_factory=LifetimeSettings,
+        description="deadlines after which the started pool's sandboxes end themselves, moved "
+        "on while the pool lives (sandboxes.lifetime)",
     )
 
     @model_validator(mode="after")
@@ -436,6 +442,7 @@ class SandboxPool:
         self._idle_event.set()
         self._ledger = _ledger_for(backend)
         self._sweep_task: asyncio.Task[None] | None = None
+        self._keeper = LifetimeKeeper(self.settings.lifetime)
 
     # -- public API ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -637,6 +644,7 @@ class SandboxPool:
                 "peak_total": s.peak_total,
             },
             "keys": keys,
+            "lifetime": self._keeper.stats(),
             **s.counters(),
             "acquire_latency_s": {
                 **s.acquire_latency.to_dict(),
@@ -904,6 +912,10 @@ class SandboxPool:
                         token = next(_CREATE_TOKENS)
                         self._ledger.in_flight.add(token)
                         try:
+                            life = self.settings.lifetime
+                            if life.enabled and self._loop_task is not None:
+                                # Only a started pool moves deadlines on (its loop does).
+                                set_first_deadline(time.time() + life.grace_s)
                             sb = await self.backend.create(k.spec)
                             self._ledger.track(sb.id)
                             try:
@@ -1022,6 +1034,7 @@ class SandboxPool:
             try:
                 self._recycle_idle()
                 self._dispatch()
+                self._keeper.refresh(self._held())
             except Exception:  # the loop must survive a bug in one round; it is logged
                 log.exception("pool: maintenance round failed")
             await asyncio.sleep(self.settings.maintenance_interval_s)
@@ -1109,6 +1122,11 @@ class SandboxPool:
                 log.debug("pool: backend %s cannot list its sandboxes: no sweep", self.backend.name)
                 return
 
+    def _held(self) -> list[Sandbox]:
+        """Every sandbox the pool holds and hands out: ready and leased."""
+        held = [item.sandbox for k in self._keys.values() for item in k.ready]
+        return held + list(self._leased_sb.values())
+
     def _recycle_idle(self) -> None:
         now = time.monotonic()
         for k in self._keys.values():
@@ -1140,6 +1158,7 @@ class SandboxPool:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+        await self._keeper.aclose()
         closed_err = PoolClosedError("pool closed while waiting for a sandbox")
         for k in self._keys.values():
             while k.waiters:

@@ -21,6 +21,7 @@ from sandboxes.docker.reaping import DockerReaping
 from sandboxes.docker.sandbox import DockerSandbox
 from sandboxes.egress import proxy_env
 from sandboxes.errors import SandboxCreateError
+from sandboxes.lifetime import first_deadline, write_deadline_file
 from sandboxes.spec import SandboxSpec
 
 log = logging.getLogger(__name__)
@@ -122,12 +123,15 @@ class DockerBackend(DockerImages, DockerReaping):
             **self._confinement(spec, image_mb, docker_init=False),
         )
         api = self._client().api
+        deadline = first_deadline()  # the pool's: a sandbox nobody will refresh gets none
         pids: dict[str, int] = {}
         has_health: set[str] = set()  # containers whose image has a HEALTHCHECK
 
         def create_and_start() -> str:
             # Low-level calls: create + start (+ one inspect, for the fast liveness check).
             _make_bridge_dir(bridge_dir)
+            if deadline is not None:  # read by the container's helper from its first second
+                write_deadline_file(bridge_dir, deadline)
             extra = group.main_create_kwargs() if group is not None else {}
             resp = api.create_container(
                 image,
@@ -207,6 +211,7 @@ class DockerBackend(DockerImages, DockerReaping):
             )
         sb = DockerSandbox(spec, self, container_id, sandbox_id)
         sb._bridge_dir = bridge_dir
+        sb.deadline = deadline
         sb._watch_host_pid(pids.get(container_id))
         sb._on_bridge = spec.ever_public
         sb._group = group

@@ -62,6 +62,13 @@ class DockerSandboxBase(ShellSandbox):
         """This container's host directory, bind-mounted read-only at `/run/sandgym`."""
         return self._bridge_dir
 
+    async def _write_deadline(self, deadline: float) -> None:
+        """Into the bridge directory (the container reads it at /run/sandgym/deadline)."""
+        from sandboxes.lifetime import write_deadline_file
+
+        if self._bridge_dir is not None:
+            await asyncio.to_thread(write_deadline_file, self._bridge_dir, deadline)
+
     def _watch_host_pid(self, pid: int | None) -> None:
         """Remember the container's init as a host pid, when this process can see it (the
         server runs beside dockerd, not in a container of its own), so `is_alive` can read

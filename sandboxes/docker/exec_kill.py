@@ -36,8 +36,17 @@ from sandboxes.spec import ExecResult
 log = logging.getLogger(__name__)
 
 
-#: Where the in-container kill helper looks for requests (one file per exec marker).
-HELPER_DIR = "/run/sandgym/kill"
+#: Where the in-container kill helper looks for requests (one file per exec marker). Not under
+#: /run/sandgym: that is the bridge directory, bind-mounted read-only, where `mkdir` failed and
+#: the helper fell back to `sleep infinity` (seen: no helper ran in any sandbox).
+HELPER_DIR = "/run/sandgym-helper/kill"
+
+#: The sandbox's deadline (`sandboxes.lifetime`): in the read-only bridge directory, which the
+#: host side writes and the agent cannot.
+DEADLINE_PATH = "/run/sandgym/deadline"
+
+#: The exit status with which the helper tells the init that the deadline passed.
+DEADLINE_EXIT = 99
 
 
 #: The container's kill helper (a child of its init, MAIN_INIT): a bash loop that forks
@@ -48,28 +57,40 @@ HELPER_DIR = "/run/sandgym/kill"
 #: (As root without CAP_SYS_PTRACE it cannot read other users' environments; execs run as
 #: another user rely on the exec-based killer.) Images without bash get `sleep infinity`.
 HELPER_SCRIPT = (
-    "mkdir -p %s && { [ -p /run/sandgym/tick ] || mkfifo /run/sandgym/tick; } "
-    "&& exec 3<>/run/sandgym/tick || exec sleep infinity\n"
+    "mkdir -p %s && { [ -p /run/sandgym-helper/tick ] || mkfifo /run/sandgym-helper/tick; } "
+    "&& exec 3<>/run/sandgym-helper/tick || exec sleep infinity\n"
     'while :; do for f in %s/*; do [[ -s $f ]] || continue; m="%s=${f##*/}"; '
     "for r in 1 2 3 4 5 6; do hit=(); for e in /proc/[0-9]*/environ; do "
     "p=${e#/proc/}; p=${p%%/environ}; "
     "while IFS= read -r -d '' v; do if [[ $v == \"$m\" ]]; then "
     'kill -STOP "$p" 2>/dev/null; hit+=("$p"); break; fi; done 2>/dev/null < "$e"; done; '
     '((${#hit[@]})) || break; kill -KILL "${hit[@]}" 2>/dev/null; done; : > "$f"; done; '
+    # once a second: past the deadline the host side wrote, end (the init then exits)
+    "printf -v n '%%(%%s)T' -1; if ((n != t)); then t=$n; "
+    "if read -r d 2>/dev/null < %s && [[ $d =~ ^[0-9]+$ ]] && ((n > d)); then exit %d; fi; fi; "
     "read -t 0.2 -u 3; done"
-) % (HELPER_DIR, HELPER_DIR, EXEC_MARKER_ENV)
+) % (HELPER_DIR, HELPER_DIR, EXEC_MARKER_ENV, DEADLINE_PATH, DEADLINE_EXIT)
 
 
-#: sh starts the helper under bash when the image has bash, else just sleeps.
-MAIN_BOOT = 'if command -v bash >/dev/null 2>&1; then exec bash -c "$0"; fi; exec sleep infinity'
+#: sh starts the helper under bash when the image has bash; else a plain sh loop keeps the
+#: deadline (forking `sleep` and `date`: it is the helper, not the init, whose forks may fail).
+MAIN_BOOT = (
+    'if command -v bash >/dev/null 2>&1; then exec bash -c "$0"; fi; '
+    'while sleep 5; do read d < %s && [ "$(date +%%s)" -gt "$d" ] && exit %d; done 2>/dev/null; '
+    "exec sleep infinity"
+) % (DEADLINE_PATH, DEADLINE_EXIT)
 
 #: The container's pid 1 (no Docker init above it): runs MAIN_BOOT ($0, with the helper as its
 #: $0) as a child and starts it again whenever it ends. From inside, pid 1 gets only the signals
 #: it has a handler for, and this one has none, so the agent's `kill -9 -1` ends the helper and
 #: its own processes but never the container: a sandbox it could lose would be masked as
 #: infrastructure by the trainer. `wait` reaps any child, so adopted orphans too (as an init
-#: must); the `sleep 1` keeps a helper that cannot start from spinning.
-MAIN_INIT = 'while :; do sh -c "$0" "$1" & wait; sleep 1; done'
+#: must); the `sleep 1` keeps a helper that cannot start from spinning. The helper ending with
+#: DEADLINE_EXIT (the sandbox's deadline passed, `sandboxes.lifetime`) ends the init, and with
+#: it the container: nothing else can give that status (a signal's is 128+n).
+MAIN_INIT = 'while :; do sh -c "$0" "$1" & wait $!; [ $? = %d ] && exit 0; sleep 1; done' % (
+    DEADLINE_EXIT
+)
 
 
 def _pid_exhausted(result: ExecResult) -> bool:

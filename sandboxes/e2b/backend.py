@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import shlex
+import time
 import uuid
 from typing import Any
 
@@ -22,6 +23,7 @@ from sandboxes.errors import (
     SandboxLostError,
 )
 from sandboxes.labels import LABEL_MANAGED, should_reap
+from sandboxes.lifetime import first_deadline
 from sandboxes.spec import SandboxSpec
 
 log = logging.getLogger(__name__)
@@ -30,6 +32,14 @@ log = logging.getLogger(__name__)
 DEFAULT_TEMPLATE = "sandgym-terminal"
 #: E2B's longest sandbox lifetime (Pro tier); Hobby accounts are capped at 1 h by E2B itself.
 MAX_SANDBOX_TIMEOUT_S = 24 * 3600
+
+
+def e2b_timeout_s(life_s: float) -> int:
+    """E2B's `timeout` (whole seconds, 60 s to MAX_SANDBOX_TIMEOUT_S) for a sandbox that is to
+    live `life_s` more seconds."""
+    return int(max(60, min(-(-life_s // 1), MAX_SANDBOX_TIMEOUT_S)))
+
+
 #: Metadata key holding sandgym's own id of a sandbox: lets a cancelled create find its VM.
 LABEL_SANDBOX_ID = "sandgym.sandbox_id"
 _TEMPLATE_CHARS = re.compile(r"[^a-z0-9_-]+")
@@ -144,7 +154,11 @@ class E2BBackend(SandboxBackend):
         sandbox_id = "sg-" + uuid.uuid4().hex[:12]
         metadata = await asyncio.to_thread(self.labels_for, spec)
         metadata[LABEL_SANDBOX_ID] = sandbox_id
-        e2b_timeout = int(max(60, min(self.lease_s, MAX_SANDBOX_TIMEOUT_S)))
+        # E2B's own timeout is the sandbox's hard lifetime: the pool's first deadline
+        # (`sandboxes.lifetime`, moved on with set_timeout while the server lives), else the lease.
+        deadline = first_deadline()
+        life_s = self.lease_s if deadline is None else deadline - time.time()
+        e2b_timeout = e2b_timeout_s(life_s)
         try:
             sbx = await asyncio.wait_for(
                 sdk.AsyncSandbox.create(
@@ -169,6 +183,7 @@ class E2BBackend(SandboxBackend):
         except Exception as exc:
             raise self._create_error(template, exc) from exc
         sb = E2BSandbox(spec, self, sbx, sandbox_id, template)
+        sb.deadline = deadline
         try:
             made = " ".join(shlex.quote(d) for d in spec.make_dirs)
             await sb._raw_run(

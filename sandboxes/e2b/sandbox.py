@@ -135,6 +135,16 @@ class E2BSandbox(ShellSandbox):
             tolerate("e2b.is_alive", exc, log, logging.WARNING)
             return False
 
+    async def _write_deadline(self, deadline: float) -> None:
+        """E2B's own timeout, counted from now: the provider kills the VM when it runs out."""
+        from sandboxes.e2b.backend import e2b_timeout_s
+
+        timeout = e2b_timeout_s(deadline - time.time())
+        await self._call(
+            "set_timeout",
+            self._sbx.set_timeout(timeout, request_timeout=self._backend.request_timeout_s),
+        )
+
     async def _destroy(self) -> None:
         # Shielded: a cancelled episode must still not leak a paid-for VM.
         await asyncio.shield(self._teardown())

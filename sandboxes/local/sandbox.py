@@ -27,6 +27,7 @@ from sandboxes.errors import (
     SandboxLostError,
     SandboxPathError,
 )
+from sandboxes.lifetime import first_deadline, write_deadline_file
 from sandboxes.local.changes import diff_manifest, path_fingerprint, tree_manifest
 from sandboxes.local.streams import _Capture, _feed, _read_all
 from sandboxes.local.tree import (
@@ -49,8 +50,23 @@ if TYPE_CHECKING:
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
-#: the sandbox's pid 1: says it is up, then waits on children forever (reaping orphans)
-INIT_SCRIPT = "echo ready; while :; do sleep 3600 & wait; done"
+#: Where the sandbox sees its deadline (`sandboxes.lifetime`): a read-only bind of the host
+#: directory `<sandbox dir>/life`, which the server writes and the agent cannot.
+LIFE_MOUNT = "/run/sandgym-life"
+
+#: The deadline checker, the init's one child: bash (the host's, bound read-only) that forks
+#: nothing once started; about once a second it ends with 99 once the deadline has passed.
+CHECKER_SCRIPT = (
+    "exec 3<> <(:); while :; do read -t 1 -u 3; printf -v n '%%(%%s)T' -1; "
+    "if read -r d 2>/dev/null < %s/deadline && [[ $d =~ ^[0-9]+$ ]] && ((n > d)); then "
+    "exit 99; fi; done"
+) % LIFE_MOUNT
+
+#: the sandbox's pid 1: says it is up, then runs the checker ($0) and waits on children forever
+#: (`wait` reaps any child, adopted orphans too); it exits, ending the sandbox, only when the
+#: checker reports the deadline passed (99: no signal gives that status). A checker the agent
+#: killed is started again; the `sleep 1` keeps one that cannot start from spinning.
+INIT_SCRIPT = 'echo ready; while :; do bash -c "$0" & wait $!; [ $? = 99 ] && exit 0; sleep 1; done'
 
 
 class LocalSandbox(ShellSandbox):
@@ -128,6 +144,12 @@ class LocalSandbox(ShellSandbox):
         # so a tree being created here is never taken for an orphan.
         self.dir.mkdir(parents=True)
         (self.dir / "labels.json").write_text(json.dumps(self.backend.labels_for(self.spec)))
+        deadline = first_deadline()  # the pool's: a sandbox nobody will refresh gets none
+        if deadline is not None:
+            write_deadline_file(self.dir / "life", deadline)
+            self.deadline = deadline
+        else:
+            (self.dir / "life").mkdir()
         if self.spec.snapshot is not None:  # a copy of a prepared sandbox's tree
             src = self.backend.snapshot_dir(self.spec.snapshot) / "fs"
             if not src.is_dir():
@@ -160,6 +182,7 @@ class LocalSandbox(ShellSandbox):
         # them, and a directory swapped underneath would detach those.
         for d in VERIFIER_MOUNTS:
             argv += ["--bind", str(self.fs / d), "/" + d]
+        argv += ["--ro-bind", str(self.dir / "life"), LIFE_MOUNT]
         argv += ["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/dev/shm"]
         argv += [
             "--unshare-user",
@@ -189,7 +212,7 @@ class LocalSandbox(ShellSandbox):
         # agent's `kill -9 -1` (or `kill 1`) ends its own processes, never the sandbox, so it
         # cannot turn its episode into a lost sandbox (masked as infrastructure). As pid 1 it
         # reaps the namespace's orphans: `wait` collects any child, adopted ones included.
-        argv += ["--as-pid-1", "sh", "-c", INIT_SCRIPT]
+        argv += ["--as-pid-1", "sh", "-c", INIT_SCRIPT, CHECKER_SCRIPT]
         return argv
 
     def _join_prefix(self, cg: cgroups.CgroupSet | None = None) -> list[str]:
@@ -213,6 +236,10 @@ class LocalSandbox(ShellSandbox):
 
     async def _destroy(self) -> None:
         await asyncio.shield(self._teardown())
+
+    async def _write_deadline(self, deadline: float) -> None:
+        """Into `<sandbox dir>/life`, which the sandbox sees read-only at LIFE_MOUNT."""
+        await asyncio.to_thread(write_deadline_file, self.dir / "life", deadline)
 
     async def snapshot(self) -> str:
         """A copy of this sandbox's tree (regular files, directories, links; no sockets or

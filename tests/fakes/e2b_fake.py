@@ -16,7 +16,8 @@ runs them inside the VM:
   only root), so a backend that forgets to ask for root fails loudly;
 - `AsyncSandbox.list(query=SandboxQuery(metadata=...))` returns a paginator of `SandboxInfo`s;
   `AsyncSandbox.kill` works on an instance and, given an id, on the class;
-- a sandbox past its `timeout`, or ended with `FakeE2BCloud.expire`, is gone: its calls raise
+- a sandbox past its `timeout` (set at create, moved with `set_timeout`), or ended with
+  `FakeE2BCloud.expire`, is gone: its calls raise
   `SandboxNotRunningException` and `is_running()` is False;
 - a missing or unknown API key raises `AuthenticationException`, an unknown template
   `NotFoundException`; with `offline` set, control-plane calls raise `httpx.ConnectError`.
@@ -655,6 +656,15 @@ class FakeAsyncSandbox:
             await self._cloud._reap(rec)
             return False
         return await rec.local.is_alive()
+
+    async def set_timeout(self, timeout: int, **opts: Any) -> None:  # noqa: ASYNC109  (the SDK's)
+        """E2B's `set_timeout`: the sandbox now ends `timeout` seconds from now."""
+        self._cloud.calls.append(
+            ("set_timeout", {"sandbox_id": self.sandbox_id, "timeout": timeout})
+        )
+        self._cloud._check_key(opts.get("api_key") or self._api_key or None)
+        rec = await self._cloud._live(self.sandbox_id)
+        rec.end_at = time.time() + timeout
 
     kill = _KillVariant()
 

@@ -1,0 +1,164 @@
+"""Hard lifetimes: every sandbox carries a deadline after which it ends itself, server or not.
+
+A sandbox's deadline is a unix time its backend keeps where the sandbox itself can read it and
+the agent cannot change it (docker: `/run/sandgym/deadline`, the bridge directory bind-mounted
+read-only; local: `/run/sandgym-life/deadline`, a read-only bind of a host directory; E2B: the
+provider's own sandbox timeout, `set_timeout`). Inside, the sandbox's pid-1 init (docker's
+`MAIN_INIT` with its helper, local's `INIT_SCRIPT` with its checker) reads it about once a second
+and exits once it has passed, which ends everything in the sandbox; E2B kills the VM at its
+timeout. So a sandbox whose server was killed (or hangs) ends by itself, without any server or
+reaper running.
+
+What the deadline is (`desired_deadline`):
+- a sandbox waiting in the pool: `grace_s` from now, moved on while its server is alive;
+- a sandbox leased to an episode: the end its episode's limits allow (`Sandbox.episode_end`,
+  set by the server at reset: the episode's time limit plus the verifier's and a slack), or
+  `grace_s` from now when that is later (an episode still active past its limits, while its
+  server lives, is extended).
+
+The live server moves deadlines on (`LifetimeKeeper.refresh`, from the pool's maintenance loop)
+whenever less than half of `grace_s` is left of the one written, so a file backend writes about
+twice per `grace_s` per sandbox and E2B gets one `set_timeout` per episode plus one per
+`grace_s / 2` while it waits in the pool. After the server is gone the sandbox ends at the last
+deadline written: at most `grace_s` after the server's last refresh for a waiting sandbox, at the
+end of its episode's limits (or `grace_s` after the last refresh, if later) for a leased one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from sandboxes.base import Sandbox
+
+log = logging.getLogger(__name__)
+
+#: the file, in a directory the sandbox sees read-only, that holds its deadline (unix seconds)
+DEADLINE_FILE = "deadline"
+
+
+#: the deadline a sandbox being created now starts with (set by the pool around its
+#: `backend.create` call; a backend reads it with `first_deadline`). A contextvar, so that
+#: sandboxes nobody will refresh (a separate verifier's, `tasks check`'s) get none.
+_FIRST_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "sandgym_first_deadline", default=None
+)
+
+
+def first_deadline() -> float | None:
+    """The deadline a sandbox created in this context starts with, or None for none."""
+    return _FIRST_DEADLINE.get()
+
+
+def set_first_deadline(deadline: float | None) -> contextvars.Token[float | None]:
+    """Make sandboxes created in this context (task) start with `deadline`."""
+    return _FIRST_DEADLINE.set(deadline)
+
+
+class LifetimeSettings(BaseModel):
+    """How long sandboxes outlive their server (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(
+        default=True, description="give every sandbox a deadline after which it ends itself"
+    )
+    grace_s: float = Field(
+        default=300.0,
+        ge=5.0,
+        description="a sandbox outlives its server's last refresh by at least this (less "
+        "would end healthy sandboxes whose server is merely slow to refresh)",
+    )
+
+
+def write_deadline_file(directory: Path, deadline: float) -> None:
+    """(Thread) write `deadline` (whole unix seconds, rounded up) into `directory`/deadline by
+    an atomic rename, so a reader inside never sees a half-written number."""
+    directory.mkdir(parents=True, exist_ok=True)
+    tmp = directory / f".{DEADLINE_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(f"{int(-(-deadline // 1))}\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, directory / DEADLINE_FILE)
+
+
+def read_deadline_file(directory: Path) -> float | None:
+    """The deadline in `directory`, or None without a readable one."""
+    try:
+        return float((directory / DEADLINE_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def desired_deadline(sb: Sandbox, now: float, grace_s: float) -> float:
+    """The deadline `sb` should carry now, with its server alive (see the module docstring)."""
+    heartbeat = now + grace_s
+    end = sb.episode_end
+    return heartbeat if end is None else max(heartbeat, end)
+
+
+def needs_write(sb: Sandbox, desired: float, now: float, grace_s: float) -> bool:
+    """Whether the deadline written on `sb` must move: none yet, less than half of `grace_s`
+    left of it, or the desired one is later by more than half of `grace_s` (an episode's limits
+    set at reset)."""
+    current = sb.deadline
+    if current is None:
+        return True
+    return current - now < grace_s / 2 or desired - current > grace_s / 2
+
+
+class LifetimeKeeper:
+    """Moves the deadlines of a live server's sandboxes on; one per pool."""
+
+    def __init__(self, settings: LifetimeSettings) -> None:
+        self.settings = settings
+        self.writes = 0  # deadlines written (files, set_timeout calls)
+        self.errors = 0  # failed writes (retried next round)
+        self._round: asyncio.Task[None] | None = None
+
+    def refresh(self, sandboxes: Iterable[Sandbox], now: float | None = None) -> None:
+        """Start one round of deadline writes for those of `sandboxes` whose deadline must move
+        (in the background; a round still running is not doubled)."""
+        if not self.settings.enabled or (self._round is not None and not self._round.done()):
+            return
+        now = time.time() if now is None else now
+        grace = self.settings.grace_s
+        due = []
+        for sb in sandboxes:
+            if sb.closed or sb.deadline is None:  # made without one: nobody asked for it
+                continue
+            desired = desired_deadline(sb, now, grace)
+            if needs_write(sb, desired, now, grace):
+                due.append((sb, desired))
+        if due:
+            self._round = asyncio.create_task(self._write(due), name="sandgym-lifetime-refresh")
+
+    async def _write(self, due: list[tuple[Sandbox, float]]) -> None:
+        for sb, deadline in due:
+            if sb.closed:
+                continue
+            try:
+                await sb.set_deadline(deadline)
+                self.writes += 1
+            except Exception as exc:  # a sandbox being destroyed, an API hiccup: next round
+                self.errors += 1
+                log.info("lifetime: moving the deadline of %s failed: %s", sb.id, exc)
+
+    async def aclose(self) -> None:
+        if self._round is not None and not self._round.done():
+            self._round.cancel()
+            try:
+                await self._round
+            except asyncio.CancelledError:
+                pass
+
+    def stats(self) -> dict[str, float]:
+        return {"writes": self.writes, "errors": self.errors, "grace_s": self.settings.grace_s}
