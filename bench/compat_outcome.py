@@ -12,7 +12,9 @@ was seen at run time:
   the failing phase that reports a failed fetch names the host, AND one of that phase's own
   task files (the build's Dockerfile and context, the solution, the tests) names that host too,
   not counting a name a listed substitution replaced there. A lookup that names no host, or a
-  host only some other phase's files name, is not evidence: such a task stays `failing`;
+  host only some other phase's files name, is not evidence: such a task stays `failing`. A
+  base image no registry here serves and no stand-in replaces counts too (the Dockerfile names
+  it, the build's output says it is missing);
 - `stand_in_limit`: the task needs the real image a local stand-in only approximates (the
   Ubuntu stand-ins are Debian: an Ubuntu-only package or version, Ubuntu's CPython);
 - `dataset_incomplete`: the public copy of the task lacks some of its files.
@@ -188,6 +190,32 @@ def host_evidence(entry: Mapping[str, Any]) -> Evidence | None:
     return None
 
 
+_BASE_MISSING_RE = re.compile(
+    r"pull access denied|manifest unknown|repository does not exist|failed to resolve "
+    r"reference|not found: manifest|no such image|registry-1\.docker\.io",
+    re.IGNORECASE,
+)
+
+
+def base_image_evidence(entry: Mapping[str, Any], reason: str) -> Evidence | None:
+    """The Dockerfile's FROM names an image that is not in the local engine, has no stand-in,
+    and whose registry is unreachable; the build's output says so."""
+    base = entry.get("base_image")
+    if reason != "base_image_unavailable" or not base:
+        return None
+    for line in _lines(entry.get("build_error")):
+        if _BASE_MISSING_RE.search(line):
+            first = base.split("/")[0]
+            registry = first if "." in first and "/" in base else "registry-1.docker.io"
+            return Evidence(
+                needs=f"{registry} (the base image {base}; no local stand-in)",
+                phase="build",
+                file="Dockerfile",
+                output_line=line.strip()[:300],
+            )
+    return None
+
+
 def _first(
     lines_by_phase: list[tuple[Phase, list[str]]], rx: re.Pattern[str]
 ) -> tuple[Phase, str, re.Match[str]] | None:
@@ -263,7 +291,7 @@ def decide(entry: Mapping[str, Any], reasons: list[str]) -> Outcome:
                 action=f"needs {ev.needs}: run it where that image can be pulled",
                 evidence=ev,
             )
-        ev = host_evidence(entry)
+        ev = host_evidence(entry) or base_image_evidence(entry, first)
         if ev is not None:
             return Outcome(
                 category="unreachable_host",

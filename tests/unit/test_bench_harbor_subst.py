@@ -731,3 +731,24 @@ def test_a_dockerfile_uv_run_gets_the_debian_cpython_its_script_requires(tmp_pat
         df, is_dockerfile=True, cpython_debs=DEBS, context=tmp_path / "x"
     )
     assert "RUN uv run /root/randomize_filenames.py" in bare.splitlines()
+
+
+def test_a_base_image_no_registry_serves_and_no_stand_in_replaces_leaves_the_denominator() -> None:
+    err = (
+        "SandboxCreateError: building /t/Dockerfile failed: pull access denied for "
+        "localstack/localstack, repository does not exist or may require 'docker login'"
+    )
+    e = _entry(
+        base_image="localstack/localstack:4.3",
+        env_builds=False,
+        build_error=err,
+        build_reason="base_image_unavailable",
+    )
+    reasons, out = hc.judge(e)
+    assert reasons == ["needs_unreachable_host", "base_image_unavailable"]
+    assert out.evidence is not None and out.evidence.needs.startswith("registry-1.docker.io")
+    ghcr = dict(e, base_image="ghcr.io/x/y:1")
+    assert hc.judge(ghcr)[1].evidence.needs.startswith("ghcr.io (the base image ghcr.io/x/y:1")
+    # a build that failed for another reason on that image is no such evidence
+    other = dict(e, build_reason="build_other", build_error="E: Sub-process returned 100")
+    assert hc.judge(other)[1].category == "failing"
