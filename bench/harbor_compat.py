@@ -1194,15 +1194,16 @@ def run(args: argparse.Namespace) -> int:
     else:
         for d in doc["datasets"]:
             s = d["summary"]
-            r = s["reachable"]
+            a, r = s["absolute_clean"], s["reachable"]["clean"]
+            pub = d["published_oracle"]["share"]
             print(
-                f"{d['name']}: {d['tasks_run']}/{d['tasks_selected']} run; "
-                f"loaded {s['loaded']['count']}, builds {s['env_builds']['count']}, "
-                f"needs unreachable host {s['needs_unreachable_host']['count']}; reachable "
-                f"{r['tasks']}: oracle 1 & no-op 0 {r['oracle_one_noop_zero']['count']}/"
-                f"{r['oracle_one_noop_zero']['of']}, reward w/o verifier error "
-                f"{r['reward_no_verifier_error']['count']}/{r['reward_no_verifier_error']['of']}"
+                f"{d['name']}: {d['tasks_run']} of {d['tasks_selected']} run; clean "
+                f"{a['count']}/{a['of']} (published oracle pass rate: "
+                f"{'none found' if pub is None else pub}); clean of reachable "
+                f"{r['count']}/{r['of']}; " + ", ".join(f"{k} {v}" for k, v in s["table"].items())
             )
+            for row in s["shortfalls"]:
+                print(f"  {row['task_id']}: {row['category']}: {row['action']}")
         for reason, g in doc["reasons"].items():
             print(f"  {reason}: {g['count']}")
     return 0
