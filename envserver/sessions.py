@@ -167,6 +167,7 @@ class EnvService:
                 min_ready=s.pool_size,
                 max_total=max(s.pool_max_total, s.max_sessions),
                 lifetime=LifetimeSettings(enabled=grace is not None, grace_s=grace or 300.0),
+                host_limits=s.create_limits.get(self.backend.name),
             ),
         )
         await self.pool.start()

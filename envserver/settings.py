@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sandboxes.createlimit import CreateLimitSettings
+
 if TYPE_CHECKING:
     from sandboxes.network import NetworkPolicy
 
@@ -131,6 +133,12 @@ class ServerSettings(BaseSettings):
         "server (docker, local: its own init; e2b: E2B's timeout): this long after the server's "
         "last refresh, or at the end of its episode's limits if later; None: no deadline "
         "(docs/operations.md)",
+    )
+    create_limits: dict[str, CreateLimitSettings] = Field(
+        default_factory=dict,
+        description="per backend name: a creation rate and a cap on sandboxes being started, "
+        "shared by every server process on the host (or, with a shared directory, hosts), e.g. "
+        '{"e2b": {"rate_per_s": 2, "max_starting": 8}} (docs/operations.md)',
     )
     reap_on_start: bool = Field(
         True, description="at startup, remove sandboxes a crashed server left (owner gone)"

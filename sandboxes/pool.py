@@ -65,6 +65,7 @@ from prometheus_client import Histogram
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from sandboxes.base import Sandbox, SandboxBackend
+from sandboxes.createlimit import CreateLimitSettings, HostCreateLimiter
 from sandboxes.errors import SandboxCreateError, SandboxError
 from sandboxes.labels import Sighting, sweep_untracked
 from sandboxes.lifetime import LifetimeKeeper, LifetimeSettings, set_first_deadline
@@ -188,6 +189,11 @@ class PoolSettings(BaseModel):
         ge=0,
         description="an untracked sandbox is removed no sooner than this after a sweep first "
         "saw it (and only once every creation in flight then has ended)",
+    )
+    host_limits: CreateLimitSettings | None = Field(
+        default=None,
+        description="a creation rate and a cap on sandboxes being started, shared with every "
+        "other process on the host using the same directory (sandboxes.createlimit)",
     )
     lifetime: LifetimeSettings = Field(
         default_factory=LifetimeSettings,
@@ -443,6 +449,12 @@ class SandboxPool:
         self._ledger = _ledger_for(backend)
         self._sweep_task: asyncio.Task[None] | None = None
         self._keeper = LifetimeKeeper(self.settings.lifetime)
+        limits = self.settings.host_limits
+        self._host_limiter = (
+            HostCreateLimiter(backend.name, limits)
+            if limits is not None and limits.active
+            else None
+        )
 
     # -- public API ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -645,6 +657,11 @@ class SandboxPool:
             },
             "keys": keys,
             "lifetime": self._keeper.stats(),
+            **(
+                {"create_limits": self._host_limiter.stats()}
+                if self._host_limiter is not None
+                else {}
+            ),
             **s.counters(),
             "acquire_latency_s": {
                 **s.acquire_latency.to_dict(),
@@ -912,11 +929,12 @@ class SandboxPool:
                         token = next(_CREATE_TOKENS)
                         self._ledger.in_flight.add(token)
                         try:
-                            life = self.settings.lifetime
-                            if life.enabled and self._loop_task is not None:
-                                # Only a started pool moves deadlines on (its loop does).
-                                set_first_deadline(time.time() + life.grace_s)
-                            sb = await self.backend.create(k.spec)
+                            async with self._host_start():
+                                life = self.settings.lifetime
+                                if life.enabled and self._loop_task is not None:
+                                    # Only a started pool moves deadlines on (its loop does).
+                                    set_first_deadline(time.time() + life.grace_s)
+                                sb = await self.backend.create(k.spec)
                             self._ledger.track(sb.id)
                             try:
                                 # Ready means ready: the shell is started (and counted in the
@@ -1121,6 +1139,12 @@ class SandboxPool:
             if removed is None:
                 log.debug("pool: backend %s cannot list its sandboxes: no sweep", self.backend.name)
                 return
+
+    def _host_start(self) -> contextlib.AbstractAsyncContextManager[None]:
+        """The host-wide limits around one `backend.create` (nothing without them)."""
+        if self._host_limiter is None:
+            return contextlib.nullcontext()
+        return self._host_limiter.starting()
 
     def _held(self) -> list[Sandbox]:
         """Every sandbox the pool holds and hands out: ready and leased."""
