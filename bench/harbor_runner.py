@@ -104,6 +104,9 @@ def harbor_argv(
     for path, mode in mounts.items():
         argv += ["-v", f"{path}:{path}:{mode}"]
     argv += ["-e", f"PYTHONPATH={REPO}", "-e", "DOCKER_BUILDKIT=0", "-w", str(jobs_dir)]
+    # litellm (a Harbor dependency) otherwise tries to fetch its price list from GitHub at
+    # start, unreachable here: three attempts, ten seconds, per job
+    argv += ["-e", "LITELLM_LOCAL_MODEL_COST_MAP=True"]
     if server_url:
         argv += ["-e", f"SANDGYM_URL={server_url}"]
     if token:

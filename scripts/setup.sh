@@ -157,6 +157,10 @@ if [ "$WANT_DOCKER" = 1 ]; then
   # --desktop: sandgym/desktop:latest, the image of the desktop-* tasks (built once, ~3 min);
   # then the stand-ins for public base images and their aliases (~6 min once; see README).
   .venv/bin/python -m sandboxes.images_cli build --desktop >&2
+  # Harbor's own runner (harbor 0.26 needs Python >= 3.12; this host has 3.11) in a container on
+  # the python:3.13 stand-in, for tests/e2e/test_harbor_provider.py and `sandgym bench
+  # harbor_provider` (bench/harbor_runner.py; ~1-2 min once, then cached by the engine).
+  .venv/bin/python -c "from bench.harbor_runner import ensure_runner_image as e; e()" >&2
   # btrfs engine: dockerd cannot delete a removed layer's qgroup ("Failed to delete btrfs
   # qgroup ... busy" in its log; the subvolume is not dropped yet). Clear what is left once the
   # subvolumes are dropped, here and in `sandgym reap` (why: sandboxes/qgroups.py).
