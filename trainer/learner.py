@@ -265,6 +265,13 @@ class LearnerWorker:
             return sharding.full_state_dict(self.model)
         return {k: v.detach().to("cpu").clone() for k, v in self.model.state_dict().items()}
 
+    def push_weights(self, out_dir: str) -> str | None:
+        """fsdp: the full weights written to `out_dir` as safetensors files, gathered one tensor
+        at a time (`sharding.write_full_weights`: rank 0 never holds the whole model; measured
+        by scripts/fsdp_push_memory.py). Every rank must call it; rank 0 returns the path."""
+        info = sharding.write_full_weights(self.model, out_dir)
+        return out_dir if info is not None else None
+
     def weights_checksum(self) -> list[float]:
         """Per-parameter sums (float64) of the full weights, for tests that compare replicas
         (under fsdp every rank must call it)."""
@@ -418,9 +425,17 @@ class LearnerGroup:
         self.version = int(results[0]["version"])
         return out
 
-    def state_dict_ref(self) -> Any:
-        """An object ref to rank 0's full weights (fetched once, shared by every rollout
-        worker). Under fsdp every rank joins the gather; only rank 0's CPU holds the result."""
+    def state_dict_ref(self, weights_dir: str | None = None) -> Any:
+        """An object ref to what rollout workers load: rank 0's full weights (replicate, LoRA
+        adapters), or under fsdp the path of a safetensors directory every rank wrote into
+        (gathered one tensor at a time; `weights_dir`, default a temporary directory, must be
+        readable by the rollout workers: a shared filesystem across nodes)."""
+        if self.config.learner.strategy == "fsdp" and self.config.learner.lora_rank == 0:
+            if weights_dir is None:
+                import tempfile
+
+                weights_dir = tempfile.mkdtemp(prefix="sandgym-push-") + "/weights"
+            return [w.push_weights.remote(weights_dir) for w in self.workers][0]
         if self.config.learner.strategy == "fsdp":
             return [w.state_dict.remote() for w in self.workers][0]
         return self.workers[0].state_dict.remote()

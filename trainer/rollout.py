@@ -256,12 +256,16 @@ class RolloutWorker:
             ep = await self.workflow.run_episode(task_id, seed, group_id, params)
         return ep.to_dict(with_tokens=True)
 
-    async def update_weights(self, state_dict: dict[str, Any], version: int) -> int:
+    async def update_weights(self, state_dict: dict[str, Any] | str, version: int) -> int:
         """Hand the learner's weights of `version` to the engine; returns the version the engine
         now serves (its own, when it cannot take weights; without an engine nothing generates
         and the learner's version is returned). A failed load raises (the trainer counts it)."""
         if self.engine is None:
             return version
+        if isinstance(state_dict, str):  # a weights directory (the fsdp learner's push)
+            from trainer.engines.weight_files import load_weights
+
+            state_dict = await asyncio.to_thread(load_weights, state_dict)
         return int(await asyncio.to_thread(self.engine.update_weights, state_dict, version))
 
     def stats(self) -> dict[str, Any]:

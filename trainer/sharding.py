@@ -5,9 +5,10 @@ final norm, LM head), with torch's FSDP2 `fully_shard`: each rank keeps 1/world_
 parameter (a `DTensor` sharded on dim 0), its gradient and, because the optimizer is built over
 those DTensors, its AdamW moments. A forward all-gathers one block at a time and frees it again;
 backward reduce-scatters each block's gradients. Nothing here keeps a full replica: full weights
-exist only transiently on rank 0's CPU: when `load_sharded_model` loads the policy (the other
-ranks build it on the meta device and receive only their shards) and when `full_state_dict`
-gathers the weights for the rollout engines.
+exist only transiently on rank 0's CPU when `load_sharded_model` loads the policy (the other
+ranks build it on the meta device and receive only their shards). Weights for the rollout
+engines are gathered one tensor at a time and written to files (`write_full_weights`), so rank 0
+never holds more than one file's worth.
 
 This module imports nothing but torch (and transformers' models are duck-typed), so that
 `scripts/gpu_fsdp_check.py` can use it on a machine without Ray or pydantic.
@@ -108,6 +109,36 @@ def full_state_dict(model: Any) -> dict[str, Any]:
     return get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
     )
+
+
+def write_full_weights(
+    model: Any, out_dir: str, max_shard_bytes: int = 256 * 1024 * 1024
+) -> dict[str, int] | None:
+    """The full weights written by rank 0 as a safetensors directory (trainer/engines/
+    weight_files.py), gathered one tensor at a time: rank 0 holds at most one shard of
+    `max_shard_bytes` plus the tensor being gathered, whatever the model's size (the rollout
+    engines read the directory: a shared filesystem across nodes). Every rank must call it
+    (each tensor's all-gather is a collective); rank 0 returns the writer's counts, the others
+    None. Replaces `full_state_dict` for weight pushes, which held every tensor at once."""
+    import torch.distributed as dist
+
+    from trainer.engines.weight_files import write_weights
+
+    state = model.state_dict()  # this rank's shards (DTensors): nothing gathered yet
+    rank0 = dist.get_rank() == 0
+
+    def gathered() -> Any:
+        for name, t in state.items():
+            whole = full(t.detach())
+            if rank0:
+                yield name, whole.to("cpu")
+            del whole
+
+    if rank0:
+        return write_weights(gathered(), out_dir, max_shard_bytes)
+    for _ in gathered():
+        pass
+    return None
 
 
 def save_sharded(model: Any, optimizer: Any, path: str) -> None:

@@ -214,7 +214,7 @@ class Trainer:
         return url
 
     def _push_weights(self) -> None:
-        ref = self.learners.state_dict_ref()
+        ref = self.learners.state_dict_ref(str((self.run_dir / "weights" / "learner").resolve()))
         ready = [i for i in range(len(self.rollouts)) if i not in self._rollout_pending.values()]
         calls = [(i, self.rollouts[i].update_weights.remote(ref, self.version)) for i in ready]
         for i, call in calls:
@@ -291,7 +291,10 @@ class Trainer:
             self.served_versions[i] = 0
             if self.version > 0:
                 w = self.rollouts[i].update_weights.remote(
-                    self.learners.state_dict_ref(), self.version
+                    self.learners.state_dict_ref(
+                        str((self.run_dir / "weights" / "learner").resolve())
+                    ),
+                    self.version,
                 )
                 self._await_push(i, w)
 

@@ -189,3 +189,34 @@ async def test_a_prompt_longer_than_the_context_is_the_policys_failure(vllm_dev:
         await engine.agenerate(list(range(20)), SamplingParams(max_new_tokens=1))
     assert classify_failure(info.value) == "policy_output"
     await engine.aclose()
+
+
+def test_weight_files_hold_at_most_one_shard_or_tensor(tmp_path: Path) -> None:
+    """The writer under the fsdp push: a full shard is written before the next tensor is asked
+    for, so what it holds is bounded by the shard size (or one larger tensor), not the model."""
+    from trainer.engines.weight_files import load_weights, write_weights
+
+    asked: list[str] = []
+
+    def items() -> Iterator[tuple[str, torch.Tensor]]:
+        for i in range(40):
+            asked.append(f"w{i}")
+            yield f"w{i}", torch.full((256,), float(i))  # 1 KiB each
+        yield "big", torch.zeros(4096)  # 16 KiB: a file of its own
+
+    info = write_weights(items(), tmp_path / "w", max_shard_bytes=4096)
+    # a tensor of a shard's size is on disk before the next one is gathered (the fsdp push
+    # gathers while the writer waits: two large tensors never live together)
+    written: list[int] = []
+
+    def two_big() -> Iterator[tuple[str, torch.Tensor]]:
+        yield "a", torch.zeros(2048)  # 8 KiB
+        written.append(len(list((tmp_path / "v.writing").glob("*.safetensors"))))
+        yield "b", torch.zeros(2048)
+
+    write_weights(two_big(), tmp_path / "v", max_shard_bytes=4096)
+    assert written == [1]
+    assert info["bytes"] == 40 * 1024 + 16384 and info["shards"] == 11
+    assert info["peak_buffered_bytes"] == 16384  # the big tensor; shards of small ones: 4 KiB
+    back = load_weights(tmp_path / "w")
+    assert set(back) == set(asked) | {"big"} and torch.equal(back["w7"], torch.full((256,), 7.0))

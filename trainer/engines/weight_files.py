@@ -2,9 +2,10 @@
 form a server in another process (`vllm serve`, vLLM's engine core) reads them back from.
 
 `write_weights(items, out_dir)` writes `model-0000K-of-0000N.safetensors` shards of at most
-`max_shard_bytes` each plus `model.safetensors.index.json` (the layout `save_pretrained` writes
-for large models, which vLLM's loader and transformers read), so the writer never holds more than
-one shard at a time beyond what the caller hands it. `read_weights(dir)` yields the tensors of such
+`max_shard_bytes` each (a larger tensor gets a file of its own) plus
+`model.safetensors.index.json` (the layout `save_pretrained` writes for large models, which vLLM's
+loader and transformers read); a full shard is written before the next tensor is asked for, so
+the writer holds at most max(`max_shard_bytes`, the largest tensor) at a time. `read_weights(dir)` yields the tensors of such
 a directory, or of a single `model.safetensors`, one at a time. torch and safetensors only.
 """
 
@@ -64,6 +65,9 @@ def write_weights(
         buffered += _nbytes(t)
         total += _nbytes(t)
         peak = max(peak, buffered)
+        del t, tensor
+        if buffered >= max_shard_bytes:  # written before the next tensor is asked for
+            flush()
     flush()
     n = len(files)
     for k, names in enumerate(files):
