@@ -404,6 +404,24 @@ class ResetInfo(_Info):
     verify: VerifyMode | None = Field(None, description="how the episode will be verified")
 
 
+class EpisodeCost(BaseModel):
+    """`info.cost` of the reply that ends an episode: what it cost in sandbox time, by phase,
+    and what its sandbox consumed by its own accounting (None: the backend cannot say)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    backend: str | None = None
+    pool_s: float = Field(0.0, description="sandbox seconds before the lease: made, then ready")
+    prepare_s: float = Field(0.0, description="sandbox seconds setting the episode up")
+    agent_s: float = Field(0.0, description="sandbox seconds of the agent's turns")
+    verifier_s: float = Field(0.0, description="sandbox seconds of verifier runs (submits)")
+    sandbox_s: float = Field(0.0, description="the four phases together")
+    cpu_s: float | None = Field(None, description="CPU seconds of the sandbox's cgroup")
+    peak_memory_bytes: int | None = Field(None, description="the sandbox cgroup's peak memory")
+    bytes_written: int | None = Field(None, description="bytes its writes keep on disk")
+    commands: int = Field(0, description="command actions run")
+
+
 class StepInfo(_Info):
     """`info` of a `step_result`."""
 
@@ -426,6 +444,7 @@ class StepInfo(_Info):
     verify: VerifyMode | None = Field(None, description="a scored submit: how it was verified")
     timed_out: bool | None = Field(None, description="the command ran past its timeout")
     output_truncated: bool | None = Field(None, description="the output was cut to the cap")
+    cost: EpisodeCost | None = _volatile("the reply that ends the episode: what it cost")
 
 
 class ResumeInfo(_Info):

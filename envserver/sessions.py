@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from envserver.actions import apply_action, apply_desktop
+from envserver.cost import CostMetrics, episode_cost
 from envserver.errors import BusyError, CapacityError, NoEpisodeError
 from envserver.groups import Group, GroupRegistry, Prepared
 from envserver.metrics import ServerMetrics
@@ -42,6 +43,7 @@ from envserver.protocol import (
     ClosedReply,
     CloseMsg,
     CommandAction,
+    EpisodeCost,
     Observation,
     ObservationReply,
     ResetInfo,
@@ -96,6 +98,13 @@ class Session:
     inflight: asyncio.Future[StepResultReply] | None = None
     last_id: str | None = None
     last_reply: StepResultReply | None = None
+    # The cost ledger (envserver/cost.py): when the lease began (unix time), the seconds spent
+    # preparing and verifying, the commands run; `cost` once the episode ended.
+    leased_at: float = field(default_factory=time.time)
+    prepare_s: float = 0.0
+    verifier_s: float = 0.0
+    commands: int = 0
+    cost: EpisodeCost | None = None
 
     def describe(self, now: float) -> dict[str, Any]:
         return {
@@ -122,6 +131,7 @@ class EnvService:
         self.pool: SandboxPool | None = None
         self.tasks: Any = None
         self.metrics = ServerMetrics()
+        self.cost_metrics = CostMetrics(self.metrics.registry)
         self.sessions: dict[str, Session] = {}
         self.connections = 0
         self._reserved = 0  # resets between the capacity check and the session's creation
@@ -313,6 +323,8 @@ class EnvService:
             bridge=bridge,
             conn=conn,
             group=group,
+            leased_at=time.time() - prepare_s,
+            prepare_s=prepare_s,
         )
         self.sessions[session.id] = session
         conn.session = session
@@ -474,6 +486,7 @@ class EnvService:
                 done = outcome.done
             finally:
                 verifier_s = time.perf_counter() - t0
+                s.verifier_s += verifier_s
                 if done:  # (also when scoring failed: the episode cannot go on)
                     await self._end(s, "submit")
             self.metrics.latency_by_kind["submit"].observe(verifier_s)
@@ -502,6 +515,8 @@ class EnvService:
                     reward=0.0,
                     info=StepInfo(**info).wire(),
                 )
+            if s.cost is not None:
+                info["cost"] = s.cost
             return StepResultReply(
                 request_id=msg.request_id,
                 observation=Observation(
@@ -526,6 +541,7 @@ class EnvService:
         self.metrics.latency_by_kind[action.kind].observe(action_s)
         self.metrics.steps.inc()
         s.steps += 1
+        s.commands += isinstance(action, CommandAction)
         s.last_observation = obs
         info["step"] = s.steps
         info["action_s"] = action_s
@@ -536,6 +552,8 @@ class EnvService:
             truncated, info["truncation"] = True, "time_limit"
         if truncated:
             await self._end(s, str(info["truncation"]))
+            if s.cost is not None:
+                info["cost"] = s.cost
         return StepResultReply(
             request_id=msg.request_id,
             observation=obs,
@@ -645,6 +663,16 @@ class EnvService:
             s.bridge = None
         if self.pool is None:
             return
+        if self.settings.cost_ledger:
+            s.cost = await episode_cost(
+                s.sandbox,
+                backend=self.backend.name if self.backend else None,
+                leased_at=s.leased_at,
+                prepare_s=s.prepare_s,
+                verifier_s=s.verifier_s,
+                commands=s.commands,
+            )
+            self.cost_metrics.add(s.cost)
         try:
             await asyncio.shield(self.pool.release(s.sandbox))
         except Exception:

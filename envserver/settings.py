@@ -134,6 +134,11 @@ class ServerSettings(BaseSettings):
         "last refresh, or at the end of its episode's limits if later; None: no deadline "
         "(docs/operations.md)",
     )
+    cost_ledger: bool = Field(
+        True,
+        description="at each episode's end, read its sandbox's usage (CPU, peak memory, bytes "
+        "written) and send the episode's cost ledger as info.cost (envserver/cost.py)",
+    )
     create_limits: dict[str, CreateLimitSettings] = Field(
         default_factory=dict,
         description="per backend name: a creation rate and a cap on sandboxes being started, "

@@ -39,6 +39,7 @@ from sandboxes.labels import sandbox_labels
 from sandboxes.network import NetworkPolicy
 from sandboxes.paths import new_sandbox_id
 from sandboxes.spec import ExecResult, FileChanges, PathChanges, SandboxSpec, ShellResult
+from sandboxes.usage import SandboxUsage
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,11 @@ class Sandbox(abc.ABC):
 
     async def _write_deadline(self, deadline: float) -> None:
         return None
+
+    async def usage(self) -> SandboxUsage:
+        """What this sandbox consumed so far, from its own accounting (`sandboxes.usage`);
+        every figure None on a backend that cannot read it."""
+        return SandboxUsage()
 
     @property
     def bridge_dir(self) -> Path | None:

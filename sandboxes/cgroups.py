@@ -14,6 +14,8 @@ import signal
 import time
 from pathlib import Path
 
+from sandboxes.usage import SandboxUsage, cgroup_v1_usage, cgroup_v2_usage
+
 #: CFS bandwidth period of a sandbox's CPU limit. 10 ms rather than the kernel's 100 ms: a
 #: sandbox that burns its quota on every core at once is throttled after 10/ncpu ms, not
 #: 100/ncpu, so the neighbours' short commands wait less behind it.
@@ -52,9 +54,10 @@ class CgroupSet:
         if self.v2:
             self.dirs = {"unified": ROOT / PARENT / name}
         else:
-            self.dirs = {c: ROOT / c / PARENT / name for c in ("pids", "memory", "cpu")}
-            if not (ROOT / "cpu").exists():
-                self.dirs.pop("cpu")
+            self.dirs = {c: ROOT / c / PARENT / name for c in ("pids", "memory", "cpu", "cpuacct")}
+            for ctl in ("cpu", "cpuacct"):  # cpuacct: the CPU seconds `usage` reads
+                if not (ROOT / ctl).exists() or (ctl == "cpuacct" and _same_hierarchy()):
+                    self.dirs.pop(ctl)
 
     def create(self, memory_mb: int | None, pids_limit: int | None, cpus: float | None) -> None:
         for d in self.dirs.values():
@@ -102,6 +105,13 @@ class CgroupSet:
                     found.update(int(x) for x in procs.read_text().split())
         return found
 
+    def usage(self) -> SandboxUsage:
+        """CPU seconds and peak memory of the group so far (its exec sub-groups included)."""
+        if self.v2:
+            return cgroup_v2_usage(self.dirs["unified"])
+        cpuacct = self.dirs.get("cpuacct") or self.dirs.get("cpu")  # cpu,cpuacct mounted as one
+        return cgroup_v1_usage(cpuacct, self.dirs.get("memory"))
+
     def oom_killed(self) -> bool:
         """True if the kernel OOM-killed something in this group (v1: failcnt > 0)."""
         with contextlib.suppress(OSError, ValueError, KeyError):
@@ -135,6 +145,13 @@ class CgroupSet:
                     sub.rmdir()
             with contextlib.suppress(OSError):
                 d.rmdir()
+
+
+def _same_hierarchy() -> bool:
+    """cgroup v1 with cpu and cpuacct mounted together (`cpu` a link to `cpu,cpuacct`)."""
+    with contextlib.suppress(OSError):
+        return (ROOT / "cpu").resolve() == (ROOT / "cpuacct").resolve()
+    return False
 
 
 def _subdirs(d: Path) -> list[Path]:

@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("trainer.cli", "the RL trainer"),
     "cluster": ("trainer.cluster_cli", "env servers on every sandgym node of a Ray cluster"),
     "plot": ("trainer.plot_cli", "plot a run's reward curve"),
+    "runs": ("trainer.runs_cli", "what a run cost: `runs cost RUN_DIR` (table, PNG, --json)"),
     "bench": ("bench.cli", "benchmarks (sandbox, pool, step, sessions)"),
     "reap": ("sandboxes.reaper_cli", "remove orphaned sandboxes"),
     "images": ("sandboxes.images_cli", "build and list the offline stand-in images"),

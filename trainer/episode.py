@@ -82,6 +82,9 @@ class Episode:
     instruction: str = ""
     #: a multi-step task's reward per step scored, in order (the server's `info.step.rewards`)
     step_rewards: list[float] = field(default_factory=list)
+    #: the server's cost ledger of the episode (`info.cost`: sandbox seconds by phase, CPU,
+    #: memory, bytes, commands); the record adds the tokens (`sandgym runs cost` sums them)
+    cost: dict[str, Any] = field(default_factory=dict)
 
     @property
     def reward(self) -> float:
@@ -106,6 +109,12 @@ class Episode:
     def to_dict(self, with_tokens: bool = True) -> dict[str, Any]:
         data = asdict(self)
         data["reward"] = self.reward
+        steps = [s for t in self.trajectories for s in t.steps]
+        data["cost"] = {
+            **self.cost,
+            "tokens_generated": sum(len(s.response_ids) for s in steps),
+            "tokens_trained": sum(sum(s.loss_mask) for s in steps),
+        }
         if not with_tokens:
             for traj in data["trajectories"]:
                 for step in traj["steps"]:

@@ -178,9 +178,12 @@ async def _reset(
 
 
 def _record_step_rewards(episode: Episode, res: Any) -> None:
-    step = (getattr(res, "info", None) or {}).get("step")
+    info = getattr(res, "info", None) or {}
+    step = info.get("step")
     if isinstance(step, dict) and isinstance(step.get("rewards"), list):
         episode.step_rewards = [float(r) for r in step["rewards"]]
+    if isinstance(info.get("cost"), dict):  # the reply that ended it: the server's cost ledger
+        episode.cost.update(info["cost"])
 
 
 def as_dict(obs: Any) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from sandboxes.egress import EgressProxy
 from sandboxes.errors import SandboxLostError
 from sandboxes.paths import normalize_sandbox_path
 from sandboxes.spec import SandboxSpec
+from sandboxes.usage import SandboxUsage
 
 if TYPE_CHECKING:
     from sandboxes.docker.backend import DockerBackend
@@ -68,6 +69,25 @@ class DockerSandboxBase(ShellSandbox):
 
         if self._bridge_dir is not None:
             await asyncio.to_thread(write_deadline_file, self._bridge_dir, deadline)
+
+    async def usage(self) -> SandboxUsage:
+        """CPU seconds and peak memory from the engine's stats of the container's cgroup (one
+        sample, no wait), and its writable layer's size."""
+
+        def read() -> SandboxUsage:
+            stats = self._api.stats(self.container_id, stream=False, one_shot=True)
+            cpu_ns = (stats.get("cpu_stats") or {}).get("cpu_usage", {}).get("total_usage")
+            mem = stats.get("memory_stats") or {}
+            peak = mem.get("max_usage")  # cgroup v1; v2 engines report no peak
+            rows = self._api.containers(all=True, filters={"id": self.container_id}, size=True)
+            size = rows[0].get("SizeRw", 0) if rows else None  # 0 is left out
+            return SandboxUsage(
+                cpu_s=None if cpu_ns is None else cpu_ns / 1e9,
+                peak_memory_bytes=peak,
+                bytes_written=size,
+            )
+
+        return await asyncio.to_thread(read)
 
     def _watch_host_pid(self, pid: int | None) -> None:
         """Remember the container's init as a host pid, when this process can see it (the

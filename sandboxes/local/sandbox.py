@@ -43,6 +43,7 @@ from sandboxes.network import NetworkPolicy
 from sandboxes.paths import normalize_sandbox_path
 from sandboxes.shell import PexpectShell
 from sandboxes.spec import ExecResult, PathChanges, SandboxSpec
+from sandboxes.usage import SandboxUsage, tree_bytes
 
 if TYPE_CHECKING:
     from sandboxes.local.backend import LocalBackend
@@ -240,6 +241,17 @@ class LocalSandbox(ShellSandbox):
     async def _write_deadline(self, deadline: float) -> None:
         """Into `<sandbox dir>/life`, which the sandbox sees read-only at LIFE_MOUNT."""
         await asyncio.to_thread(write_deadline_file, self.dir / "life", deadline)
+
+    async def usage(self) -> SandboxUsage:
+        """CPU seconds and peak memory from the sandbox's cgroups (None without them), and
+        the bytes of the files in its tree."""
+
+        def read() -> SandboxUsage:
+            used = self.cg.usage() if self.cg is not None else SandboxUsage()
+            used.bytes_written = tree_bytes(self.fs)
+            return used
+
+        return await asyncio.to_thread(read)
 
     async def snapshot(self) -> str:
         """A copy of this sandbox's tree (regular files, directories, links; no sockets or

@@ -1,0 +1,99 @@
+"""The cost ledger of an episode (envserver/cost.py), end to end on the real backends: the reply
+that ends the episode carries `info.cost` (sandbox seconds by phase, CPU seconds and peak memory
+from the sandbox's cgroup, bytes written, commands), the server's /metrics sums it, the trainer's
+episode record keeps it with the tokens, and `sandgym runs cost` sums records per update and per
+run, prices only what the price table names, and draws the PNG."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from envserver.client import AsyncEnvClient
+from envserver.runner import BackgroundServer
+from sandgym_cli.main import main as sandgym_main
+from tests.e2e.conftest import NULL_TASK, REAL_BACKENDS
+from trainer.episode import Episode, EpisodeWriter
+from trainer.episode_runner import EpisodeSession, run_episode
+
+MIB = 2**20
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+@pytest.mark.parametrize("backend", REAL_BACKENDS)
+async def test_episode_cost_reaches_reply_metrics_record_and_report(
+    backend: str, make_server: Callable[..., BackgroundServer], tmp_path: Path
+) -> None:
+    srv = make_server(backend)
+
+    async def play(session: EpisodeSession) -> Any:
+        # two commands: 8 MiB written, and a process that holds 64 MiB and burns some CPU
+        await session.step({"kind": "command", "command": "head -c 8388608 /dev/urandom > big"})
+        await session.step(
+            {
+                "kind": "command",
+                "command": "python3 -c 'a = bytearray(64 * 2**20); sum(range(3 * 10**6))'",
+            }
+        )
+        session.trajectory.steps[0].response_ids = [1, 2, 3]  # as if the policy wrote it
+        session.trajectory.steps[0].loss_mask = [1, 1, 0]
+        return "submitted"
+
+    def client() -> AsyncEnvClient:
+        return AsyncEnvClient(srv.url, request_timeout_s=120)
+
+    ep = await run_episode(client, Episode(task_id=NULL_TASK, seed=0, group_id="g0"), play)
+    assert ep.termination == "submitted", ep.error
+    cost = ep.cost
+    phases = cost["pool_s"] + cost["prepare_s"] + cost["agent_s"] + cost["verifier_s"]
+    assert cost["backend"] == backend and cost["commands"] == 2
+    assert cost["verifier_s"] > 0 and cost["agent_s"] > 0 and cost["prepare_s"] >= 0
+    assert abs(cost["sandbox_s"] - phases) < 1e-6
+    assert cost["cpu_s"] > 0
+    assert cost["peak_memory_bytes"] >= 64 * MIB  # the cgroup saw the 64 MiB process
+    assert cost["bytes_written"] >= 8 * MIB  # the file the agent wrote is on its disk
+
+    async with httpx.AsyncClient() as http:
+        text = (await http.get(f"{srv.http_url}/metrics")).text
+    assert _metric(text, "sandgym_commands_total") == 2
+    assert abs(_metric(text, "sandgym_sandbox_seconds_total") - cost["sandbox_s"]) < 1e-6
+    assert abs(_metric(text, "sandgym_sandbox_cpu_seconds_total") - cost["cpu_s"]) < 1e-6
+
+    # the record, and the report over a run of two updates
+    run_dir = tmp_path / "run"
+    writer = EpisodeWriter(run_dir / "episodes.jsonl")
+    writer.write(ep, received_at_version=0)
+    writer.write(ep, received_at_version=1)
+    other = Episode(task_id=NULL_TASK, seed=1, group_id="g1")
+    other.trajectories = []
+    writer.write(other, received_at_version=1)  # failed before any ledger: counted, unmetered
+    writer.close()
+    record = json.loads((run_dir / "episodes.jsonl").read_text().splitlines()[0])
+    assert record["cost"]["tokens_generated"] == 3 and record["cost"]["tokens_trained"] == 2
+    (run_dir / "prices.yaml").write_text(f"sandbox_second: {{{backend}: 0.5}}\ntoken_trained: 2\n")
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert sandgym_main(["runs", "cost", str(run_dir), "--json"]) == 0
+    report = json.loads(out.getvalue())
+    run = report["run"]
+    assert run["episodes"] == 3 and run["unmetered"] == 1
+    assert abs(run["sandbox_s"] - 2 * cost["sandbox_s"]) < 1e-6
+    assert run["commands"] == 4 and run["tokens_trained"] == 4
+    assert [u["update"] for u in report["updates"]] == [0, 1]
+    assert report["updates"][1]["episodes"] == 2
+    money = report["money"]
+    assert abs(money["items"][f"sandbox_seconds[{backend}]"] - 0.5 * run["sandbox_s"]) < 1e-6
+    assert money["items"]["token_trained"] == 8
+    assert set(money["unpriced"]) == {"cpu_second", "token_generated"}  # nothing invented
+    assert Path(report["png"]).read_bytes()[:4] == b"\x89PNG"  # noqa: ASYNC240
