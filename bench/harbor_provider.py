@@ -1,0 +1,474 @@
+"""`sandgym bench harbor_provider`: Harbor's own runner with sandgym's provider and with Harbor's
+own `docker` environment, side by side in one run, on the same engine and stand-in images.
+
+Harbor 0.26.0 runs in its runner container (bench/harbor_runner.py); sandgym's side talks to a
+`sandgym serve --backend docker` this benchmark starts in-process. Per run (one Harbor job):
+each trial's reward, wall time and environment start time (Harbor's `environment_setup`
+phase), read from the result.json files Harbor wrote. The sequence:
+
+1. `cold`: oracle, one trial per task, each environment (the first build of each image).
+2. `nop`: the nop agent, one trial per task, each environment (rewards must be 0 alike).
+3. `repeated`: oracle with `-k K` (default 4) trials per task, Harbor's docker first, then
+   sandgym (where the warm pool should show).
+4. `sandgym_only`: the catalog tasks as they are (network_mode = "no-network") and a task that
+   switches network between phases, oracle, on sandgym's provider only: Harbor's docker
+   environment cannot enforce a no-network policy on this machine (below).
+5. `kill`: a Harbor job SIGKILLed mid-run (its container killed with SIGKILL, so Harbor's
+   cleanup never runs), for each environment; then what is left on the engine (containers,
+   networks, images of the job) and in the sandgym server (sandboxes it holds), at once and
+   after sandgym's reaper had its chance (the server's idle sweep; the provider asks for a short
+   idle timeout with `--ek idle_timeout_sec=`).
+
+Why the side-by-side tasks are public-network copies: Harbor's docker environment enforces
+`no-network` and `allowlist` only through its egress-control sidecar, which needs two registry
+images pinned by digest (`alpine:3.23.4@sha256:5b10f4...` for a kernel probe and
+`gogost/gost:3.2.7-nightly...@sha256:afc013...` for the sidecar). No registry is reachable here
+and a digest-pinned reference cannot be met by a locally tagged stand-in, so Harbor refuses
+every no-network task (`network_mode='no-network' is not supported by docker environment`). The
+side-by-side runs therefore use copies of the catalog tasks with `network_mode = "public"`
+(same Dockerfile, tests and solution); the originals run on sandgym alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench.harbor_runner import (
+    REPO,
+    SANDGYM_ENV,
+    TrialRecord,
+    ensure_runner_image,
+    harbor_argv,
+    read_trials,
+    runner_versions,
+)
+from bench.report import save_json
+
+#: catalog tasks that Harbor alone can run (no procedural generator, no desktop)
+DEFAULT_TASKS = ("hello-file", "csv-to-json", "fix-mean", "dedupe-sort", "word-freq", "json-filter")
+TOKEN = "bench-harbor-provider"
+HARBOR_DOCKER = "docker"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tasks", nargs="+", default=list(DEFAULT_TASKS), help="catalog task names")
+    p.add_argument("-k", "--attempts", type=int, default=4, help="trials per task, repeated run")
+    p.add_argument("--concurrency", type=int, default=1, help="Harbor's --n-concurrent")
+    p.add_argument(
+        "--extra-tasks-dir",
+        type=Path,
+        default=None,
+        help="more Harbor task directories (e.g. Terminal-Bench 2.0 tasks) for the side by side",
+    )
+    p.add_argument("--work-dir", type=Path, default=Path("/tmp/sandgym-bench-harbor-provider"))
+    p.add_argument(
+        "--skip", nargs="*", default=[], help="parts to skip: cold nop repeated sandgym_only kill"
+    )
+    p.add_argument("--out", type=Path, default=None, help="write the JSON document here")
+    p.add_argument("--json", action="store_true", help="print the JSON document")
+
+
+def _log(msg: str) -> None:
+    print(f"[harbor_provider {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _prepare_tasks(names: list[str], root: Path, public: bool, extra: Path | None) -> Path:
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    for name in names:
+        shutil.copytree(REPO / "tasks" / "catalog" / name, root / name)
+        if public:
+            toml = root / name / "task.toml"
+            text = toml.read_text().replace(
+                'network_mode = "no-network"', 'network_mode = "public"'
+            )
+            toml.write_text(text)
+    if extra is not None:
+        for task in sorted(p for p in extra.iterdir() if (p / "task.toml").is_file()):
+            shutil.copytree(task, root / task.name)
+    return root
+
+
+class _Job:
+    """One `harbor run`, its trials and wall time."""
+
+    def __init__(self, part: str, env: str, agent: str, attempts: int) -> None:
+        self.part, self.env, self.agent, self.attempts = part, env, agent, attempts
+        self.name = f"{part}-{'sandgym' if env == SANDGYM_ENV else 'docker'}-{agent}-k{attempts}"
+
+    def run(
+        self, tasks: Path, jobs: Path, url: str, concurrency: int, extra: list[str]
+    ) -> dict[str, Any]:
+        argv = harbor_argv(
+            tasks_path=tasks,
+            jobs_dir=jobs,
+            job_name=self.name,
+            env=self.env,
+            agent=self.agent,
+            attempts=self.attempts,
+            concurrency=concurrency,
+            server_url=url if self.env == SANDGYM_ENV else None,
+            token=TOKEN if self.env == SANDGYM_ENV else None,
+            extra=extra,
+        )
+        _log(f"{self.name}: harbor run on {tasks.name}")
+        t0 = time.perf_counter()
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=3600, check=False)
+        wall = time.perf_counter() - t0
+        trials = read_trials(jobs / self.name)
+        _log(f"{self.name}: exit {proc.returncode}, {len(trials)} trials in {wall:.0f}s")
+        return {
+            "part": self.part,
+            "environment": "sandgym" if self.env == SANDGYM_ENV else HARBOR_DOCKER,
+            "agent": self.agent,
+            "attempts": self.attempts,
+            "job": self.name,
+            "harbor_exit_code": proc.returncode,
+            "wall_s": round(wall, 2),
+            "trials": [t.model_dump() for t in trials],
+            "log_tail": (proc.stdout + proc.stderr)[-1500:] if proc.returncode else None,
+        }
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 3) if values else None
+
+
+def _repeated_figures(trials: list[TrialRecord]) -> dict[str, Any]:
+    """Medians over a repeated run's trials: all of them, and all but each task's first
+    (the first may meet a cold pool or an unbuilt image)."""
+    by_task: dict[str, list[TrialRecord]] = {}
+    for t in sorted(trials, key=lambda t: t.trial):
+        by_task.setdefault(t.task, []).append(t)
+    later = [t for ts in by_task.values() for t in ts[1:]]
+    return {
+        "trials": len(trials),
+        "median_environment_start_s": _median(
+            [t.environment_start_s for t in trials if t.environment_start_s is not None]
+        ),
+        "median_trial_s": _median([t.trial_s for t in trials if t.trial_s is not None]),
+        "median_environment_start_s_after_first": _median(
+            [t.environment_start_s for t in later if t.environment_start_s is not None]
+        ),
+        "median_trial_s_after_first": _median([t.trial_s for t in later if t.trial_s is not None]),
+    }
+
+
+def _rewards(run: dict[str, Any]) -> dict[str, list[float | None]]:
+    out: dict[str, list[float | None]] = {}
+    for t in run["trials"]:
+        out.setdefault(t["task"], []).append(t["reward"])
+    return out
+
+
+# -- leftovers ---------------------------------------------------------------------------------
+def _docker_lines(*args: str) -> list[str]:
+    proc = subprocess.run(["docker", *args], capture_output=True, text=True, check=False)
+    return [x for x in proc.stdout.splitlines() if x.strip()]
+
+
+def _engine_objects(owner: str, task_names: list[str]) -> dict[str, list[str]]:
+    """What a job may leave on the engine: sandgym's sandboxes (labelled with the server's
+    owner id), Harbor's compose projects (named after its trials: `<task>__<id>...`), and
+    the images each side built for a task (sandgym: `sandgym/ctx:*`, kept as a cache by
+    design; Harbor: `hb__*`)."""
+    containers = _docker_lines(
+        "ps", "-a", "--filter", f"label=sandgym.owner={owner}", "--format", "{{.Names}}"
+    )
+    projects = _docker_lines(
+        "ps",
+        "-a",
+        "--filter",
+        "label=com.docker.compose.project",
+        "--format",
+        '{{.Label "com.docker.compose.project"}} {{.Names}}',
+    )
+    harbor = [
+        line.split()[1]
+        for line in projects
+        if any(line.split()[0].startswith(t.replace(".", "-").lower()) for t in task_names)
+    ]
+    networks = _docker_lines("network", "ls", "--format", "{{.Name}}")
+    ours_nets = [n for n in networks if n.startswith("sandgym") and owner[-8:] in n]
+    harbor_nets = [
+        n for n in networks if any(n.startswith(t.replace(".", "-").lower()) for t in task_names)
+    ]
+    images = _docker_lines("images", "--format", "{{.Repository}}:{{.Tag}}")
+    return {
+        "sandgym_containers": containers,
+        "sandgym_networks": ours_nets,
+        "harbor_containers": harbor,
+        "harbor_networks": harbor_nets,
+        "sandgym_ctx_images": [i for i in images if i.startswith("sandgym/ctx:")],
+        "harbor_images": [i for i in images if i.startswith("hb__")],
+    }
+
+
+def _kill_run(
+    env: str,
+    tasks: Path,
+    jobs: Path,
+    url: str,
+    owner: str,
+    server: Any,
+    task_names: list[str],
+    idle_timeout_s: float,
+) -> dict[str, Any]:
+    """Start a Harbor job, SIGKILL it once some trial's environment is up, and count what it
+    left: at once, and (sandgym) after the server's idle sweep had its chance."""
+    side = "sandgym" if env == SANDGYM_ENV else HARBOR_DOCKER
+    name = f"kill-{side}-{uuid.uuid4().hex[:6]}"
+    container = f"sandgym-bench-harbor-{name}"
+    extra = ["--ek", f"idle_timeout_sec={idle_timeout_s:g}"] if env == SANDGYM_ENV else []
+    before = _engine_objects(owner, task_names)
+    argv = harbor_argv(
+        tasks_path=tasks,
+        jobs_dir=jobs,
+        job_name=name,
+        env=env,
+        agent="oracle",
+        attempts=4,
+        concurrency=2,
+        server_url=url if env == SANDGYM_ENV else None,
+        token=TOKEN if env == SANDGYM_ENV else None,
+        container_name=container,
+        extra=extra,
+    )
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    t0 = time.monotonic()
+    up = False
+    while time.monotonic() - t0 < 300 and proc.poll() is None:
+        now = _engine_objects(owner, task_names)
+        held = len(server.app.state.sandbox_api.leases)
+        if (env == SANDGYM_ENV and held > 0) or (
+            env != SANDGYM_ENV and len(now["harbor_containers"]) > len(before["harbor_containers"])
+        ):
+            up = True
+            break
+        time.sleep(0.2)
+    killed_after = time.monotonic() - t0
+    subprocess.run(["docker", "kill", "--signal", "KILL", container], capture_output=True)
+    proc.wait(timeout=60)
+    time.sleep(1.0)  # the engine settles the killed container's removal (--rm)
+    at_kill = _engine_objects(owner, task_names)
+    held_at_kill = len(server.app.state.sandbox_api.leases)
+    result: dict[str, Any] = {
+        "environment": side,
+        "job": name,
+        "killed_after_s": round(killed_after, 2),
+        "environment_was_up": up,
+        "at_kill": _counts(at_kill, before, held_at_kill),
+    }
+    if env == SANDGYM_ENV:
+        pool = server.app.state.service.pool
+        deadline = time.monotonic() + idle_timeout_s + 90
+        while time.monotonic() < deadline:  # the idle sweep closes them; the pool removes them
+            objs = _engine_objects(owner, task_names)
+            left = set(_new(objs, before, "sandgym_containers")) - _pool_ready(pool)
+            busy = pool.snapshot()["totals"]
+            if not server.app.state.sandbox_api.leases and not left and not busy["creating"]:
+                break
+            time.sleep(0.5)
+        after = _engine_objects(owner, task_names)
+        ready = _pool_ready(pool)
+        result["after_reaper"] = _counts(after, before, len(server.app.state.sandbox_api.leases))
+        # the pool's ready replacements (made after each release, for the next trial) are not
+        # the killed job's: destroyed at server stop (`sandgym_containers_after_server_stop`)
+        result["after_reaper"]["pool_ready_replacements"] = sorted(
+            set(result["after_reaper"]["new_sandgym_containers"]) & ready
+        )
+        result["after_reaper"]["new_sandgym_containers"] = sorted(
+            set(result["after_reaper"]["new_sandgym_containers"]) - ready
+        )
+        result["reaper_wait_s"] = round(time.monotonic() - t0 - killed_after, 2)
+    else:
+        result["after_reaper"] = None  # Harbor's docker environment has no reaper
+        leftovers = _new(at_kill, before, "harbor_containers")
+        for c in leftovers:  # clean the engine for what follows (not counted as Harbor's doing)
+            subprocess.run(["docker", "rm", "-f", c], capture_output=True)
+        for n in _new(at_kill, before, "harbor_networks"):
+            subprocess.run(["docker", "network", "rm", n], capture_output=True)
+    return result
+
+
+def _pool_ready(pool: Any) -> set[str]:
+    """Ids of the ready sandboxes the pool holds for the next acquire (not leased to anyone)."""
+    return {r.sandbox.id for k in list(pool._keys.values()) for r in list(k.ready)}
+
+
+def _new(objs: dict[str, list[str]], before: dict[str, list[str]], key: str) -> list[str]:
+    return sorted(set(objs[key]) - set(before[key]))
+
+
+def _counts(objs: dict[str, list[str]], before: dict[str, list[str]], held: int) -> dict[str, Any]:
+    return {
+        "new_sandgym_containers": _new(objs, before, "sandgym_containers"),
+        "new_sandgym_networks": _new(objs, before, "sandgym_networks"),
+        "new_harbor_containers": _new(objs, before, "harbor_containers"),
+        "new_harbor_networks": _new(objs, before, "harbor_networks"),
+        "new_sandgym_ctx_images": _new(objs, before, "sandgym_ctx_images"),
+        "new_harbor_images": _new(objs, before, "harbor_images"),
+        "sandboxes_held_by_server": held,
+    }
+
+
+# -- the run -----------------------------------------------------------------------------------
+def run(args: argparse.Namespace) -> int:
+    from envserver.runner import BackgroundServer
+    from envserver.settings import ServerSettings
+
+    image = ensure_runner_image()
+    work: Path = args.work_dir
+    work.mkdir(parents=True, exist_ok=True)
+    jobs = work / "jobs"
+    if jobs.exists():
+        shutil.rmtree(jobs)
+    jobs.mkdir()
+    public = _prepare_tasks(list(args.tasks), work / "tasks-public", True, args.extra_tasks_dir)
+    original = _prepare_tasks(list(args.tasks), work / "tasks-catalog", False, None)
+    shutil.copytree(
+        REPO / "tests" / "fixtures" / "harbor_provider" / "net-phases", original / "net-phases"
+    )
+    owner = "bench-harbor-" + uuid.uuid4().hex[:8]
+    settings = ServerSettings(
+        host="127.0.0.1",
+        port=0,
+        backend="docker",
+        backend_options={"owner_id": owner},
+        include_builtin=False,
+        token=TOKEN,
+        sweep_interval_s=1.0,
+    )
+    runs: list[dict[str, Any]] = []
+    kills: list[dict[str, Any]] = []
+    k = args.attempts
+    c = args.concurrency
+    extra = ["--force-build"]  # both sides build each task's Dockerfile (no registry here)
+    task_names = sorted(p.name for p in public.iterdir())
+    with BackgroundServer(settings) as server:
+        url = server.http_url
+        if "cold" not in args.skip:
+            for env in (HARBOR_DOCKER, SANDGYM_ENV):
+                runs.append(_Job("cold", env, "oracle", 1).run(public, jobs, url, c, extra))
+        if "nop" not in args.skip:
+            for env in (HARBOR_DOCKER, SANDGYM_ENV):
+                runs.append(_Job("nop", env, "nop", 1).run(public, jobs, url, c, extra))
+        if "repeated" not in args.skip:
+            for env in (HARBOR_DOCKER, SANDGYM_ENV):
+                runs.append(_Job("repeated", env, "oracle", k).run(public, jobs, url, c, extra))
+        if "sandgym_only" not in args.skip:
+            runs.append(
+                _Job("sandgym_only", SANDGYM_ENV, "oracle", 1).run(original, jobs, url, c, extra)
+            )
+        if "kill" not in args.skip:
+            for env in (HARBOR_DOCKER, SANDGYM_ENV):
+                try:
+                    kills.append(
+                        _kill_run(
+                            env, public, jobs, url, owner, server, task_names, idle_timeout_s=10
+                        )
+                    )
+                except Exception as exc:  # recorded: the runs before it are kept
+                    kills.append({"environment": env, "error": f"{type(exc).__name__}: {exc}"})
+        pool = server.app.state.service.pool.snapshot()
+    after_stop = _engine_objects(owner, task_names)["sandgym_containers"]
+
+    summary: dict[str, Any] = {}
+    by = {(r["part"], r["environment"]): r for r in runs}
+    for part in ("cold", "nop", "repeated"):
+        a, b = by.get((part, "sandgym")), by.get((part, HARBOR_DOCKER))
+        if a is None or b is None:
+            continue
+        ra, rb = _rewards(a), _rewards(b)
+        tasks_both = sorted(set(ra) & set(rb))
+        summary[part] = {
+            "rewards_sandgym": ra,
+            "rewards_docker": rb,
+            "tasks_both_ran": len(tasks_both),
+            "identical_rewards": all(
+                sorted(map(str, ra[t])) == sorted(map(str, rb[t])) for t in tasks_both
+            )
+            and len(tasks_both) == len(task_names),
+        }
+        if part == "repeated":
+            fa = _repeated_figures([TrialRecord(**t) for t in a["trials"]])
+            fb = _repeated_figures([TrialRecord(**t) for t in b["trials"]])
+            summary[part]["sandgym"] = fa
+            summary[part]["docker"] = fb
+
+            def ratio(key: str, fa: dict[str, Any] = fa, fb: dict[str, Any] = fb) -> float | None:
+                if fa[key] is None or not fb[key]:
+                    return None
+                return round(fa[key] / fb[key], 3)
+
+            summary[part]["env_start_ratio"] = ratio("median_environment_start_s")
+            summary[part]["trial_ratio"] = ratio("median_trial_s")
+            summary[part]["env_start_ratio_after_first"] = ratio(
+                "median_environment_start_s_after_first"
+            )
+            summary[part]["trial_ratio_after_first"] = ratio("median_trial_s_after_first")
+    if "sandgym_only" in {r["part"] for r in runs}:
+        summary["sandgym_only"] = {"rewards_sandgym": _rewards(by[("sandgym_only", "sandgym")])}
+    targets: dict[str, Any] = {}
+    if "repeated" in summary:
+        rep = summary["repeated"]
+        targets["identical_oracle_rewards"] = rep["identical_rewards"] and summary.get(
+            "cold", {}
+        ).get("identical_rewards", False)
+        targets["identical_nop_rewards"] = summary.get("nop", {}).get("identical_rewards")
+        targets["env_start_at_most_0.2x"] = (
+            rep["env_start_ratio"] is not None and rep["env_start_ratio"] <= 0.2
+        )
+        targets["trial_at_most_0.5x"] = rep["trial_ratio"] is not None and rep["trial_ratio"] <= 0.5
+    if kills:
+        sg = [x for x in kills if x["environment"] == "sandgym"]
+        targets["zero_leftovers_sandgym_after_reaper"] = bool(sg) and all(
+            "after_reaper" in x
+            and not x["after_reaper"]["new_sandgym_containers"]
+            and not x["after_reaper"]["new_sandgym_networks"]
+            and x["after_reaper"]["sandboxes_held_by_server"] == 0
+            for x in sg
+        )
+    doc = {
+        "benchmark": "harbor_provider",
+        "versions": {
+            "runner_image": image,
+            **runner_versions(image),
+            "engine": (_docker_lines("version", "--format", "{{.Server.Version}}") or ["?"])[0],
+            "sandgym_provider": SANDGYM_ENV,
+            "sandgym_commit": subprocess.run(
+                ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True
+            ).stdout.strip(),
+        },
+        "config": {
+            "tasks": task_names,
+            "attempts": k,
+            "concurrency": c,
+            "harbor_extra_args": extra,
+            "side_by_side_tasks": "catalog copies with network_mode = public (see docstring)",
+            "host_cpus": os.cpu_count(),
+        },
+        "runs": runs,
+        "kill": kills,
+        "sandgym_containers_after_server_stop": after_stop,
+        "pool_at_end": {key: pool[key] for key in ("hits", "misses") if key in pool},
+        "summary": summary,
+        "targets": targets,
+    }
+    text = save_json(doc, args.out)
+    if args.json:
+        print(text)
+    else:
+        print(json.dumps({"summary": summary, "targets": targets}, indent=2))
+    return 0
