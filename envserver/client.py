@@ -238,6 +238,24 @@ class AsyncEnvClient:
         self.reset_info = ResetInfo.model_validate(reply.info)
         return reply.observation.model_dump(exclude_unset=True), reply.info
 
+    async def resume(
+        self, session_id: str, resume_token: str
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Attach this client to an episode the server kept (its session id and resume token,
+        from the reset of another client, even of a process that is gone); returns (the last
+        observation, info). `EnvError("no_episode")` when the server no longer has it."""
+        msg = {"type": "resume", "session_id": session_id, "resume_token": resume_token}
+        self.session_id, self.resume_token = session_id, resume_token
+        try:
+            reply = await self._request(msg, resumable=False)
+        except BaseException:
+            self.session_id = self.resume_token = None
+            raise
+        if not isinstance(reply, ObservationReply):
+            self.session_id = self.resume_token = None
+            raise _unexpected(reply, "observation")
+        return reply.observation.model_dump(exclude_unset=True), reply.info
+
     async def step(self, action: dict[str, Any] | str) -> StepResult:
         """Apply one action (an ACTION dict, or a command string)."""
         reply = await self._request({"type": "step", "action": to_action(action)}, resumable=True)

@@ -67,6 +67,16 @@ class EnvSettings(_Settings):
         True, description="ask the servers to prewarm sandboxes of upcoming tasks"
     )
     connect_retries: int = Field(2, ge=0, description="reconnect attempts on a dropped connection")
+    verify: Literal["shared", "pristine", "refuse-tampered"] | None = Field(
+        None,
+        description="reset.options.verify of every episode (None: the server's or task's "
+        "choice); docs/verification.md",
+    )
+    tampered: Literal["zero", "keep"] = Field(
+        "zero",
+        description="an episode whose tamper report names a path (info.tamper): zero = scored "
+        "0, keep = its reward kept; either way flagged (metrics.tampered), never masked",
+    )
     fork_groups: bool = Field(
         True,
         description="start a group's members from one prepared sandbox (reset.options.group): "

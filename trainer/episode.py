@@ -82,6 +82,8 @@ class Episode:
     instruction: str = ""
     #: a multi-step task's reward per step scored, in order (the server's `info.step.rewards`)
     step_rewards: list[float] = field(default_factory=list)
+    #: the last submit's tamper report (the server's `info.tamper`; docs/verification.md)
+    tamper: dict[str, Any] | None = None
     #: the server's cost ledger of the episode (`info.cost`: sandbox seconds by phase, CPU,
     #: memory, bytes, commands); the record adds the tokens (`sandgym runs cost` sums them)
     cost: dict[str, Any] = field(default_factory=dict)
@@ -156,12 +158,26 @@ class EpisodeWriter:
         self._fh.close()
 
 
+def apply_tamper_policy(episode: Episode, policy: str) -> None:
+    """An episode whose tamper report names a path is flagged (`metrics["tampered"]`) and, with
+    policy `zero` (`env.tampered`), scored 0 in every trajectory. It stays a scored episode of
+    its group, never an infrastructure failure: masking it would let a policy escape a bad
+    score by tampering."""
+    if not (episode.tamper or {}).get("tampered"):
+        return
+    episode.metrics["tampered"] = 1.0
+    if policy == "zero":
+        for t in episode.trajectories:
+            t.reward = 0.0
+
+
 __all__ = [
     "AGENT_CAUSABLE_FAILURES",
     "INFRA_FAILURES",
     "Episode",
     "EpisodeWriter",
     "Step",
+    "apply_tamper_policy",
     "TerminationReason",
     "Trajectory",
     "read_episodes",

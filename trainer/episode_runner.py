@@ -59,6 +59,9 @@ class EpisodeSession:
         self.info = info
         #: the reply that ended the episode (terminated or truncated), once there is one
         self.result: Any = None
+        #: where the episode in flight is kept for a trainer restart (trainer/inflight.py)
+        self.book: Any = None
+        self.book_key: str | None = None
 
     @property
     def ended(self) -> bool:
@@ -82,6 +85,8 @@ class EpisodeSession:
             self.trajectory.steps.append(_env_step(action, res, env_s))
         if res.terminated or res.truncated:
             self.result = res
+        elif self.book is not None:
+            await self.book.stepped(self.book_key, self.episode, self.client)
         return res
 
     async def submit_to_the_end(self) -> Any:
@@ -106,6 +111,7 @@ async def run_episode(
     reset_retries: int = 0,
     finish: Callable[[Episode], Awaitable[None]] | None = None,
     max_error_chars: int = 500,
+    book: Any = None,
 ) -> Episode:
     """Play `episode` (its task and seed) with `play` on a client from `open_client()`; see the
     module docstring. `reset_retries` retries a reset refused as retryable (`capacity`, a lost
@@ -114,6 +120,7 @@ async def run_episode(
         episode.trajectories.append(Trajectory(role="agent"))
     traj = episode.trajectories[0]
     t0 = time.monotonic()
+    kept: list[str | None] = []  # the episode's key in `book`, once it has one
     try:
         async with open_client() as client:
             if not episode.server_url:
@@ -122,12 +129,16 @@ async def run_episode(
             obs = as_dict(obs)
             episode.instruction = str(obs.get("output") or "")
             session = EpisodeSession(client, episode, traj, obs, info or {})
+            if book is not None:  # kept in the run dir until it ends (trainer/inflight.py)
+                session.book, session.book_key = book, await book.opened(episode, client)
+                kept.append(session.book_key)
             ending: str = await play(session)
             if session.ended:  # one of the agent's own steps ended it
                 res, ending = session.result, "submitted"
             else:
                 res = await session.submit_to_the_end()
             traj.reward = float(res.reward)
+            episode.tamper = (getattr(res, "info", None) or {}).get("tamper")
             episode.termination = ending if res.terminated else "env_truncated"  # type: ignore[assignment]
         if finish is not None:
             await finish(episode)
@@ -149,6 +160,8 @@ async def run_episode(
             else "scored 0",
             exc,
         )
+    if book is not None and kept:  # ended (scored or failed): nothing left to resume
+        await book.closed(kept[0])
     episode.metrics.update(
         {
             "duration_s": time.monotonic() - t0,

@@ -37,7 +37,7 @@ from trainer.agents import (
 )
 from trainer.config import TrainConfig
 from trainer.engines.base import InferenceEngine, SamplingParams
-from trainer.episode import Episode, Step, Trajectory
+from trainer.episode import Episode, Step, Trajectory, apply_tamper_policy
 from trainer.episode_runner import (
     MAX_TASK_STEPS as MAX_TASK_STEPS,  # re-exported: older imports name it here
 )
@@ -64,6 +64,7 @@ class EpisodeRunner:
         self._in_flight: Counter[str] = Counter(dict.fromkeys(self.urls, 0))
         self._group_urls: dict[str, tuple[str, int]] = {}  # group id -> (server, members left)
         self._client_factory = client_factory or self._default_client
+        self.book: Any = None  # trainer/inflight.py's InflightBook, when there is a run dir
         s = config.sampling
         self.params = SamplingParams(s.temperature, s.top_p, s.max_new_tokens, s.top_k)
 
@@ -106,18 +107,25 @@ class EpisodeRunner:
         `url` is the server the trainer chose for the group (default: `pick_url`)."""
         fork = bool(group_id) and group_size > 1 and self.config.env.fork_groups
         url = url or self.pick_url(group_id if fork else "", group_size)
-        reset_options = {"group": {"id": group_id, "size": group_size}} if fork else {}
+        reset_options: dict[str, Any] = (
+            {"group": {"id": group_id, "size": group_size}} if fork else {}
+        )
+        if self.config.env.verify is not None:
+            reset_options["verify"] = self.config.env.verify
         episode = Episode(task_id=task_id, seed=seed, group_id=group_id, server_url=url)
         episode.trajectories.append(Trajectory(role="agent"))
         self._in_flight[url] += 1
         try:
-            return await run_episode(
+            ep = await run_episode(
                 lambda: self._client_factory(url),
                 episode,
                 self._policy(params or self.params),
                 reset_options=reset_options,
                 reset_retries=self.config.env.connect_retries,  # waits out `capacity`
+                book=self.book,  # for a trainer restart (trainer/inflight.py)
             )
+            apply_tamper_policy(ep, self.config.env.tampered)  # score 0 or keep, flagged
+            return ep
         finally:
             self._in_flight[url] -= 1
 
@@ -212,6 +220,10 @@ class RolloutWorker:
         self.engine = engine
         agent = build_agent(cfg, self.tokenizer)
         self.runner = EpisodeRunner(cfg, engine, agent)
+        if run_dir:  # episodes in flight kept for a restart (trainer/inflight.py)
+            from trainer.inflight import InflightBook
+
+            self.runner.book = InflightBook(run_dir)
         # spread the first picks of different workers over different servers
         urls = self.runner.urls
         if urls:  # (none when the trainer finds its servers through Ray and names each one)

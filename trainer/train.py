@@ -136,6 +136,10 @@ class Trainer:
                 "resumed from %s at version %d, group %d",
                 ckpt[0], self.start_version, self.start_group,
             )  # fmt: skip
+        if cfg.run.resume:  # episodes a killed trainer had in flight (trainer/inflight.py)
+            from trainer.inflight import recover_into_run
+
+            recover_into_run(self.run_dir, cfg.env.token, self.start_version)
         actor = ray.remote(RolloutWorker).options(
             num_cpus=cfg.rollout.num_cpus_per_worker,
             num_gpus=cfg.rollout.num_gpus_per_worker,

@@ -21,7 +21,7 @@ from typing import Any
 
 from trainer.config import TrainConfig
 from trainer.engines.base import InferenceEngine, SamplingParams
-from trainer.episode import Episode
+from trainer.episode import Episode, apply_tamper_policy
 from trainer.gateway import CallStore, GatewayServer, ModelGateway
 from trainer.harness.runner import HarnessRunner
 
@@ -84,7 +84,9 @@ class HarnessRollout:
         params: SamplingParams | None = None,
     ) -> Episode:
         runner = await self._ensure_started()
-        return await runner.run_episode(task_id, seed, group_id, params)
+        ep = await runner.run_episode(task_id, seed, group_id, params)
+        apply_tamper_policy(ep, self.config.env.tampered)  # score 0 or keep, flagged
+        return ep
 
     async def aclose(self) -> None:
         server, self._server, self._runner = self._server, None, None

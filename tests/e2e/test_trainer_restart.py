@@ -1,0 +1,98 @@
+"""A trainer restart loses no episode in flight (trainer/inflight.py).
+
+A process runs an episode the way the trainer's rollout workers do (`run_episode` with the run
+directory's `InflightBook`) against a real `sandgym serve --backend local` process, takes one turn
+(writes the file the task's verifier checks), and is SIGKILLed mid-episode. The restart hook
+(`recover_into_run`, what `sandgym train` runs with `run.resume`) resumes the episode on its
+server and scores it: reward 1, its turn kept, recorded with `recovered`. A second in-flight
+record whose session the server no longer has is recorded masked as infrastructure, and the
+counts are reported."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from envserver.runner import ServerProcess
+from tests.e2e.conftest import NULL_TASK
+from tests.reliability.conftest import wait_until
+from trainer.episode import Episode, read_episodes
+from trainer.failures import is_masked
+from trainer.inflight import INFLIGHT_DIR, recover_into_run
+
+TRAINER = """
+import asyncio, sys
+from pathlib import Path
+from envserver.client import AsyncEnvClient
+from trainer.episode import Episode
+from trainer.episode_runner import run_episode
+from trainer.inflight import InflightBook
+
+async def play(session):
+    await session.step({"kind": "command", "command": "echo hello > /app/hello.txt"})
+    await asyncio.sleep(3600)  # killed here, mid-episode
+
+asyncio.run(run_episode(
+    lambda: AsyncEnvClient(sys.argv[1]), Episode(task_id=sys.argv[3], seed=7, group_id="g7"),
+    play, book=InflightBook(Path(sys.argv[2])),
+))
+"""
+
+
+def steps_kept(run_dir: Path) -> int:
+    files = list((run_dir / INFLIGHT_DIR).glob("*.json"))
+    if not files:
+        return 0
+    episode = json.loads(files[0].read_text())["episode"]
+    return sum(len(t["steps"]) for t in episode["trajectories"])
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+async def test_episode_in_flight_survives_a_killed_trainer(task_dir: Path, tmp_path: Path) -> None:
+    srv = await asyncio.to_thread(
+        ServerProcess,
+        "local",
+        args=["--tasks", str(task_dir)],
+        env={"SANDGYM_INCLUDE_BUILTIN": "false", "SANDGYM_RESUME_GRACE_S": "300"},
+    )
+    run_dir = tmp_path / "run"
+    trainer = None
+    try:
+        trainer = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", TRAINER, srv.url, str(run_dir), NULL_TASK
+        )
+        await wait_until(lambda: steps_kept(run_dir) >= 1, 120.0, 0.1, "a turn kept in flight")
+        trainer.send_signal(signal.SIGKILL)
+        await asyncio.wait_for(trainer.wait(), 30)
+        # a second one whose session the server does not have (its server restarted, say)
+        gone = {
+            "session_id": "ses-0000000000000000",
+            "resume_token": "nope",
+            "server_url": srv.url,
+            "episode": Episode(task_id=NULL_TASK, seed=8, group_id="g8").to_dict(),
+        }
+        (run_dir / INFLIGHT_DIR / "gone.json").write_text(json.dumps(gone))
+
+        result = await asyncio.to_thread(recover_into_run, run_dir, None, 3)
+        assert result is not None and (result.resumed, result.lost) == (1, 1)
+        assert json.loads((run_dir / "inflight_recovery.json").read_text())["lost"] == 1
+        assert not list((run_dir / INFLIGHT_DIR).glob("*.json"))  # nothing left to resume
+        records = {r["seed"]: r for r in read_episodes(run_dir / "episodes.jsonl")}
+        kept, lost = records[7], records[8]
+        assert kept["termination"] == "submitted" and kept["reward"] == 1.0  # scored as left
+        assert kept["recovered"] and kept["received_at_version"] == 3
+        assert kept["trajectories"][0]["steps"][0]["action"]["command"].startswith("echo hello")
+        assert kept["cost"]["commands"] == 1  # the server's ledger covers the whole episode
+        assert lost["termination"] == "connection" and lost["reward"] == 0.0
+        assert is_masked(lost["termination"])  # masked as infrastructure, not scored 0
+    finally:
+        if trainer is not None and trainer.returncode is None:
+            trainer.kill()
+            await trainer.wait()
+        await asyncio.to_thread(srv.stop)

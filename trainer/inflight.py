@@ -1,0 +1,184 @@
+"""Episodes in flight, kept in the run directory so that a trainer restart loses none of them.
+
+While an episode runs, its rollout worker keeps one file for it in `<run_dir>/inflight/`: the
+server it runs on, its session id and resume token, and the episode so far (turns with their
+tokens), rewritten after each step and removed once the episode has ended. A trainer killed
+mid-update leaves the files of the episodes it had in flight; the servers keep those sessions
+(a dropped connection's episode waits `resume_grace_s` for a `resume`, and its sandbox lives on:
+`sandboxes.lifetime`). On restart with `run.resume`, `recover` resumes each one on its server and
+submits it: the verifier scores the sandbox as the agent left it, and the episode is recorded
+with its turns, its reward and `recovered: true`. One whose server or session is gone is recorded
+masked as infrastructure (`connection`), and the counts are reported (log, and
+`<run_dir>/inflight_recovery.json`).
+
+A recovered episode is scored but not trained on: its group's other members were in the killed
+trainer's memory, so its advantage group cannot be formed again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainer.episode import Episode, Trajectory
+
+log = logging.getLogger(__name__)
+
+INFLIGHT_DIR = "inflight"
+
+
+class InflightBook:
+    """The files of one process's episodes in flight (one file per episode)."""
+
+    def __init__(self, run_dir: Path | str) -> None:
+        self.dir = Path(run_dir) / INFLIGHT_DIR
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def _write(self, key: str, data: dict[str, Any]) -> None:
+        tmp = self.dir / f".{key}.tmp"
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, self.dir / f"{key}.json")
+
+    async def opened(self, episode: Episode, client: Any) -> str | None:
+        """After the reset: the episode's session, so a new trainer can resume it. None when
+        the client has no session to resume (nothing is kept then)."""
+        session_id = getattr(client, "session_id", None)
+        token = getattr(client, "resume_token", None)
+        if not session_id or not token:
+            return None
+        key = uuid.uuid4().hex
+        data = {
+            "session_id": session_id,
+            "resume_token": token,
+            "server_url": episode.server_url or str(getattr(client, "url", "")),
+            "opened_at": time.time(),
+            "episode": episode.to_dict(with_tokens=True),
+        }
+        await asyncio.to_thread(self._write, key, data)
+        return key
+
+    async def stepped(self, key: str | None, episode: Episode, client: Any) -> None:
+        """After a step: the episode so far (its session stays the same)."""
+        if key is None:
+            return
+        path = self.dir / f"{key}.json"
+
+        def update() -> None:
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                return
+            data["episode"] = episode.to_dict(with_tokens=True)
+            self._write(key, data)
+
+        await asyncio.to_thread(update)
+
+    async def closed(self, key: str | None) -> None:
+        """The episode ended (scored, or failed): nothing to resume."""
+        if key is not None:
+            await asyncio.to_thread((self.dir / f"{key}.json").unlink, True)
+
+
+@dataclass
+class Recovery:
+    """What `recover` did: the episodes it recorded, and how many of each kind."""
+
+    episodes: list[Episode] = field(default_factory=list)
+    resumed: int = 0  # resumed on their server and scored
+    lost: int = 0  # server or session gone: masked as infrastructure
+
+    def to_json(self) -> dict[str, Any]:
+        return {"resumed": self.resumed, "lost": self.lost, "episodes": len(self.episodes)}
+
+
+async def _recover_one(data: dict[str, Any], open_client: Callable[[str], Any]) -> Episode:
+    from envserver.client import EnvError
+    from trainer.episode_runner import EpisodeSession
+
+    rec = data["episode"]
+    episode = Episode.from_dict(rec)
+    episode.metrics["recovered"] = 1.0
+    if not episode.trajectories:
+        episode.trajectories.append(Trajectory(role="agent"))
+    try:
+        async with open_client(data["server_url"]) as client:
+            obs, info = await client.resume(data["session_id"], data["resume_token"])
+            session = EpisodeSession(client, episode, episode.trajectories[0], obs, info or {})
+            res = await session.submit_to_the_end()
+            episode.trajectories[0].reward = float(res.reward)
+            episode.termination = "submitted" if res.terminated else "env_truncated"
+            episode.error = None
+    except (EnvError, OSError, TimeoutError) as exc:  # server or session gone
+        episode.termination = "connection"
+        episode.error = f"not resumed after the trainer's restart: {type(exc).__name__}: {exc}"
+        for t in episode.trajectories:
+            t.reward = 0.0
+    return episode
+
+
+async def recover(
+    run_dir: Path | str,
+    open_client: Callable[[str], Any] | None = None,
+    token: str | None = None,
+) -> Recovery:
+    """Resume and score every episode a killed trainer left in flight (module docstring);
+    removes their files. `open_client(url)`: an async context manager giving an env client."""
+    from envserver.client import AsyncEnvClient
+
+    def default(url: str) -> Any:
+        return AsyncEnvClient(url, token=token, request_timeout_s=600, max_reconnects=0)
+
+    opener = open_client or default
+    book = Path(run_dir) / INFLIGHT_DIR
+    out = Recovery()
+    files = sorted(book.glob("*.json")) if book.is_dir() else []
+    loaded = []
+    for path in files:
+        try:
+            loaded.append((path, json.loads(path.read_text())))
+        except (OSError, ValueError) as exc:
+            log.warning("inflight: unreadable %s left alone: %s", path, exc)
+    episodes = await asyncio.gather(*(_recover_one(d, opener) for _, d in loaded))
+    for (path, _), ep in zip(loaded, episodes, strict=True):
+        out.episodes.append(ep)
+        if ep.termination == "connection":
+            out.lost += 1
+        else:
+            out.resumed += 1
+        path.unlink(missing_ok=True)
+    return out
+
+
+def recover_into_run(run_dir: Path, token: str | None, version: int) -> Recovery | None:
+    """The trainer's restart hook: recover, append the episodes to episodes.jsonl (marked
+    `recovered`), write inflight_recovery.json and log the counts. None when nothing was in
+    flight."""
+    from trainer.episode import EpisodeWriter
+
+    book = run_dir / INFLIGHT_DIR
+    if not book.is_dir() or not any(book.glob("*.json")):
+        return None
+    result = asyncio.run(recover(run_dir, token=token))
+    writer = EpisodeWriter(run_dir / "episodes.jsonl")
+    try:
+        for ep in result.episodes:
+            writer.write(ep, received_at_version=version, recovered=True)
+    finally:
+        writer.close()
+    (run_dir / "inflight_recovery.json").write_text(json.dumps(result.to_json()))
+    log.info(
+        "restart: %d episodes in flight before it: %d resumed on their servers and scored, "
+        "%d lost with their server or session (masked as infrastructure)",
+        len(result.episodes),
+        result.resumed,
+        result.lost,
+    )
+    return result
