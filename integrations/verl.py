@@ -2,12 +2,12 @@
 `run(sampling_params, **kwargs)` plays one sandgym episode through verl's server manager
 (checked with verl 0.9.1 on CPU: tests/e2e/test_integration_verl.py; see docs/integrations.md).
 
-    # verl config: actor_rollout_ref.rollout.agent.agent_loop_config_path (or the dataset's
-    # `agent_name` column) names "sandgym_agent"; this module must be imported in verl's workers
-    # (e.g. `+actor_rollout_ref.rollout.agent.custom_async_server...` or an import in your
-    # entry script) so that @register runs. Settings: `sandgym.server_url`, `sandgym.token`,
-    # `sandgym.max_turns` in the trainer config (else SANDGYM_SERVER_URL / SANDGYM_TOKEN).
-    # Dataset rows: `raw_prompt` (chat messages) and `extra_info.task_id` / `extra_info.seed`.
+    # agent_loops.yaml, named by actor_rollout_ref.rollout.agent.agent_loop_config_path:
+    #   - name: sandgym_agent
+    #     _target_: integrations.verl.SandgymAgentLoop
+    # rows: agent_name "sandgym_agent", extra_info {task_id, seed}; server: +sandgym.server_url
+    # (+sandgym.token, +sandgym.max_turns) or SANDGYM_SERVER_URL / SANDGYM_TOKEN.
+    # scripts/verl_gpu_check.py writes both and the verl.trainer.main_ppo command.
 
 Token fidelity: the model's tokens are the ids the server manager returned (`TokenOutput.
 token_ids`), appended as they are with verl's own continuous-token helpers
@@ -99,9 +99,7 @@ class SandgymAgentLoop(AgentLoopBase):
                 return await self._play(
                     env, task_id, seed, sampling_params, request_id, metrics, kwargs
                 )
-            except EnvError as exc:
-                if exc.code in AGENT_CAUSABLE_CODES and not isinstance(exc, ConnectionLostError):
-                    raise  # only reached outside _play's handling: never expected
+            except EnvError as exc:  # _play scores what the agent can cause; the rest is infra
                 raise InfrastructureError(exc) from exc
 
     async def _play(
@@ -194,11 +192,16 @@ class SandgymAgentLoop(AgentLoopBase):
                 logprobs = new_lp
             if len(mask) >= self.response_length:
                 break
-        if reward is None:  # cut by response_length: score what the policy left
-            while reward is None:
+        while reward is None:  # cut by response_length: score what the policy left
+            try:
                 res = await env.step({"kind": "submit"})
-                if res.terminated or res.truncated:
-                    reward = float(res.reward)
+            except EnvError as exc:
+                if exc.code in AGENT_CAUSABLE_CODES and not isinstance(exc, ConnectionLostError):
+                    reward = 0.0
+                    break
+                raise
+            if res.terminated or res.truncated:
+                reward = float(res.reward)
 
         n = len(mask)
         response_ids = runtime[len(runtime) - n :] if n else []

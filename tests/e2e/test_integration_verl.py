@@ -170,3 +170,34 @@ def test_verl_agent_loop_plays_a_sandgym_episode_with_exact_tokens(
     assert "/app/hello.txt" in tok.decode(out.prompt_ids)
     batch = out.as_dict()  # what verl's worker pads into the batch
     assert batch["responses"].tolist() == ids and batch["rm_scores"][-1].item() == 1.0
+
+
+def test_verl_gpu_script_overrides_compose_with_verls_own_config() -> None:
+    """The prepared GPU run (scripts/verl_gpu_check.py) names only keys verl's released trainer
+    config has: Hydra composes `ppo_trainer` with every override (a typo fails here, not on the
+    GPU machine), and the agent-loop file it writes names this door's class."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import verl
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    repo = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, str(repo / "scripts/verl_gpu_check.py"), "--model", "/m", "--dry-run"],
+        capture_output=True, text=True, check=True, timeout=120,
+    ).stdout  # fmt: skip
+    cmd = json.loads(out)["command"]
+    assert cmd[1:3] == ["-m", "verl.trainer.main_ppo"]
+    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        cfg = compose(config_name="ppo_trainer", overrides=cmd[3:])
+    assert cfg.actor_rollout_ref.rollout.mode == "async"
+    loops = OmegaConf.load(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path)
+    assert [(c.name, c._target_) for c in loops] == [
+        ("sandgym_agent", "integrations.verl.SandgymAgentLoop")
+    ]
+    assert cfg.sandgym.server_url.startswith("ws://")
