@@ -6,9 +6,9 @@ learner's step on one CUDA GPU, tokens per second and peak memory, in one JSON d
 
 Made for what the lent machine has (torch with CUDA, transformers, numpy; no Ray, no pydantic,
 no network, no real checkpoint: 64 MiB travel), so it imports only `trainer/engines` (the hf
-engine), `trainer/sharding.py` and `scripts/gpu_fsdp_check.py` (the learner's update step
-mirrored, FSDP2 and bf16 mixed precision), and builds its models from configs with random
-weights:
+engine), `trainer/sharding.py`, `trainer/update.py` and `trainer/algorithms.py` (through
+`scripts/gpu_fsdp_check.py`: the learner's own update step, FSDP2 and bf16 mixed precision),
+and builds its models from configs with random weights:
 
 - `generate`: `trainer.engines.hf.HFEngine` (KV-cached, left-padded batches, the sampling rule
   the learner recomputes) on a model of SmolLM2-135M's shapes in bf16: a batch of prompts,

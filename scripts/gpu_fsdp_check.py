@@ -1,9 +1,12 @@
 """GPU check of the sharded learner: per-rank memory and step time, `fsdp` vs `replicate`.
 
 Prepared for a CUDA machine (torch >= 2.6 with FSDP2, transformers; no Ray, no pydantic): it
-imports only `trainer/sharding.py` (the learner's own FSDP2 wrapping) and mirrors the learner's
-update step (`trainer/learner.py`: micro-batches with gradient accumulation, bf16 autocast, one
-gradient sync per step, global-norm clipping, AdamW) on a randomly initialised Llama-like model.
+runs the trainer's own code, `trainer/sharding.py` (the learner's FSDP2 wrapping) and
+`trainer.update.update_step` (the update step `LearnerWorker.train` runs: the PPO loss over
+micro-batches with gradient accumulation, bf16 autocast, fsdp's zero-loss fillers, one gradient
+sync per step, global-norm clipping, AdamW), on a randomly initialised Llama-like model with
+random samples shaped like the trainer's (a prompt without loss, generated tokens with
+logprobs and advantages).
 
     python scripts/gpu_fsdp_check.py                       # 1b, every mode that fits the machine
     python scripts/gpu_fsdp_check.py --configs 1b,8b --out bench/results/gpu_fsdp_check.json
@@ -22,7 +25,8 @@ Runs, each in fresh processes (clean CUDA peak statistics; an OOM is recorded, n
   process group of N ranks (torch's FakeStore: collectives do nothing): fsdp's per-rank memory for
   N ranks is measured on one GPU; step time then excludes communication.
 - `single`: the replicate strategy on one GPU (world size 1: its per-rank memory at any world
-  size, plus the flat gradient buffer of the hand all-reduce, which this run also allocates).
+  size, less the flat gradient buffer of the all-reduce, which the step allocates only with
+  several ranks: one more fp32 copy of the gradients).
 
 Prints one JSON document on stdout (also written to `--out` if given). Model weights are random
 (built on the meta device and initialised on the GPU: no download, seconds to start).
@@ -106,65 +110,71 @@ def build_model(name: str, device: Any, seed: int, shard: bool, mixed: bool) -> 
     return model
 
 
+def random_samples(vocab: int, args: argparse.Namespace, rank: int) -> list[Any]:
+    """`micro_batch * micro_batches` sequences of `seq` random tokens: the first quarter a prompt
+    (no loss), the rest generated tokens with the random model's logprob (log 1/vocab: ratios
+    near 1) and advantages of both signs, as the trainer's samples look."""
+    import torch
+
+    from trainer.algorithms import Sample
+
+    gen = torch.Generator().manual_seed(1000 + rank)
+    prompt = args.seq // 4
+    out = []
+    for i in range(args.micro_batch * args.micro_batches):
+        ids = torch.randint(0, vocab, (args.seq,), generator=gen).tolist()
+        mask = [0] * prompt + [1] * (args.seq - prompt)
+        old = [0.0] * prompt + [-math.log(vocab)] * (args.seq - prompt)
+        out.append(Sample(ids, mask, old, 1.0 if i % 2 else -1.0))
+    return out
+
+
 def train_steps(
     model: Any,
     optimizer: Any,
     args: argparse.Namespace,
     device: Any,
-    replicate_sync: bool,
+    fsdp: bool,
     rank: int,
+    world: int,
 ) -> dict[str, Any]:
-    """The learner's step (trainer/learner.py `train`), `args.steps` times after one warm-up."""
+    """The learner's own update step (`trainer.update.update_step`, what `LearnerWorker.train`
+    runs: PPO loss, bf16 autocast on GPU, fsdp fillers, gradient sync, clipping, AdamW),
+    `args.steps` times after one warm-up."""
     import torch
-    import torch.distributed as dist
 
-    from trainer import sharding
+    from trainer.algorithms import LossSettings, aggregation_norm
+    from trainer.update import update_step
 
-    gen = torch.Generator().manual_seed(1000 + rank)
-    vocab = model.config.vocab_size
-    batches = [
-        torch.randint(0, vocab, (args.micro_batch, args.seq), generator=gen).to(device)
-        for _ in range(args.micro_batches)
-    ]
-    autocast = (
-        torch.autocast("cuda", dtype=torch.bfloat16)
-        if device.type == "cuda"
-        else torch.autocast("cpu", enabled=False)
-    )
+    samples = random_samples(model.config.vocab_size, args, rank)
+    settings = LossSettings()
+    norm = aggregation_norm(samples, settings) * world  # every rank holds as many tokens
     times, losses = [], []
+    gn = None
     for step in range(args.steps + 1):
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        optimizer.zero_grad(set_to_none=False)
-        total = 0.0
-        for ids in batches:  # fsdp: each backward reduce-scatters (as the learner does)
-            with autocast:
-                loss = model(input_ids=ids, labels=ids).loss / len(batches)
-            loss.backward()
-            total += float(loss.detach())
-        params = [p for p in model.parameters() if p.requires_grad]
-        for p in params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        if replicate_sync:  # the replicate strategy's hand all-reduce (a flat copy of the grads)
-            flat = torch.cat([p.grad.reshape(-1) for p in params])
-            if dist.is_initialized() and dist.get_world_size() > 1:
-                dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-            offset = 0
-            for p in params:
-                n = p.grad.numel()
-                p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
-                offset += n
-            del flat
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        gn = float(sharding.full(grad_norm))
+        stats = update_step(
+            model,
+            optimizer,
+            samples,
+            norm,
+            settings,
+            pad_id=0,
+            device=device,
+            micro_batch_size=args.micro_batch,
+            max_grad_norm=1.0,
+            world_size=world,
+            fsdp=fsdp,
+            num_micro_batches=args.micro_batches,
+        )
+        gn = stats["grad_norm"]
         if device.type == "cuda":
             torch.cuda.synchronize()
         if step > 0:  # step 0 is the warm-up (allocator, kernels, AdamW state)
             times.append(time.perf_counter() - t0)
-            losses.append(total)
+            losses.append(stats["loss_sum"])
     return {
         "step_s_median": statistics.median(times) if times else None,
         "step_s": times,
@@ -210,7 +220,7 @@ def worker(rank: int, run: dict[str, Any], args: argparse.Namespace, out_dir: st
         res["params_local"] = sharding.local_numel(model)
         res["mem_after_build_gib"] = torch.cuda.memory_allocated() / GIB if cuda else None
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-        res.update(train_steps(model, optimizer, args, device, not fsdp, rank))
+        res.update(train_steps(model, optimizer, args, device, fsdp, rank, world))
         res["optimizer_local_numel"] = sharding.optimizer_local_numel(optimizer)
         if cuda:
             res["mem_after_steps_gib"] = torch.cuda.memory_allocated() / GIB
@@ -242,11 +252,14 @@ def equality_worker(rank: int, world: int, port: int, args: argparse.Namespace, 
     dist.init_process_group(
         "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
+    from trainer.algorithms import LossSettings, aggregation_norm
+    from trainer.update import update_step
+
     cfg = LlamaConfig(**{**CONFIGS["tiny"], "hidden_size": 256, "intermediate_size": 512})
-    ids = torch.randint(
-        0, cfg.vocab_size, (world * 2, 64), generator=torch.Generator().manual_seed(0)
-    )
-    mine = ids[rank * 2 : rank * 2 + 2].cuda()
+    small = argparse.Namespace(seq=64, micro_batch=2, micro_batches=1)
+    mine = random_samples(cfg.vocab_size, small, rank)
+    settings = LossSettings()
+    norm = aggregation_norm(mine, settings) * world
     result: dict[str, Any] = {}
     for strategy in ("replicate", "fsdp"):
         torch.manual_seed(0)
@@ -255,19 +268,11 @@ def equality_worker(rank: int, world: int, port: int, args: argparse.Namespace, 
             sharding.shard_model(model, "cuda", mixed_precision=True)
         model = model.cuda()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            # sum over tokens / global token count: the ranks' gradients add up
-            logits = model(input_ids=mine).logits[:, :-1].float()
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, cfg.vocab_size), mine[:, 1:].reshape(-1), reduction="sum"
-            ) / (ids.shape[0] * (ids.shape[1] - 1))
-        loss.backward()
-        params = list(model.parameters())
-        if strategy == "replicate":
-            for p in params:
-                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        update_step(
+            model, opt, mine, norm, settings, pad_id=0, device=torch.device("cuda"),
+            micro_batch_size=2, max_grad_norm=1.0, world_size=world,
+            fsdp=strategy == "fsdp", num_micro_batches=1,
+        )  # fmt: skip
         if strategy == "fsdp":
             weights = sharding.full_state_dict(model)  # rank 0 only
         else:

@@ -44,8 +44,6 @@ from trainer.algorithms import (
     LossSettings,
     Sample,
     aggregation_norm,
-    collate,
-    compute_loss,
     merge_stats,
 )
 from trainer.config import TrainConfig
@@ -188,66 +186,27 @@ class LearnerWorker:
         """One batch: `epochs_per_batch` optimizer steps over this rank's shard (`norm` is the
         global loss normalizer; 0 means the whole batch is empty and no step is taken).
         Under fsdp, `num_micro_batches` (the most any rank has) pads this rank's micro-batches
-        with zero-loss ones: every forward/backward is a collective all ranks must join."""
-        import torch
-        import torch.distributed as dist
+        with zero-loss ones: every forward/backward is a collective all ranks must join. The
+        step itself is `trainer.update.update_step` (the GPU check runs the same function)."""
+        from trainer.update import update_step
 
         cfg = self.config.learner
-        totals: dict[str, float] = {}
-        mb = cfg.micro_batch_size
-        pad = int(self.tokenizer.pad_token_id)
-        autocast = (
-            torch.autocast("cuda", dtype=torch.bfloat16)
-            if self.device.type == "cuda"
-            else torch.autocast("cpu", enabled=False)
+        totals = update_step(
+            self.model,
+            self.optimizer,
+            samples,
+            norm,
+            self.loss_settings,
+            pad_id=int(self.tokenizer.pad_token_id),
+            device=self.device,
+            micro_batch_size=cfg.micro_batch_size,
+            max_grad_norm=cfg.max_grad_norm,
+            epochs=cfg.epochs_per_batch,
+            world_size=self.world_size,
+            fsdp=self.fsdp,
+            num_micro_batches=num_micro_batches,
+            ref_model=self.ref_model,
         )
-        # longest first: micro-batches of similar length waste less padding
-        samples = sorted(samples, key=lambda s: -len(s.input_ids))
-        # collated once: the first epoch's pass stores the learner's pre-update logprobs in each
-        # micro-batch (compute_loss), which later epochs reuse as the TIS / mismatch reference
-        batches = [
-            collate(samples[i : i + mb], pad, self.device) for i in range(0, len(samples), mb)
-        ]
-        real = len(batches)
-        if self.fsdp and norm > 0:
-            filler = Sample([pad, pad], [0, 0], [0.0, 0.0], 0.0)
-            batches += [
-                collate([filler], pad, self.device) for _ in range(num_micro_batches - real)
-            ]
-        for _epoch in range(cfg.epochs_per_batch):
-            self.optimizer.zero_grad(set_to_none=False)
-            for i, batch in enumerate(batches):
-                # fsdp: each backward reduce-scatters its gradients into the sharded .grad (sums
-                # across micro-batches); holding them unsharded until the last one would cost a
-                # full gradient's memory
-                with autocast:
-                    loss, stats = compute_loss(
-                        self.model, batch, self.loss_settings, norm, self.ref_model
-                    )
-                if i >= real:  # a filler: joins the collectives, adds nothing
-                    loss = loss * 0.0
-                else:
-                    merge_stats(totals, stats)
-                    totals["loss_sum"] = totals.get("loss_sum", 0.0) + float(loss.detach())
-                loss.backward()
-            params = [p for p in self.model.parameters() if p.requires_grad]
-            for p in params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            if self.world_size > 1 and not self.fsdp:
-                flat = torch.cat([p.grad.reshape(-1) for p in params])
-                dist.all_reduce(flat, op=dist.ReduceOp.SUM)
-                offset = 0
-                for p in params:
-                    n = p.grad.numel()
-                    p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
-                    offset += n
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm)
-            if norm > 0:
-                self.optimizer.step()
-            # else: the global batch is empty; stepping on zero gradients would still move the
-            # weights through Adam's momentum, so only the version advances
-            totals["grad_norm"] = float(sharding.full(grad_norm))
         self.version += 1
         totals["version"] = float(self.version)
         return totals

@@ -1,8 +1,9 @@
 """`bench/gpu_check.py`, the GPU check prepared for a lent machine, run dry on this CPU (`--device
 cpu --small`): every part it will run there runs here, so the script cannot rot unseen between
 the rare sessions that have a GPU. The engine generates exactly the asked tokens with finite
-logprobs; the learner's step (scripts/gpu_fsdp_check.py) runs replicated and sharded, and an
-FSDP2 rank holds half the parameters."""
+logprobs; the learner's step (scripts/gpu_fsdp_check.py, which runs the trainer's own
+`trainer.update.update_step`) runs replicated and sharded, and an FSDP2 rank holds half the
+parameters."""
 
 from __future__ import annotations
 
@@ -53,3 +54,24 @@ def test_gpu_check_runs_dry_on_cpu(tmp_path: Path) -> None:
     sharded = runs[("dist", "fsdp", 2)]
     assert single["params_local_rank0"] == single["params_full"]
     assert sharded["params_local_rank0"] * 2 == pytest.approx(sharded["params_full"], rel=0.01)
+
+
+def test_gpu_check_runs_the_trainers_own_step_not_a_copy() -> None:
+    """The script calls `trainer.update.update_step` (what `LearnerWorker.train` runs) and has no
+    loss, backward or optimizer step of its own: a re-implementation would measure something
+    other than the trainer (issue 31, item 5)."""
+    import ast
+    import inspect
+
+    from trainer.learner import LearnerWorker
+
+    tree = ast.parse((REPO / "scripts" / "gpu_fsdp_check.py").read_text())
+    calls = [n.func for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    names = {f.id for f in calls if isinstance(f, ast.Name)}
+    attrs = {f.attr for f in calls if isinstance(f, ast.Attribute)}
+    assert "update_step" in names
+    assert not attrs & {"backward", "step", "clip_grad_norm_", "cross_entropy", "all_reduce"}, (
+        attrs & {"backward", "step", "clip_grad_norm_", "cross_entropy", "all_reduce"}
+    )
+    # and the learner's own train() goes through the same function
+    assert "update_step(" in inspect.getsource(LearnerWorker.train)
