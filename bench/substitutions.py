@@ -177,7 +177,10 @@ def _python_snippet(ver: str, debs: list[str] | None) -> str:
         f"printf '#!/bin/sh\\nexec {lib}/ld-linux-x86-64.so.2 --library-path {lib} "
         f'--argv0 "$0" {root}/usr/bin/{exe}.real "$@"\\n\' > {root}/usr/bin/{exe} && '
         f"chmod 755 {root}/usr/bin/{exe} && mkdir -p /usr/local/bin && "
-        f"ln -sf {root}/usr/bin/{exe} /usr/local/bin/{exe}; }}"
+        # not a symlink: started as /usr/local/bin/pythonX.Y, CPython would look for its
+        # library under /usr/local; the wrapper must see itself under its own root
+        f"printf '#!/bin/sh\\nexec {root}/usr/bin/{exe} \"$@\"\\n' > /usr/local/bin/{exe} && "
+        f"chmod 755 /usr/local/bin/{exe}; }}"
     )
 
 

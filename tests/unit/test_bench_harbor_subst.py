@@ -722,6 +722,13 @@ def test_a_dockerfile_uv_run_gets_the_debian_cpython_its_script_requires(tmp_pat
         "; uv run /root/randomize_filenames.py"
     )
     assert "UV_PYTHON_DOWNLOADS=never" in lines[3] and "python3.13-minimal" in lines[3]
+    # /usr/local/bin/python3.13 starts the wrapper by its own path (a symlink made a venv of it
+    # look for the standard library under /usr/local: "Failed to import encodings")
+    assert (
+        "printf '#!/bin/sh\\nexec /opt/sandgym-cpython-3.13/usr/bin/python3.13 \"$@\"\\n' "
+        "> /usr/local/bin/python3.13" in lines[3]
+    )
+    assert "ln -sf" not in lines[3]
     assert "UV_PYTHON_DOWNLOADS=never" in lines[4] and lines[4].endswith(
         "; uvx -p 3.12 ruff --version"
     )
