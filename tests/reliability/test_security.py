@@ -315,46 +315,21 @@ def test_task_dir_symlinks_out_of_the_task_are_refused(tmp_path: Path, host_secr
     t2 = harbor_task(tmp_path, "instr-escape")
     (t2 / "instruction.md").unlink()
     (t2 / "instruction.md").symlink_to(host_secret)
-    try:
-        task = load_task_dir(t2)
-    except TaskError:
-        pass
-    else:
-        assert "HOSTSECRET" not in task.instruction, "instruction.md followed a symlink out"
+    # refused, naming the link (an instruction read through it would hand the host file to the
+    # agent)
+    with pytest.raises(TaskError, match=r"symlink instruction\.md .*points outside"):
+        load_task_dir(t2)
 
 
-async def test_task_dir_symlinks_do_not_reach_the_sandbox(
-    tamper_server: BackgroundServer, tmp_path: Path, host_secret: Path
-) -> None:
-    """A task's tests/ holding a symlink to a host file: the verifier's copy of tests/ must not
-    carry the host file's content into the sandbox (where an agent's daemon could read it)."""
+def test_task_dir_symlinks_do_not_reach_the_sandbox(tmp_path: Path, host_secret: Path) -> None:
+    """A task's tests/ holding a symlink to a host file: the verifier's copy of tests/ would
+    carry the host file's content into the sandbox (where an agent's daemon could read it). The
+    loader refuses the task, naming the link; a task that loaded would be a failure here, not a
+    pass (this test returned early on either outcome before)."""
     t = harbor_task(tmp_path, "tests-escape")
     (t / "tests" / "leak").symlink_to(host_secret)
-    (t / "tests" / "test.sh").write_text(
-        "#!/bin/bash\nmkdir -p /logs/verifier\n"
-        "if grep -q HOSTSECRET /tests/leak 2>/dev/null; then r=1; else r=0; fi\n"
-        "echo $r > /logs/verifier/reward.txt\n"
-    )
-    try:
-        task = load_task_dir(t)
-    except TaskError:
-        return  # refused at load: fine
-    backend = get_backend(tamper_server.settings.backend)
-    from tasks import prepare_episode, run_verifier, sandbox_spec_for
-
-    sb = await backend.create(
-        sandbox_spec_for(task, {"sandgym/terminal": "sandgym/terminal:latest"})
-    )
-    try:
-        setup = await prepare_episode(task, sb, 0)
-        try:
-            result = await run_verifier(task, sb, setup)
-        except Exception:
-            return  # the upload refused the link: fine
-        assert result.reward == 0.0, "a host file reached the sandbox through a tests/ symlink"
-    finally:
-        await sb.close()
-        await backend.aclose()
+    with pytest.raises(TaskError, match=r"symlink tests/leak .*points outside the task directory"):
+        load_task_dir(t)
 
 
 def test_loading_task_dirs_runs_no_host_code(tmp_path: Path) -> None:

@@ -132,7 +132,12 @@ async def test_openai_engine_against_a_fake_server(fake_server: str, style: str)
         body["prompt"] == [10, 11, 12] and body["logprobs"] == 0 and body["stop_token_ids"] == [2]
     )
     assert body["temperature"] == 0.7 and body["model"] == "m"
-    assert not engine.supports_weight_sync
+    # behaviour, not a flag: the server keeps its weights, so the engine keeps reporting the
+    # version it serves and stamps its generations with it (the trainer's staleness bound and
+    # its evaluation check read these)
+    assert engine.update_weights({"w": torch.ones(1)}, 5) == 0 and engine.version == 0
+    g = await engine.agenerate([10], SamplingParams(max_new_tokens=3))
+    assert g.version == 0
     await engine.aclose()
 
 
@@ -160,3 +165,78 @@ def test_vllm_engine_says_when_vllm_is_missing() -> None:
         pass
     with pytest.raises(EngineError, match="vllm is not installed"):
         create_engine("vllm", model_path="/nonexistent", eos_token_ids=[2])
+
+
+class _VLLM034:
+    """The surface of vLLM 0.34 the in-process engine uses, with its signatures (read from the
+    released wheel: `LLM.generate(prompts, sampling_params, use_tqdm)`,
+    `LLM.collective_rpc(method: str | Callable, timeout=None, args=(), kwargs=None)`,
+    `LLM.reset_prefix_cache(reset_running_requests=False, reset_connector=False)`, the worker's
+    `reload_weights(weights_iterator=None, weights_path=None, is_checkpoint_format=True)`).
+    vLLM itself needs a GPU (scripts/gpu_vllm_push_check.py checks the real one there)."""
+
+    calls: list[tuple[str, Any]] = []
+
+    class SamplingParams:
+        def __init__(self, **kw: Any) -> None:
+            self.kw = kw
+
+    class LLM:
+        def __init__(self, **kw: Any) -> None:
+            _VLLM034.calls.append(("LLM", kw))
+
+        def generate(self, prompts: list[Any], sp: Any, use_tqdm: bool = True) -> list[Any]:
+            from types import SimpleNamespace as NS
+
+            _VLLM034.calls.append(("generate", (prompts, sp.kw)))
+            lp = [{7: NS(logprob=-0.25)}, {8: NS(logprob=-0.5)}]
+            out = NS(token_ids=[7, 8], logprobs=lp, finish_reason="stop")
+            return [NS(outputs=[out]) for _ in prompts]
+
+        def collective_rpc(
+            self, method: Any, timeout: Any = None, args: tuple[Any, ...] = (), kwargs: Any = None
+        ) -> list[Any]:
+            if not isinstance(method, str):  # a callable needs VLLM_ALLOW_INSECURE_SERIALIZATION
+                raise ValueError("pickled callables are refused without insecure serialization")
+            from trainer.engines.weight_files import load_weights
+
+            _VLLM034.calls.append((method, load_weights(kwargs["weights_path"])))
+            return [None]
+
+        def reset_prefix_cache(self, reset_running_requests: bool = False) -> bool:
+            _VLLM034.calls.append(("reset_prefix_cache", None))
+            return True
+
+
+def test_vllm_engine_generates_and_reloads_weights_through_vllms_surface(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    import sys
+    import types
+
+    module = types.ModuleType("vllm")
+    module.LLM = _VLLM034.LLM  # type: ignore[attr-defined]
+    module.SamplingParams = _VLLM034.SamplingParams  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    _VLLM034.calls = []
+    engine = create_engine(
+        "vllm", model_path="/m", eos_token_ids=[2], weight_dir=str(tmp_path / "w")
+    )
+    assert _VLLM034.calls[0] == (
+        "LLM",
+        {"model": "/m", "gpu_memory_utilization": 0.5, "enable_prefix_caching": True,
+         "logprobs_mode": "processed_logprobs"},
+    )  # fmt: skip
+    (gen,) = engine.generate([[1, 2, 3]], SamplingParams(0.7, 0.9, 5, top_k=4))
+    assert (gen.token_ids, gen.logprobs, gen.finish_reason) == ([7, 8], [-0.25, -0.5], "stop")
+    prompts, sp = _VLLM034.calls[1][1]
+    assert prompts == [{"prompt_token_ids": [1, 2, 3]}]
+    assert sp == {"temperature": 0.7, "top_p": 0.9, "top_k": 4, "max_tokens": 5,
+                  "stop_token_ids": [2], "logprobs": 0}  # fmt: skip
+    state = {"model.w": torch.arange(4.0)}
+    assert engine.update_weights(state, 3) == 3
+    name, loaded = _VLLM034.calls[2]
+    assert name == "reload_weights" and torch.equal(loaded["model.w"], state["model.w"])
+    assert _VLLM034.calls[3] == ("reset_prefix_cache", None)
+    g = asyncio.run(engine.agenerate([1], SamplingParams(max_new_tokens=2)))
+    assert g.version == 3
