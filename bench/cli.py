@@ -20,6 +20,7 @@ BENCHES: dict[str, str] = {
     "group": "bench.group",
     "cluster": "bench.cluster",
     "openai_llamacpp": "bench.openai_llamacpp",
+    "canaries": "bench.canaries",
 }
 
 

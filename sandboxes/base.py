@@ -149,6 +149,11 @@ class Sandbox(abc.ABC):
         differs."""
         raise ChangesUnsupportedError(f"the {self.backend_name} backend cannot fingerprint paths")
 
+    async def read_links(self, paths: list[str]) -> dict[str, str]:
+        """path -> link target, for those of `paths` that are symbolic links (not followed),
+        read by the backend itself; other paths are left out."""
+        raise ChangesUnsupportedError(f"the {self.backend_name} backend cannot read links")
+
     async def warm_up(self) -> None:
         """Start what the first action would otherwise start (the persistent shell), so that a
         sandbox the pool hands out answers its first command in one round trip. The pool calls

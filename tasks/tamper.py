@@ -6,7 +6,8 @@ a module it imports, a startup file its interpreter reads or a tool it installs 
 be the agent's. The sandbox backend says which paths changed (`Sandbox.changed_paths`, read by
 the engine or the host, never by a program in the sandbox); `mark_baseline` records them when the
 episode's set-up is done, so that what the task itself wrote is not the agent's; `tamper_report`
-then keeps the agent's changes that fall in one of `CATEGORIES` (`classify`) and are not among the
+then keeps the agent's changes that fall in one of `CATEGORIES` (`classify`), or are links into
+what only the verifier has (`LINK_TARGETS`: `verifier_links`), and are not among the
 paths the task says its solution changes (`metadata.expected_changes` in task.toml, glob
 patterns). A task that declares its outputs (`metadata.outputs`) also has its other files under
 the working directory watched: a modified or deleted one there is `task_inputs`.
@@ -48,6 +49,7 @@ Category = Literal[
     "package_manager",
     "environment_files",
     "task_inputs",
+    "verifier_links",
 ]
 
 #: the home directories whose dotfiles, caches and user site-packages a verifier reads
@@ -340,6 +342,11 @@ class TamperReport(BaseModel):
         return f"the agent changed {self.count} path(s) the verifier runs or reads: {shown}{more}"
 
 
+#: where a link of the agent's must not lead: the tests and reward files the verifier brings, and
+#: what is different in every process (a link to /proc/self/... reads the verifier's own files)
+LINK_TARGETS = ("/tests", "/logs/verifier", "/proc", "/dev/fd", "/dev/stdin")
+#: at most this many of the agent's new files are checked for links (`verifier_links`)
+MAX_LINK_CHECKS = 500
 #: a report lists at most this many paths (its `count` has them all)
 MAX_LISTED = 100
 #: a baseline fingerprints at most this many sensitive paths the set-up wrote
@@ -365,7 +372,8 @@ async def mark_baseline(task: TaskSpec, sandbox: Sandbox, workdir: str) -> Chang
     except ChangesUnsupportedError:
         return None
     outputs = declared_outputs(task)
-    watch = [p for p, k in kinds.items() if _sensitive(p, k, workdir, outputs)]  # type: ignore[arg-type]
+    # a later change to any of these would be reported: fingerprint them now
+    watch = [p for p in kinds if _sensitive(p, "modified", workdir, outputs)]
     watch = watch[:MAX_BASELINE_FINGERPRINTS]
     fps = await sandbox.path_fingerprints(watch) if watch else {}
     return ChangeBaseline(kinds=kinds, fingerprints=fps)  # type: ignore[arg-type]
@@ -408,10 +416,18 @@ async def tamper_report(
             if fp != baseline.fingerprints[path]:
                 changes[path] = "deleted" if fp is None else "modified"
     expected = expected_changes(task)
+    categories = {p: classify(p, changes[p], workdir, outputs) for p in changes}
+    # a link of the agent's into what only the verifier has (an answer linked to the expected one)
+    plain = [p for p, c in categories.items() if c is None and changes[p] != "deleted"]
+    links = await sandbox.read_links(plain[:MAX_LINK_CHECKS]) if plain else {}
+    for path, target in links.items():
+        resolved = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
+        if any(_under(resolved, t) for t in LINK_TARGETS):
+            categories[path] = "verifier_links"
     found: list[TamperedPath] = []
     skipped = 0
     for path in sorted(changes):
-        category = classify(path, changes[path], workdir, outputs)
+        category = categories[path]
         if category is None:
             continue
         if any(path_matches(p, path) for p in expected):

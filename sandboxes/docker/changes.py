@@ -146,6 +146,27 @@ class DockerChanges(DockerExec):
         await self._check_running("fingerprints")
         return await asyncio.to_thread(lambda: {p: self._fingerprint(p) for p in paths})
 
+    async def read_links(self, paths: list[str]) -> dict[str, str]:
+        """Through the engine's stat of each path (its archive header): the link targets."""
+        await self._check_running("read links")
+
+        def read() -> dict[str, str]:
+            import docker.errors
+
+            out: dict[str, str] = {}
+            for path in paths:
+                try:
+                    chunks, info = self._api.get_archive(self.container_id, path, 65536)
+                except docker.errors.NotFound:
+                    continue
+                with contextlib.suppress(Exception):
+                    chunks.close()
+                if int((info or {}).get("mode", 0)) & (1 << 27):
+                    out[path] = str((info or {}).get("linkTarget") or "")
+            return out
+
+        return await asyncio.to_thread(read)
+
     def _fingerprint(self, path: str) -> str | None:
         """(Thread) One path's fingerprint; None when the engine finds nothing there."""
         import docker.errors

@@ -71,6 +71,19 @@ def path_fingerprint(root: str | os.PathLike[str], path: str) -> str | None:
         return None
 
 
+def read_links(root: str | os.PathLike[str], paths: list[str]) -> dict[str, str]:
+    """The targets of those of `paths` that are symbolic links in the tree at `root`."""
+    out: dict[str, str] = {}
+    for path in paths:
+        full = os.path.join(os.fspath(root), path.lstrip("/"))
+        try:
+            if os.path.islink(full):
+                out[path] = os.readlink(full)
+        except OSError:
+            continue
+    return out
+
+
 def diff_manifest(before: dict[str, str], after: dict[str, str]) -> PathChanges:
     created = sorted(p for p in after if p not in before)
     deleted = sorted(p for p in before if p not in after)

@@ -28,7 +28,7 @@ from sandboxes.errors import (
     SandboxPathError,
 )
 from sandboxes.lifetime import first_deadline, write_deadline_file
-from sandboxes.local.changes import diff_manifest, path_fingerprint, tree_manifest
+from sandboxes.local.changes import diff_manifest, path_fingerprint, read_links, tree_manifest
 from sandboxes.local.streams import _Capture, _feed, _read_all
 from sandboxes.local.tree import (
     PRIVATE_DIRS,
@@ -283,6 +283,10 @@ class LocalSandbox(ShellSandbox):
         await self._check_live()
         return await asyncio.to_thread(lambda: {p: path_fingerprint(self.fs, p) for p in paths})
 
+    async def read_links(self, paths: list[str]) -> dict[str, str]:
+        await self._check_live()
+        return await asyncio.to_thread(read_links, self.fs, paths)
+
     async def _apply_network(self, policy: NetworkPolicy) -> None:
         """Between no-network and allowlist phases (`check_network` allows no other switch):
         the namespace stays loopback-only, the proxy's policy changes."""
@@ -516,7 +520,9 @@ class LocalSandbox(ShellSandbox):
 
         def _copy() -> None:
             if host.is_dir():
-                shutil.copytree(host, dst, symlinks=True, dirs_exist_ok=True)
+                # sockets, FIFOs and devices the agent made are left out (a FIFO would block,
+                # and copytree refuses them), as the docker backend's archive leaves them out
+                shutil.copytree(host, dst, symlinks=True, dirs_exist_ok=True, ignore=_special_files)
             elif host.is_file():
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(host, dst)
@@ -524,3 +530,13 @@ class LocalSandbox(ShellSandbox):
                 raise SandboxFileNotFoundError(f"no such file or directory in sandbox: {src}")
 
         await asyncio.to_thread(_copy)
+
+
+def _special_files(dirpath: str, names: list[str]) -> set[str]:
+    """`copytree`'s ignore: the entries that are neither files, directories nor links."""
+    out = set()
+    for n in names:
+        p = os.path.join(dirpath, n)
+        if not (os.path.islink(p) or os.path.isfile(p) or os.path.isdir(p)):
+            out.add(n)
+    return out

@@ -80,6 +80,8 @@ WRITERS: dict[str, tuple[str, ...]] = {
         "bench/train_probe.py",
     ),
     "learner.json": ("bench/learner.py",),
+    # `sandgym bench canaries`: exploit techniques per backend and verify mode
+    "canaries.json": ("bench/canaries.py", "bench/report.py"),
     # `sandgym bench cluster`: its per-episode records beside it (every figure recomputes)
     "cluster.json": ("bench/cluster.py", "bench/report.py"),
     "cluster.raw.jsonl": ("bench/cluster.py",),
@@ -90,6 +92,7 @@ WRITERS: dict[str, tuple[str, ...]] = {
 
 #: key paths (`*`: any key of a data map, `[]`: any list item) of the maps whose keys are data
 DATA_MAPS: dict[str, tuple[str, ...]] = {
+    "canaries.json": ("summary",),
     "group.json": ("backends", "backends/*/tasks"),
     "group_first_command.json": ("backends",),
     "harbor_compat.json": (

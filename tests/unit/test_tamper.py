@@ -85,14 +85,19 @@ class _FakeSandbox:
 
     backend_name = "fake"
 
-    def __init__(self, changes: PathChanges, fps: dict[str, str | None]) -> None:
-        self.changes, self.fps = changes, fps
+    def __init__(
+        self, changes: PathChanges, fps: dict[str, str | None], links: dict[str, str] | None = None
+    ) -> None:
+        self.changes, self.fps, self.links = changes, fps, links or {}
 
     async def changed_paths(self) -> PathChanges:
         return self.changes
 
     async def path_fingerprints(self, paths: list[str]) -> dict[str, str | None]:
         return {p: self.fps.get(p) for p in paths}
+
+    async def read_links(self, paths: list[str]) -> dict[str, str]:
+        return {p: self.links[p] for p in paths if p in self.links}
 
 
 def _task(**metadata: object) -> TaskSpec:
@@ -150,6 +155,20 @@ async def test_report_names_only_the_agents_changes() -> None:
         "/etc/ld.so.conf.d/libc.conf",
     }
     assert report.expected == 3  # pytest, uv and the /root/.local/bin it made
+
+
+async def test_links_into_the_verifiers_files_are_reported() -> None:
+    now = PathChanges(created=("/app/out.txt", "/app/ok.txt", "/app/self"))
+    links = {
+        "/app/out.txt": "../tests/expected.txt",
+        "/app/ok.txt": "data/x",
+        "/app/self": "/proc/self/fd/1",
+    }
+    report = await tamper_report(_task(), _FakeSandbox(now, {}, links), ChangeBaseline(), "/app")  # type: ignore[arg-type]
+    assert {(p.path, p.category) for p in report.paths} == {
+        ("/app/out.txt", "verifier_links"),
+        ("/app/self", "verifier_links"),
+    }
 
 
 async def test_no_baseline_is_an_unchecked_report() -> None:

@@ -1,0 +1,77 @@
+"""A few of the canary suite's techniques (bench/canaries.py) in CI, through a real server, in
+every verify mode: on local a link to the expected answer the tests bring (`verifier_links`), a
+rewritten test input of a task that declares its outputs (`task_inputs`) and a `/conftest.py`
+that marks every test passed; on docker a replaced `diff`, a program the test script runs (the
+case the issue was filed for). Each is paid in `shared` and reported there, and paid in neither
+`pristine` nor `refuse-tampered`; the honest solution is paid in every mode. The whole suite is
+a bench (`sandgym bench canaries`), not run here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from bench.canaries import HONEST, MODES, play, techniques, write_fixture_tasks
+from envserver.runner import BackgroundServer
+from envserver.settings import ServerSettings
+from tests.e2e.conftest import docker_image_available, local_available
+
+BY_BACKEND = {
+    "local": ("symlink-to-expected", "edit-test-inputs", "root-conftest"),
+    "docker": ("replace-coreutil",),
+}
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_fixture_tasks(tmp_path_factory.mktemp("canaries"))
+
+
+def _server(backend: str, root: Path) -> Iterator[BackgroundServer]:
+    srv = BackgroundServer(
+        ServerSettings(host="127.0.0.1", port=0, backend=backend, task_dirs=[root])
+    )
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param("local", marks=pytest.mark.skipif(not local_available(), reason="no bwrap")),
+        pytest.param(
+            "docker",
+            marks=[
+                pytest.mark.docker,
+                pytest.mark.skipif(not docker_image_available(), reason="no sandgym/terminal"),
+            ],
+        ),
+    ],
+)
+def server(request: pytest.FixtureRequest, fixtures: Path) -> Iterator[BackgroundServer]:
+    yield from _server(request.param, fixtures)
+
+
+async def test_canaries_per_mode(server: BackgroundServer) -> None:
+    backend = server.settings.backend
+    chosen = [t for t in techniques() if t.id in BY_BACKEND[backend]]
+    assert len(chosen) == len(BY_BACKEND[backend])
+    for tech in chosen:
+        seen = {}
+        for mode in MODES:
+            out = await play(server.url, tech.task, tech.command, mode)
+            assert out["error"] is None, (tech.id, mode, out)
+            assert out["agent_exit_code"] == 0, (tech.id, out.get("agent_output"))
+            seen[mode] = (out["reward"], bool(out["tamper"]["tampered"]))
+        assert seen == {
+            "shared": (1.0, True),
+            "pristine": (0.0, True),
+            "refuse-tampered": (0.0, True),
+        }, tech.id
+        honest = await play(server.url, tech.task, HONEST[tech.task], "refuse-tampered")
+        assert honest["reward"] == 1.0 and not honest["tamper"]["tampered"], honest
+        honest = await play(server.url, tech.task, HONEST[tech.task], "pristine")
+        assert honest["reward"] == 1.0, honest
