@@ -19,6 +19,9 @@ import httpx
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+#: `smoke-parity`: the verifier scores the seed's parity, so rewards are 0 and 1 whatever the
+#: (random) policy does: the smoke run checks that rewards reach the records and the metrics
+TRAIN_TASKS = REPO / "tests" / "fixtures" / "train_tasks"
 SANDGYM = [sys.executable, "-m", "sandgym_cli"]
 
 
@@ -34,7 +37,7 @@ def server() -> Iterator[str]:
     pytest.importorskip("torch")
     port = _free_port()
     proc = subprocess.Popen(
-        [*SANDGYM, "serve", "--backend", "local", "--port", str(port)],
+        [*SANDGYM, "serve", "--backend", "local", "--port", str(port), "--tasks", str(TRAIN_TASKS)],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -74,6 +77,8 @@ def test_smoke_config_trains_two_updates(server: str, tmp_path: Path) -> None:
         str(REPO / "trainer/configs/smoke.yaml"),
         "--override",
         f'env.server_urls=["{server}"]',
+        "--override",
+        "env.task_ids=[smoke-parity]",
         "--run-dir",
         str(run_dir),
         "--json",
@@ -94,8 +99,14 @@ def test_smoke_config_trains_two_updates(server: str, tmp_path: Path) -> None:
     assert any((run_dir / "tensorboard").iterdir())
     episodes = [json.loads(x) for x in (run_dir / "episodes.jsonl").read_text().splitlines()]
     assert len(episodes) == summary["episodes"]
-    assert all(e["task_id"] == "builtin/hello-file" and e["server_url"] == server for e in episodes)
-
+    assert {(e["task_id"], e["server_url"]) for e in episodes} == {("smoke-parity", server)}
+    # the verifier's reward reaches every record: odd seeds 1, even seeds 0 (a random policy
+    # never solves a real task, so a run on one would only ever show zeros)
+    assert [e["reward"] for e in episodes] == [float(e["seed"] % 2) for e in episodes]
+    assert {e["reward"] for e in episodes} == {0.0, 1.0}
+    # ... and the metrics: each update consumed one group (one seed), so its mean is 0 or 1
+    assert {r["reward/mean"] for r in train_rows} <= {0.0, 1.0}
+    assert sum(e["reward"] for e in episodes) > 0
     # the weights moved away from the (deterministic) random initialisation
     cfg = load_config(REPO / "trainer/configs/smoke.yaml")
     initial = load_model(cfg.model).state_dict()
@@ -113,6 +124,24 @@ def test_smoke_config_trains_two_updates(server: str, tmp_path: Path) -> None:
     assert plot.returncode == 0, plot.stderr[-2000:]
     png = Path(json.loads(plot.stdout)["png"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # the server's cost ledger reached every record with the tokens, nothing is left in flight,
+    # and `sandgym runs cost` sums the records (docs/operations.md)
+    assert all(e["cost"]["sandbox_s"] > 0 and e["cost"]["commands"] >= 0 for e in episodes)
+    assert sum(e["cost"]["tokens_generated"] for e in episodes) > 0
+    assert not list((run_dir / "inflight").glob("*.json"))
+    cost = subprocess.run(
+        [*SANDGYM, "runs", "cost", str(run_dir), "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert cost.returncode == 0, cost.stderr[-2000:]
+    report = json.loads(cost.stdout)
+    assert report["run"]["episodes"] == len(episodes) and report["run"]["unmetered"] == 0
+    assert abs(report["run"]["sandbox_s"] - sum(e["cost"]["sandbox_s"] for e in episodes)) < 1e-6
+    assert report["money"] is None  # no price table: no money
 
 
 async def test_oracle_and_noop_agents_bracket_the_reward(server: str) -> None:
