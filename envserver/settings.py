@@ -166,6 +166,14 @@ class ServerSettings(BaseSettings):
 
         return parse_policy(self.network_ceiling) if self.network_ceiling else None
 
+    @field_validator("sandbox_grace_s", mode="before")
+    @classmethod
+    def _grace_off(cls, value: object) -> object:
+        # `SANDGYM_SANDBOX_GRACE_S=off` (or empty, none, null): no deadlines
+        if isinstance(value, str) and value.strip().lower() in ("", "off", "none", "null"):
+            return None
+        return value
+
     @field_validator("token")
     @classmethod
     def _empty_token_is_none(cls, value: str | None) -> str | None:

@@ -76,3 +76,28 @@ async def test_e2b_timeout_is_the_deadline_and_moves_with_it(tmp_path: Path) -> 
     finally:
         await backend.aclose()
         await cloud.aclose()
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+@pytest.mark.parametrize("grace", ["off", "30"])
+async def test_server_setting_gives_local_sandboxes_their_deadline_or_none(
+    grace: str, tmp_path: Path
+) -> None:
+    from envserver.settings import ServerSettings
+    from sandboxes.lifetime import read_deadline_file
+    from sandboxes.local import LocalBackend
+
+    settings = ServerSettings(sandbox_grace_s=grace)  # as SANDGYM_SANDBOX_GRACE_S gives it
+    life = LifetimeSettings(
+        enabled=settings.sandbox_grace_s is not None, grace_s=settings.sandbox_grace_s or 300
+    )
+    backend = LocalBackend(root=tmp_path)
+    async with SandboxPool(backend, PoolSettings(lifetime=life, sweep_interval_s=None)) as pool:
+        sb = await pool.acquire(SandboxSpec())
+        written = read_deadline_file(tmp_path / sb.id / "life")
+        if grace == "off":
+            assert sb.deadline is None and written is None
+        else:
+            assert sb.deadline is not None and written == pytest.approx(sb.deadline, abs=1)
+            assert 0 < written - time.time() <= 31
+        await pool.release(sb)
