@@ -12,7 +12,15 @@ temperature with a fixed torch seed:
   `--eval-samples` episodes each); every held-out episode's instruction is checked to differ
   from every training episode's instruction (`bench.demo_stats.check_heldout_disjoint`), and the
   result is recorded (`heldout_instruction_check`);
-- on a family never trained on (`--transfer-tasks`, default `builtin/file-facts`).
+- on a family never trained on (`--transfer-tasks`, default `heldout-ops`, bench/tasks: chores
+  worded as no training family words them, plus an operation none asks, making a file
+  executable); `bench.demo_stats.check_heldout_novel` checks against the training episodes'
+  instructions that no held-out wording (template) and at least one held-out operation occurred
+  in training (`transfer_novelty_check`).
+
+Every before/after difference carries a seed-level interval (`seed_level`: the per-seed mean
+after minus before on the same held-out seeds, a cluster bootstrap over seeds and an exact
+sign-flip test): episodes of one seed share an instance and are not independent.
 
 It writes the JSON record (every field computed here, the `summary` sentence included, built
 by `bench.demo_stats.summary_text` from the measured values), the reward-curve PNG, and the raw
@@ -35,6 +43,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+#: the demo's own held-out family (`heldout-ops`): wordings no training family uses and one
+#: operation none asks (bench/tasks/heldout-ops; served beside the catalog)
+HELDOUT_TASKS = REPO / "bench" / "tasks"
 
 
 def _free_port() -> int:
@@ -48,7 +59,18 @@ def _start_server() -> tuple[subprocess.Popen[bytes], str]:
 
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sandgym_cli", "serve", "--backend", "local", "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "sandgym_cli",
+            "serve",
+            "--backend",
+            "local",
+            "--port",
+            str(port),
+            "--tasks",
+            str(HELDOUT_TASKS),
+        ],  # fmt: skip
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -180,7 +202,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="write the JSON record here (and the PNG beside it)")
     parser.add_argument("--json", action="store_true", help="print the record as JSON")
     parser.add_argument(
-        "--transfer-tasks", nargs="*", default=["builtin/file-facts"], help="never trained on"
+        "--transfer-tasks",
+        nargs="*",
+        default=["heldout-ops"],
+        help="never trained on (default heldout-ops: unseen wordings and an unseen operation, "
+        "checked against the training instructions)",
     )
     parser.add_argument("--eval-seeds", type=int, default=32, help="held-out seeds (sampled eval)")
     parser.add_argument("--eval-seed-start", type=int, default=100_000, help="first held-out seed")
@@ -283,11 +309,20 @@ def by_instance_kind(episodes: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def operation(instruction: str) -> str:
-    """What a path-ops or file-ops instruction asks, from its wording (the generators'):
-    `mkdir`, `touch`, `write`, `delete`, `delete-directory`, `copy`, `move` or `rename`, with
-    ` (look-first)` when only a directory and a name prefix are given."""
+    """What a path-ops, file-ops or heldout-ops instruction asks, from its wording (the
+    generators'): `mkdir`, `touch`, `write`, `delete`, `delete-directory`, `copy`, `move`,
+    `rename` or `chmod` (heldout-ops only), with ` (look-first)` when only a directory and a
+    name prefix are given."""
     text = instruction.strip()
-    if text.startswith(("Copy", "Make a copy")):
+    if "execut" in text:  # heldout-ops only: never asked in training
+        op = "chmod"
+    elif "folder" in text:  # heldout-ops' wording of mkdir
+        op = "mkdir"
+    elif "single word" in text or "just that word" in text:  # heldout-ops' wording of write
+        op = "write"
+    elif text.startswith("Get rid of") or "should not exist anymore" in text:
+        op = "delete"
+    elif text.startswith(("Copy", "Make a copy")):
         op = "copy"
     elif text.startswith("Move"):
         op = "move"
@@ -325,17 +360,39 @@ def evaluation_record(
 ) -> dict[str, Any]:
     """The evaluation side of the record: before/after per task with the difference's interval,
     and the held-out instruction check (training instructions read from episodes.jsonl)."""
-    from bench.demo_stats import HeldoutOverlapError, check_heldout_disjoint, compare
+    from bench.demo_stats import (
+        HeldoutOverlapError,
+        check_heldout_disjoint,
+        check_heldout_novel,
+        compare,
+        rewards_by_seed,
+        seed_level_compare,
+    )
 
     sampled = json.loads((run_dir / "sampled_eval.json").read_text())
+    sampled_eps = _read_jsonl(run_dir / "sampled_episodes.jsonl")
     out: dict[str, Any] = {"temperature": cfg.sampling.temperature, "heldout": {}, "transfer": {}}
     for key, tasks in (("heldout", heldout_tasks), ("transfer", transfer_tasks)):
         for t in tasks:
             res = {ph: sampled[ph][t] for ph in ("before", "after") if t in sampled.get(ph, {})}
             if "before" in res and "after" in res:
                 res["comparison"] = compare(res["before"], res["after"])
+                # the interval that counts: seeds are the sampled unit (bench/demo_stats.py)
+                res["seed_level"] = seed_level_compare(
+                    rewards_by_seed(sampled_eps, t, "eval-before"),
+                    rewards_by_seed(sampled_eps, t, "eval-after"),
+                )
             out[key][t] = res
     training = [e.get("instruction", "") for e in _read_jsonl(run_dir / "episodes.jsonl")]
+    novel = [e.get("instruction", "") for e in sampled_eps if e["task_id"] in transfer_tasks]
+    if transfer_tasks:
+        try:
+            out["transfer_novelty_check"] = {
+                "ok": True,
+                **check_heldout_novel(training, novel, operation),
+            }
+        except HeldoutOverlapError as exc:
+            out["transfer_novelty_check"] = {"ok": False, "error": str(exc)}
     heldout = [
         e.get("instruction", "")
         for e in _read_jsonl(run_dir / "sampled_episodes.jsonl")
@@ -424,7 +481,8 @@ def run(args: argparse.Namespace) -> int:
     record["summarized_at_commit"] = _git_head()  # the code that wrote this record
     record["summary"] = summary_text(record)
     _write(record, run_dir, args)
-    return 0 if record["heldout_instruction_check"]["ok"] else 1
+    novelty = record.get("transfer_novelty_check") or {"ok": True}
+    return 0 if record["heldout_instruction_check"]["ok"] and novelty["ok"] else 1
 
 
 def main() -> int:

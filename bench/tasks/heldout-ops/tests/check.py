@@ -1,0 +1,94 @@
+"""Verifier checks for heldout-ops (the demo's held-out family): exit 0 when solved, 10 when not.
+
+Convention (tasks/catalog/README.md): exit 0 = solved; exit FAIL (10) = not solved, with the
+reason. Any other exit (a traceback here, a missing secret) means this checker could not run, and
+tests/test.sh then writes no reward: a verifier_error, not the agent's failure. So whatever the
+agent left (a missing file, a FIFO, a directory, a program that hangs or crashes) must end in
+fail(), through the helpers below, never in an exception.
+"""
+import json
+import os
+import stat as _stat
+import subprocess
+import sys
+
+FAIL = 10
+MAX_READ = 50_000_000
+
+
+def fail(msg):
+    print("FAIL:", msg)
+    sys.exit(FAIL)
+
+
+def read(path):
+    """The text of a regular file the agent left. Opened without blocking: a FIFO (which would
+    hang the checker until its timeout), a device or a directory is the agent's failure."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        fail(f"{path} does not exist")
+    except OSError as exc:
+        fail(f"cannot open {path}: {exc}")
+    if not _stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        fail(f"{path} is not a regular file")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            data = f.read(MAX_READ + 1)
+        except OSError as exc:
+            fail(f"cannot read {path}: {exc}")
+    if len(data) > MAX_READ:
+        fail(f"{path} is larger than {MAX_READ} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        fail(f"{path} is not UTF-8 text: {exc}")
+
+
+def stat(path):
+    """os.stat of something the agent should have left; its absence is the agent's failure."""
+    try:
+        return os.stat(path)
+    except OSError as exc:
+        fail(f"cannot stat {path}: {exc}")
+
+
+def listdir(path):
+    try:
+        return os.listdir(path)
+    except OSError as exc:
+        fail(f"cannot list {path}: {exc}")
+
+
+
+def secret():
+    """The episode's secret (copied in by the verifier): missing means the checker cannot run."""
+    with open("/tests/secret/expected", encoding="utf-8") as f:
+        return f.read()
+
+
+want = json.loads(secret())
+path = want["path"]
+if want["op"] == "mkdir":
+    if not os.path.isdir(path) or os.path.islink(path):
+        fail(f"{path} is not a directory")
+elif want["op"] == "write":
+    if read(path).strip() != want["word"]:
+        fail(f"{path} does not hold just the word {want['word']!r}")
+elif want["op"] == "delete":
+    if os.path.lexists(path):
+        fail(f"{path} is still there")
+elif want["op"] == "chmod":
+    try:
+        st = os.lstat(path)
+    except OSError:
+        fail(f"{path} is gone; it was to be made executable")
+    if not _stat.S_ISREG(st.st_mode) or not st.st_mode & _stat.S_IXUSR:
+        fail(f"{path} is not an executable regular file")
+    if read(path) != "#!/bin/sh\necho ok\n":
+        fail(f"{path}'s content was changed")
+else:
+    raise ValueError(f"unknown operation in the secret: {want['op']!r}")
+
+print("PASS")
