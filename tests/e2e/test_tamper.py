@@ -138,3 +138,21 @@ async def test_expected_changes_are_not_reported(server: BackgroundServer) -> No
     )
     assert info["tamper"]["tampered"] is False and info["tamper"]["expected"] >= 1
     assert reward == 1.0
+
+
+async def test_a_backend_without_a_change_set_refuses_refuse_tampered_at_reset(
+    make_server: Any,
+) -> None:
+    """The null backend, like e2b, lists no changed paths: `refuse-tampered` cannot be kept, so
+    the reset says so (never a silent unchecked episode); `shared` starts, its reset saying so."""
+    from envserver.client import EnvError
+    from tests.e2e.conftest import NULL_TASK
+
+    srv = make_server("null")
+    async with AsyncEnvClient(srv.url) as env:
+        with pytest.raises(EnvError) as info:
+            await env.reset(NULL_TASK, seed=0, options={"verify": "refuse-tampered"})
+        assert info.value.code == "unknown_task"
+        assert "cannot list the paths a sandbox changed" in info.value.message
+        _, reset_info = await env.reset(NULL_TASK, seed=0)
+        assert reset_info["verify"] == "shared"
