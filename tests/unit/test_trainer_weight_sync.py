@@ -220,3 +220,43 @@ def test_weight_files_hold_at_most_one_shard_or_tensor(tmp_path: Path) -> None:
     assert info["peak_buffered_bytes"] == 16384  # the big tensor; shards of small ones: 4 KiB
     back = load_weights(tmp_path / "w")
     assert set(back) == set(asked) | {"big"} and torch.equal(back["w7"], torch.full((256,), 7.0))
+
+
+def test_push_outcomes_are_handled(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`Trainer._await_push` on each outcome Ray can give a weight push: the served version is
+    recorded; a dead actor is replaced; an engine that refuses the weights keeps its old version
+    and three refusals in a row stop the run; a lost object stops it at once."""
+    ray = pytest.importorskip("ray")
+    from trainer.train import Trainer, TrainError
+
+    trainer = Trainer(load_config(CONFIGS / "smoke.yaml"), tmp_path / "run")
+    trainer.rollouts = ["actor-0"]
+    trainer.served_versions = [2]
+    trainer.version = 3
+    replaced: list[int] = []
+    monkeypatch.setattr(trainer, "_replace_rollout", lambda i, dead, exc: replaced.append(i))
+    outcome: list[Any] = []
+
+    def fake_get(call: Any) -> Any:
+        if isinstance(outcome[0], BaseException):
+            raise outcome[0]
+        return outcome[0]
+
+    monkeypatch.setattr(ray, "get", fake_get)
+    outcome[:] = [3]
+    trainer._await_push(0, "call")
+    assert trainer.served_versions == [3]
+    outcome[:] = [ray.exceptions.ActorDiedError()]
+    trainer._await_push(0, "call")
+    assert replaced == [0]
+    refused = ray.exceptions.RayTaskError("update_weights", "EngineError: 404", RuntimeError("x"))
+    outcome[:] = [refused]
+    trainer.version = 4
+    trainer._await_push(0, "call")
+    trainer._await_push(0, "call")
+    assert trainer.served_versions == [3]  # still the weights it had
+    with pytest.raises(TrainError, match="refused 3 weight pushes in a row"):
+        trainer._await_push(0, "call")
+    outcome[:] = [ray.exceptions.ObjectLostError("ab" * 14, None, "")]
+    with pytest.raises(TrainError, match="weight push of version 4 to rollout engine 0 failed"):
+        trainer._await_push(0, "call")
