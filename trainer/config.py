@@ -393,10 +393,11 @@ class TrainConfig(_Settings):
                 f"drop every group after update {self.algorithm.max_staleness} of "
                 f"{self.run.num_updates}; expected max_staleness >= run.num_updates"
             )
-        if self.run.eval_every:
+        if self.run.eval_every or self.run.eval_before:
             raise ValueError(
-                "run.eval_every with an engine that cannot take weights: evaluation would score "
-                "the weights the server started with, not the learner's; expected eval_every 0"
+                "run.eval_every/eval_before with an engine that cannot take weights: evaluation "
+                "(eval_before also evaluates after training) would score the weights the server "
+                "started with, not the learner's; expected eval_every 0 and eval_before false"
             )
 
 

@@ -168,6 +168,16 @@ def test_an_engine_that_cannot_take_weights_is_a_config_error() -> None:
             CONFIGS / "smoke.yaml",
             [*base, "algorithm.off_policy=true", "algorithm.max_staleness=100", "run.eval_every=1"],
         )
+    with pytest.raises(ConfigError, match="evaluat"):
+        load_config(
+            CONFIGS / "smoke.yaml",
+            [
+                *base,
+                "algorithm.off_policy=true",
+                "algorithm.max_staleness=100",
+                "run.eval_before=true",
+            ],
+        )
     cfg = load_config(CONFIGS / "smoke.yaml", [*base, "engine.weight_sync=vllm_http"])
     assert cfg.engine_takes_weights
 
