@@ -614,9 +614,24 @@ def _load(path: Path) -> tuple[TaskSpec | None, str | None]:
 
 
 def _base_image(task: TaskSpec) -> str | None:
+    """The image the task's container runs on: its Dockerfile's last stage's `FROM` (read
+    from the text where the local parser refuses the file, e.g. `COPY --from` another image),
+    else its `docker_image`."""
     try:
         df = task_dockerfile(task)
     except TaskError:
+        df = None
+        env = task.environment
+        if env.build_context is not None:
+            path = env.build_context / env.dockerfile
+            text = path.read_text(encoding="utf-8") if path.is_file() else ""
+            froms = [
+                [t for t in ln.split()[1:] if not t.startswith("--")]
+                for ln in text.splitlines()
+                if ln.split()[:1] and ln.split()[0].upper() == "FROM"
+            ]
+            if froms and froms[-1]:
+                return froms[-1][0]
         return None
     return df.base_image if df is not None else task.environment.image
 

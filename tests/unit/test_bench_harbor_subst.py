@@ -759,3 +759,18 @@ def test_a_base_image_no_registry_serves_and_no_stand_in_replaces_leaves_the_den
     # a build that failed for another reason on that image is no such evidence
     other = dict(e, build_reason="build_other", build_error="E: Sub-process returned 100")
     assert hc.judge(other)[1].category == "failing"
+
+
+def test_the_base_image_of_a_multi_stage_dockerfile_is_its_last_stage(tmp_path: Path) -> None:
+    """financial-document-processor (two stages, `COPY --from` uv's image): its line named no
+    base image, so its Ubuntu pin on the Debian stand-in could not be told a stand-in limit."""
+    from tasks import load_task_dir
+
+    d = tmp_path / "t"
+    shutil.copytree(FIXTURES / "harbor-legacy", d)
+    (d / "environment").mkdir(exist_ok=True)
+    (d / "environment" / "Dockerfile").write_text(
+        "FROM ubuntu:24.04 as build\nCOPY --from=ghcr.io/astral-sh/uv:0.8.14 /uv /bin/\n"
+        "FROM --platform=linux/amd64 ubuntu:22.04 AS target\nWORKDIR /app\n"
+    )
+    assert hc._base_image(load_task_dir(d)) == "ubuntu:22.04"
