@@ -369,6 +369,12 @@ class TrainConfig(_Settings):
                 f"engine.weight_sync vllm_http is for engine.kind openai (vllm serve); "
                 f"engine.kind is {eng.kind}"
             )
+        if self.learner.lora_rank > 0 and (eng.kind == "vllm" or eng.weight_sync == "vllm_http"):
+            raise ValueError(
+                f"learner.lora_rank > 0 with engine.kind {eng.kind} (weight_sync "
+                f"{eng.weight_sync}): vLLM reloads full weights here; pushing LoRA adapters "
+                "(vLLM's /v1/load_lora_adapter) is not implemented; expected lora_rank 0"
+            )
         if eng.weight_sync == "none" and eng.kind in ("hf", "vllm"):
             raise ValueError(
                 f"engine.weight_sync none: engine.kind {eng.kind} always takes the learner's "

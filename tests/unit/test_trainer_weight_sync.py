@@ -180,6 +180,11 @@ def test_an_engine_that_cannot_take_weights_is_a_config_error() -> None:
         )
     cfg = load_config(CONFIGS / "smoke.yaml", [*base, "engine.weight_sync=vllm_http"])
     assert cfg.engine_takes_weights
+    # adapters alone cannot go through a full-weight reload
+    with pytest.raises(ConfigError, match="LoRA adapters"):
+        load_config(
+            CONFIGS / "smoke.yaml", [*base, "engine.weight_sync=vllm_http", "learner.lora_rank=8"]
+        )
 
 
 def test_evaluation_refuses_an_engine_serving_other_weights() -> None:
