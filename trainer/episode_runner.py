@@ -160,8 +160,6 @@ async def run_episode(
             else "scored 0",
             exc,
         )
-    if book is not None and kept:  # ended (scored or failed): nothing left to resume
-        await book.closed(kept[0])
     episode.metrics.update(
         {
             "duration_s": time.monotonic() - t0,
@@ -171,6 +169,8 @@ async def run_episode(
             "env_s": sum(s.env_s for s in traj.steps),
         }
     )
+    if book is not None and kept:  # ended (scored or failed): kept until the trainer records it
+        await book.ended(kept[0], episode)
     return episode
 
 

@@ -2,14 +2,17 @@
 
 While an episode runs, its rollout worker keeps one file for it in `<run_dir>/inflight/`: the
 server it runs on, its session id and resume token, and the episode so far (turns with their
-tokens), rewritten after each step and removed once the episode has ended. A trainer killed
-mid-update leaves the files of the episodes it had in flight; the servers keep those sessions
-(a dropped connection's episode waits `resume_grace_s` for a `resume`, and its sandbox lives on:
-`sandboxes.lifetime`). On restart with `run.resume`, `recover` resumes each one on its server and
-submits it: the verifier scores the sandbox as the agent left it, and the episode is recorded
-with its turns, its reward and `recovered: true`. One whose server or session is gone is recorded
-masked as infrastructure (`connection`), and the counts are reported (log, and
-`<run_dir>/inflight_recovery.json`).
+tokens), rewritten after each step. When the episode ends the worker writes the finished episode
+into the file (`ended`), and the trainer removes the file once it has written the episode's
+record (`forget`): a trainer that dies in between (its Ray actors may finish their episodes
+after it is gone) finds the result there. A trainer killed mid-update leaves the files of the
+episodes it had in flight; the servers keep those sessions (a dropped connection's episode waits
+`resume_grace_s` for a `resume`, and its sandbox lives on: `sandboxes.lifetime`). On restart with
+`run.resume`, `recover` records each ended one as it ended (unless episodes.jsonl has it already),
+and resumes each other one on its server and submits it: the verifier scores the sandbox as the
+agent left it, and the episode is recorded with its turns, its reward and `recovered: true`. One
+whose server or session is gone is recorded masked as infrastructure (`connection`), and the
+counts are reported (log, and `<run_dir>/inflight_recovery.json`).
 
 A recovered episode is scored but not trained on: its group's other members were in the killed
 trainer's memory, so its advantage group cannot be formed again.
@@ -18,11 +21,11 @@ trainer's memory, so its advantage group cannot be formed again.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import os
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +36,19 @@ from trainer.episode import Episode, Trajectory
 log = logging.getLogger(__name__)
 
 INFLIGHT_DIR = "inflight"
+
+
+def episode_key(episode: Episode | dict[str, Any]) -> str:
+    """The file name an episode is kept under: the same from the worker's `Episode` and from
+    the trainer's copy or record of it (task, seed, group, start time)."""
+    get = episode.get if isinstance(episode, dict) else lambda k: getattr(episode, k)
+    ident = f"{get('task_id')}|{get('seed')}|{get('group_id')}|{float(get('started_at'))!r}"
+    return hashlib.sha1(ident.encode()).hexdigest()[:24]
+
+
+def forget(run_dir: Path | str, episode: Episode | dict[str, Any]) -> None:
+    """The trainer recorded `episode`: its file is not needed any more."""
+    (Path(run_dir) / INFLIGHT_DIR / f"{episode_key(episode)}.json").unlink(missing_ok=True)
 
 
 class InflightBook:
@@ -54,7 +70,7 @@ class InflightBook:
         token = getattr(client, "resume_token", None)
         if not session_id or not token:
             return None
-        key = uuid.uuid4().hex
+        key = episode_key(episode)
         data = {
             "session_id": session_id,
             "resume_token": token,
@@ -81,10 +97,16 @@ class InflightBook:
 
         await asyncio.to_thread(update)
 
-    async def closed(self, key: str | None) -> None:
-        """The episode ended (scored, or failed): nothing to resume."""
-        if key is not None:
-            await asyncio.to_thread((self.dir / f"{key}.json").unlink, True)
+    async def ended(self, key: str | None, episode: Episode) -> None:
+        """The episode ended (scored, or failed): nothing to resume; its result is kept until
+        the trainer has recorded it (`forget`)."""
+        if key is None:
+            return
+
+        def write() -> None:
+            self._write(key, {"ended": True, "episode": episode.to_dict(with_tokens=True)})
+
+        await asyncio.to_thread(write)
 
 
 @dataclass
@@ -94,9 +116,15 @@ class Recovery:
     episodes: list[Episode] = field(default_factory=list)
     resumed: int = 0  # resumed on their server and scored
     lost: int = 0  # server or session gone: masked as infrastructure
+    ended: int = 0  # ended before the restart, never recorded: recorded as they ended
 
     def to_json(self) -> dict[str, Any]:
-        return {"resumed": self.resumed, "lost": self.lost, "episodes": len(self.episodes)}
+        return {
+            "resumed": self.resumed,
+            "lost": self.lost,
+            "ended": self.ended,
+            "episodes": len(self.episodes),
+        }
 
 
 async def _recover_one(data: dict[str, Any], open_client: Callable[[str], Any]) -> Episode:
@@ -128,9 +156,12 @@ async def recover(
     run_dir: Path | str,
     open_client: Callable[[str], Any] | None = None,
     token: str | None = None,
+    recorded: set[str] | None = None,
 ) -> Recovery:
-    """Resume and score every episode a killed trainer left in flight (module docstring);
-    removes their files. `open_client(url)`: an async context manager giving an env client."""
+    """Resume and score every episode a killed trainer left in flight, and take those that
+    ended unrecorded as they are (module docstring); removes their files. `recorded`: keys of
+    episodes already in the run's records (skipped). `open_client(url)`: an async context
+    manager giving an env client."""
     from envserver.client import AsyncEnvClient
 
     def default(url: str) -> Any:
@@ -146,8 +177,17 @@ async def recover(
             loaded.append((path, json.loads(path.read_text())))
         except (OSError, ValueError) as exc:
             log.warning("inflight: unreadable %s left alone: %s", path, exc)
-    episodes = await asyncio.gather(*(_recover_one(d, opener) for _, d in loaded))
-    for (path, _), ep in zip(loaded, episodes, strict=True):
+    done = [(p, d) for p, d in loaded if d.get("ended")]
+    live = [(p, d) for p, d in loaded if not d.get("ended")]
+    for path, data in done:
+        if path.stem not in (recorded or set()):
+            ep = Episode.from_dict(data["episode"])
+            ep.metrics["recovered"] = 1.0
+            out.episodes.append(ep)
+            out.ended += 1
+        path.unlink(missing_ok=True)
+    episodes = await asyncio.gather(*(_recover_one(d, opener) for _, d in live))
+    for (path, _), ep in zip(live, episodes, strict=True):
         out.episodes.append(ep)
         if ep.termination == "connection":
             out.lost += 1
@@ -161,12 +201,14 @@ def recover_into_run(run_dir: Path, token: str | None, version: int) -> Recovery
     """The trainer's restart hook: recover, append the episodes to episodes.jsonl (marked
     `recovered`), write inflight_recovery.json and log the counts. None when nothing was in
     flight."""
-    from trainer.episode import EpisodeWriter
+    from trainer.episode import EpisodeWriter, read_episodes
 
     book = run_dir / INFLIGHT_DIR
     if not book.is_dir() or not any(book.glob("*.json")):
         return None
-    result = asyncio.run(recover(run_dir, token=token))
+    records = run_dir / "episodes.jsonl"
+    recorded = {episode_key(r) for r in read_episodes(records)} if records.exists() else set()
+    result = asyncio.run(recover(run_dir, token=token, recorded=recorded))
     writer = EpisodeWriter(run_dir / "episodes.jsonl")
     try:
         for ep in result.episodes:
@@ -176,9 +218,11 @@ def recover_into_run(run_dir: Path, token: str | None, version: int) -> Recovery
     (run_dir / "inflight_recovery.json").write_text(json.dumps(result.to_json()))
     log.info(
         "restart: %d episodes in flight before it: %d resumed on their servers and scored, "
-        "%d lost with their server or session (masked as infrastructure)",
+        "%d lost with their server or session (masked as infrastructure), %d had ended "
+        "unrecorded (recorded as they ended)",
         len(result.episodes),
         result.resumed,
         result.lost,
+        result.ended,
     )
     return result

@@ -43,6 +43,7 @@ from trainer.cluster import EnvServerFleet, ServerBalancer, discover_servers, ra
 from trainer.config import TrainConfig
 from trainer.episode import Episode, EpisodeWriter
 from trainer.failures import unscored_fractions
+from trainer.inflight import forget as forget_inflight
 from trainer.metrics import MetricsLogger
 from trainer.schedule import (
     engine_seed,
@@ -402,6 +403,7 @@ class Trainer:
         eps = [self._collect(r) for r in refs]
         for e in eps:
             self._eval_writer.write(e, eval_tag=tag, version=self.version)
+            forget_inflight(self.run_dir, e)  # recorded: nothing to recover after a restart
         valid = [e for e in eps if not e.is_infra_failure]
         mean = sum(e.reward for e in valid) / len(valid) if valid else float("nan")
         return {
@@ -492,6 +494,7 @@ class Trainer:
                     counts[ep.termination] += 1
                     window[ep.termination] += 1
                     writer.write(ep, received_at_version=self.version)
+                    forget_inflight(self.run_dir, ep)  # recorded: nothing to recover (restart)
                     members = groups.setdefault(ep.group_id, [])
                     members.append(ep)
                     if len(members) == alg.group_size:

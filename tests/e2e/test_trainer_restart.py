@@ -22,9 +22,9 @@ import pytest
 from envserver.runner import ServerProcess
 from tests.e2e.conftest import NULL_TASK
 from tests.reliability.conftest import wait_until
-from trainer.episode import Episode, read_episodes
+from trainer.episode import Episode, EpisodeWriter, Trajectory, read_episodes
 from trainer.failures import is_masked
-from trainer.inflight import INFLIGHT_DIR, recover_into_run
+from trainer.inflight import INFLIGHT_DIR, InflightBook, episode_key, recover_into_run
 
 TRAINER = """
 import asyncio, sys
@@ -78,12 +78,24 @@ async def test_episode_in_flight_survives_a_killed_trainer(task_dir: Path, tmp_p
             "episode": Episode(task_id=NULL_TASK, seed=8, group_id="g8").to_dict(),
         }
         (run_dir / INFLIGHT_DIR / "gone.json").write_text(json.dumps(gone))
+        # two that ended before the trainer recorded them (its Ray actors outlive it a while):
+        # one the trainer had recorded just before dying (skipped), one it had not (recorded)
+        book = InflightBook(run_dir)
+        for seed in (9, 10):
+            done = Episode(task_id=NULL_TASK, seed=seed, group_id=f"g{seed}")
+            done.trajectories.append(Trajectory(reward=1.0))
+            await book.ended(episode_key(done), done)
+            if seed == 9:
+                EpisodeWriter(run_dir / "episodes.jsonl").write(done, received_at_version=2)
 
         result = await asyncio.to_thread(recover_into_run, run_dir, None, 3)
-        assert result is not None and (result.resumed, result.lost) == (1, 1)
+        assert result is not None and (result.resumed, result.lost, result.ended) == (1, 1, 1)
         assert json.loads((run_dir / "inflight_recovery.json").read_text())["lost"] == 1
         assert not list((run_dir / INFLIGHT_DIR).glob("*.json"))  # nothing left to resume
+        seeds = [r["seed"] for r in read_episodes(run_dir / "episodes.jsonl")]
+        assert sorted(seeds) == [7, 8, 9, 10]  # each once: the recorded one not again
         records = {r["seed"]: r for r in read_episodes(run_dir / "episodes.jsonl")}
+        assert records[10]["recovered"] and records[10]["reward"] == 1.0  # as it ended
         kept, lost = records[7], records[8]
         assert kept["termination"] == "submitted" and kept["reward"] == 1.0  # scored as left
         assert kept["recovered"] and kept["received_at_version"] == 3
