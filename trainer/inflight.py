@@ -51,6 +51,13 @@ def forget(run_dir: Path | str, episode: Episode | dict[str, Any]) -> None:
     (Path(run_dir) / INFLIGHT_DIR / f"{episode_key(episode)}.json").unlink(missing_ok=True)
 
 
+def abandon(run_dir: Path | str) -> None:
+    """The run finished: the episodes still in flight (their workers killed) are past its end,
+    and a later `--resume` (more updates) must not record them."""
+    for path in (Path(run_dir) / INFLIGHT_DIR).glob("*.json"):
+        path.unlink(missing_ok=True)
+
+
 class InflightBook:
     """The files of one process's episodes in flight (one file per episode)."""
 

@@ -43,6 +43,7 @@ from trainer.cluster import EnvServerFleet, ServerBalancer, discover_servers, ra
 from trainer.config import TrainConfig
 from trainer.episode import Episode, EpisodeWriter
 from trainer.failures import unscored_fractions
+from trainer.inflight import abandon as abandon_inflight
 from trainer.inflight import forget as forget_inflight
 from trainer.metrics import MetricsLogger
 from trainer.schedule import (
@@ -569,6 +570,7 @@ class Trainer:
             }
         )
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        self._completed = True  # the episodes still in flight are past the run's end
         return summary
 
     def _checkpoint(self, next_group: int) -> None:
@@ -674,6 +676,8 @@ class Trainer:
 
         for r in getattr(self, "rollouts", []):
             ray.kill(r)
+        if getattr(self, "_completed", False):  # a finished run resumes none of them
+            abandon_inflight(self.run_dir)
         if getattr(self, "fleet", None) is not None:
             self.fleet.stop()  # drained: their sandboxes are removed
         if hasattr(self, "learners"):

@@ -125,11 +125,10 @@ def test_smoke_config_trains_two_updates(server: str, tmp_path: Path) -> None:
     png = Path(json.loads(plot.stdout)["png"])
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    # the server's cost ledger reached every record with the tokens, nothing is left in flight,
-    # and `sandgym runs cost` sums the records (docs/operations.md)
+    # the server's cost ledger reached every record with the tokens, and `sandgym runs cost`
+    # sums the records (docs/operations.md)
     assert all(e["cost"]["sandbox_s"] > 0 and e["cost"]["commands"] >= 0 for e in episodes)
     assert sum(e["cost"]["tokens_generated"] for e in episodes) > 0
-    assert not list((run_dir / "inflight").glob("*.json"))
     cost = subprocess.run(
         [*SANDGYM, "runs", "cost", str(run_dir), "--json"],
         cwd=REPO,
