@@ -16,6 +16,7 @@ BENCHES: dict[str, str] = {
     "step": "bench.step",
     "sessions": "bench.sessions",
     "harbor_compat": "bench.harbor_compat",
+    "harbor_provider": "bench.harbor_provider",
     "reliability": "bench.reliability",
     "group": "bench.group",
     "cluster": "bench.cluster",

@@ -88,6 +88,12 @@ WRITERS: dict[str, tuple[str, ...]] = {
     # `sandgym bench openai_llamacpp`: the openai_text engine against llama-cpp-python's server
     "openai_llamacpp.json": ("bench/openai_llamacpp.py", "bench/report.py"),
     "openai_llamacpp.raw.jsonl": ("bench/openai_llamacpp.py",),
+    # `sandgym bench harbor_provider`: Harbor's runner with sandgym's provider and Harbor's docker
+    "harbor_provider.json": (
+        "bench/harbor_provider.py",
+        "bench/harbor_runner.py",
+        "bench/report.py",
+    ),
 }
 
 #: key paths (`*`: any key of a data map, `[]`: any list item) of the maps whose keys are data
@@ -162,6 +168,10 @@ DATA_MAPS: dict[str, tuple[str, ...]] = {
     "cluster.raw.jsonl": (),
     "openai_llamacpp.json": ("rules",),
     "openai_llamacpp.raw.jsonl": (),
+    "harbor_provider.json": (
+        "summary/*/rewards_sandgym",
+        "summary/*/rewards_docker",
+    ),
 }
 
 
