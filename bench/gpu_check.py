@@ -42,6 +42,20 @@ SHAPES = "smollm2"
 SMALL_SHAPES = "tiny"
 
 
+def _fsdp_check_module() -> Any:
+    """scripts/gpu_fsdp_check.py loaded from its path: `scripts` is not a package of ours, and a
+    site-packages `scripts` package (verl 0.9.1's wheel ships one) would shadow it by name."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "sandgym_gpu_fsdp_check", REPO / "scripts" / "gpu_fsdp_check.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def generate(args: argparse.Namespace) -> dict[str, Any]:
     """The hf engine generating `--new-tokens` for `--batch` prompts of `--prompt-tokens`."""
     import torch
@@ -52,7 +66,7 @@ def generate(args: argparse.Namespace) -> dict[str, Any]:
 
     device = torch.device(args.device)
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
-    from scripts.gpu_fsdp_check import CONFIGS
+    CONFIGS = _fsdp_check_module().CONFIGS
 
     shapes = SMALL_SHAPES if args.small else SHAPES
     cfg = LlamaConfig(**CONFIGS[shapes], max_position_embeddings=8192)
