@@ -280,7 +280,7 @@ class EnvService:
                     setup = prepared.setup.model_copy(deep=True)  # and of its set-up
                     if setup.network is not None:
                         await sandbox.set_network(setup.network.agent)
-                    await mark_episode(task, sandbox, setup, verify)  # its own tamper baseline
+                    await mark_episode(task, sandbox, setup, verify, forked=True)
                 else:
                     setup = await prepare_episode(
                         task,

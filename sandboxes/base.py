@@ -53,6 +53,8 @@ class Sandbox(abc.ABC):
     #: applies what it can of it), and whether `exec` runs real commands (mkdir, chmod, chown)
     builds_images: bool = False
     runs_real_commands: bool = True
+    #: whether `changed_paths` (and `path_fingerprints`, `read_links`) work on this backend
+    lists_changes: bool = False
 
     def __init__(self, spec: SandboxSpec, sandbox_id: str | None = None) -> None:
         self.spec = spec

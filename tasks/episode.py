@@ -18,7 +18,7 @@ from tasks.episode_models import EpisodeSetup, StepOutcome, VerifierResult
 from tasks.errors import TaskError, TaskUnsupportedError
 from tasks.models import TaskSpec
 from tasks.steps import begin_step, finish_step
-from tasks.tamper import mark_baseline
+from tasks.tamper import ChangeBaseline, mark_baseline
 from tasks.verifier.modes import resolve_verify_mode, verify_episode
 
 #: where a generator may write its seed's instruction (see `_run_generator`)
@@ -63,6 +63,7 @@ async def prepare_episode(
         await begin_step(task, sandbox, first)
     plan = task.network_plan(first).clamp(network_ceiling)
     await sandbox.set_network(plan.agent)
+    wrote = bool(task.input_files or task.generator or first or desktop)  # the set-up's files
     setup = EpisodeSetup(
         instruction=(
             generated_instruction
@@ -81,21 +82,34 @@ async def prepare_episode(
         network_ceiling=network_ceiling,
         verify=mode,
     )
-    if baseline:
+    if baseline and sandbox.lists_changes and sandbox.builds_images and not wrote:
+        # nothing written since the image: the agent's changes are all the changes (spares a
+        # diff per reset, which the engine makes slowly on btrfs: about 1.6 s measured here)
+        setup.change_baseline = ChangeBaseline()
+    elif baseline:
         await mark_episode(task, sandbox, setup)
     return setup
 
 
 async def mark_episode(
-    task: TaskSpec, sandbox: Sandbox, setup: EpisodeSetup, verify: str | None = None
+    task: TaskSpec,
+    sandbox: Sandbox,
+    setup: EpisodeSetup,
+    verify: str | None = None,
+    forked: bool = False,
 ) -> None:
     """Record in `setup` the sandbox's changed paths now, the agent not having acted yet (the
     tamper report's baseline), and, when given, the episode's `verify` mode. A group's member
-    calls it on its own sandbox after member 0's set-up was copied into it. A mode that needs
+    calls it with `forked` after member 0's files and set-up were copied into its sandbox: where
+    the backend builds images (docker) it keeps member 0's baseline, which describes the same
+    files (a copy by changes keeps their bytes, modes and times; one from a snapshot image has
+    them in its image) and whose fingerprints are of those; elsewhere (local: fingerprints hold
+    inodes) the member takes its own. A mode that needs
     the report on a backend without one is a TaskUnsupportedError."""
     if verify is not None:
         setup.verify = resolve_verify_mode(task, verify)
-    setup.change_baseline = await mark_baseline(task, sandbox, setup.workdir)
+    if not (forked and sandbox.builds_images and setup.change_baseline is not None):
+        setup.change_baseline = await mark_baseline(task, sandbox, setup.workdir)
     if setup.change_baseline is None and setup.verify == "refuse-tampered":
         raise TaskUnsupportedError(
             f"task {task.id}: verify 'refuse-tampered' needs a tamper report, and the "

@@ -396,18 +396,24 @@ def _agent_changes(base: ChangeBaseline, now: PathChanges) -> dict[str, Change]:
 
 
 async def tamper_report(
-    task: TaskSpec, sandbox: Sandbox, baseline: ChangeBaseline | None, workdir: str
+    task: TaskSpec,
+    sandbox: Sandbox,
+    baseline: ChangeBaseline | None,
+    workdir: str,
+    now: PathChanges | None = None,
 ) -> TamperReport:
-    """The episode's tamper report (see the module docstring)."""
+    """The episode's tamper report (see the module docstring); `now`: the sandbox's changed
+    paths, when the caller already has them."""
     if baseline is None:
         return TamperReport(
             checked=False,
             reason=f"the {sandbox.backend_name} backend cannot list the paths a sandbox changed",
         )
-    try:
-        now = await sandbox.changed_paths()
-    except ChangesUnsupportedError as exc:
-        return TamperReport(checked=False, reason=str(exc))
+    if now is None:
+        try:
+            now = await sandbox.changed_paths()
+        except ChangesUnsupportedError as exc:
+            return TamperReport(checked=False, reason=str(exc))
     outputs = declared_outputs(task)
     changes = _agent_changes(baseline, now)
     if baseline.fingerprints:  # what the set-up wrote there, changed again since

@@ -88,7 +88,10 @@ def diff_kinds(diff: list[dict[str, Any]], mounts: tuple[str, ...]) -> PathChang
 
 
 class DockerChanges(DockerExec):
-    """`changes` and `apply_changes` (see the module docstring)."""
+    """`changes` and `apply_changes` (see the module docstring); `changed_paths`,
+    `path_fingerprints` and `read_links` for tamper reports."""
+
+    lists_changes = True
 
     @contextlib.contextmanager
     def _path_list(self, kind: str, paths: list[str] | tuple[str, ...]) -> Iterator[str]:

@@ -72,6 +72,7 @@ INIT_SCRIPT = 'echo ready; while :; do bash -c "$0" & wait $!; [ $? = 99 ] && ex
 
 class LocalSandbox(ShellSandbox):
     backend_name = "local"
+    lists_changes = True
 
     def __init__(self, spec: SandboxSpec, backend: LocalBackend, sandbox_id: str) -> None:
         super().__init__(spec, sandbox_id)

@@ -56,7 +56,9 @@ async def verify_episode(
     """The tamper report, then the verifier as `setup.verify` says (the module docstring). A
     `VerifierError` of a tampered episode carries the report's summary in its message."""
     start = time.perf_counter()
-    report = await tamper_report(task, sandbox, setup.change_baseline, setup.workdir)
+    # one listing of the changed paths serves the report and a pristine copy's deletions
+    now = await sandbox.changed_paths() if setup.change_baseline is not None else None
+    report = await tamper_report(task, sandbox, setup.change_baseline, setup.workdir, now)
     mode = setup.verify
     if mode == "refuse-tampered" and report.tampered:
         low = reward_range(task)[0]
@@ -71,7 +73,9 @@ async def verify_episode(
         )
     try:
         if mode == "pristine":
-            async with pristine_verifier_sandbox(task, sandbox, setup, backend, image_map) as pv:
+            async with pristine_verifier_sandbox(
+                task, sandbox, setup, backend, image_map, now
+            ) as pv:
                 result = await run_verifier(
                     task, pv.sandbox, pv.setup, backend=backend, image_map=image_map
                 )

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from sandboxes import Sandbox, SandboxBackend, SandboxFileNotFoundError
 from sandboxes.errors import ChangesUnsupportedError
+from sandboxes.spec import PathChanges
 from tasks.commands import run_checked
 from tasks.desktop import is_desktop_task
 from tasks.episode_models import EpisodeSetup
@@ -92,13 +93,14 @@ class PristineVerifier:
 
 
 async def _deleted_under(
-    sandbox: Sandbox, setup: EpisodeSetup, roots: tuple[str, ...]
+    sandbox: Sandbox, setup: EpisodeSetup, roots: tuple[str, ...], changes: PathChanges | None
 ) -> list[str]:
     """Paths under `roots` the agent deleted (empty where the backend lists no changes)."""
-    try:
-        changes = await sandbox.changed_paths()
-    except ChangesUnsupportedError:
-        return []
+    if changes is None:
+        try:
+            changes = await sandbox.changed_paths()
+        except ChangesUnsupportedError:
+            return []
     before = setup.change_baseline.kinds if setup.change_baseline is not None else {}
     return [
         p
@@ -115,6 +117,7 @@ async def pristine_verifier_sandbox(
     setup: EpisodeSetup,
     backend: SandboxBackend | None,
     image_map: Mapping[str, str] | None,
+    changes: PathChanges | None = None,
 ) -> AsyncIterator[PristineVerifier]:
     """A fresh sandbox of the task's own spec, prepared for the episode's seed, with the agent's
     outputs copied in (see the module docstring); closed on exit, even when cancelled."""
@@ -148,7 +151,7 @@ async def pristine_verifier_sandbox(
                 if host.exists():
                     await fresh.upload(host, root)
                     copied.append(root)
-        deleted = await _deleted_under(sandbox, setup, roots)
+        deleted = await _deleted_under(sandbox, setup, roots, changes)
         if deleted:
             await run_checked(
                 fresh,
