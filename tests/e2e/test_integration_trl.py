@@ -136,18 +136,16 @@ def test_grpo_trainer_runs_sandgym_episodes_with_exact_tokens(
     envs = trainer._environment_pool[None]
     assert all(isinstance(e, SandgymEnvironment) for e in envs)
     rewards = [r for e in envs for r in e.rewards]
-    assert (
-        len(rewards) == 4
-    )  # 2 steps x 2 rollouts, each one sandgym episode scored by the verifier
+    # 2 steps x 2 rollouts, each one sandgym episode scored by the verifier
+    assert len(rewards) == 4
     assert rewards == [_sandgym_reward(srv.url)] * 4 == [1.0] * 4
     logged = [h for h in trainer.state.log_history if "reward" in h]
     assert [h["reward"] for h in logged] == [1.0, 1.0]
 
     # Token fidelity: per rollout, the ids trained on (mask 1) are exactly the ids sampled, in
     # order, the tool result between them masked 0.
-    assert (
-        len(trained) == 2 and len(sampled) == 4
-    )  # per step: the first turn, then the post-tool turn
+    # per step: the first turn's generation, then the post-tool turn's
+    assert len(trained) == 2 and len(sampled) == 4
     for step, batch in enumerate(trained):
         first, post = sampled[2 * step], sampled[2 * step + 1]
         for i, (ids, cmask, tmask) in enumerate(
