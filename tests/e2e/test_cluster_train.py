@@ -242,11 +242,12 @@ def test_train_across_two_nodes_survives_a_dead_node(
         # its node, so only the survivor's episodes in flight there come back; 2 of 4 runs on
         # 2026-12-02 had none, so their presence is not asserted, only their kind.)
         lost = [e for e in on_dead if e["termination"] != "submitted"]
-        # what failed after the kill, on any server: never empty (the victim's rollout actor
-        # dies with its node while its episodes are in flight: they come back as lost) and
-        # only infrastructure kinds (an empty list made the old `all(...)` pass vacuously)
+        # what failed after the kill, on any server: only infrastructure kinds. Its presence is
+        # not asserted: the victim's rollout actor dies with its node, so its episodes in
+        # flight may never come back (2 of 4 runs on 2026-12-02; the merged suite of
+        # 2026-12-03 failed here once under load). What is asserted unconditionally: the
+        # death is seen, nothing is scored after it and no new group goes there (below).
         failed = [e for e in eps[before:] if e["termination"] != "submitted"]
-        assert failed, "no episode in flight at the kill came back as a failure"
         kinds = {e["termination"] for e in failed}
         assert kinds <= {"connection", "error", "sandbox_lost"}, [
             (e["termination"], e["error"]) for e in failed
