@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from hypothesis.errors import Unsatisfiable
 
 from envserver.runner import BackgroundServer
 from envserver.settings import ServerSettings
@@ -56,7 +57,14 @@ def test_http_api_never_answers_5xx(http_schema: Any) -> None:
                 f"{response.status_code} {response.text[:300]}"
             )
 
-        call()
+        try:
+            call()
+        except Unsatisfiable:
+            # negative mode of an operation whose only inputs admit every value (a free string
+            # path parameter, as /v1/sandboxes/{id}): nothing can be made invalid; its positive
+            # mode still ran above (runs lists POSITIVE first)
+            if mode is not schemathesis.GenerationMode.NEGATIVE:
+                raise
     assert sum(statuses.values()) >= len(operations) and 422 in statuses, statuses
 
 
