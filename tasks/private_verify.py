@@ -15,8 +15,9 @@ for, or a loop that keeps writing `1` into /logs/verifier/reward.txt). When the 
 
 On the docker backend the wrapper runs instead in a container of its own, started from a
 snapshot of the sandbox (`DockerSandbox.exec_private`): no process of the agent's exists there,
-so step 2 needs no mounts; the backend sets `SANDGYM_VERIFIER_OWN_CONTAINER=1` (`OWN_CONTAINER_ENV`)
-and the wrapper just replaces /tests and /logs/verifier by fresh, empty directories.
+so step 2 needs no mounts; the backend sets `SANDGYM_VERIFIER_OWN_CONTAINER=1`
+(`OWN_CONTAINER_ENV`, from sandboxes/private_exec.py: the task layer names no backend) and the
+wrapper just replaces /tests and /logs/verifier by fresh, empty directories.
 
 A process the agent started sees its own, empty /tests and /logs/verifier: what it writes there
 is never read. It holds no capabilities, so it can neither join the verifier's namespace nor
@@ -37,14 +38,11 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandboxes.docker import VERIFIER_OWN_CONTAINER_ENV
+from sandboxes.private_exec import OWN_CONTAINER_ENV
 from tasks.errors import VerifierError
 
 log = logging.getLogger(__name__)
 
-#: set (to "1") by a backend whose private exec is a container of its own, where nothing of the
-#: agent's runs: the wrapper then makes plain directories instead of mounting tmpfs
-OWN_CONTAINER_ENV = VERIFIER_OWN_CONTAINER_ENV
 #: exit codes of the wrapper's own failures (before the test script ran)
 NO_PAYLOAD, SETUP_FAILED = 97, 98
 MAX_REWARD_FILE_BYTES = 1_000_000
@@ -52,10 +50,11 @@ MAX_REWARD_FILE_BYTES = 1_000_000
 JUNIT_FILE = "sandgym-pytest-junit.xml"
 REPORTED_FILES = ("reward.txt", "reward.json", JUNIT_FILE)
 
+#: the wrapper (the backend's variable, `OWN_CONTAINER_ENV`, is filled in below)
 WRAPPER = r"""
 IFS= read -r nonce || { echo "sandgym: expected a nonce line on stdin, got nothing" >&2; exit 97; }
-if [ "${SANDGYM_VERIFIER_OWN_CONTAINER:-}" = 1 ]; then
-  unset SANDGYM_VERIFIER_OWN_CONTAINER
+if [ "${@OWN_CONTAINER_ENV@:-}" = 1 ]; then
+  unset @OWN_CONTAINER_ENV@
   rm -rf /tests /logs/verifier; [ -d /logs ] || rm -f /logs
   mkdir -p /tests /logs/verifier && chmod 0755 /tests && chmod 0777 /logs/verifier || exit 98
 else
@@ -76,7 +75,7 @@ rc=$?
   printf '%s end %s\n' "$nonce" "$rc"
 } >&3
 exit "$rc"
-"""
+""".replace("@OWN_CONTAINER_ENV@", OWN_CONTAINER_ENV)
 
 
 @dataclass

@@ -1,5 +1,7 @@
 """Names the docker backend gives things: images, repositories, labels, mount points."""
 
+from sandboxes.private_exec import OWN_CONTAINER_ENV
+
 DEFAULT_IMAGE = "sandgym/terminal:latest"
 CTX_REPO = "sandgym/ctx"
 #: where the per-container bridge directory appears inside the container
@@ -14,5 +16,6 @@ SNAPSHOT_REPO = "sandgym/verifier-snapshot"
 #: a group's prepared sandbox, committed once (`DockerSandbox.snapshot`); its members start from it
 GROUP_SNAPSHOT_REPO = "sandgym/group-snapshot"
 LABEL_SNAPSHOT_OF = "sandgym.snapshot_of"
-#: set in a verifier's own container, for tasks/private_verify.py's wrapper (no mounts needed)
-VERIFIER_OWN_CONTAINER_ENV = "SANDGYM_VERIFIER_OWN_CONTAINER"
+#: set in a verifier's own container, for tasks/private_verify.py's wrapper (no mounts needed);
+#: the name is the backend-neutral contract of `exec_private` (sandboxes/private_exec.py)
+VERIFIER_OWN_CONTAINER_ENV = OWN_CONTAINER_ENV
