@@ -149,6 +149,11 @@ class Trainer:
         )
         # sampling seeds differ per worker, per (re)start of the run and per replacement
         self._restarts = [0] * cfg.rollout.num_workers
+        # dispatched episode calls: their worker, what they were; refs lost with a dead actor
+        self._busy = [0] * cfg.rollout.num_workers
+        self._ref_worker: dict[Any, int] = {}
+        self._ref_info: dict[Any, tuple[Any, str, str, int, str]] = {}
+        self._lost_refs: set[Any] = set()
         self._new_rollout = lambda i: actor.remote(
             cfg.model_dump(),
             i,
@@ -274,6 +279,10 @@ class Trainer:
         except Exception:
             pass
         self._restarts[i] += 1
+        # its episodes in flight are lost with it: they end now as infrastructure failures (Ray
+        # may take long to fail their results, or never when the node is only unreachable; a
+        # group waiting for them would hold its members and a slot of the run's concurrency)
+        self._lost_refs.update(r for r, w in self._ref_worker.items() if w == i)
         self.rollouts[i] = self._new_rollout(i)
         self._busy[i] = 0
         self.served_versions[i] = 0
@@ -363,6 +372,13 @@ class Trainer:
         actor, url, task_id, seed, group_id = self._ref_info.pop(ref)
         if url:
             self.balancer.release(url)
+        if ref in self._lost_refs:  # its actor was replaced: never read what it may return
+            self._lost_refs.discard(ref)
+            ep = Episode(task_id=task_id, seed=seed, group_id=group_id, server_url=url)
+            ep.termination = "error"
+            ep.error = "rollout actor lost: replaced while the episode was in flight"
+            log.warning("episode %s on %s: %s (masked)", group_id, url, ep.error)
+            return ep
         try:
             ep = Episode.from_dict(ray.get(ref))
         except ray.exceptions.RayError as exc:
@@ -426,8 +442,6 @@ class Trainer:
         writer = EpisodeWriter(self.run_dir / "episodes.jsonl", with_tokens=cfg.run.save_tokens)
         self._eval_writer = EpisodeWriter(self.run_dir / "eval_episodes.jsonl")
         self._busy = [0] * len(self.rollouts)
-        self._ref_worker: dict[Any, int] = {}
-        self._ref_info: dict[Any, tuple[Any, str, str, int, str]] = {}
         group_url = ""
         self._prewarm_warned = False
         summary: dict[str, Any] = {"run_dir": str(self.run_dir), "start_version": self.version}
@@ -484,10 +498,13 @@ class Trainer:
                 if not in_flight:
                     time.sleep(min(1.0, cfg.env.refresh_s))
                     continue
+                lost = [r for r in in_flight if r in self._lost_refs]
                 done, _ = ray.wait(
-                    list(in_flight), num_returns=1, timeout=min(60.0, cfg.env.refresh_s)
+                    list(in_flight),
+                    num_returns=1,
+                    timeout=0 if lost else min(60.0, cfg.env.refresh_s),
                 )
-                for ref in done:
+                for ref in [*lost, *(r for r in done if r not in lost)]:
                     in_flight.discard(ref)
                     ep = self._collect(ref)
                     episodes_done += 1

@@ -43,7 +43,11 @@ def _wait(what: str, cond: Callable[[], Any], timeout_s: float, proc: Any = None
         if value:
             return value
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the trainer exited ({proc.returncode}) while waiting for {what}")
+            log = getattr(proc, "log_path", None)
+            tail = log.read_text()[-4000:] if log is not None and log.exists() else ""
+            raise AssertionError(
+                f"the trainer exited ({proc.returncode}) while waiting for {what}; its log:\n{tail}"
+            )
         time.sleep(0.5)
     raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
 
@@ -174,6 +178,10 @@ def test_train_across_two_nodes_survives_a_dead_node(
         "algorithm.group_size=2",
         "algorithm.groups_per_update=1",
         "algorithm.max_staleness=100",
+        # half the cluster dies on purpose: with one group of two per update, the update after
+        # the kill may hold more lost episodes than scored ones (the ceiling is tested in
+        # tests/unit/test_trainer_failures.py)
+        "algorithm.max_masked_frac=1.0",
         "run.num_updates=1000",  # ended by STOP once every phase was seen
         f"run.ray_address={cluster.address}",
     ]
@@ -184,6 +192,7 @@ def test_train_across_two_nodes_survives_a_dead_node(
     log_path = tmp_path / "train.log"
     with log_path.open("w") as log:
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True)
+    proc.log_path = log_path  # type: ignore[attr-defined]  # (for _wait's message)
     try:
         # 1. both nodes' servers are placed, found through Ray, and both get episodes
         _wait("two env servers", lambda: len(discover_servers()) == 2 or None, 180, proc)
