@@ -74,7 +74,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     if getattr(args, "_unavailable", None):
-        print(f"sandgym {args._unavailable}: not yet available in this build", file=sys.stderr)
+        print(
+            f"sandgym {args._unavailable}: not in this install ({COMMANDS[args._unavailable][0]} "
+            "cannot be imported; the benchmarks run from a source checkout)",
+            file=sys.stderr,
+        )
         return 3
     try:
         return int(args._run(args) or 0)
