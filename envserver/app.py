@@ -298,7 +298,7 @@ def create_app(
 
     @app.get("/v1/pool", dependencies=auth)
     async def pool() -> dict[str, Any]:
-        return service.pool.snapshot() if service.pool else {}
+        return service.pool.snapshot().model_dump() if service.pool else {}
 
     @app.get("/v1/sessions", dependencies=auth)
     async def sessions() -> dict[str, Any]:

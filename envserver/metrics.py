@@ -1,8 +1,9 @@
 """Prometheus metrics of one server, in a registry of its own (two apps in a process never clash).
 
 Per-step cost is one counter increment and one histogram observation on pre-bound children;
-pool gauges are read from `pool.snapshot()` only when `/metrics` is scraped. A snapshot that
-fails is logged and counted (`sandgym_pool_snapshot_errors_total`), never dropped in silence.
+pool gauges are read field by field from `pool.snapshot()` (a typed `PoolSnapshot`) only when
+`/metrics` is scraped. A snapshot that fails is logged and counted
+(`sandgym_pool_snapshot_errors_total`), never dropped in silence.
 """
 
 from __future__ import annotations
@@ -16,20 +17,17 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from envserver.protocol import ACTION_KINDS, ERROR_CODES
-from sandboxes.pool import LATENCY_BUCKETS_S
+from sandboxes.pool import LATENCY_BUCKETS_S, PoolSnapshot
 
 log = logging.getLogger(__name__)
 
-#: Snapshot fields whose dict is keyed by data (a pool key's fingerprint), not by field names:
-#: their keys always become a `key` label. (A fingerprint such as `e694ff01cb6f9c34` looks like
-#: a name, and became part of the metric name: one family per key, nothing to aggregate.)
-_DATA_KEYED = frozenset({"sandgym_pool_keys"})
+_Samples = dict[str, list[tuple[dict[str, str], float]]]
 
 
 class _PoolCollector(Collector):
-    """Flattens the numbers in `pool.snapshot()` into `sandgym_pool_*` gauges."""
+    """The fields of `pool.snapshot()` (a `PoolSnapshot`) as `sandgym_pool_*` gauges."""
 
-    def __init__(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, snapshot: Callable[[], PoolSnapshot]) -> None:
         self._snapshot = snapshot
         self.errors = 0
 
@@ -49,9 +47,7 @@ class _PoolCollector(Collector):
         )
         if snap is None:
             return
-        flat: dict[str, list[tuple[dict[str, str], float]]] = {}
-        _flatten(snap, "sandgym_pool", {}, flat)
-        for name, samples in flat.items():
+        for name, samples in pool_gauges(snap).items():
             label_names = sorted({k for labels, _ in samples for k in labels})
             fam = GaugeMetricFamily(name, f"pool snapshot field {name}", labels=label_names)
             for labels, value in samples:
@@ -59,28 +55,76 @@ class _PoolCollector(Collector):
             yield fam
 
 
-def _flatten(
-    obj: Any,
-    prefix: str,
-    labels: dict[str, str],
-    out: dict[str, list[tuple[dict[str, str], float]]],
-    data_keyed: bool = False,
-) -> None:
-    """Numbers of `obj` into `out` by metric name; `data_keyed`: `obj`'s keys are data."""
-    if isinstance(obj, bool | int | float):
-        out.setdefault(prefix, []).append((labels, float(obj)))
-    elif isinstance(obj, dict):
-        for key, value in obj.items():
-            key = str(key)
-            named = key.replace("_", "").isalnum() and not key[:1].isdigit()
-            if named and not data_keyed:
-                name = f"{prefix}_{key}"
-                _flatten(value, name, labels, out, data_keyed=name in _DATA_KEYED)
-            else:  # a data key (a fingerprint, a spec name) becomes a label
-                _flatten(value, prefix, {**labels, "key": key}, out)
-    elif isinstance(obj, list):
-        for i, value in enumerate(obj):
-            _flatten(value, prefix, {**labels, "index": str(i)}, out)
+def pool_gauges(snap: PoolSnapshot) -> _Samples:
+    """The gauges of one snapshot by metric name, as `(labels, value)` samples, in the order the
+    snapshot declares its fields. A pool key (a fingerprint) is a `key` label, a latency bucket
+    an `index` label; a quantile without samples (None) gives no sample."""
+    out: _Samples = {}
+
+    def put(name: str, value: float | None, labels: dict[str, str] | None = None) -> None:
+        if value is not None:
+            out.setdefault(f"sandgym_pool_{name}", []).append((labels or {}, float(value)))
+
+    put("closed", snap.closed)
+    t = snap.totals
+    put("totals_ready", t.ready)
+    put("totals_creating", t.creating)
+    put("totals_leased", t.leased)
+    put("totals_destroying", t.destroying)
+    put("totals_total", t.total)
+    put("totals_max_total", t.max_total)
+    put("totals_peak_total", t.peak_total)
+    for key, k in snap.keys.items():
+        label = {"key": key}
+        put("keys_ready", k.ready, label)
+        put("keys_creating", k.creating, label)
+        put("keys_leased", k.leased, label)
+        put("keys_waiting", k.waiting, label)
+        put("keys_target", k.target, label)
+        put("keys_in_demand", k.in_demand, label)
+        put("keys_failing", k.failing, label)
+        put("keys_consecutive_failures", k.consecutive_failures, label)
+    life = snap.lifetime
+    put("lifetime_writes", life.writes)
+    put("lifetime_errors", life.errors)
+    put("lifetime_grace_s", life.grace_s)
+    limits = snap.create_limits
+    if limits is not None:
+        put("create_limits_rate_per_s", limits.rate_per_s)
+        put("create_limits_max_starting", limits.max_starting)
+        put("create_limits_waits", limits.waits)
+        put("create_limits_wait_seconds", limits.wait_seconds)
+        put("create_limits_waiting", limits.waiting)
+        put("create_limits_starting", limits.starting)
+    put("hits", snap.hits)
+    put("misses", snap.misses)
+    put("timeouts", snap.timeouts)
+    put("fail_fast", snap.fail_fast)
+    put("created", snap.created)
+    put("failures", snap.failures)
+    put("destroyed", snap.destroyed)
+    put("destroy_failures", snap.destroy_failures)
+    put("health_replaced", snap.health_replaced)
+    put("idle_recycled", snap.idle_recycled)
+    put("evicted", snap.evicted)
+    put("reaped", snap.reaped)
+    put("swept", snap.swept)
+    put("sweep_errors", snap.sweep_errors)
+    lat = snap.acquire_latency_s
+    put("acquire_latency_s_count", lat.count)
+    put("acquire_latency_s_sum_s", lat.sum_s)
+    put("acquire_latency_s_p50_s", lat.p50_s)
+    put("acquire_latency_s_p99_s", lat.p99_s)
+    for i, bucket in enumerate(lat.buckets):
+        index = {"index": str(i)}
+        # the last bound is the string "+Inf" in the JSON, and has never been a sample
+        put("acquire_latency_s_buckets_le", None if bucket.le == "+Inf" else bucket.le, index)
+        put("acquire_latency_s_buckets_count", bucket.count, index)
+    put("acquire_latency_s_hit_p50_s", lat.hit.p50_s)
+    put("acquire_latency_s_hit_p99_s", lat.hit.p99_s)
+    put("acquire_latency_s_miss_p50_s", lat.miss.p50_s)
+    put("acquire_latency_s_miss_p99_s", lat.miss.p99_s)
+    return out
 
 
 class ServerMetrics:
@@ -155,7 +199,7 @@ class ServerMetrics:
         for category, n in counts.items():
             self.tampered_paths.labels(category).inc(n)
 
-    def watch_pool(self, snapshot: Callable[[], dict[str, Any]]) -> None:
+    def watch_pool(self, snapshot: Callable[[], PoolSnapshot]) -> None:
         self.registry.register(_PoolCollector(snapshot))
 
     def render(self) -> bytes:

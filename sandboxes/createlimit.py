@@ -73,6 +73,19 @@ def _safe(name: str) -> str:
     return name
 
 
+class CreateLimitStats(BaseModel):
+    """What the pool's snapshot (and `/metrics`) shows of the host-wide creation limits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rate_per_s: float = Field(description="the creation rate limit; 0 = none")
+    max_starting: int = Field(description="the cap on sandboxes being started; 0 = none")
+    waits: int = Field(description="creations that had to wait (for a slot or a token)")
+    wait_seconds: float = Field(description="seconds they waited, in all")
+    waiting: int = Field(description="creations waiting now (this process)")
+    starting: int = Field(description="creations holding a slot now (this process)")
+
+
 class HostCreateLimiter:
     """The shared limits of one backend (see the module docstring); `async with starting():`
     around a creation."""
@@ -195,14 +208,14 @@ class HostCreateLimiter:
             if slot is not None:
                 await asyncio.shield(asyncio.to_thread(self._free_slot, slot))
 
-    def stats(self) -> dict[str, float]:
+    def stats(self) -> CreateLimitStats:
         """What `/metrics` shows: the limits, and this process's waiting."""
         s = self.settings
-        return {
-            "rate_per_s": s.rate_per_s or 0.0,
-            "max_starting": s.max_starting or 0,
-            "waits": self.waits,
-            "wait_seconds": round(self.wait_s, 6),
-            "waiting": self.waiting,
-            "starting": self.started_now,
-        }
+        return CreateLimitStats(
+            rate_per_s=s.rate_per_s or 0.0,
+            max_starting=s.max_starting or 0,
+            waits=self.waits,
+            wait_seconds=round(self.wait_s, 6),
+            waiting=self.waiting,
+            starting=self.started_now,
+        )

@@ -115,6 +115,16 @@ def needs_write(sb: Sandbox, desired: float, now: float, grace_s: float) -> bool
     return current - now < grace_s / 2 or desired - current > grace_s / 2
 
 
+class LifetimeStats(BaseModel):
+    """What the pool's snapshot (and `/metrics`) shows of the deadline keeper."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    writes: int = Field(description="deadlines written (files, set_timeout calls)")
+    errors: int = Field(description="failed writes (retried next round)")
+    grace_s: float = Field(description="how far ahead a waiting sandbox's deadline is kept")
+
+
 class LifetimeKeeper:
     """Moves the deadlines of a live server's sandboxes on; one per pool."""
 
@@ -160,5 +170,5 @@ class LifetimeKeeper:
             except asyncio.CancelledError:
                 pass
 
-    def stats(self) -> dict[str, float]:
-        return {"writes": self.writes, "errors": self.errors, "grace_s": self.settings.grace_s}
+    def stats(self) -> LifetimeStats:
+        return LifetimeStats(writes=self.writes, errors=self.errors, grace_s=self.settings.grace_s)

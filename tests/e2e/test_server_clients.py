@@ -81,7 +81,7 @@ async def test_client_prewarms_and_reads_typed_info(null_server):
         reply = await env.prewarm([NULL_TASK], count=2)
         assert reply == PrewarmReply(scheduled=1, count=2)
         for _ in range(500):  # the pool fills in the background
-            if null_server.service.pool.snapshot()["totals"]["ready"] == 2:
+            if null_server.service.pool.snapshot().totals.ready == 2:
                 break
             await asyncio.sleep(0.02)
         _, info = await env.reset(NULL_TASK, seed=4)

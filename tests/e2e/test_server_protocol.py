@@ -296,7 +296,7 @@ async def test_http_endpoints(null_server):
         assert "sandgym_pool_totals_leased 1.0" in metrics
         r = await http.post("/v1/pool/prewarm", json={"task_ids": [NULL_TASK], "count": 2})
         assert r.status_code == 200 and r.json()["scheduled"] == 1
-        await wait_for(lambda: null_server.service.pool.snapshot()["totals"]["ready"] == 2)
+        await wait_for(lambda: null_server.service.pool.snapshot().totals.ready == 2)
         bad = await http.post("/v1/pool/prewarm", json={"task_ids": ["nope"], "count": 1})
         assert bad.status_code == 404 and bad.json()["code"] == "unknown_task"
         # the pool now hands out a ready sandbox: the next reset is a hit

@@ -152,8 +152,8 @@ async def test_pool_on_docker_hits_replaces_caps_and_cleans_up(backend: Any) -> 
         await pool.close()
     assert await _containers_of(backend.owner_id) == []
     snap = pool.snapshot()
-    assert snap["totals"]["total"] == 0
-    assert snap["failures"] == 0
+    assert snap.totals.total == 0
+    assert snap.failures == 0
 
 
 async def test_live_pool_sweeps_a_lost_creation_and_keeps_its_own(backend: Any) -> None:
@@ -201,7 +201,7 @@ async def test_live_pool_sweeps_a_lost_creation_and_keeps_its_own(backend: Any) 
         while pool.stats.swept < 1:
             assert asyncio.get_running_loop().time() < deadline, "the sweep never removed it"
             await asyncio.sleep(0.1)
-        assert pool.stats.swept == 1 and pool.snapshot()["swept"] == 1
+        assert pool.stats.swept == 1 and pool.snapshot().swept == 1
         assert pool.stats.sweep_errors == 0
         ids_now = set(await _containers_of(backend.owner_id))
         assert lost.id[:12] not in ids_now and len(ids_now) == 2

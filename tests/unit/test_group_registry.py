@@ -69,7 +69,7 @@ async def test_snapshot_removed_after_the_last_member(reg: GroupRegistry) -> Non
     reg.left(g)
     await asyncio.gather(*reg._tasks)
     assert snap not in backend.snapshots and "s" not in reg.groups
-    assert reg.pool.snapshot()["totals"]["ready"] == 0  # the pool's ready copy went first
+    assert reg.pool.snapshot().totals.ready == 0  # the pool's ready copy went first
     await sb.close()
 
 
@@ -91,9 +91,9 @@ async def test_forget_destroys_ready_copies_and_makes_no_more() -> None:
         spec = SandboxSpec(workdir="/w")
         await pool.prewarm([spec])
         await pool.wait_idle()
-        assert pool.snapshot()["totals"]["ready"] == 2
+        assert pool.snapshot().totals.ready == 2
         await pool.forget(spec)
         await pool.wait_idle()
-        assert pool.snapshot()["totals"]["ready"] == 0 and backend.destroyed == 2
+        assert pool.snapshot().totals.ready == 0 and backend.destroyed == 2
     finally:
         await pool.close()

@@ -36,7 +36,7 @@ async def test_null_sandboxes_carry_no_deadline_to_move() -> None:
     async with SandboxPool(NullBackend(), PoolSettings(maintenance_interval_s=0.01)) as pool:
         sb = await pool.acquire(SandboxSpec())
         await asyncio.sleep(0.05)
-        assert sb.deadline is None and pool.snapshot()["lifetime"]["writes"] == 0
+        assert sb.deadline is None and pool.snapshot().lifetime.writes == 0
 
 
 @pytest.mark.skipif(

@@ -24,8 +24,8 @@ from sandboxes import (
     SandboxPool,
     SandboxSpec,
 )
-from sandboxes import pool as pool_module
 from sandboxes.null import NullBackend, NullSandbox
+from sandboxes.pool import core as pool_core
 
 SPEC_A = SandboxSpec(env={"KEY": "a"})
 SPEC_B = SandboxSpec(env={"KEY": "b"})
@@ -183,7 +183,7 @@ async def test_background_loop_recycles_and_replaces_idle(make_pool: PoolFactory
             break
     assert pool.stats.idle_recycled >= 2
     assert len(backend.live - first) == 2, "idle sandboxes were not replaced"
-    assert pool.snapshot()["keys"][SPEC_A.fingerprint("null")]["ready"] <= 2
+    assert pool.snapshot().keys[SPEC_A.fingerprint("null")].ready <= 2
 
 
 async def test_dead_ready_sandbox_is_replaced_silently(make_pool: PoolFactory) -> None:
@@ -260,8 +260,8 @@ async def test_failing_key_fails_fast_with_last_error_then_recovers(
     assert backend.attempts == 3
     assert isinstance(fast.value.last_error, SandboxCreateError)
     assert "injected" in str(fast.value)
-    snap = pool.snapshot()["keys"][SPEC_A.fingerprint("null")]
-    assert snap["failing"] is True and "injected" in snap["last_error"]
+    snap = pool.snapshot().keys[SPEC_A.fingerprint("null")]
+    assert snap.failing is True and "injected" in snap.last_error
     # Another key is unaffected.
     other = await pool.acquire(SPEC_B)
     await pool.release(other)
@@ -271,8 +271,8 @@ async def test_failing_key_fails_fast_with_last_error_then_recovers(
     await asyncio.sleep(0.25)
     sb = await pool.acquire(SPEC_A)
     assert await sb.is_alive()
-    snap = pool.snapshot()["keys"][SPEC_A.fingerprint("null")]
-    assert snap["failing"] is False and snap["consecutive_failures"] == 0
+    snap = pool.snapshot().keys[SPEC_A.fingerprint("null")]
+    assert snap.failing is False and snap.consecutive_failures == 0
     assert pool.stats.failures == 3 and pool.stats.fail_fast == 1
 
 
@@ -289,7 +289,7 @@ async def test_transient_failure_is_retried_with_backoff(
             backoffs.append(timeout)
         return await real_wait_for(aw, timeout)
 
-    monkeypatch.setattr(pool_module.asyncio, "wait_for", recording_wait_for)
+    monkeypatch.setattr(pool_core.asyncio, "wait_for", recording_wait_for)
     backend = TrackingBackend(fail_creates=2)
     pool = make_pool(
         backend, create_retries=2, create_backoff_s=0.01, create_backoff_max_s=0.03, failing_after=5
@@ -306,7 +306,7 @@ async def test_starved_key_evicts_idle_ready_sandbox_of_other_key(make_pool: Poo
     pool = make_pool(backend, max_total=3, min_ready=3)
     await pool.prewarm([SPEC_A], count=3)
     await pool.wait_idle(timeout_s=5)
-    assert pool.snapshot()["keys"][SPEC_A.fingerprint("null")]["ready"] == 3
+    assert pool.snapshot().keys[SPEC_A.fingerprint("null")].ready == 3
     sb = await pool.acquire(SPEC_B, timeout_s=5)
     assert sb.spec.env == {"KEY": "b"}
     assert pool.stats.evicted == 1
@@ -326,8 +326,8 @@ async def test_waiting_acquire_gets_freed_slot_before_refill(make_pool: PoolFact
     b = await waiting_b
     assert b.spec.env == {"KEY": "b"}
     snap = pool.snapshot()
-    assert snap["keys"][SPEC_A.fingerprint("null")]["ready"] == 0
-    assert snap["totals"]["total"] <= 2
+    assert snap.keys[SPEC_A.fingerprint("null")].ready == 0
+    assert snap.totals.total <= 2
     await pool.release(a2)
     await pool.release(b)
 
@@ -357,9 +357,9 @@ async def test_refill_is_round_robin_between_keys_when_capped(make_pool: PoolFac
     pool = make_pool(backend, max_total=4, min_ready=3)
     await pool.prewarm([SPEC_A, SPEC_B], count=3)
     await pool.wait_idle(timeout_s=5)
-    keys = pool.snapshot()["keys"]
-    assert keys[SPEC_A.fingerprint("null")]["ready"] == 2
-    assert keys[SPEC_B.fingerprint("null")]["ready"] == 2
+    keys = pool.snapshot().keys
+    assert keys[SPEC_A.fingerprint("null")].ready == 2
+    assert keys[SPEC_B.fingerprint("null")].ready == 2
 
 
 async def test_release_destroys_and_never_reuses(make_pool: PoolFactory) -> None:
@@ -378,7 +378,7 @@ async def test_release_destroys_and_never_reuses(make_pool: PoolFactory) -> None
         assert sb.closed and sb.id not in backend.live
     assert pool.stats.destroyed >= 20
     # Releases owe replacements, but hits pay them back: the ready count does not creep up.
-    assert pool.snapshot()["keys"][SPEC_A.fingerprint("null")]["ready"] == 1
+    assert pool.snapshot().keys[SPEC_A.fingerprint("null")].ready == 1
     await pool.release(sb)  # a second release is harmless
     assert pool.stats.destroyed >= 20
 
@@ -390,7 +390,7 @@ async def test_release_schedules_replacement_for_key_in_demand(make_pool: PoolFa
     assert sb.from_pool is False
     await pool.release(sb)
     await pool.wait_idle(timeout_s=5)
-    assert pool.snapshot()["keys"][SPEC_A.fingerprint("null")]["ready"] == 1
+    assert pool.snapshot().keys[SPEC_A.fingerprint("null")].ready == 1
     again = await pool.acquire(SPEC_A)
     assert again.from_pool is True and again.id != sb.id
     assert pool.stats.hits == 1 and pool.stats.misses == 1
@@ -404,8 +404,8 @@ async def test_no_replacement_once_demand_window_passed(make_pool: PoolFactory) 
     await pool.release(sb)
     await pool.wait_idle(timeout_s=5)
     # The two ready ones were filled while A was in demand; the release owes no replacement.
-    key = pool.snapshot()["keys"][SPEC_A.fingerprint("null")]
-    assert key["ready"] == 2 and key["in_demand"] is False and key["target"] == 0
+    key = pool.snapshot().keys[SPEC_A.fingerprint("null")]
+    assert key.ready == 2 and key.in_demand is False and key.target == 0
     assert len(backend.live) == 2 and backend.created == 3
 
 
@@ -416,10 +416,10 @@ async def test_prewarm_fills_mapping_pairs_and_iterables(make_pool: PoolFactory)
     await pool.prewarm([(SPEC_A, 3), (SPEC_B, 2)])
     await pool.prewarm([spec_c], count=4)
     await pool.wait_idle(timeout_s=5)
-    keys = pool.snapshot()["keys"]
-    assert keys[SPEC_A.fingerprint("null")]["ready"] == 3
-    assert keys[SPEC_B.fingerprint("null")]["ready"] == 2
-    assert keys[spec_c.fingerprint("null")]["ready"] == 4
+    keys = pool.snapshot().keys
+    assert keys[SPEC_A.fingerprint("null")].ready == 3
+    assert keys[SPEC_B.fingerprint("null")].ready == 2
+    assert keys[spec_c.fingerprint("null")].ready == 4
     assert len(backend.live) == 9
     sb = await pool.acquire(SPEC_B)
     assert sb.from_pool is True
@@ -436,7 +436,7 @@ async def test_close_destroys_ready_leased_and_in_flight(make_pool: PoolFactory)
     await pool.prewarm([SPEC_B], count=5)  # creations now in flight
     waiter = asyncio.create_task(pool.acquire(SandboxSpec(env={"KEY": "w"}), timeout_s=5))
     await asyncio.sleep(0.01)
-    assert pool.snapshot()["totals"]["creating"] >= 5
+    assert pool.snapshot().totals.creating >= 5
     await pool.close()
     assert not backend.live
     assert backend.created == backend.destroyed
@@ -486,7 +486,7 @@ async def test_acquire_timeout_raises_pool_timeout(make_pool: PoolFactory) -> No
     assert isinstance(exc.value, TimeoutError)
     assert "max_total 1" in str(exc.value)
     assert pool.stats.timeouts == 1
-    assert pool.snapshot()["keys"][SPEC_B.fingerprint("null")]["waiting"] == 0
+    assert pool.snapshot().keys[SPEC_B.fingerprint("null")].waiting == 0
     await pool.release(held)
 
 
@@ -497,7 +497,7 @@ async def test_timed_out_acquire_does_not_leak_its_creation(make_pool: PoolFacto
         await pool.acquire(SPEC_A, timeout_s=0.01)
     await pool.wait_idle(timeout_s=5)
     # The late sandbox is kept ready (fresh, never handed out), then reused as a hit.
-    assert pool.snapshot()["totals"]["ready"] == 1
+    assert pool.snapshot().totals.ready == 1
     sb = await pool.acquire(SPEC_A, timeout_s=1)
     assert sb.from_pool is True
 
@@ -512,9 +512,9 @@ async def test_cancelled_acquire_leaves_no_waiter(make_pool: PoolFactory) -> Non
         await task
     await pool.wait_idle(timeout_s=5)
     snap = pool.snapshot()
-    assert snap["keys"][SPEC_A.fingerprint("null")]["waiting"] == 0
-    assert snap["totals"]["leased"] == 0
-    assert snap["totals"]["total"] == len(backend.live)
+    assert snap.keys[SPEC_A.fingerprint("null")].waiting == 0
+    assert snap.totals.leased == 0
+    assert snap.totals.total == len(backend.live)
 
 
 async def test_acquire_cancelled_during_health_check_keeps_the_sandbox(
@@ -539,8 +539,8 @@ async def test_acquire_cancelled_during_health_check_keeps_the_sandbox(
     with pytest.raises(asyncio.CancelledError):
         await task
     snap = pool.snapshot()
-    assert snap["totals"]["leased"] == 0
-    assert snap["keys"][SPEC_A.fingerprint("null")]["ready"] == 1
+    assert snap.totals.leased == 0
+    assert snap.keys[SPEC_A.fingerprint("null")].ready == 1
     assert backend.live == {ready_id}
 
 
@@ -552,7 +552,7 @@ async def test_snapshot_is_json_and_has_latency_figures(make_pool: PoolFactory) 
     for _ in range(5):
         await pool.release(await pool.acquire(SPEC_A))
         await pool.wait_idle(timeout_s=5)
-    snap = json.loads(json.dumps(pool.snapshot()))
+    snap = json.loads(pool.snapshot().model_dump_json())  # the JSON `GET /v1/pool` serves
     assert snap["hits"] == 5 and snap["misses"] == 0
     lat = snap["acquire_latency_s"]
     assert lat["count"] == 5

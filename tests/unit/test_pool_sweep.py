@@ -179,7 +179,7 @@ async def test_sweep_removes_old_untracked_and_keeps_ready_and_leased(
     assert await pool.sweep_untracked() == ["sg-lost0000001"]
     assert backend.lost == set() and backend.live == live_before
     assert (await leased.exec("echo ok")).stdout == "ok\n"
-    assert pool.stats.swept == 1 and pool.snapshot()["swept"] == 1
+    assert pool.stats.swept == 1 and pool.snapshot().swept == 1
     assert backend.live_removed == [] and pool.stats.sweep_errors == 0
     assert await pool.sweep_untracked() == []  # nothing left to do
     await pool.release(leased)

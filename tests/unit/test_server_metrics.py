@@ -7,13 +7,16 @@ from __future__ import annotations
 import logging
 import math
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from envserver.metrics import ServerMetrics
-from sandboxes import SandboxSpec, get_backend
+from envserver.metrics import ServerMetrics, pool_gauges
+from sandboxes import SandboxCreateError, SandboxSpec, get_backend
+from sandboxes.createlimit import CreateLimitSettings
+from sandboxes.null import NullBackend, NullSandbox
 from sandboxes.pool import LATENCY_BUCKETS_S, LatencyHistogram, PoolSettings, SandboxPool
 
 
@@ -86,9 +89,7 @@ async def test_one_set_of_latency_buckets() -> None:
         snap = pool.snapshot()
     finally:
         await pool.close()
-    pool_bounds = [
-        math.inf if b["le"] == "+Inf" else b["le"] for b in snap["acquire_latency_s"]["buckets"]
-    ]
+    pool_bounds = [math.inf if b.le == "+Inf" else b.le for b in snap.acquire_latency_s.buckets]
     assert pool_bounds == list(LATENCY_BUCKETS_S)
     metrics = ServerMetrics()
     metrics.acquire_latency.observe(0.01)
@@ -110,3 +111,86 @@ def test_latency_histogram_counts_and_nearest_rank_quantiles() -> None:
     assert h.quantile(0.5) == 0.003 and h.quantile(0.99) == 400.0
     assert h.quantile(0.5) == float(np.quantile(values, 0.5, method="inverted_cdf"))
     assert LatencyHistogram().quantile(0.5) is None
+
+
+def _flatten_by_key_names(
+    obj: object, prefix: str, labels: dict[str, str], out: _Flat, data_keyed: bool = False
+) -> None:
+    """The gauges as /metrics made them before the snapshot was typed (kept here as the
+    reference): every number of the snapshot's JSON by its key path, a pool key (a
+    fingerprint) as a `key` label, a list position as an `index` label."""
+    if isinstance(obj, bool | int | float):
+        out.setdefault(prefix, []).append((labels, float(obj)))
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            if data_keyed:
+                _flatten_by_key_names(value, prefix, {**labels, "key": key}, out)
+            else:
+                name = f"{prefix}_{key}"
+                _flatten_by_key_names(value, name, labels, out, name == "sandgym_pool_keys")
+    elif isinstance(obj, list):
+        for i, value in enumerate(obj):
+            _flatten_by_key_names(value, prefix, {**labels, "index": str(i)}, out)
+
+
+_Flat = dict[str, list[tuple[dict[str, str], float]]]
+
+
+class _FailsForImage(NullBackend):
+    async def create(self, spec: SandboxSpec) -> NullSandbox:
+        if spec.image == "broken":
+            raise SandboxCreateError("injected creation failure")
+        return await super().create(spec)
+
+
+@pytest.mark.parametrize("host_limits", [False, True])
+async def test_pool_gauges_read_by_name_match_every_number_of_the_snapshot(
+    host_limits: bool, tmp_path: Path
+) -> None:
+    """Every number of the snapshot's JSON is one gauge sample, under the name and labels its
+    key path gave it before the snapshot was typed; nothing more, nothing less, same order."""
+    limits = CreateLimitSettings(rate_per_s=1000.0, max_starting=4, directory=tmp_path)
+    settings = PoolSettings(
+        min_ready=1,
+        host_limits=limits if host_limits else None,
+        sweep_interval_s=None,
+        create_retries=0,
+        failing_after=1,
+    )
+    pool = SandboxPool(_FailsForImage(), settings)
+    await pool.start()
+    try:
+        a, b = SandboxSpec(image="a"), SandboxSpec(image="b")
+        await pool.prewarm([a])
+        await pool.wait_idle(timeout_s=5)
+        await pool.release(await pool.acquire(a))  # a hit
+        await pool.release(await pool.acquire(b))  # a miss
+        with pytest.raises(SandboxCreateError):
+            await pool.acquire(SandboxSpec(image="broken"))
+        await pool.wait_idle(timeout_s=5)
+        snap = pool.snapshot()
+    finally:
+        await pool.close()
+    expected: _Flat = {}
+    _flatten_by_key_names(snap.model_dump(), "sandgym_pool", {}, expected)
+    gauges = pool_gauges(snap)
+    assert gauges == expected
+    assert list(gauges) == list(expected), "the families' order changed"
+    assert ("create_limits" in snap.model_dump()) is host_limits
+    assert len(expected["sandgym_pool_keys_failing"]) == 3  # a, b and the broken key
+    assert expected["sandgym_pool_hits"] == [({}, 1.0)]
+    # and the scrape carries exactly those families
+    metrics = ServerMetrics()
+    metrics.watch_pool(lambda: snap)
+    scraped = {n: s for n, s in _samples(metrics).items() if n.startswith("sandgym_pool_")}
+    del scraped["sandgym_pool_snapshot_errors_total"]
+    assert scraped == expected
+
+
+def test_snapshot_reads_by_key_like_the_former_dict() -> None:
+    """bench/ still reads `snap["totals"]["creating"]`; an unknown name is a KeyError."""
+    snap = SandboxPool(get_backend("null")).snapshot()
+    assert snap["totals"]["creating"] == snap.totals.creating == 0
+    assert snap["created"] == 0
+    with pytest.raises(KeyError):
+        snap["no_such_field"]
