@@ -23,7 +23,7 @@ Every stand-in carries the labels `sandgym.stand-in-for` (the public names, comm
 and `sandgym.stand-in-from` (what it really is), so `sandgym images list` reads back from the
 engine what stands in for what. A public name is never tagged over an image that is not ours.
 
-The docker SDK is imported where it is used; everything above `DockerImages` is pure and
+The docker SDK is imported where it is used; everything above `ImageEngine` is pure and
 unit-tested.
 
 Why over 500 lines: each stand-in family's recipe (its Dockerfile text, aliases and labels) is
@@ -539,7 +539,7 @@ class BuildError(RuntimeError):
     pass
 
 
-class DockerImages:
+class ImageEngine:
     """The engine side: inspect, build, tag. Uses the docker SDK (imported here, lazily)."""
 
     def __init__(self, client: Any = None, timeout: int = 900) -> None:
@@ -691,7 +691,7 @@ def select_standins(only: Iterable[str] | None) -> list[StandIn]:
 
 
 def build_plan(
-    engine: DockerImages,
+    engine: ImageEngine,
     *,
     only: Iterable[str] | None = None,
     force: bool = False,

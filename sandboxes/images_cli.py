@@ -61,9 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.set_defaults(_images_parser=parser)
 
 
-def _engine() -> im.DockerImages:
+def _engine() -> im.ImageEngine:
     try:
-        return im.DockerImages()
+        return im.ImageEngine()
     except ModuleNotFoundError as exc:  # the docker extra is not installed
         raise SystemExit(
             f"sandgym images: the docker SDK is missing ({exc}); pip install 'sandgym[docker]'"

@@ -1,6 +1,6 @@
 """The persistent interactive shell of a sandbox: bash on a pty, sentinel-delimited output.
 
-One `PexpectShell` lives for a whole episode, so a `command` step costs one write and one read
+One `PtyShell` lives for a whole episode, so a `command` step costs one write and one read
 on a pty instead of a new process, and the shell keeps its state (cwd, exported variables,
 functions) between commands. Output is read from the pty fd by the event loop (no thread per
 read). `send_keys` writes raw keys for full-screen programs, and `screen()` renders what the
@@ -210,7 +210,7 @@ class _PtyChild:
             self.terminate(force)
 
 
-class PexpectShell:
+class PtyShell:
     """A persistent bash on a pty. Not safe for concurrent `run` calls (one at a time)."""
 
     def __init__(

@@ -1,6 +1,6 @@
 """`ShellSandbox`: a `Sandbox` whose persistent shell starts on first use.
 
-The docker, e2b and local backends each run one `sandboxes.shell.PexpectShell` per sandbox; how
+The docker, e2b and local backends each run one `sandboxes.shell.PtyShell` per sandbox; how
 the shell process is spawned differs (`docker exec -it`, an E2B pty, `nsenter`), the rest is
 here: start it lazily under a lock, start a new one when the old exited (`exit` typed, client
 killed; its state is gone), and the `run` / `send_keys` / `screen` / `warm_up` /
@@ -21,7 +21,7 @@ from sandboxes.errors import SandboxLostError, ShellExitedError
 from sandboxes.spec import SandboxSpec, ShellResult
 
 if TYPE_CHECKING:
-    from sandboxes.shell import PexpectShell
+    from sandboxes.shell import PtyShell
 
 
 class ShellSandbox(Sandbox):
@@ -29,12 +29,12 @@ class ShellSandbox(Sandbox):
 
     def __init__(self, spec: SandboxSpec, sandbox_id: str | None = None) -> None:
         super().__init__(spec, sandbox_id)
-        self._shell: PexpectShell | None = None
+        self._shell: PtyShell | None = None
         self._shell_lock = asyncio.Lock()
 
     # -- what a backend supplies -------------------------------------------------------------
     @abc.abstractmethod
-    async def _start_shell(self) -> PexpectShell:
+    async def _start_shell(self) -> PtyShell:
         """A new, started shell; its `kill_tree` and `count_children` hooks are normally
         `self._kill_tree` and `self._count_children`."""
 
@@ -54,7 +54,7 @@ class ShellSandbox(Sandbox):
         return exc
 
     # -- the shell ---------------------------------------------------------------------------
-    async def _get_shell(self) -> PexpectShell:
+    async def _get_shell(self) -> PtyShell:
         await self._before_shell()
         async with self._shell_lock:
             if self._shell is not None and not self._shell.is_alive():

@@ -22,7 +22,7 @@ still works when a fork bomb fills the pids limit. Background jobs of an exec th
 time keep running (as with `docker exec`); if their leftovers later exhaust the pids limit, the
 next exec kills them and retries once. Docker keeps reading an exec's output for up to ~2 s
 after its main process exits while a background job holds the pipe. The persistent shell is a
-`PexpectShell` over `docker exec -it ... bash`, started lazily (restarted if it exits). Files
+`PtyShell` over `docker exec -it ... bash`, started lazily (restarted if it exits). Files
 move as tar archives (`put_archive`/`get_archive`); symlinks resolve inside the container's
 root, never on the host. Every SDK call goes through `asyncio.to_thread`. A container that
 vanished or stopped raises `SandboxLostError` from exec, shell and file calls.

@@ -98,7 +98,7 @@ class DockerSandbox(DockerChanges, DockerPrivateVerifier):
             raise lost
 
     async def _start_shell(self) -> Any:
-        from sandboxes.shell import PexpectShell
+        from sandboxes.shell import PtyShell
 
         argv = [self._backend.docker_cli, "exec", "-it", "-w", self.spec.workdir]
         for k, v in self.spec.env.items():
@@ -108,7 +108,7 @@ class DockerSandbox(DockerChanges, DockerPrivateVerifier):
         # An empty prompt from the first line on, so no `bash-5.2#` lands on the screen.
         argv += ["-e", "PS1=", "-e", "PS2="]
         argv += [self.container_id, "bash", "--noprofile", "--norc", "-i"]
-        shell = PexpectShell(
+        shell = PtyShell(
             argv,
             kill_tree=self._kill_tree,
             count_children=self._count_children,

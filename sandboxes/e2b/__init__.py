@@ -23,7 +23,7 @@ Commands: `exec` starts the command in the background with a unique `SANDGYM_EXE
 environment and streams its output into capped buffers. On timeout every process in the VM
 carrying that marker is stopped and killed (the same /proc walk the docker backend uses), then
 the command itself; so `(sleep 300 &); sleep 301` leaves nothing behind. The persistent shell is
-the project's sentinel protocol (`sandboxes.shell.PexpectShell`) over an E2B pty: the pty's
+the project's sentinel protocol (`sandboxes.shell.PtyShell`) over an E2B pty: the pty's
 bytes are bridged onto a local socketpair, so reading, sentinels, timeouts, resync and the pyte
 screen are exactly the code the local and docker backends use.
 

@@ -1,5 +1,5 @@
 """The persistent shell of an E2B sandbox: the project's sentinel shell
-(`sandboxes.shell.PexpectShell`) over an E2B pty, whose bytes are bridged onto a local socketpair,
+(`sandboxes.shell.PtyShell`) over an E2B pty, whose bytes are bridged onto a local socketpair,
 so reading, sentinels, timeouts, resync and the pyte screen are the code the local and docker
 backends use."""
 
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pyte
 
 from sandboxes.errors import SandboxError
-from sandboxes.shell import PexpectShell
+from sandboxes.shell import PtyShell
 
 if TYPE_CHECKING:
     from sandboxes.e2b.sandbox import E2BSandbox
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 class _PtyChild:
-    """What `PexpectShell` expects of its pexpect child, for a pty that lives in an E2B VM."""
+    """What `PtyShell` expects of its pexpect child, for a pty that lives in an E2B VM."""
 
     def __init__(self, shell: _E2BPtyShell) -> None:
         self._shell = shell
@@ -42,10 +42,10 @@ class _PtyChild:
         return None
 
 
-class _E2BPtyShell(PexpectShell):
+class _E2BPtyShell(PtyShell):
     """The sentinel shell over an E2B pty.
 
-    `PexpectShell` reads and writes one non-blocking fd; here that fd is one end of a local
+    `PtyShell` reads and writes one non-blocking fd; here that fd is one end of a local
     socketpair. Bytes the shell writes are forwarded, in order, to the pty with `send_stdin`;
     bytes the pty prints arrive through the SDK's `on_data` callback and are written to the
     other end. Only spawning and closing differ from the pexpect transport.
@@ -98,7 +98,7 @@ class _E2BPtyShell(PexpectShell):
             asyncio.create_task(self._watch_exit()),
         ]
         self._eof = False
-        await super().start()  # `_spawn` below only hands PexpectShell our fd
+        await super().start()  # `_spawn` below only hands PtyShell our fd
         # An E2B pty starts with echo and a prompt on, so the init line was echoed before
         # `stty -echo` took effect: start the screen blank, as on the other backends.
         self._screen_pending.clear()

@@ -28,7 +28,7 @@ from sandboxes.errors import (
     SandboxPathError,
 )
 from sandboxes.paths import normalize_sandbox_path
-from sandboxes.shell import PexpectShell
+from sandboxes.shell import PtyShell
 from sandboxes.spec import ExecResult, SandboxSpec
 
 if TYPE_CHECKING:
@@ -258,7 +258,7 @@ class E2BSandbox(ShellSandbox):
         if lost is not None:
             raise lost
 
-    async def _start_shell(self) -> PexpectShell:
+    async def _start_shell(self) -> PtyShell:
         shell = _E2BPtyShell(
             self,
             kill_tree=self._kill_tree,

@@ -41,7 +41,7 @@ from sandboxes.local.tree import (
 )
 from sandboxes.network import NetworkPolicy
 from sandboxes.paths import normalize_sandbox_path
-from sandboxes.shell import PexpectShell
+from sandboxes.shell import PtyShell
 from sandboxes.spec import ExecResult, PathChanges, SandboxSpec
 from sandboxes.usage import SandboxUsage, tree_bytes
 
@@ -439,10 +439,10 @@ class LocalSandbox(ShellSandbox):
     async def _before_shell(self) -> None:
         await self._check_live()
 
-    async def _start_shell(self) -> PexpectShell:
+    async def _start_shell(self) -> PtyShell:
         argv = self._join_prefix() + self._enter_argv(self.spec.workdir, self.env)
         argv += ["bash", "--noprofile", "--norc", "-i"]
-        shell = PexpectShell(
+        shell = PtyShell(
             argv,
             env={"PATH": os.environ.get("PATH", DEFAULT_PATH)},
             kill_tree=self._kill_tree,

@@ -56,7 +56,7 @@ if CLIENT is None:
 
 @pytest.fixture(scope="module", autouse=True)
 def standins_built() -> None:
-    engine = im.DockerImages(CLIENT)
+    engine = im.ImageEngine(CLIENT)
     if all(engine.info(s.image) is not None for s in im.STANDINS):
         return
     subprocess.run(
@@ -69,7 +69,7 @@ def standins_built() -> None:
 
 def image_for(s: im.StandIn) -> str:
     """The first public name of `s` when it is our alias here, else our own tag."""
-    engine = im.DockerImages(CLIENT)
+    engine = im.ImageEngine(CLIENT)
     holder = engine.info(s.aliases[0])
     ours = engine.info(s.image)
     assert ours is not None, f"{s.image} was not built"
@@ -232,7 +232,7 @@ def test_images_list_reads_labels_back_from_the_engine() -> None:
         timeout=120,
     )
     doc = json.loads(proc.stdout)  # exactly one JSON document on stdout
-    engine = im.DockerImages(CLIENT)
+    engine = im.ImageEngine(CLIENT)
     for entry in doc["stand_ins"]:
         s = BY_IMAGE[entry["image"]]
         assert entry["present"] and entry["stands_in_for"] == list(s.aliases)
