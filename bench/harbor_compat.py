@@ -92,6 +92,7 @@ from bench.compat_outcome import (
     recorded_category,
 )
 from bench.report import save_json
+from tasks.check import CheckError, PhaseCheck, TaskCheck, setup_error_check
 from tasks.errors import TaskError
 from tasks.loaders import is_task_dir, load_task_dir
 from tasks.models import TaskSpec
@@ -330,39 +331,82 @@ def classify_build_error(text: str) -> str:
     return "build_other"
 
 
-def classify_phase_error(text: str) -> str:
-    """The reason of one failed `check_task` phase (`"<phase>: <ErrorType>: <message>"`)."""
-    _, _, rest = text.partition(": ")
-    etype, _, msg = rest.partition(": ")
-    if etype == "TaskUnsupportedError" and "no oracle solution" in msg:
-        return "oracle_not_shipped"
+def classify_phase_error(err: CheckError) -> str:
+    """The reason of one failed `check_task` phase, read from its typed error: the exception's
+    type and the cause it carries (set where it was raised). Only what an outside tool printed
+    is read as text: the verifier's output (`verifier_output_reason`) and docker build's
+    (`classify_build_error`). A line written before errors carried a cause (`cause` None) is
+    read by its message, as the code of its day did (`_legacy_cause`)."""
+    etype = err.error_type
+    cause = err.cause if err.cause is not None else _legacy_cause(err)
+    if etype == "TaskUnsupportedError":
+        return "oracle_not_shipped" if cause == "no_oracle" else "task_unsupported"
     if etype == "VerifierError":
-        if "did not finish within" in msg:
+        if cause == "timeout":
             return "verifier_timeout"
-        if _NET_RE.search(msg):
-            return "verifier_network"
-        if "command not found" in msg or _PYVER_RE.search(msg):
-            return "verifier_tool_missing"
-        if "wrote no reward" in msg:
-            return "verifier_no_reward"
-        return "verifier_other"
-    if etype == "SandboxCreateError" and "building" in msg:
-        return classify_build_error(msg)
+        said = verifier_output_reason(err.message)
+        if said is not None:
+            return said
+        return "verifier_no_reward" if cause == "no_reward" else "verifier_other"
+    if etype == "SandboxCreateError" and cause == "build":
+        return classify_build_error(err.message)  # the build's own output
     if _INFRA_RE.search(etype) or etype.startswith("Sandbox") or etype.endswith("Timeout"):
-        return "infra"
+        return "infra"  # the sandbox layer's errors, and the engine client's by type name
     if etype == "TaskLoadError":
         return "loader_error"
-    if etype == "TaskUnsupportedError":
-        return "task_unsupported"
     return "task_runtime_error"
 
 
+def verifier_output_reason(message: str) -> str | None:
+    """`verifier_network` or `verifier_tool_missing` when the verifier's own output (which a
+    `VerifierError`'s message ends with) says a fetch failed or a program is missing or needs
+    another Python; else None. Text on purpose: only the task's test script and the tools it
+    runs (curl, pip, uv, bash) know this, and they say it only in what they print."""
+    if _NET_RE.search(message):
+        return "verifier_network"
+    if "command not found" in message or _PYVER_RE.search(message):
+        return "verifier_tool_missing"
+    return None
+
+
+def _legacy_cause(err: CheckError) -> str | None:
+    """LEGACY, for lines written before `CheckError.cause` existed (their errors carry no
+    cause): the cause as the code of their day read it from the message. New lines never take
+    this path."""
+    msg = err.message
+    if err.error_type == "TaskUnsupportedError" and "no oracle solution" in msg:
+        return "no_oracle"
+    if err.error_type == "VerifierError":
+        if "did not finish within" in msg:
+            return "timeout"
+        if "wrote no reward" in msg:
+            return "no_reward"
+    if err.error_type == "SandboxCreateError" and "building" in msg:
+        return "build"
+    return None
+
+
 def split_phase_errors(error: str | None) -> list[str]:
-    """`check_task` joins its phases' errors with '; '; split them back at the phase tags."""
+    """LEGACY: a line written before `phase_errors` existed has only the joined `error`
+    (`"<phase>: <ErrorType>: <message>; ..."`); split it back at the phase tags."""
     if not error:
         return []
     parts = re.split(r"(?:^|; )(?=(?:setup|oracle|noop): )", error)
     return [p for p in parts if p]
+
+
+def phase_errors_of(entry: Mapping[str, Any]) -> list[CheckError]:
+    """The typed errors of a line: its `phase_errors` (a line from before `cause` existed reads
+    with `cause` None), or for a line older still, its joined `error` split back (LEGACY)."""
+    typed = entry.get("phase_errors")
+    if typed is not None:
+        return [CheckError.model_validate(pe) for pe in typed]
+    out = []
+    for part in split_phase_errors(entry.get("error")):
+        phase, _, rest = part.partition(": ")
+        etype, _, msg = rest.partition(": ")
+        out.append(CheckError(phase=phase, error_type=etype, message=msg))
+    return out
 
 
 def verdict(entry: Mapping[str, Any]) -> list[str]:
@@ -376,14 +420,8 @@ def verdict(entry: Mapping[str, Any]) -> list[str]:
     if entry.get("build_error"):
         reasons.append(entry["build_reason"])
     else:
-        typed = entry.get("phase_errors")
-        parts = (
-            [f"{pe['phase']}: {pe['error_type']}: {pe['message']}" for pe in typed]
-            if typed is not None
-            else split_phase_errors(entry.get("error"))
-        )
-        for part in parts:
-            r = classify_phase_error(part)
+        for err in phase_errors_of(entry):
+            r = classify_phase_error(err)
             if r not in reasons:
                 reasons.append(r)
         noop = entry.get("noop_reward")
@@ -441,6 +479,36 @@ def reachable_host_failed(entry: Mapping[str, Any]) -> bool:
             ):
                 return True
     return False
+
+
+#: a line that says a connection or a name lookup failed, in the oracle's output
+#: (`network_failure_lines`)
+NETWORK_FAILURE_RE = re.compile(
+    r"Name or service not known|Temporary failure in name resolution|Could not resolve|"
+    r"Failed to resolve|Max retries exceeded|Network is unreachable|Connection timed out|"
+    r"Failed to establish a new connection|couldn't connect to|Could not connect to|"
+    r"unable to access|Failed to connect to|is not available for this version of R|"
+    r"Download_fail",
+    re.IGNORECASE,
+)
+NETWORK_LINES = 20
+
+
+def network_failure_lines(text: str) -> list[str]:
+    """The distinct lines of the oracle's output `text` that say a connection or name lookup
+    failed (at most NETWORK_LINES, each cut to 400 characters), kept on the line as
+    `oracle_network_lines` since the output's tail often lacks them. Text on purpose: only the
+    task's solution and the tools it runs (curl, wget, pip, R, opam) know a fetch failed, and
+    they say it only in what they print."""
+    out: list[str] = []
+    for line in text.splitlines():
+        if NETWORK_FAILURE_RE.search(line):
+            line = line.strip()[:400]
+            if line not in out:
+                out.append(line)
+                if len(out) == NETWORK_LINES:
+                    break
+    return out
 
 
 #: the fields of an entry that hold what its check printed (read for network failures)
@@ -782,7 +850,7 @@ async def _check_one(
     try:
         spec = sandbox_spec_for(task, image_map)
     except TaskError as exc:  # reported like check_task reports it
-        entry["error"] = f"setup: {type(exc).__name__}: {exc}"
+        entry.update(setup_error_check(task, exc).to_entry())
         entry["duration_s"] = round(time.perf_counter() - start, 1)
         entry["reasons"], outcome = judge(entry)
         entry["outcome"] = outcome.model_dump()
@@ -820,17 +888,20 @@ async def _check_one(
             entry["env_builds"] = True
             remaining = timeout_s - (time.perf_counter() - start)
             try:
-                res = await asyncio.wait_for(
-                    check_task(task, backend, image_map, 0, detail=True), remaining
-                )
+                check = await asyncio.wait_for(check_task(task, backend, image_map, 0), remaining)
             except TimeoutError:
                 raise
             except Exception as exc:  # check_task reports per phase; anything else is infra
-                res = {
-                    "oracle_reward": None,
-                    "noop_reward": None,
-                    "error": f"noop: {type(exc).__name__}: {exc}",
-                }
+                check = TaskCheck(
+                    task_id=task.id,
+                    noop=PhaseCheck(phase="noop", error=CheckError.of("noop", exc)),
+                )
+            res = check.to_entry(detail=True)
+            if check.oracle is not None and check.oracle.solution_ran:
+                # the whole output's failed connections: its tail often lacks them
+                res["oracle_network_lines"] = network_failure_lines(
+                    check.oracle.solution_output or ""
+                )
             entry.update(res)
             entry["task_id"] = task.id
         except TimeoutError:

@@ -28,7 +28,16 @@ class UnknownBackendError(SandboxError, KeyError):
 
 
 class SandboxCreateError(SandboxError, RuntimeError):
-    """Creating the sandbox failed (image missing, build failed, limits refused, ...)."""
+    """Creating the sandbox failed (image missing, build failed, limits refused, ...).
+
+    `cause` names the step that failed, set where it is raised: `build` (an image build failed;
+    the message carries the build's output), `healthcheck` (`SandboxHealthcheckError`), `create`
+    (anything else).
+    """
+
+    def __init__(self, message: str, cause: str = "create") -> None:
+        super().__init__(message)
+        self.cause = cause
 
 
 class SandboxClosedError(SandboxError, RuntimeError):
@@ -86,5 +95,5 @@ class SandboxHealthcheckError(SandboxCreateError):
     sandbox was not handed out. `output` holds the last attempt's output."""
 
     def __init__(self, message: str, output: str = "") -> None:
-        super().__init__(message)
+        super().__init__(message, cause="healthcheck")
         self.output = output

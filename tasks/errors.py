@@ -77,7 +77,20 @@ class RewardOutOfRangeError(VerifierError):
 
 
 class TaskUnsupportedError(TaskError, RuntimeError):
-    """The task cannot run on the chosen backend (e.g. a multi-stage Dockerfile on `local`)."""
+    """The task cannot run on the chosen backend (e.g. a multi-stage Dockerfile on `local`).
+
+    `cause` names what is missing (`UNSUPPORTED_CAUSES`), set where it is raised, so a report
+    reads it instead of matching the message.
+    """
+
+    def __init__(self, message: str, cause: str = "unsupported") -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+#: `TaskUnsupportedError.cause` values: `no_oracle` (the task ships no solution, so no oracle
+#: run is possible), `unsupported` (anything else this backend or configuration cannot run)
+UNSUPPORTED_CAUSES = ("no_oracle", "unsupported")
 
 
 class ComposeUnsupportedError(TaskLoadError):

@@ -32,7 +32,7 @@ async def run_oracle(task: TaskSpec, sandbox: Sandbox, setup: EpisodeSetup) -> E
         await sandbox.write_file(ans.answer_path, ans.ground_truth + "\n")
         return ExecResult(exit_code=0, duration_s=time.perf_counter() - start)
     if sol is None:
-        raise TaskUnsupportedError(f"task {task.id} ships no oracle solution")
+        raise TaskUnsupportedError(f"task {task.id} ships no oracle solution", cause="no_oracle")
     if sol.script is not None:
         if sol.upload_dir is not None:
             await sandbox.upload(sol.upload_dir, SOLUTION_DIR)

@@ -236,7 +236,7 @@ class DockerGroup:
         try:
             return await self.backend.image_for(probe)
         except SandboxCreateError as exc:
-            raise SandboxCreateError(f"service {svc.name!r}: {exc}") from exc
+            raise SandboxCreateError(f"service {svc.name!r}: {exc}", exc.cause) from exc
 
     async def _condition(self, started: asyncio.Task[None], name: str, cond: str) -> None:
         await started

@@ -58,7 +58,7 @@ class DockerImages(DockerBackendBase):
             try:
                 await self.image_for(probe)
             except SandboxCreateError as exc:
-                raise SandboxCreateError(f"service {svc.name!r}: {exc}") from exc
+                raise SandboxCreateError(f"service {svc.name!r}: {exc}", exc.cause) from exc
         return "built" if self.builds > before else "reused"
 
     async def image_for(self, spec: SandboxSpec) -> str:
@@ -108,7 +108,8 @@ class DockerImages(DockerBackendBase):
         if error is not None:
             log_tail = "".join(tail).strip()
             raise SandboxCreateError(
-                f"building {ctx}/{dockerfile} failed: {error.strip()}\n--- build log tail ---\n{log_tail}"
+                f"building {ctx}/{dockerfile} failed: {error.strip()}\n--- build log tail ---\n{log_tail}",
+                cause="build",
             )
 
     def _driver(self) -> str:

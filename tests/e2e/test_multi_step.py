@@ -194,9 +194,10 @@ def test_tasks_check_runs_every_steps_oracle(task_root: Path) -> None:
     if not local_available():
         pytest.skip("bubblewrap not installed")
     task = load_task_dir(task_root / "ms-mean-gated")
-    (entry,) = asyncio.run(check_tasks([task], "local", {}))
-    assert entry["error"] is None
-    assert (entry["oracle_reward"], entry["noop_reward"]) == (1.0, 0.0)
+    (check,) = asyncio.run(check_tasks([task], "local", {}))
+    assert check.error is None
+    assert (check.oracle_reward, check.noop_reward) == (1.0, 0.0)
+    entry = check.to_entry()
     assert entry["oracle_step_rewards"] == [1.0, 1.0, 1.0]
     assert entry["noop_step_rewards"] == [0.0]
 

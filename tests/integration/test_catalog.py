@@ -33,6 +33,7 @@ from tasks import (
     run_verifier,
     sandbox_spec_for,
 )
+from tasks.check import TaskCheck
 from tasks.cli import check_tasks
 from tasks.models import TaskSpec
 
@@ -112,8 +113,8 @@ class CatalogRun:
         self.thread = threading.Thread(target=self._run, name=f"catalog-{backend}", daemon=True)
 
     def _run(self) -> None:
-        def done(entry: dict[str, Any]) -> None:
-            self.futures[entry["task_id"]].set_result(entry)
+        def done(check: TaskCheck) -> None:
+            self.futures[check.task_id].set_result(check.to_entry())
 
         try:
             asyncio.run(
@@ -227,7 +228,7 @@ async def test_fixtures_on_local() -> None:
     if not host_python_has_pytest():
         # Terminal-Bench/SETA verifiers run pytest with the host's /usr/bin/python3 on local
         tasks = [t for t in tasks if t.verifier.kind not in ("tbench", "seta")]
-    assert_all_pass(await check_tasks(tasks, "local", IMAGE_MAP))
+    assert_all_pass([c.to_entry() for c in await check_tasks(tasks, "local", IMAGE_MAP)])
 
 
 @pytest.mark.parametrize("task_id", ["builtin/hello-file", "builtin/csv-column-sum"])

@@ -232,10 +232,12 @@ async def test_unused_context_images_are_pruned_used_ones_kept(backend, tmp_path
 
 async def test_broken_build_and_missing_image_are_create_errors(backend, tmp_path: Path) -> None:
     (tmp_path / "Dockerfile").write_text("FROM sandgym/terminal:latest\nRUN exit 3\n")
-    with pytest.raises(SandboxCreateError, match="build"):
+    with pytest.raises(SandboxCreateError, match="build") as built:
         await backend.create(SandboxSpec(build_context=tmp_path))
-    with pytest.raises(SandboxCreateError, match="not present"):
+    assert built.value.cause == "build"  # what a report reads, never the message
+    with pytest.raises(SandboxCreateError, match="not present") as missing:
         await backend.create(SandboxSpec(image="sandgym/no-such-image:nope"))
+    assert missing.value.cause == "create"
 
 
 async def test_files_roundtrip_and_traversal(backend, tmp_path: Path) -> None:

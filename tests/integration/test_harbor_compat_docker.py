@@ -37,8 +37,8 @@ async def test_heredoc_task_oracle_and_noop_on_docker(
 
     monkeypatch.setenv("SANDGYM_CACHE", str(tmp_path))
     task = load_task_dir(FIXTURES / "harbor-heredoc")
-    [entry] = await check_tasks(
+    [check] = await check_tasks(
         [task], "docker", {"ubuntu:24.04": "sandgym/base:bookworm"}, concurrency=1
     )
-    assert entry["error"] is None
-    assert entry["oracle_reward"] == 1.0 and entry["noop_reward"] == 0.0
+    assert check.error is None
+    assert check.oracle_reward == 1.0 and check.noop_reward == 0.0

@@ -10,8 +10,19 @@ from pathlib import Path
 import pytest
 
 from bench import harbor_compat as hc
+from sandboxes.errors import SandboxCreateError
+from tasks.check import CheckError
+from tasks.errors import TaskUnsupportedError, VerifierError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tasks"
+
+
+def legacy(text: str) -> str:
+    """The reason of one error of a line written before `phase_errors` existed (its joined
+    `error` text only): the legacy path."""
+    [err] = hc.phase_errors_of({"error": text})
+    assert err.cause is None
+    return hc.classify_phase_error(err)
 
 
 def test_build_errors_are_grouped_by_cause() -> None:
@@ -43,7 +54,7 @@ def test_build_errors_are_grouped_by_cause() -> None:
     )
     assert hc.classify_build_error(quiet) == "build_network"
     assert (
-        hc.classify_phase_error(
+        legacy(
             "noop: VerifierError: the verifier wrote no reward\ncause: Because the current "
             "Python version (3.11.2) does not satisfy Python>=3.12"
         )
@@ -67,7 +78,9 @@ def test_build_errors_are_grouped_by_cause() -> None:
     assert hc.classify_build_error(pinned) == "build_apt_package_missing"
 
 
-def test_phase_errors_split_and_classify() -> None:
+def test_legacy_lines_split_and_classify_by_their_text() -> None:
+    """LEGACY: a line from before `phase_errors` (only the joined `error`) is split back and
+    read by its messages, as the code of its day read it."""
     err = (
         "oracle: TaskUnsupportedError: task x ships no oracle solution; "
         "noop: VerifierError: the verifier wrote no reward: expected ...\n"
@@ -75,27 +88,68 @@ def test_phase_errors_split_and_classify() -> None:
     )
     parts = hc.split_phase_errors(err)
     assert [p.split(":")[0] for p in parts] == ["oracle", "noop"]
-    assert [hc.classify_phase_error(p) for p in parts] == [
+    assert [hc.classify_phase_error(e) for e in hc.phase_errors_of({"error": err})] == [
         "oracle_not_shipped",
         "verifier_tool_missing",
     ]
-    assert (
-        hc.classify_phase_error("noop: VerifierError: the verifier wrote no reward: expected x")
-        == "verifier_no_reward"
+    assert legacy("noop: VerifierError: the verifier wrote no reward: expected x") == (
+        "verifier_no_reward"
+    )
+    assert legacy("noop: VerifierError: task t: the verifier did not finish within 5 s") == (
+        "verifier_timeout"
     )
     assert (
-        hc.classify_phase_error(
-            "noop: VerifierError: task t: the verifier did not finish within 5 s"
-        )
-        == "verifier_timeout"
-    )
-    assert (
-        hc.classify_phase_error(
+        legacy(
             "noop: VerifierError: the verifier wrote no reward\ncurl: (6) Could not resolve host"
         )
         == "verifier_network"
     )
-    assert hc.classify_phase_error("noop: ConnectionError: ('Connection aborted.')") == "infra"
+    assert legacy("noop: ConnectionError: ('Connection aborted.')") == "infra"
+    # typed `phase_errors` without a cause (written before it existed) read the same way
+    [typed] = hc.phase_errors_of(
+        {
+            "phase_errors": [
+                {
+                    "phase": "noop",
+                    "error_type": "VerifierError",
+                    "message": "[timeout] task t: the verifier did not finish within 5 s",
+                }
+            ]
+        }
+    )
+    assert typed.cause is None and hc.classify_phase_error(typed) == "verifier_timeout"
+
+
+def test_typed_errors_classify_by_their_cause_not_their_message() -> None:
+    """The cause an error carries, set where it was raised, decides; message text is read only
+    for what an outside tool printed (the verifier's output, docker build's)."""
+
+    def of(exc: BaseException, phase: str = "noop") -> str:
+        err = CheckError.of(phase, exc)
+        assert err.error_type == type(exc).__name__ and err.message == str(exc)
+        return hc.classify_phase_error(err)
+
+    # a raise site's cause: the message says nothing the old text rules knew
+    assert of(VerifierError("no clock left", cause="timeout")) == "verifier_timeout"
+    assert of(VerifierError("the test script exited 2", cause="no_reward")) == (
+        "verifier_no_reward"
+    )
+    # ... and a message that would have fooled them does not
+    assert of(VerifierError("did not finish within; wrote no reward", cause="bad_reward")) == (
+        "verifier_other"
+    )
+    assert of(TaskUnsupportedError("x", cause="no_oracle"), "oracle") == "oracle_not_shipped"
+    assert of(TaskUnsupportedError("ships no oracle solution"), "oracle") == "task_unsupported"
+    assert of(SandboxCreateError("E: Unable to locate package x", cause="build")) == (
+        "build_apt_package_missing"
+    )
+    assert of(SandboxCreateError("building nothing: the engine refused")) == "infra"
+    # the verifier's own output (outside text) still says what the cause cannot
+    out = VerifierError("no reward", "curl: (6) Could not resolve host: x.org", cause="no_reward")
+    assert of(out) == "verifier_network"
+    assert of(VerifierError("no reward", "bash: uvx: command not found", cause="no_reward")) == (
+        "verifier_tool_missing"
+    )
 
 
 def test_verdict_and_summary() -> None:

@@ -551,7 +551,7 @@ def test_a_zero_limit_gives_each_task_its_own_limits() -> None:
 
 
 def test_a_failed_download_early_in_a_long_oracle_output_is_still_seen() -> None:
-    from tasks.cli import network_failure_lines
+    from bench.harbor_compat import network_failure_lines
 
     out = (
         "Downloading model...\n"

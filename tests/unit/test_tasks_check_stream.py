@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tasks import cli
+from tasks.check import CheckError, PhaseCheck, TaskCheck, load_error_check
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tasks"
 
@@ -46,7 +47,7 @@ class FakeChecks:
         self.capsys = capsys
         self.seen_while_slow: list[str] = []
 
-    async def __call__(self, task: Any, *a: Any, **kw: Any) -> dict[str, Any]:
+    async def __call__(self, task: Any, *a: Any, **kw: Any) -> TaskCheck:
         self.calls.append(task.id)
         if task.id == "slow":
             await asyncio.sleep(0.3)
@@ -54,7 +55,11 @@ class FakeChecks:
                 self.seen_while_slow = [
                     json.loads(x)["task_id"] for x in self.out.read_text().splitlines() if x
                 ]
-        return {"task_id": task.id, "oracle_reward": 1.0, "noop_reward": 0.0, "error": None}
+        return TaskCheck(
+            task_id=task.id,
+            oracle=PhaseCheck(phase="oracle", reward=1.0),
+            noop=PhaseCheck(phase="noop", reward=0.0),
+        )
 
 
 def _lines(text: str) -> list[dict[str, Any]]:
@@ -104,6 +109,8 @@ def test_json_document_keeps_its_contract_and_reports_load_errors(
         "oracle_reward": 1.0,
         "noop_reward": 0.0,
         "error": None,
+        "phase_errors": [],
+        "shortfall": None,
     }
     assert "load:" in by_id["broken"]["error"]
     assert rc == 1
@@ -158,37 +165,64 @@ def test_read_jsonl_skips_a_cut_off_line(tmp_path: Path) -> None:
 
 async def test_each_shortfall_names_one_reason_from_typed_fields() -> None:
     """`tasks check` says, per task short of the marks, the one reason to act on, read from
-    the entry's typed fields (the failing phase, the error's type, the oracle's exit code and
+    the check's typed fields (the failing phase, the error's type, the oracle's exit code and
     rewards), never from matching the joined error text."""
     from sandboxes.null import NullBackend
     from tasks import load_task_dir
 
     task = load_task_dir(FIXTURES / "harbor-legacy")
-    entry = await cli.check_task(task, NullBackend(), {}, 0)
+    check = await cli.check_task(task, NullBackend(), {}, 0)
     # the null backend runs no shell: both phases fail, each recorded with its type
+    assert [(p.phase, p.error_type) for p in check.phase_errors] == [
+        ("oracle", "TaskError"),
+        ("noop", "TaskError"),
+    ]
+    assert check.oracle is not None and check.oracle.outcome == "error"
+    entry = check.to_entry()
     assert [(p["phase"], p["error_type"]) for p in entry["phase_errors"]] == [
         ("oracle", "TaskError"),
         ("noop", "TaskError"),
     ]
     assert entry["shortfall"].startswith("oracle: TaskError raised: resetting /tests")
-    # the first typed error wins, whatever the joined text says
-    typed = {
-        "error": "noop: something else entirely",
-        "phase_errors": [
-            {"phase": "oracle", "error_type": "VerifierError", "message": "wrote no reward"},
-            {"phase": "noop", "error_type": "SandboxLostError", "message": "gone"},
-        ],
-        "oracle_reward": None,
-        "noop_reward": None,
-    }
-    assert cli.shortfall(typed) == "oracle: the verifier did not give a reward: wrote no reward"
-    exited = {"phase_errors": [], "oracle_reward": 0.0, "noop_reward": 0.0, "oracle_exit_code": 2}
-    assert cli.shortfall(exited) == "oracle: the solution exited 2 and the verifier gave it 0.0"
-    ran = dict(exited, oracle_exit_code=0)
-    assert cli.shortfall(ran) == "oracle: the solution ran but the verifier gave it 0.0, not 1.0"
-    noop = {"phase_errors": [], "oracle_reward": 1.0, "noop_reward": 1.0}
-    assert str(cli.shortfall(noop)).startswith("noop: the untouched environment already scores")
-    assert cli.shortfall({"phase_errors": [], "oracle_reward": 1.0, "noop_reward": 0.0}) is None
-    loaded = cli.load_error_entry("/x/broken", "TaskLoadError: bad toml")
+    assert entry["error"] == "; ".join(
+        f"{p.phase}: TaskError: {p.message}" for p in check.phase_errors
+    )
+    # the first typed error wins
+    typed = TaskCheck(
+        task_id="t",
+        oracle=PhaseCheck(
+            phase="oracle",
+            error=CheckError(phase="oracle", error_type="VerifierError", message="wrote no reward"),
+        ),
+        noop=PhaseCheck(
+            phase="noop",
+            error=CheckError(phase="noop", error_type="SandboxLostError", message="gone"),
+        ),
+    )
+    assert typed.shortfall() == "oracle: the verifier did not give a reward: wrote no reward"
+
+    def ran(oracle: float | None, noop: float | None, code: int | None = 0) -> TaskCheck:
+        return TaskCheck(
+            task_id="t",
+            oracle=PhaseCheck(
+                phase="oracle", reward=oracle, solution_ran=True, solution_exit_code=code
+            ),
+            noop=PhaseCheck(phase="noop", reward=noop),
+        )
+
+    exited = ran(0.0, 0.0, code=2)
+    assert exited.shortfall() == "oracle: the solution exited 2 and the verifier gave it 0.0"
+    assert exited.oracle is not None and exited.oracle.outcome == "wrong_reward"
+    assert ran(0.0, 0.0).shortfall() == (
+        "oracle: the solution ran but the verifier gave it 0.0, not 1.0"
+    )
+    assert str(ran(1.0, 1.0).shortfall()).startswith(
+        "noop: the untouched environment already scores"
+    )
+    clean = ran(1.0, 0.0)
+    assert clean.shortfall() is None and clean.ok
+    assert clean.to_entry()["oracle_exit_code"] == 0
+    loaded = load_error_check("/x/broken", "TaskLoadError", "bad toml").to_entry()
+    assert loaded["task_id"] == "broken" and loaded["error"] == "load: TaskLoadError: bad toml"
     assert loaded["phase_errors"][0]["error_type"] == "TaskLoadError"
     assert loaded["shortfall"] == "the task directory did not load: TaskLoadError: bad toml"

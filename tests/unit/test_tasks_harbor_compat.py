@@ -237,7 +237,13 @@ async def test_check_task_survives_a_close_that_fails() -> None:
             return sb
 
     task = load_task_dir(FIXTURES / "harbor-heredoc")
-    entry = await check_task(task, FailingClose(), {}, 0)
-    assert entry["error"] is not None
-    assert "oracle: close: ConnectionError" in entry["error"]
-    assert "noop: close: ConnectionError" in entry["error"]
+    check = await check_task(task, FailingClose(), {}, 0)
+    assert check.error is not None
+    assert "oracle: close: ConnectionError" in check.error
+    assert "noop: close: ConnectionError" in check.error
+    assert [(e.phase, e.error_type) for e in check.phase_errors] == [
+        ("oracle", "TaskError"),  # the null backend runs no shell
+        ("oracle close", "ConnectionError"),
+        ("noop", "TaskError"),
+        ("noop close", "ConnectionError"),
+    ]

@@ -77,9 +77,9 @@ def test_cli_check_json_on_null(capsys: pytest.CaptureFixture[str]) -> None:
 
 async def test_check_reports_errors_and_fails() -> None:
     # the null backend cannot run bash: every Harbor check must fail, reported per task
-    entries = await check_tasks(load_dataset(FIXTURES / "harbor-image"), "null", {})
-    assert len(entries) == 1 and not entry_ok(entries[0])
-    assert entries[0]["oracle_reward"] is None and "oracle:" in entries[0]["error"]
+    checks = await check_tasks(load_dataset(FIXTURES / "harbor-image"), "null", {})
+    assert len(checks) == 1 and not checks[0].ok and not entry_ok(checks[0].to_entry())
+    assert checks[0].oracle_reward is None and "oracle:" in str(checks[0].error)
 
 
 def test_cli_check_exit_code(capsys: pytest.CaptureFixture[str]) -> None:
