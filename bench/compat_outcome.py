@@ -32,6 +32,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.check import CheckError
+
 Category = Literal["clean", "failing", "unreachable_host", "stand_in_limit", "dataset_incomplete"]
 Phase = Literal["build", "oracle", "verifier"]
 
@@ -132,15 +134,15 @@ def phase_outputs(entry: Mapping[str, Any]) -> list[tuple[Phase, list[str]]]:
         ),
     ]
     for pe in entry.get("phase_errors") or ():
-        etype = pe.get("error_type", "")
+        err = CheckError.model_validate(pe)
         phase: Phase = (
             "verifier"
-            if etype == "VerifierError"
+            if err.error_type == "VerifierError"
             else "build"
-            if etype == "SandboxCreateError"
+            if err.error_type == "SandboxCreateError"
             else "oracle"
         )
-        out.append((phase, _lines(pe.get("message"))))
+        out.append((phase, _lines(err.message)))
     return out
 
 
