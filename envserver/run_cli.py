@@ -24,9 +24,13 @@ from typing import Any
 SOLUTION_DIR = "/solution"
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_arguments(
+    parser: argparse.ArgumentParser, agents: tuple[str, ...] = ("oracle", "noop")
+) -> None:
+    """The options of `sandgym run`; `agents`: the choices of --agent (the command line adds
+    `llm`, whose agent lives in the trainer: sandgym_cli/run.py)."""
     parser.add_argument("--task", required=True, help="task id, e.g. builtin/hello-file")
-    parser.add_argument("--agent", choices=["oracle", "noop"], default="oracle")
+    parser.add_argument("--agent", choices=list(agents), default="oracle")
     parser.add_argument(
         "--backend", choices=["local", "docker", "e2b", "null"], default=None,
         help="backend of the in-process server (default local)",

@@ -26,7 +26,7 @@ USER_ERRORS = (TaskError, SandboxError, EnvServerError)
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("envserver.serve_cli", "run the env server"),
     "tasks": ("tasks.cli", "list and check tasks"),
-    "run": ("envserver.run_cli", "play one episode and print its record"),
+    "run": ("sandgym_cli.run", "play one episode and print its record"),
     "eval": ("trainer.eval_cli", "many episodes, pass@k table"),
     "train": ("trainer.cli", "the RL trainer"),
     "cluster": ("trainer.cluster_cli", "env servers on every sandgym node of a Ray cluster"),

@@ -46,3 +46,13 @@ def test_eval_without_server_says_so(capsys: pytest.CaptureFixture[str], tmp_pat
     err = capsys.readouterr().err
     assert rc == 2
     assert "could not list the tasks of the env server ws://127.0.0.1:9/v1/env" in err
+
+
+def test_run_llm_unknown_task_is_one_line_before_a_model_loads(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    rc = main(["run", "--task", "builtin/nope", "--agent", "llm", "--model", "tiny"])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert [ln for ln in err.splitlines() if ln.startswith("sandgym run:")], err
+    assert "Traceback" not in err
