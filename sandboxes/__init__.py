@@ -5,7 +5,7 @@ Imports nothing else of sandgym. Vendor SDKs load lazily through `get_backend`.
 
 __version__ = "0.1.0"
 
-from sandboxes.base import Sandbox, SandboxBackend  # noqa: E402
+from sandboxes.base import Sandbox, SandboxBackend, SandboxCapabilities  # noqa: E402
 from sandboxes.errors import (  # noqa: E402
     BackendUnavailableError,
     CommandTimeoutError,
@@ -46,6 +46,7 @@ __all__ = [
     "PoolTimeoutError",
     "Sandbox",
     "SandboxBackend",
+    "SandboxCapabilities",
     "SandboxClosedError",
     "SandboxCreateError",
     "SandboxError",

@@ -27,6 +27,8 @@ import time
 import uuid
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from sandboxes.errors import (
     ChangesUnsupportedError,
     NetworkPolicyUnsupportedError,
@@ -44,17 +46,35 @@ from sandboxes.usage import SandboxUsage
 log = logging.getLogger(__name__)
 
 
+class SandboxCapabilities(BaseModel):
+    """What a sandbox can do: what the task layer asks of it (never its backend's name)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    builds_images: bool = Field(
+        default=False,
+        description="the backend builds the spec's Dockerfile into the sandbox's image itself "
+        "(else the task layer applies what it can of it)",
+    )
+    runs_real_commands: bool = Field(
+        default=True, description="`exec` runs real commands (mkdir, chmod, chown): no fake shell"
+    )
+    lists_changes: bool = Field(
+        default=False,
+        description="`changed_paths`, `path_fingerprints` and `read_links` work (tamper reports)",
+    )
+    private_exec: bool = Field(
+        default=False, description="`exec_private` works (the verifier apart from the agent)"
+    )
+
+
 class Sandbox(abc.ABC):
     """One isolated environment for one episode. Create via a backend; `close()` when done."""
 
     backend_name: str = "?"
-    #: capabilities the task layer asks of a sandbox (never its backend's name): whether the
-    #: backend builds the spec's Dockerfile into the sandbox's image itself (else the task layer
-    #: applies what it can of it), and whether `exec` runs real commands (mkdir, chmod, chown)
-    builds_images: bool = False
-    runs_real_commands: bool = True
-    #: whether `changed_paths` (and `path_fingerprints`, `read_links`) work on this backend
-    lists_changes: bool = False
+    #: what sandboxes of this class can do; an instance may set its own once it knows (a local
+    #: sandbox has private exec only when it runs under bwrap)
+    capabilities: SandboxCapabilities = SandboxCapabilities()
 
     def __init__(self, spec: SandboxSpec, sandbox_id: str | None = None) -> None:
         self.spec = spec
@@ -96,10 +116,26 @@ class Sandbox(abc.ABC):
         server may put unix sockets (the gateway bridge); None when the backend has none."""
         return None
 
+    # -- the capabilities under the names the task layer reads -------------------------------
+    @property
+    def builds_images(self) -> bool:
+        """`capabilities.builds_images`."""
+        return self.capabilities.builds_images
+
+    @property
+    def runs_real_commands(self) -> bool:
+        """`capabilities.runs_real_commands`."""
+        return self.capabilities.runs_real_commands
+
+    @property
+    def lists_changes(self) -> bool:
+        """`capabilities.lists_changes`."""
+        return self.capabilities.lists_changes
+
     @property
     def supports_private_exec(self) -> bool:
-        """Whether `exec_private` works on this sandbox."""
-        return False
+        """Whether `exec_private` works on this sandbox (`capabilities.private_exec`)."""
+        return self.capabilities.private_exec
 
     async def exec_private(
         self,

@@ -14,7 +14,7 @@ import time
 import uuid
 from pathlib import Path
 
-from sandboxes.base import Sandbox, SandboxBackend
+from sandboxes.base import Sandbox, SandboxBackend, SandboxCapabilities
 from sandboxes.errors import (
     SandboxCreateError,
     SandboxFileNotFoundError,
@@ -27,7 +27,8 @@ from sandboxes.spec import ExecResult, SandboxSpec, ShellResult
 
 class NullSandbox(Sandbox):
     backend_name = "null"
-    runs_real_commands = False  # a fake shell (no mkdir/chmod/chown); files live in a dict
+    # a fake shell (no mkdir/chmod/chown); files live in a dict
+    capabilities = SandboxCapabilities(runs_real_commands=False)
 
     def __init__(self, spec: SandboxSpec, backend: NullBackend) -> None:
         super().__init__(spec)

@@ -91,8 +91,6 @@ class DockerChanges(DockerExec):
     """`changes` and `apply_changes` (see the module docstring); `changed_paths`,
     `path_fingerprints` and `read_links` for tamper reports."""
 
-    lists_changes = True
-
     @contextlib.contextmanager
     def _path_list(self, kind: str, paths: list[str] | tuple[str, ...]) -> Iterator[str]:
         """`paths`, NUL-separated, in a file of this sandbox's bridge directory for the time of

@@ -8,6 +8,7 @@ import collections
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sandboxes.base import SandboxCapabilities
 from sandboxes.common.lazy_shell import ShellSandbox
 from sandboxes.egress import EgressProxy
 from sandboxes.errors import SandboxLostError
@@ -38,7 +39,8 @@ class DockerSandboxBase(ShellSandbox):
     the container still runs (`_lost`). `DockerSandbox` puts the parts together."""
 
     backend_name = "docker"
-    builds_images = True  # `DockerBackend.create` builds the spec's Dockerfile
+    # `DockerBackend.create` builds the spec's Dockerfile (`DockerSandbox` adds its parts')
+    capabilities = SandboxCapabilities(builds_images=True)
 
     def __init__(
         self, spec: SandboxSpec, backend: DockerBackend, container_id: str, sandbox_id: str

@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sandboxes.base import SandboxCapabilities
 from sandboxes.common.files import checked_upload, one_file_tar
 from sandboxes.docker.bridge import _remove_bridge_dir
 from sandboxes.docker.changes import DockerChanges
@@ -42,6 +43,10 @@ _GO_MODE_SYMLINK = 1 << 27
 
 class DockerSandbox(DockerChanges, DockerPrivateVerifier):
     """One container. Create through `DockerBackend.create`."""
+
+    # the image built from the spec (the backend), changes listed by the engine (DockerChanges),
+    # the verifier in a sibling container (DockerPrivateVerifier)
+    capabilities = SandboxCapabilities(builds_images=True, lists_changes=True, private_exec=True)
 
     # -- network -----------------------------------------------------------------------------
     async def _start_network(self, pid: int | None) -> None:

@@ -36,10 +36,6 @@ _STDIN_BOOT = 'exec 0<"$0" && rm -f "$0" && exec "$@"'
 class DockerPrivateVerifier(DockerSandboxBase):
     """`exec_private`: the verifier in a sibling container made from a snapshot."""
 
-    @property
-    def supports_private_exec(self) -> bool:
-        return True
-
     async def exec_private(
         self,
         cmd: list[str],

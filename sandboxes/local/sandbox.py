@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandboxes import cgroups
+from sandboxes.base import SandboxCapabilities
 from sandboxes.common.files import checked_upload
 from sandboxes.common.lazy_shell import ShellSandbox
 from sandboxes.egress import EgressProxy, proxy_env
@@ -72,7 +73,7 @@ INIT_SCRIPT = 'echo ready; while :; do bash -c "$0" & wait $!; [ $? = 99 ] && ex
 
 class LocalSandbox(ShellSandbox):
     backend_name = "local"
-    lists_changes = True
+    capabilities = SandboxCapabilities(lists_changes=True)  # + private exec under bwrap
 
     def __init__(self, spec: SandboxSpec, backend: LocalBackend, sandbox_id: str) -> None:
         super().__init__(spec, sandbox_id)
@@ -122,6 +123,8 @@ class LocalSandbox(ShellSandbox):
         try:
             raw = await asyncio.wait_for(asyncio.to_thread(_read_all, info_r), 10)
             self.init_pid = int(json.loads(raw)["child-pid"])
+            # a namespace init of its own: `exec_private` can enter a mount namespace apart
+            self.capabilities = self.capabilities.model_copy(update={"private_exec": True})
             # The info fd is written before the mounts are done; the init's "ready" line is not.
             assert self.init_proc.stdout is not None
             ready = await asyncio.wait_for(self.init_proc.stdout.readline(), 10)
@@ -353,10 +356,6 @@ class LocalSandbox(ShellSandbox):
         if switch:  # setpriv needs the capabilities to switch; the new uid has none after it
             argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *argv]
         return await self._exec(argv, timeout_s, cwd, env, caps=switch)
-
-    @property
-    def supports_private_exec(self) -> bool:
-        return self.init_pid is not None
 
     async def exec_private(
         self,

@@ -1,5 +1,5 @@
-"""The task layer asks a sandbox what it can do (`builds_images`, `runs_real_commands`), never
-which backend it is: a sandbox of any name that builds images gets no Dockerfile applied, one
+"""The task layer asks a sandbox what it can do (`Sandbox.capabilities`, read as `builds_images`,
+`runs_real_commands`, `lists_changes`, `supports_private_exec`), never which backend it is: a sandbox of any name that builds images gets no Dockerfile applied, one
 that does not gets its WORKDIR/COPY applied, and mkdir/chmod run only where commands are real."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 
 from sandboxes import ExecResult, SandboxSpec
+from sandboxes.base import SandboxCapabilities
 from sandboxes.null import NullBackend, NullSandbox
 from tasks import load_task_dir, prepare_episode, sandbox_spec_for
 
@@ -32,8 +33,7 @@ class CapableSandbox(NullSandbox):
     def __init__(self, spec: SandboxSpec, *, name: str, builds: bool, real: bool) -> None:
         super().__init__(spec, NullBackend())
         self.backend_name = name
-        self.builds_images = builds
-        self.runs_real_commands = real
+        self.capabilities = SandboxCapabilities(builds_images=builds, runs_real_commands=real)
         self.commands: list[str] = []
 
     async def exec(self, cmd, timeout_s=60.0, cwd=None, env=None, user=None) -> ExecResult:  # type: ignore[no-untyped-def, override]
@@ -80,10 +80,29 @@ def test_each_backend_declares_what_the_task_layer_asks() -> None:
     from sandboxes.e2b import E2BSandbox
     from sandboxes.local import LocalSandbox
 
-    assert DockerSandbox.builds_images and DockerSandbox.runs_real_commands
-    assert not LocalSandbox.builds_images and LocalSandbox.runs_real_commands
-    assert not E2BSandbox.builds_images and E2BSandbox.runs_real_commands
-    assert not NullSandbox.builds_images and not NullSandbox.runs_real_commands
+    def caps(builds: bool, real: bool, changes: bool, private: bool) -> SandboxCapabilities:
+        return SandboxCapabilities(
+            builds_images=builds,
+            runs_real_commands=real,
+            lists_changes=changes,
+            private_exec=private,
+        )
+
+    assert DockerSandbox.capabilities == caps(True, True, True, True)
+    # a local sandbox has private exec once it runs under bwrap (set when it starts)
+    assert LocalSandbox.capabilities == caps(False, True, True, False)
+    assert E2BSandbox.capabilities == caps(False, True, False, False)
+    assert NullSandbox.capabilities == caps(False, False, False, False)
+
+
+def test_the_former_flag_names_read_the_capabilities() -> None:
+    sb = NullSandbox(SandboxSpec(), NullBackend())
+    flags = ("builds_images", "runs_real_commands", "lists_changes", "supports_private_exec")
+    assert [getattr(sb, f) for f in flags] == [False, False, False, False]
+    sb.capabilities = SandboxCapabilities(
+        builds_images=True, runs_real_commands=True, lists_changes=True, private_exec=True
+    )
+    assert [getattr(sb, f) for f in flags] == [True, True, True, True]
 
 
 def test_the_task_layer_asks_for_its_log_directories(tmp_path: Path) -> None:
@@ -94,3 +113,20 @@ def test_the_task_layer_asks_for_its_log_directories(tmp_path: Path) -> None:
     spec = sandbox_spec_for(load_task_dir(_task_dir(tmp_path)))
     assert spec.make_dirs == (VERIFIER_LOGS, AGENT_LOGS) == ("/logs/verifier", "/logs/agent")
     assert SandboxSpec().make_dirs == ()
+
+
+async def test_a_local_sandbox_under_bwrap_has_private_exec(tmp_path: Path) -> None:
+    """The local backend knows only once a sandbox runs (its own namespace init) that
+    `exec_private` works: the instance's capabilities say so then."""
+    from sandboxes.local import LocalBackend
+
+    backend = LocalBackend(root=tmp_path)
+    sb = await backend.create(SandboxSpec())
+    try:
+        assert sb.supports_private_exec and sb.capabilities.private_exec
+        assert not type(sb).capabilities.private_exec
+        result = await sb.exec_private(["bash", "-c", "cat"], b"from stdin\n")
+        assert (result.exit_code, result.stdout) == (0, "from stdin\n")
+    finally:
+        await sb.close()
+        await backend.aclose()
