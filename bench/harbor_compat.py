@@ -1,6 +1,6 @@
 """`sandgym bench harbor_compat`: how many real public Harbor tasks run here, and why not the rest.
 
-It runs the `sandgym tasks check` path (`tasks.cli.check_task`: oracle episode, then a fresh
+It runs the `sandgym tasks check` path (`tasks.check.check_task`: oracle episode, then a fresh
 no-op episode, each scored by the task's own verifier) over every task directory under
 `--tasks-dir` (a sample of a public Harbor dataset, brought in by hand: never committed), on
 one backend (default docker), with bounded concurrency and a per-task timeout. Before the
@@ -92,7 +92,7 @@ from bench.compat_outcome import (
     recorded_category,
 )
 from bench.report import save_json
-from tasks.check import CheckError, PhaseCheck, TaskCheck, setup_error_check
+from tasks.check import CheckError, PhaseCheck, TaskCheck, check_task, setup_error_check
 from tasks.errors import TaskError
 from tasks.loaders import is_task_dir, load_task_dir
 from tasks.models import TaskSpec
@@ -824,7 +824,6 @@ async def _check_one(
     item: Item | None = None,
 ) -> dict[str, Any]:
     from sandboxes import SandboxCreateError
-    from tasks.cli import check_task
 
     entry: dict[str, Any] = {
         "task_id": task.id,
