@@ -122,7 +122,7 @@ class DockerBackend(DockerImages, DockerReaping):
             binds={str(bridge_dir): {"bind": BRIDGE_MOUNT, "mode": "ro"}},
             **self._confinement(spec, image_mb, docker_init=False),
         )
-        api = self._client().api
+        api = self.engine.api
         deadline = first_deadline()  # the pool's: a sandbox nobody will refresh gets none
         pids: dict[str, int] = {}
         has_health: set[str] = set()  # containers whose image has a HEALTHCHECK
@@ -164,7 +164,7 @@ class DockerBackend(DockerImages, DockerReaping):
             try:
                 container_id = await asyncio.to_thread(create_and_start)
             except docker.errors.APIError as exc:
-                await self._remove_container(sandbox_id)
+                await self.engine.remove_container(sandbox_id)
                 if "storage_opt" in host and "qgroup" in str(exc).lower():
                     # btrfs: the image alone already holds more than the quota allows
                     raise SandboxCreateError(
@@ -190,11 +190,11 @@ class DockerBackend(DockerImages, DockerReaping):
                 try:
                     container_id = await asyncio.to_thread(create_and_start)
                 except docker.errors.APIError as exc2:
-                    await self._remove_container(sandbox_id)
+                    await self.engine.remove_container(sandbox_id)
                     raise SandboxCreateError(f"docker could not start {image}: {exc2}") from exc2
         except BaseException:
             # Cancelled or failed mid-create: the container may exist already; do not leak it.
-            await asyncio.shield(self._remove_container(sandbox_id))
+            await asyncio.shield(self.engine.remove_container(sandbox_id))
             if group is not None:
                 await asyncio.shield(group.remove())
             await asyncio.shield(asyncio.to_thread(_remove_bridge_dir, bridge_dir))

@@ -58,7 +58,7 @@ class DockerSandboxBase(ShellSandbox):
 
     @property
     def _api(self) -> Any:
-        return self._backend._client().api
+        return self._backend.engine.api
 
     @property
     def bridge_dir(self) -> Path | None:

@@ -177,7 +177,7 @@ class DockerGroup:
 
     @property
     def _api(self) -> Any:
-        return self.backend._client().api
+        return self.backend.engine.api
 
     # -- the main container's part -------------------------------------------------------------
     def main_create_kwargs(self) -> dict[str, Any]:

@@ -29,7 +29,7 @@ class DockerImages(DockerBackendBase):
         import docker.errors
 
         try:
-            await asyncio.to_thread(self._client().api.inspect_image, ref)
+            await asyncio.to_thread(self.engine.api.inspect_image, ref)
             return True
         except docker.errors.ImageNotFound:
             return False
@@ -42,7 +42,7 @@ class DockerImages(DockerBackendBase):
         # Not forced: a forced removal of an image a container still uses only untags it, and
         # the untagged image then stays for good. In use, this raises; the caller retries.
         try:
-            await asyncio.to_thread(self._client().api.remove_image, snapshot)
+            await asyncio.to_thread(self.engine.api.remove_image, snapshot)
         except docker.errors.ImageNotFound:
             pass
 
@@ -89,7 +89,7 @@ class DockerImages(DockerBackendBase):
 
     def _build(self, ctx: Path, dockerfile: str, tag: str) -> None:
         """(Thread) docker build; the build log's tail goes into the error on failure."""
-        api = self._client().api
+        api = self.engine.api
         tail: list[str] = []
         error: str | None = None
         for item in api.build(
@@ -118,7 +118,7 @@ class DockerImages(DockerBackendBase):
         the btrfs engine it makes."""
         if self._storage_driver is None:
             try:
-                info = self._client().api.info()
+                info = self.engine.api.info()
             except Exception as exc:  # the create that follows reports an engine that is gone
                 tolerate("docker.storage_driver", exc, log)
                 return ""
@@ -149,5 +149,5 @@ class DockerImages(DockerBackendBase):
         deleting the image's files frees room for more."""
         if not self._quota_counts_image():
             return 0
-        size = int(self._client().api.inspect_image(image).get("Size") or 0)
+        size = int(self.engine.api.inspect_image(image).get("Size") or 0)
         return -(-size * 108 // (100 * 2**20))

@@ -30,7 +30,7 @@ class DockerReaping(DockerBackendBase):
 
     async def managed_containers(self) -> list[dict[str, Any]]:
         """Every container (running or not) carrying `sandgym.managed=1`."""
-        api = (await asyncio.to_thread(self._client)).api
+        api = (await asyncio.to_thread(self.engine.client)).api
         found: list[dict[str, Any]] = await asyncio.to_thread(
             api.containers, all=True, filters={"label": f"{LABEL_MANAGED}=1"}
         )
@@ -39,7 +39,7 @@ class DockerReaping(DockerBackendBase):
     async def owned_sandbox_ids(self) -> list[str]:
         """Names (= sandbox ids) of every container, in any state, labelled with this backend's
         owner id: one filtered list call."""
-        api = (await asyncio.to_thread(self._client)).api
+        api = (await asyncio.to_thread(self.engine.client)).api
         found: list[dict[str, Any]] = await asyncio.to_thread(
             api.containers,
             all=True,
@@ -61,7 +61,7 @@ class DockerReaping(DockerBackendBase):
         with this backend's owner id (SandboxError for any other), none when it is gone."""
         import docker.errors
 
-        api = (await asyncio.to_thread(self._client)).api
+        api = (await asyncio.to_thread(self.engine.client)).api
         owner = {LABEL_MANAGED: "1", LABEL_OWNER: self.owner_id}
         try:
             info = await asyncio.to_thread(api.inspect_container, sandbox_id)
@@ -74,7 +74,7 @@ class DockerReaping(DockerBackendBase):
                 f"expected container {sandbox_id!r} to be labelled {LABEL_OWNER}={self.owner_id}"
                 f", found {LABEL_OWNER}={labels.get(LABEL_OWNER)!r}: not removing it"
             )
-        await self._remove_container(info["Id"])
+        await self.engine.remove_container(info["Id"])
         await asyncio.to_thread(remove_group, api, sandbox_id, owner)
         bridge = labels.get(LABEL_BRIDGE_DIR)
         if bridge and Path(bridge).name == sandbox_id:  # only ever a directory named for it
@@ -98,7 +98,7 @@ class DockerReaping(DockerBackendBase):
             if not should_reap(labels, owner_id=owner_id, everything=everything):
                 continue
             try:
-                await self._remove_container(c["Id"])
+                await self.engine.remove_container(c["Id"])
             except Exception as exc:
                 errors.append((name, str(exc)))
             else:
@@ -108,7 +108,7 @@ class DockerReaping(DockerBackendBase):
                     await asyncio.to_thread(_remove_bridge_dir, Path(bridge))
         await asyncio.to_thread(
             reap_group_networks,
-            self._client().api,
+            self.engine.api,
             lambda labels: should_reap(labels, owner_id=owner_id, everything=everything),
             removed,
             errors,
@@ -133,7 +133,7 @@ class DockerReaping(DockerBackendBase):
         """Remove the verifier snapshot images (`DockerSandbox.exec_private`) that
         `labels.should_reap` selects by their labels (those of the sandbox they were taken
         of): what a server that died mid-verify left. Their containers went first."""
-        api = self._client().api
+        api = self.engine.api
         images = await asyncio.to_thread(api.images, filters={"label": LABEL_VERIFIER_OF})
         images += await asyncio.to_thread(api.images, filters={"label": LABEL_SNAPSHOT_OF})
         for img in images:
@@ -156,7 +156,7 @@ class DockerReaping(DockerBackendBase):
         await self.ensure_available()
 
         def go() -> tuple[list[str], list[tuple[str, str]]]:
-            api = self._client().api
+            api = self.engine.api
             in_use = {c.get("ImageID") for c in api.containers(all=True)}
             removed: list[str] = []
             errors: list[tuple[str, str]] = []

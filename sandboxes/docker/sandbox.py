@@ -90,7 +90,7 @@ class DockerSandbox(DockerChanges, DockerPrivateVerifier):
             with contextlib.suppress(Exception):
                 await self._proxy.close()
         # Shielded: a cancelled episode must still not leak its container.
-        await asyncio.shield(self._backend._remove_container(self.container_id))
+        await asyncio.shield(self._backend.engine.remove_container(self.container_id))
         if self._group is not None:
             await asyncio.shield(self._group.remove())
         if self._bridge_dir is not None:

@@ -190,11 +190,11 @@ class DockerPrivateVerifier(DockerSandboxBase):
         in flight returned (a commit or create finishing after the removal would leak)."""
         import docker.errors
 
-        await self._backend._remove_container(name)  # ends the attach stream, if still open
+        await self._backend.engine.remove_container(name)  # ends the attach stream, if still open
         for fut in in_flight:
             with contextlib.suppress(BaseException):
                 await fut
-        await self._backend._remove_container(name)
+        await self._backend.engine.remove_container(name)
         try:
             await asyncio.to_thread(self._api.remove_image, image, force=True)
         except docker.errors.ImageNotFound:

@@ -363,7 +363,7 @@ async def test_reap_removes_orphan_with_dead_owner_and_expired_lease(backend) ->
     # A "crashed server": its own owner id, a pid that has exited, a lease in the past.
     crashed = DockerBackend(owner_id="crashed-" + os.urandom(4).hex(), lease_s=-60)
     orphan = await crashed.create(SandboxSpec())
-    api = (await asyncio.to_thread(crashed._client)).api
+    api = (await asyncio.to_thread(crashed.engine.client)).api
     labels = api.inspect_container(orphan.container_id)["Config"]["Labels"]
     assert float(labels[LABEL_LEASE_EXPIRY]) < time.time()
     live = await backend.create(SandboxSpec())

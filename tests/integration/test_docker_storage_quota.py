@@ -105,7 +105,7 @@ async def test_many_small_files_stop_near_storage_mb_and_other_sandboxes_keep_wo
         # up to ~14 % of the image; see DockerBackend._quota_image_mb).
         slack = 1.0
         if backend._quota_counts_image():
-            slack = 0.15 * int(backend._client().api.inspect_image(IMAGE)["Size"]) / 2**20 + 8
+            slack = 0.15 * int(backend.engine.api.inspect_image(IMAGE)["Size"]) / 2**20 + 8
         assert STORAGE_MB * 0.9 <= written_mb <= STORAGE_MB + slack, (written_mb, r)
         # The full sandbox is still alive (its commands run), and frees room by deleting.
         assert (await filler.exec("echo alive")).stdout == "alive\n"

@@ -67,7 +67,7 @@ def _docker_sandbox(tmp_path: Path, api: FakeDockerAPI) -> Any:
     from sandboxes.docker import DockerBackend, DockerSandbox
 
     backend = DockerBackend(owner_id="test", bridge_root=str(tmp_path / "bridge"))
-    backend._docker = _Client(api)  # what `_client()` hands out once connected
+    backend.engine._client = _Client(api)  # what `engine.client()` hands out once connected
     return DockerSandbox(SandboxSpec(), backend, "c0ffee", "sg-000000000000")
 
 
