@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from prometheus_client import Histogram
@@ -149,16 +149,34 @@ COUNTER_NAMES: tuple[str, ...] = (
 # the snapshot
 # ---------------------------------------------------------------------------------------------
 class _Snapshot(BaseModel):
-    """Base of the snapshot models: fields by attribute; `snap["totals"]["creating"]` also reads
-    a field, for the callers that still read the former dict by key (`bench/pool.py`,
-    `bench/harbor_provider.py`); an unknown name raises KeyError as the dict did."""
+    """Base of the snapshot models: fields by attribute. `snap["totals"]["creating"]` and
+    `"hits" in snap` also work, as on the former dict, for the callers that still read it by key
+    (`bench/pool.py`, `bench/harbor_provider.py`): a name the JSON leaves out raises KeyError."""
 
     model_config = ConfigDict(extra="forbid")
 
+    #: fields left out of the JSON (and of key reads) while None
+    _absent_when_none: ClassVar[frozenset[str]] = frozenset()
+
+    def __contains__(self, name: object) -> bool:
+        return (
+            isinstance(name, str)
+            and name in type(self).model_fields
+            and not (name in self._absent_when_none and getattr(self, name) is None)
+        )
+
     def __getitem__(self, name: str) -> Any:
-        if name not in type(self).model_fields:
+        if name not in self:
             raise KeyError(name)
         return getattr(self, name)
+
+    @model_serializer(mode="wrap")
+    def _leave_out_absent(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for name in self._absent_when_none:
+            if getattr(self, name) is None:
+                data.pop(name, None)
+        return data
 
 
 class PoolKeySnapshot(_Snapshot):
@@ -242,10 +260,5 @@ class PoolSnapshot(_Snapshot):
     sweep_errors: int = Field(description="failed sweep listings and removals")
     acquire_latency_s: AcquireLatencySnapshot
 
-    @model_serializer(mode="wrap")
-    def _leave_out_unset_limits(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # The JSON has had no `create_limits` key at all without host limits: kept so.
-        data: dict[str, Any] = handler(self)
-        if self.create_limits is None:
-            data.pop("create_limits", None)
-        return data
+    # The JSON has had no `create_limits` key at all without host limits: kept so.
+    _absent_when_none: ClassVar[frozenset[str]] = frozenset({"create_limits"})
