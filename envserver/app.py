@@ -313,7 +313,7 @@ def create_app(
 
     @app.post("/v1/pool/prewarm", dependencies=auth)
     async def prewarm(body: PrewarmRequest) -> JSONResponse:
-        assert service.pool is not None
+        assert service.pool is not None and service.tasks is not None
         pairs = []
         for task_id in body.task_ids:
             try:

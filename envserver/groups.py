@@ -20,6 +20,10 @@ A preparation that fails fails every member with that same error. A group's snap
 once all its members have joined and released their sandboxes, or, when some never come, once
 its `ttl_s` has passed with none of them live; the pool's ready copies go first. Snapshots carry
 the server's labels, so the reaper removes what a killed server left.
+
+All of it lives here: `GroupRegistry.join` at a reset, `member_sandbox` and `fork_setup` for a
+member after the first, `share` for member 0, `abandon` when a reset fails; `left` when a member's
+sandbox is released.
 """
 
 from __future__ import annotations
@@ -29,10 +33,18 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from envserver.errors import InvalidMessageError
 from envserver.protocol import GroupOptions
+from sandboxes.errors import SnapshotUnsupportedError
+
+if TYPE_CHECKING:
+    from sandboxes import Sandbox, SandboxBackend, SandboxSpec
+    from sandboxes.pool import SandboxPool
+    from sandboxes.spec import FileChanges
+    from tasks.episode_models import EpisodeSetup, VerifyMode
+    from tasks.models import TaskSpec
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +61,15 @@ class GroupAbandonedError(InvalidMessageError):
 class Prepared:
     """What member 0's preparation hands the others."""
 
-    setup: Any  # tasks.runtime.EpisodeSetup of member 0, copied per member
-    fork_spec: Any = None  # SandboxSpec naming the snapshot; None: members prepare on their own
+    setup: EpisodeSetup  # member 0's, copied per member
+    fork_spec: SandboxSpec | None = None  # naming the snapshot; None: members prepare on their own
     snapshot: str | None = None
-    changes: Any = None  # sandboxes.FileChanges of member 0 (a backend that forks by changes)
+    changes: FileChanges | None = None  # member 0's (a backend that forks by changes)
+
+    @property
+    def forked(self) -> bool:
+        """The members start from a copy of member 0 (else each prepares on its own)."""
+        return self.changes is not None or self.fork_spec is not None
 
 
 @dataclass
@@ -77,7 +94,7 @@ class Group:
 class GroupRegistry:
     """The server's live groups, and the removal of their snapshots."""
 
-    def __init__(self, backend: Any, pool: Any, ttl_s: float = 600.0) -> None:
+    def __init__(self, backend: SandboxBackend, pool: SandboxPool, ttl_s: float = 600.0) -> None:
         self.backend = backend
         self.pool = pool
         self.ttl_s = ttl_s
@@ -105,6 +122,84 @@ class GroupRegistry:
         g.joined += 1
         g.live += 1
         return g, member
+
+    def abandon(self, g: Group, member: int, exc: BaseException) -> None:
+        """A member's reset failed: member 0's error becomes every member's."""
+        if member == 0:
+            self.fail(g, exc)
+        self.left(g)
+
+    async def member_sandbox(self, g: Group, spec: SandboxSpec) -> tuple[Sandbox, Prepared, float]:
+        """A member after the first: its sandbox, member 0's preparation, and the seconds spent
+        acquiring. Where the backend forks by changes, the sandbox is one of the task's own
+        spec, acquired at once (made while member 0 prepares); else the member waits for the
+        preparation and takes one made from its snapshot. Either way the member is counted as
+        having its sandbox; on error nothing is kept."""
+        early = self.backend.forks_by_changes
+        sandbox: Sandbox | None = None
+        acquire_s = 0.0
+        try:
+            if early:
+                t0 = time.perf_counter()
+                sandbox = await self.pool.acquire(spec)
+                acquire_s = time.perf_counter() - t0
+            prepared = await asyncio.shield(g.prepared)
+            if prepared.changes is None and (sandbox is None or prepared.fork_spec is not None):
+                if sandbox is not None:  # member 0 fell back to a snapshot
+                    await asyncio.shield(self.pool.release(sandbox))
+                    sandbox = None
+                t0 = time.perf_counter()
+                sandbox = await self.pool.acquire(prepared.fork_spec or spec)
+                acquire_s += time.perf_counter() - t0
+        except BaseException:
+            if sandbox is not None:
+                await asyncio.shield(self.pool.release(sandbox))
+            raise
+        assert sandbox is not None
+        self.acquired(g)
+        return sandbox, prepared, acquire_s
+
+    async def fork_setup(
+        self, task: TaskSpec, sandbox: Sandbox, prepared: Prepared, verify: VerifyMode | None
+    ) -> EpisodeSetup:
+        """A forked member's set-up: member 0's changed files applied to its sandbox (a backend
+        that forks by changes; a snapshot's copy has them already), a copy of member 0's set-up,
+        the agent's network, and the tamper baseline."""
+        from tasks.runtime import mark_episode
+
+        if prepared.changes is not None:
+            await sandbox.apply_changes(prepared.changes)
+        setup = prepared.setup.model_copy(deep=True)
+        if setup.network is not None:
+            await sandbox.set_network(setup.network.agent)
+        await mark_episode(task, sandbox, setup, verify, forked=True)
+        return setup
+
+    async def share(
+        self, g: Group, sandbox: Sandbox, spec: SandboxSpec, setup: EpisodeSetup
+    ) -> None:
+        """Member 0, prepared: hand the others its changed files (a backend that forks by
+        changes), else snapshot its sandbox and have the pool make their copies now. A backend
+        without either, or a desktop task (its state is running programs), leaves every member
+        to prepare on its own. Member 0 then counts as having its sandbox."""
+        prepared = Prepared(setup=setup.model_copy(update={"desktop": None}, deep=True))
+        copies = g.size > 1 and setup.desktop is None
+        if copies and self.backend.forks_by_changes:
+            try:
+                prepared.changes = await sandbox.changes()
+            except SnapshotUnsupportedError as exc:
+                log.info("group %s: a snapshot instead of changes (%s)", g.id, exc)
+        if copies and prepared.changes is None:
+            try:
+                snap = await sandbox.snapshot()
+            except SnapshotUnsupportedError as exc:
+                log.info("group %s: members prepare on their own (%s)", g.id, exc)
+            else:
+                prepared.snapshot = snap
+                prepared.fork_spec = spec.model_copy(update={"snapshot": snap})
+                await self.pool.prewarm({prepared.fork_spec: g.size - 1})
+        self.resolve(g, prepared)
+        self.acquired(g)
 
     def resolve(self, g: Group, prepared: Prepared) -> None:
         if prepared.snapshot is not None:

@@ -34,7 +34,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal, cast
+from typing import TYPE_CHECKING, Any, Literal
 
 from fastapi import Body, Depends, FastAPI, HTTPException, Request, WebSocket
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -54,7 +54,7 @@ from envserver.protocol import (
 )
 
 if TYPE_CHECKING:
-    from envserver.app import Connection
+    from envserver.episode_table import EpisodeConnection
     from envserver.sessions import EnvService, Session
 
 log = logging.getLogger(__name__)
@@ -170,8 +170,8 @@ def _action(data: dict[str, Any]) -> Any:
 
 
 class WireConnection:
-    """What `EnvService` needs of a connection (`session`, `open`), for one OpenEnv socket or
-    one stateless HTTP request."""
+    """What `EnvService` needs of a connection (`session`, `open`: an `EpisodeConnection`), for
+    one OpenEnv socket or one stateless HTTP request."""
 
     def __init__(self) -> None:
         self.session: Session | None = None
@@ -185,9 +185,9 @@ class WireConnection:
         # last one it handled from its cache (sessions.py), so ids must never repeat.
         return f"openenv-{self._prefix}-{next(self._ids)}"
 
-    def as_connection(self) -> Connection:
+    def as_connection(self) -> EpisodeConnection:
         # EnvService reads and writes only `session` and `open` of a connection.
-        return cast("Connection", self)
+        return self
 
 
 async def _reset(svc: EnvService, conn: WireConnection, data: OpenEnvResetData) -> Any:
