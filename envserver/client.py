@@ -40,6 +40,7 @@ import itertools
 import json
 import logging
 import random
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -151,7 +152,11 @@ class AsyncEnvClient:
         self.reset_info: ResetInfo | None = None
         self.reconnects = 0
         self._ws: ClientConnection | None = None
-        self._ids = itertools.count(1)
+        # request ids unique to this client: a client that resumes another's session (a
+        # restarted trainer) must not send an id the server would take for a resend of the
+        # other client's last request (and answer from its cache)
+        prefix = secrets.token_hex(4)
+        self._ids = (f"{prefix}-{n}" for n in itertools.count(1))
         self._lock = asyncio.Lock()
 
     # -- connection ----------------------------------------------------------------------------
@@ -272,6 +277,25 @@ class AsyncEnvClient:
             self.session_id = self.resume_token = None
         return result
 
+    async def replay(self, request_id: str) -> StepResult:
+        """The reply to this session's request `request_id`, resent: the server answers a resend
+        of a session's last request from its cache (or, while it still runs, with its reply
+        when it ends) and never runs it again. For a client that resumed another's session (a
+        restarted trainer): the resume's `info.last_request_id` names the last request."""
+        msg = {"type": "step", "action": {"kind": "submit"}}
+        reply = await self._request(msg, resumable=True, request_id=request_id)
+        if not isinstance(reply, StepResultReply):
+            raise _unexpected(reply, "step_result")
+        if reply.terminated or reply.truncated:
+            self.session_id = self.resume_token = None
+        return StepResult(
+            observation=reply.observation.model_dump(exclude_unset=True),
+            reward=reply.reward,
+            terminated=reply.terminated,
+            truncated=reply.truncated,
+            info=reply.info,
+        )
+
     async def prewarm(
         self, task_ids: list[str], count: int = 1, *, timeout_s: float = 2.0
     ) -> PrewarmReply:
@@ -302,10 +326,10 @@ class AsyncEnvClient:
 
     # -- plumbing --------------------------------------------------------------------------------
     async def _request(
-        self, msg: dict[str, Any], *, resumable: bool
+        self, msg: dict[str, Any], *, resumable: bool, request_id: str | None = None
     ) -> ObservationReply | StepResultReply | Any:
         async with self._lock:
-            msg["request_id"] = str(next(self._ids))
+            msg["request_id"] = request_id or next(self._ids)
             text = json.dumps(msg)
             attempt = 0
             while True:

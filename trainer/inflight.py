@@ -10,7 +10,10 @@ episodes it had in flight; the servers keep those sessions (a dropped connection
 `resume_grace_s` for a `resume`, and its sandbox lives on: `sandboxes.lifetime`). On restart with
 `run.resume`, `recover` records each ended one as it ended (unless episodes.jsonl has it already),
 and resumes each other one on its server and submits it: the verifier scores the sandbox as the
-agent left it, and the episode is recorded with its turns, its reward and `recovered: true`. One
+agent left it, and the episode is recorded with its turns, its reward and `recovered: true` (an
+episode the dead trainer was submitting when it died: a resume finds its submit still running
+and waits for it, or finds it ended and takes the reply the server kept for that request, a
+resend that never runs the verifier twice). One
 whose server or session is gone is recorded masked as infrastructure (`connection`), and the
 counts are reported (log, and `<run_dir>/inflight_recovery.json`).
 
@@ -36,6 +39,10 @@ from trainer.episode import Episode, Trajectory
 log = logging.getLogger(__name__)
 
 INFLIGHT_DIR = "inflight"
+#: how long a recovery waits for a request the dead trainer left running on the server (its
+#: submit in the verifier: a verifier's own limit is rarely longer), and how often it looks
+BUSY_WAIT_S = 1800.0
+BUSY_POLL_S = 0.5
 
 
 def episode_key(episode: Episode | dict[str, Any]) -> str:
@@ -145,9 +152,26 @@ async def _recover_one(data: dict[str, Any], open_client: Callable[[str], Any]) 
         episode.trajectories.append(Trajectory(role="agent"))
     try:
         async with open_client(data["server_url"]) as client:
-            obs, info = await client.resume(data["session_id"], data["resume_token"])
-            session = EpisodeSession(client, episode, episode.trajectories[0], obs, info or {})
-            res = await session.submit_to_the_end()
+            deadline = time.monotonic() + BUSY_WAIT_S
+            while True:
+                obs, info = await client.resume(data["session_id"], data["resume_token"])
+                info = info or {}
+                if info.get("ended") and info.get("last_request_id"):
+                    # it ended while no one listened (the dead trainer's submit, a limit): the
+                    # server kept that last reply; a resend of its request gets it, not a rerun
+                    res = await client.replay(str(info["last_request_id"]))
+                    break
+                session = EpisodeSession(client, episode, episode.trajectories[0], obs, info)
+                try:
+                    res = await session.submit_to_the_end()
+                    break
+                except EnvError as exc:
+                    # a request of the dead trainer's still runs there (its submit in the
+                    # verifier): once it ends, resume again (ended, or ready for a submit)
+                    busy = exc.code == "invalid_message" and exc.retryable
+                    if not busy or time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(BUSY_POLL_S)
             episode.trajectories[0].reward = float(res.reward)
             episode.termination = "submitted" if res.terminated else "env_truncated"
             episode.error = None

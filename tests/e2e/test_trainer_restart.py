@@ -15,14 +15,19 @@ import json
 import shutil
 import signal
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
+from envserver.client import EnvError
 from envserver.runner import ServerProcess
 from tests.e2e.conftest import NULL_TASK
 from tests.reliability.conftest import wait_until
 from trainer.episode import Episode, EpisodeWriter, Trajectory, read_episodes
+from trainer.episode_runner import EpisodeSession
 from trainer.failures import is_masked
 from trainer.inflight import INFLIGHT_DIR, InflightBook, episode_key, recover_into_run
 
@@ -103,6 +108,117 @@ async def test_episode_in_flight_survives_a_killed_trainer(task_dir: Path, tmp_p
         assert kept["cost"]["commands"] == 1  # the server's ledger covers the whole episode
         assert lost["termination"] == "connection" and lost["reward"] == 0.0
         assert is_masked(lost["termination"])  # masked as infrastructure, not scored 0
+    finally:
+        if trainer is not None and trainer.returncode is None:
+            trainer.kill()
+            await trainer.wait()
+        await asyncio.to_thread(srv.stop)
+
+
+GATED_TASK = "gated-verify"
+SUBMITTER = """
+import asyncio, sys
+from pathlib import Path
+from envserver.client import AsyncEnvClient
+from trainer.episode import Episode
+from trainer.episode_runner import run_episode
+from trainer.inflight import InflightBook
+
+async def play(session):
+    await session.step({"kind": "command", "command": "echo hello > /app/hello.txt"})
+    return "submitted"  # run_episode submits: killed while the verifier waits at its gate
+
+asyncio.run(run_episode(
+    lambda: AsyncEnvClient(sys.argv[1]), Episode(task_id=sys.argv[3], seed=11, group_id="g11"),
+    play, book=InflightBook(Path(sys.argv[2])),
+))
+"""
+
+
+def _live_sessions(srv: ServerProcess) -> int:
+    reply = httpx.get(f"http://{srv.host}:{srv.port}/v1/sessions", timeout=10)
+    return int(reply.json()["count"])
+
+
+def _gated_task(root: Path) -> Path:
+    """A task whose verifier says it started (/app/verifying) and then waits for /app/go."""
+    t = root / GATED_TASK
+    for sub in ("environment", "tests", "solution"):
+        (t / sub).mkdir(parents=True)
+    (t / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 300\n')
+    (t / "instruction.md").write_text("Write hello to /app/hello.txt\n")
+    (t / "environment" / "Dockerfile").write_text("FROM sandgym/terminal\nWORKDIR /app\n")
+    (t / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nmkdir -p /logs/verifier\ntouch /app/verifying\n"
+        "while [ ! -e /app/go ]; do sleep 0.1; done\n"
+        'if [ "$(cat /app/hello.txt)" = hello ]; then r=1; else r=0; fi\n'
+        "echo $r > /logs/verifier/reward.txt\n"
+    )
+    (t / "solution" / "solve.sh").write_text("#!/bin/bash\necho hello > /app/hello.txt\n")
+    return root
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+@pytest.mark.parametrize("release", ["before", "during"])
+async def test_an_episode_killed_in_its_submit_is_scored_once(
+    tmp_path: Path, release: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trainer dies while its submit runs the verifier. `before`: the verifier is released
+    before the restart, so the episode has ended when it resumes (the reply the server kept is
+    taken); `during`: released while the restart waits on the submit still running there."""
+    tasks, sandboxes = _gated_task(tmp_path / "tasks"), tmp_path / "sandboxes"
+    srv = await asyncio.to_thread(
+        ServerProcess,
+        "local",
+        args=["--tasks", str(tasks)],
+        env={"SANDGYM_INCLUDE_BUILTIN": "false", "SANDGYM_RESUME_GRACE_S": "300",
+             "SANDGYM_LOCAL_ROOT": str(sandboxes)},
+    )  # fmt: skip
+    run_dir = tmp_path / "run"
+    trainer = None
+    # the restart's submits refused because the dead trainer's submit still runs there
+    busy = threading.Event()
+    submit = EpisodeSession.submit_to_the_end
+
+    async def watched(self: EpisodeSession) -> Any:
+        try:
+            return await submit(self)
+        except EnvError as exc:
+            busy.set()
+            assert exc.code == "invalid_message" and exc.retryable, exc
+            raise
+
+    monkeypatch.setattr(EpisodeSession, "submit_to_the_end", watched)
+
+    def started() -> list[Path]:
+        return list(sandboxes.glob("sg-*/fs/app/verifying"))
+
+    try:
+        trainer = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", SUBMITTER, srv.url, str(run_dir), GATED_TASK
+        )
+        await wait_until(lambda: bool(started()), 120.0, 0.1, "the verifier at its gate")
+        trainer.send_signal(signal.SIGKILL)
+        await asyncio.wait_for(trainer.wait(), 30)
+        gate = started()[0].parent / "go"
+        if release == "before":
+            gate.touch()
+            await wait_until(  # the submit ended, its reply kept for no one: no live session
+                lambda: _live_sessions(srv) == 0, 120, 0.1, "the episode ended unheard"
+            )
+            result = await asyncio.to_thread(recover_into_run, run_dir, None, 1)
+        else:
+            recovery = asyncio.create_task(
+                asyncio.to_thread(recover_into_run, run_dir, None, 1)
+            )
+            assert await asyncio.to_thread(busy.wait, 120), "the restart never met the submit"
+            gate.touch()  # the verifier ends; the restart, waiting, takes its reply
+            result = await asyncio.wait_for(recovery, 120)
+        assert busy.is_set() == (release == "during")
+        assert result is not None and (result.resumed, result.lost) == (1, 0), result
+        (record,) = read_episodes(run_dir / "episodes.jsonl")
+        assert record["termination"] == "submitted" and record["reward"] == 1.0, record
+        assert record["recovered"] and record["error"] is None
     finally:
         if trainer is not None and trainer.returncode is None:
             trainer.kill()
