@@ -13,14 +13,11 @@ to another between phases (`Sandbox.set_network`) when its spec says it will be
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 NetworkMode = Literal["public", "no-network", "allowlist"]
-#: how open each mode is (higher = more open)
-_OPENNESS: dict[str, int] = {"no-network": 0, "allowlist": 1, "public": 2}
 #: where a sandbox with an `allowlist` phase finds its egress proxy (inside its own network
 #: namespace; an unusual port so a task's own services on 3128/8080 are not in the way)
 PROXY_HOST = "127.0.0.1"
@@ -101,18 +98,6 @@ class NetworkPolicy(BaseModel):
 
 PUBLIC = NetworkPolicy(mode="public")
 NO_NETWORK = NetworkPolicy(mode="no-network")
-
-
-def is_ip_literal(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return False
-    return True
-
-
-def openness(policy: NetworkPolicy) -> int:
-    return _OPENNESS[policy.mode]
 
 
 def clamp(policy: NetworkPolicy, ceiling: NetworkPolicy | None) -> NetworkPolicy:

@@ -26,7 +26,6 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from envserver.client import http_base as http_base  # re-exported: older imports name it here
 from trainer.agents import (
     NO_ACTION_HINT,
     NoopAgent,
@@ -38,11 +37,7 @@ from trainer.agents import (
 from trainer.config import TrainConfig
 from trainer.engines.base import InferenceEngine, SamplingParams
 from trainer.episode import Episode, Step, Trajectory, apply_tamper_policy
-from trainer.episode_runner import (
-    MAX_TASK_STEPS as MAX_TASK_STEPS,  # re-exported: older imports name it here
-)
 from trainer.episode_runner import Ending, EpisodeSession, run_episode
-from trainer.failures import classify_failure as classify_failure  # re-exported, likewise
 
 log = logging.getLogger(__name__)
 

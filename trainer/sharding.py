@@ -69,12 +69,6 @@ def shard_model(
     return model
 
 
-def is_sharded(model: Any) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
-
-
 def local_tensor(t: Any) -> Any:
     """This rank's part of `t` (a DTensor's local shard; a plain tensor itself)."""
     return t.to_local() if hasattr(t, "to_local") else t

@@ -7,14 +7,15 @@ from typing import Any
 
 import pytest
 
-from envserver.client import ConnectionLostError, EnvError, StepResult
+from envserver.client import ConnectionLostError, EnvError, StepResult, http_base
 from trainer.agents import TerminalAgent, format_observation, parse_action
 from trainer.algorithms import episode_to_samples
 from trainer.config import TrainConfig
 from trainer.engines.base import Generation, InferenceEngine, SamplingParams
 from trainer.episode import Episode, Trajectory
+from trainer.failures import classify_failure
 from trainer.models import load_tokenizer
-from trainer.rollout import EpisodeRunner, classify_failure, http_base
+from trainer.rollout import EpisodeRunner
 
 
 @pytest.fixture(scope="module")
