@@ -1211,8 +1211,11 @@ async def run_compat(args: argparse.Namespace) -> dict[str, Any]:
 
     async def one(it: Item) -> None:
         nonlocal pruned
-        if it.task is None:
-            record(load_error_entry(it))
+        if it.task is None:  # the loader's verdict, by this code: its commit on the line too
+            e = load_error_entry(it)
+            e["code_commit"] = run_commit
+            e["checked_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            record(e)
             return
         async with sem:
             limit = task_limit_s(it.task, args.task_timeout_s)

@@ -230,6 +230,8 @@ async def test_whole_run_on_null_backend(tmp_path: Path, monkeypatch: pytest.Mon
     assert second["source"]["repo"] == "o/r2" and second["source"]["commit"] is None
     by_id = {e["task_id"]: e for e in first["tasks"]}
     assert by_id["not-a-task"]["reasons"] == ["loader_error"]
+    # a loader's verdict is this code's too: the line names the commit that made it
+    assert by_id["not-a-task"]["code_commit"] == by_id["harbor-legacy"]["code_commit"] != ""
     t = by_id["harbor-legacy"]
     assert t["oracle_shipped"] is True and t["env_builds"] is True
     assert t["reasons"] == hc.verdict(t)
