@@ -276,8 +276,8 @@ def _kill_run(
         while time.monotonic() < deadline:  # the idle sweep closes them; the pool removes them
             objs = _engine_objects(owner, task_names)
             left = set(_new(objs, before, "sandgym_containers")) - _pool_ready(pool)
-            busy = pool.snapshot()["totals"]
-            if not server.app.state.sandbox_api.leases and not left and not busy["creating"]:
+            busy = pool.snapshot().totals
+            if not server.app.state.sandbox_api.leases and not left and not busy.creating:
                 break
             time.sleep(0.5)
         after = _engine_objects(owner, task_names)
@@ -462,7 +462,7 @@ def run(args: argparse.Namespace) -> int:
         "runs": runs,
         "kill": kills,
         "sandgym_containers_after_server_stop": after_stop,
-        "pool_at_end": {key: pool[key] for key in ("hits", "misses") if key in pool},
+        "pool_at_end": {"hits": pool.hits, "misses": pool.misses},
         "summary": summary,
         "targets": targets,
     }

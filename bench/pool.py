@@ -282,10 +282,10 @@ async def _steady_phase(
         "peak_total": peak,
         "max_total": max_total,
         "peak_within_max_total": peak <= max_total,
-        "created": snap["created"],
-        "destroyed_before_close": snap["destroyed"],
-        "health_replaced": snap["health_replaced"],
-        "failures": snap["failures"],
+        "created": snap.created,
+        "destroyed_before_close": snap.destroyed,
+        "health_replaced": snap.health_replaced,
+        "failures": snap.failures,
     }
 
 

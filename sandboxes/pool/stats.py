@@ -150,8 +150,8 @@ COUNTER_NAMES: tuple[str, ...] = (
 # ---------------------------------------------------------------------------------------------
 class _Snapshot(BaseModel):
     """Base of the snapshot models: fields by attribute. `snap["totals"]["creating"]` and
-    `"hits" in snap` also work, as on the former dict, for the callers that still read it by key
-    (`bench/pool.py`, `bench/harbor_provider.py`): a name the JSON leaves out raises KeyError."""
+    `"hits" in snap` also work, as on the former dict (some tests still read it by key; the
+    product and bench read fields): a name the JSON leaves out raises KeyError."""
 
     model_config = ConfigDict(extra="forbid")
 
