@@ -7,9 +7,10 @@ requests: `reset`, `step`, `close` and `resume` each return a reply model or rai
 - envserver/startup.py: the task registry, the backend's check, the orphan reap, the pool;
 - envserver/specs.py: each task's `SandboxSpec`, built once;
 - envserver/episode_table.py: `Session`, the episodes by id, capacity, detach, resume, sweep;
+- envserver/preparing.py: a reset's sandbox acquired and set up;
 - envserver/groups.py: episode groups (`reset.options.group`), one preparation for N members;
-- envserver/actions.py: an action on the sandbox or the desktop;
-- envserver/scoring.py: a `submit` scored by the task's verifier;
+- envserver/stepping.py: one step (time limit, action, truncation), envserver/actions.py the
+  action itself, envserver/scoring.py a `submit` scored by the task's verifier;
 - envserver/resend.py: a resent step answered from its cache.
 
 Lifecycle rules:
@@ -34,17 +35,16 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from envserver.actions import apply_action, apply_desktop
+from envserver.actions import apply_desktop
 from envserver.cost import CostMetrics, episode_cost
 from envserver.episode_table import EpisodeConnection, Session, SessionTable
 from envserver.errors import NoEpisodeError
-from envserver.groups import Group, GroupRegistry
+from envserver.groups import GroupRegistry
 from envserver.metrics import ServerMetrics
+from envserver.preparing import Preparer
 from envserver.protocol import (
-    DESKTOP_ACTION_KINDS,
     ClosedReply,
     CloseMsg,
-    CommandAction,
     Observation,
     ObservationReply,
     ResetInfo,
@@ -52,23 +52,20 @@ from envserver.protocol import (
     ResumeInfo,
     ResumeMsg,
     ScreenshotAction,
-    StepInfo,
     StepMsg,
     StepResultReply,
-    SubmitAction,
 )
 from envserver.resend import cached_reply, run_once
 from envserver.scoring import Scorer
 from envserver.settings import ServerSettings
 from envserver.specs import SpecCache
 from envserver.startup import ensure_usable, load_tasks, make_pool, reap_orphans
-from sandboxes import Sandbox, SandboxBackend, SandboxSpec, get_backend
+from envserver.stepping import Stepper
+from sandboxes import SandboxBackend, SandboxSpec, get_backend
 from sandboxes.pool import SandboxPool
 
 if TYPE_CHECKING:
-    from envserver.gateway_bridge import GatewayBridge
     from tasks import TaskRegistry
-    from tasks.episode_models import EpisodeSetup, VerifyMode
     from tasks.models import TaskSpec
 
 __all__ = ["EnvService", "EpisodeConnection", "Session"]
@@ -90,7 +87,8 @@ class EnvService:
         self.cost_metrics = CostMetrics(self.metrics.registry)
         self.table = SessionTable(settings, self.metrics.episode_ended)
         self.specs = SpecCache(settings)
-        self.scorer = Scorer(settings, self.metrics)
+        self.preparer = Preparer(settings, self.metrics, self.specs)
+        self.stepper = Stepper(settings, self.metrics, Scorer(settings, self.metrics))
         self.connections = 0
         self._sweeper: asyncio.Task[None] | None = None
         self._ending: set[asyncio.Task[None]] = set()
@@ -176,13 +174,21 @@ class EnvService:
             group, member = self.groups.join(msg.options.group, msg.task_id, msg.seed)
         with self.table.reserve():
             try:
-                sandbox, setup, forked, acquire_s, prepare_s, bridge = await self._prepare(
-                    task, msg, verify, group, member
+                ready = await self.preparer.prepare(
+                    task,
+                    msg,
+                    verify,
+                    pool=self.pool,
+                    groups=self.groups,
+                    backend=self.backend,
+                    group=group,
+                    member=member,
                 )
             except BaseException as exc:
                 if group is not None:
                     self.groups.abandon(group, member, exc)
                 raise
+        sandbox, setup, bridge = ready.sandbox, ready.setup, ready.bridge
         desktop = setup.desktop  # brought up by prepare_episode for a desktop task
         session = Session(
             id="ses-" + uuid.uuid4().hex[:16],
@@ -195,8 +201,8 @@ class EnvService:
             desktop=desktop,
             bridge=bridge,
             group=group,
-            leased_at=time.time() - prepare_s,
-            prepare_s=prepare_s,
+            leased_at=time.time() - ready.prepare_s,
+            prepare_s=ready.prepare_s,
         )
         self.table.add(session, conn)
         if not conn.open:  # the socket dropped while the sandbox was being prepared
@@ -214,8 +220,8 @@ class EnvService:
             info=ResetInfo(
                 task_id=msg.task_id,
                 seed=msg.seed,
-                acquire_s=acquire_s,
-                prepare_s=prepare_s,
+                acquire_s=ready.acquire_s,
+                prepare_s=ready.prepare_s,
                 from_pool=sandbox.from_pool,
                 desktop=desktop is not None,
                 sandbox_id=sandbox.id,
@@ -224,69 +230,10 @@ class EnvService:
                 time_limit_s=self.settings.episode_time_limit_s,
                 **({"gateway_socket": "/run/sandgym/gateway.sock"} if bridge else {}),
                 **({"network": setup.network.describe()} if setup.network is not None else {}),
-                **({"group": group.describe(member, forked)} if group is not None else {}),
+                **({"group": group.describe(member, ready.forked)} if group is not None else {}),
                 verify=setup.verify,
             ).wire(),
         )
-
-    async def _prepare(
-        self,
-        task: TaskSpec,
-        msg: ResetMsg,
-        verify: VerifyMode | None,
-        group: Group | None,
-        member: int,
-    ) -> tuple[Sandbox, EpisodeSetup, bool, float, float, GatewayBridge | None]:
-        """A reset's sandbox, acquired and set up: (sandbox, set-up, forked from member 0,
-        acquire_s, prepare_s, gateway bridge). On error the sandbox goes back to the pool."""
-        from tasks.runtime import prepare_episode
-
-        assert self.pool is not None and self.groups is not None
-        spec = self.spec_for(task)
-        prepared = None
-        if group is not None and member > 0:  # a copy of member 0's prepared sandbox
-            sandbox, prepared, acquire_s = await self.groups.member_sandbox(group, spec)
-        else:
-            t0 = time.perf_counter()
-            sandbox = await self.pool.acquire(spec)
-            acquire_s = time.perf_counter() - t0
-        forked = prepared is not None and prepared.forked
-        self.metrics.acquire_latency.observe(acquire_s)
-        # Its hard lifetime: the episode's limits (sandboxes.lifetime), kept by the pool.
-        sandbox.episode_end = time.time() + self._episode_limit_s(task)
-        try:
-            t1 = time.perf_counter()
-            if prepared is not None and forked:
-                setup = await self.groups.fork_setup(task, sandbox, prepared, verify)
-            else:
-                setup = await prepare_episode(
-                    task,
-                    sandbox,
-                    msg.seed,
-                    network_ceiling=self.specs.network_ceiling,
-                    verify=verify,
-                )
-            if group is not None and member == 0:
-                await self.groups.share(group, sandbox, spec, setup)
-            bridge = None
-            if msg.options.gateway_url is not None:  # a harness in the sandbox calls a gateway
-                from envserver.gateway_bridge import GatewayBridge
-
-                bridge = await GatewayBridge.open(sandbox, msg.options.gateway_url)
-            prepare_s = time.perf_counter() - t1
-        except BaseException:
-            await asyncio.shield(self.pool.release(sandbox))
-            raise
-        return sandbox, setup, forked, acquire_s, prepare_s, bridge
-
-    def _episode_limit_s(self, task: TaskSpec) -> float:
-        """The longest an episode of `task` can hold its sandbox: the time limit and a verifier
-        run per step of the task (the last may start just before the limit). While the server
-        lives, the pool's refresh keeps `sandbox_grace_s` ahead of now on top of it."""
-        timeouts = getattr(task, "timeouts", None)
-        verifier_s = float(getattr(timeouts, "verifier_timeout_s", 120.0))
-        steps = max(1, len(getattr(task, "steps", None) or ()))
-        return self.settings.episode_time_limit_s + steps * verifier_s
 
     async def step(self, conn: EpisodeConnection, msg: StepMsg) -> StepResultReply:
         s = conn.session
@@ -295,58 +242,8 @@ class EnvService:
             return cached  # a resend after a lost reply: never run the action twice
         if s is None or s.done:
             raise NoEpisodeError("no episode on this connection: send `reset` (or `resume`) first")
-        return await run_once(s, msg.request_id, lambda: self._step(s, msg))
-
-    async def _step(self, s: Session, msg: StepMsg) -> StepResultReply:
-        settings = self.settings
-        action = msg.action
-        elapsed = time.monotonic() - s.started
-        remaining = settings.episode_time_limit_s - elapsed
-        if remaining <= 0:
-            await self._end(s, "time_limit")
-            return StepResultReply(
-                request_id=msg.request_id,
-                observation=Observation(output="[sandgym: episode time limit reached]\n"),
-                truncated=True,
-                info=StepInfo(step=s.steps, elapsed_s=elapsed, truncation="time_limit").wire(),
-            )
-        if isinstance(action, SubmitAction):
-            return await self.scorer.submit(s, msg, self.backend, self._end)
-        t0 = time.perf_counter()
-        timeout_s = settings.default_action_timeout_s
-        if isinstance(action, CommandAction) and action.timeout_s is not None:
-            timeout_s = action.timeout_s
-        # Never let one action outlive the episode's own time limit by much.
-        timeout_s = max(0.001, min(timeout_s, settings.max_action_timeout_s, remaining))
-        info: dict[str, Any]
-        if action.kind in DESKTOP_ACTION_KINDS:
-            obs, info = await apply_desktop(s.desktop, action), {}
-        else:
-            obs, info = await apply_action(
-                s.sandbox, action, timeout_s=timeout_s, max_output_bytes=settings.max_output_bytes
-            )
-        action_s = time.perf_counter() - t0
-        self.metrics.latency_by_kind[action.kind].observe(action_s)
-        self.metrics.steps.inc()
-        s.steps += 1
-        s.commands += isinstance(action, CommandAction)
-        s.last_observation = obs
-        info["step"] = s.steps
-        info["action_s"] = action_s
-        truncated = False
-        if s.steps >= settings.max_steps:
-            truncated, info["truncation"] = True, "max_steps"
-        elif time.monotonic() - s.started >= settings.episode_time_limit_s:
-            truncated, info["truncation"] = True, "time_limit"
-        if truncated:
-            await self._end(s, str(info["truncation"]))
-            if s.cost is not None:
-                info["cost"] = s.cost
-        return StepResultReply(
-            request_id=msg.request_id,
-            observation=obs,
-            truncated=truncated,
-            info=StepInfo(**info).wire(),
+        return await run_once(
+            s, msg.request_id, lambda: self.stepper.step(s, msg, self.backend, self._end)
         )
 
     async def close(self, conn: EpisodeConnection, msg: CloseMsg) -> ClosedReply:
