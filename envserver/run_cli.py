@@ -129,9 +129,22 @@ async def play(
     return record
 
 
+def in_process_settings(args: argparse.Namespace) -> Any:
+    """The `ServerSettings` of the in-process server that serves the episode without --server
+    (a free port, --backend, --tasks, --image-map)."""
+    from envserver.settings import ServerSettings
+    from tasks.runtime import parse_image_map
+
+    return ServerSettings(
+        port=0,
+        backend=args.backend or "local",
+        task_dirs=list(args.tasks),
+        image_map=parse_image_map(args.image_map),
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     from tasks import TaskRegistry
-    from tasks.runtime import parse_image_map
 
     registry = TaskRegistry(args.tasks)
     task = registry.get(args.task)
@@ -142,14 +155,8 @@ def run(args: argparse.Namespace) -> int:
         record["server"] = args.server
     else:
         from envserver.runner import BackgroundServer
-        from envserver.settings import ServerSettings
 
-        settings = ServerSettings(
-            port=0,
-            backend=args.backend or "local",
-            task_dirs=list(args.tasks),
-            image_map=parse_image_map(args.image_map),
-        )
+        settings = in_process_settings(args)
         with BackgroundServer(settings) as srv:
             record = asyncio.run(play(srv.url, args.task, actions, args.seed, None))
         record["backend"] = settings.backend

@@ -33,15 +33,8 @@ def run(args: argparse.Namespace) -> int:
         record["server"] = args.server
     else:
         from envserver.runner import BackgroundServer
-        from envserver.settings import ServerSettings
-        from tasks.runtime import parse_image_map
 
-        settings = ServerSettings(
-            port=0,
-            backend=args.backend or "local",
-            task_dirs=list(args.tasks),
-            image_map=parse_image_map(args.image_map),
-        )
+        settings = run_cli.in_process_settings(args)
         with BackgroundServer(settings) as srv:
             record = asyncio.run(_play_llm(args, srv.url, None))
         record["backend"] = settings.backend
