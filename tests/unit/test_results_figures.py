@@ -44,6 +44,21 @@ SB, GR, HC, RE = "sandbox_latency.json", "group.json", "harbor_compat.json", "re
 SE, ST = "sessions.json", "step.json"
 GF = "group_first_command.json"
 OL = "openai_llamacpp.json"
+TD = "train_demo.json"
+
+
+def demo_row(group: str, task: str) -> str:
+    """A row of the training demo's table (docs/training.md): before, after and the seed-level
+    difference with its interval, as the page writes them."""
+    base = f"{group}/{task}"
+    b, a = at(TD, f"{base}/before"), at(TD, f"{base}/after")
+    sl = at(TD, f"{base}/seed_level")
+    lo, hi = sl["ci95"]
+    return (
+        f"| {b['mean_reward']:.2f} ({b['successes']}/{b['episodes']}) "
+        f"| {a['mean_reward']:.2f} ({a['successes']}/{a['episodes']}) "
+        f"| {sl['delta']:+.2f} ({lo:+.2f} to {hi:+.2f}; "
+    )
 ABUSES = {
     "fork_bomb": "fork bomb",
     "memory_hog": "memory hog",
@@ -115,6 +130,8 @@ def fuzz_figures() -> str:
 
 #: (what, the results page's text made from the results)
 FIGURES: list[tuple[str, Callable[[], str]]] = [
+    ("demo heldout-ops", lambda: demo_row("transfer", "heldout-ops")),
+    ("demo path-ops held-out seeds", lambda: demo_row("heldout", "builtin//path-ops")),
     (
         "local create",
         lambda: (
