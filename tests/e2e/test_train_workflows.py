@@ -79,7 +79,10 @@ def test_train_on_harness_episodes(
 
     (store,) = (run_dir / "gateway").glob("*.sqlite")
     with sqlite3.connect(store) as db:
-        assert db.execute("SELECT COUNT(*) FROM calls").fetchone() == (0,)
+        left = db.execute("SELECT session_id, idx FROM calls").fetchall()
+    # (the CI of 2026-12-03 found 4 calls left once, under load: which sessions, to find why)
+    recorded = sorted({e["group_id"] for e in episodes})
+    assert left == [], (left, recorded)
     cfg = load_config(SMOKE)
     initial = load_model(cfg.model).state_dict()
     trained = load_file(str(run_dir / "checkpoints/step_000001/model.safetensors"))
