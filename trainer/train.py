@@ -695,6 +695,9 @@ class Trainer:
             ray.kill(r)
         if getattr(self, "_completed", False):  # a finished run resumes none of them
             abandon_inflight(self.run_dir)
+            from trainer.gateway.records import drop_abandoned_calls
+
+            drop_abandoned_calls(self.run_dir / "gateway")  # their harness calls likewise
         if getattr(self, "fleet", None) is not None:
             self.fleet.stop()  # drained: their sandboxes are removed
         if hasattr(self, "learners"):

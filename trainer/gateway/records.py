@@ -156,3 +156,20 @@ class CallStore:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def drop_abandoned_calls(store_dir: Path) -> int:
+    """A finished run's stores (`*.sqlite` under `store_dir`): the calls still kept belong to
+    episodes that were in flight when the run ended, which nothing will consume; they are
+    deleted (with the rollout workers stopped). Returns how many were."""
+    import logging
+    import sqlite3
+
+    dropped = 0
+    for path in sorted(store_dir.glob("*.sqlite")) if store_dir.is_dir() else []:
+        try:
+            with sqlite3.connect(path) as db:
+                dropped += db.execute("DELETE FROM calls").rowcount
+        except sqlite3.Error as exc:  # a store without the table, or unreadable: left as is
+            logging.getLogger(__name__).warning("gateway store %s not cleared: %s", path, exc)
+    return dropped
