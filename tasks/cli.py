@@ -109,6 +109,14 @@ def run(args: argparse.Namespace) -> int:
     if args.tasks_command == "list":
         return _list(args)
     if args.tasks_command == "check":
+        missing = [p for p in args.paths if not Path(p).exists()]
+        if missing:  # a typo, not a task that failed to load
+            print(
+                "sandgym tasks check: expected a task or dataset directory, found nothing at "
+                + ", ".join(missing),
+                file=sys.stderr,
+            )
+            return 2
         return asyncio.run(_check_all(args))
     print("usage: sandgym tasks {list,check} ... (see --help)", file=sys.stderr)
     return 2
@@ -117,9 +125,9 @@ def run(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     try:
         reg = TaskRegistry(args.tasks, include_builtin=not args.no_builtin)
-    except TaskError as exc:
+    except TaskError as exc:  # a path the user gave that holds no tasks
         print(f"sandgym tasks list: {exc}", file=sys.stderr)
-        return 1
+        return 2
     if args.json:
         doc = {
             "tasks": [

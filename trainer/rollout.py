@@ -24,7 +24,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from trainer.agents import (
     NO_ACTION_HINT,
@@ -40,6 +40,21 @@ from trainer.episode import Episode, Step, Trajectory, apply_tamper_policy
 from trainer.episode_runner import Ending, EpisodeSession, run_episode
 
 log = logging.getLogger(__name__)
+
+
+class Workflow(Protocol):
+    """What a rollout worker plays an episode with: `EpisodeRunner` (one agent), the solver-judge
+    workflow (trainer/roles.py) and the harness rollout (trainer/harness/rollout.py). Each plays
+    one episode of `task_id` at `seed` as a member of `group_id` and returns it filled in, never
+    raising for the episode's own failures (they are classified on the episode)."""
+
+    async def run_episode(
+        self,
+        task_id: str,
+        seed: int | None,
+        group_id: str = "",
+        params: SamplingParams | None = None,
+    ) -> Episode: ...
 
 
 class EpisodeRunner:
@@ -224,7 +239,7 @@ class RolloutWorker:
         if urls:  # (none when the trainer finds its servers through Ray and names each one)
             k = worker_index % len(urls)
             self.runner.urls = urls[k:] + urls[:k]
-        self.workflow: Any = self.runner
+        self.workflow: Workflow = self.runner
         if cfg.agent.workflow == "solver_judge":
             from trainer.roles import SolverJudgeWorkflow
 
@@ -239,8 +254,8 @@ class RolloutWorker:
 
             if engine is None:
                 raise ValueError("agent.kind harness needs an inference engine")
-            base = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="sandgym-gw-"))
-            store = base / "gateway" / f"rollout-{worker_index}.sqlite"
+            gw_root = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="sandgym-gw-"))
+            store = gw_root / "gateway" / f"rollout-{worker_index}.sqlite"
             self.workflow = HarnessRollout(cfg, engine, self.tokenizer, store)
 
     async def run_episode(

@@ -56,3 +56,26 @@ def test_run_llm_unknown_task_is_one_line_before_a_model_loads(
     assert rc == 2
     assert [ln for ln in err.splitlines() if ln.startswith("sandgym run:")], err
     assert "Traceback" not in err
+
+
+def test_tasks_check_missing_path_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    rc = main(["tasks", "check", str(tmp_path / "nope"), "--backend", "null"])
+    captured = capsys.readouterr()
+    assert rc == 2
+    assert captured.out == ""  # no FAIL table for a typo
+    lines = [ln for ln in captured.err.splitlines() if ln.startswith("sandgym tasks check:")]
+    assert len(lines) == 1, captured.err
+    assert str(tmp_path / "nope") in lines[0] and "expected a task or dataset directory" in lines[0]
+
+
+def test_tasks_list_missing_dir_is_one_line(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    rc = main(["tasks", "list", "--tasks", str(tmp_path / "nope")])
+    captured = capsys.readouterr()
+    assert rc == 2
+    assert captured.out == ""
+    assert captured.err.count("sandgym tasks list:") == 1
+    assert str(tmp_path / "nope") in captured.err
