@@ -27,6 +27,13 @@ and a digest-pinned reference cannot be met by a locally tagged stand-in, so Har
 every no-network task (`network_mode='no-network' is not supported by docker environment`). The
 side-by-side runs therefore use copies of the catalog tasks with `network_mode = "public"`
 (same Dockerfile, tests and solution); the originals run on sandgym alone.
+
+Terminal-Bench 2.0 tasks (`--tb2-dir DIR --tb2-select N`, or `--tb2-tasks NAMES`): the clean
+tasks of the committed `harbor_compat` record chosen by a rule fixed before the run, each copied
+once with the compat run's substitutions (bench/harbor_provider_tb2.py); both environments run
+that one copy, and its Dockerfile's `FROM` resolves to the same local stand-in image. The result
+records the rule, the source repository and commit, and what was applied to each task. Each job
+records the host's load average at its start and end (the machine is shared).
 """
 
 from __future__ import annotations
@@ -61,7 +68,9 @@ HARBOR_DOCKER = "docker"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--tasks", nargs="+", default=list(DEFAULT_TASKS), help="catalog task names")
+    p.add_argument(
+        "--tasks", nargs="*", default=list(DEFAULT_TASKS), help="catalog task names (none: none)"
+    )
     p.add_argument("-k", "--attempts", type=int, default=4, help="trials per task, repeated run")
     p.add_argument("--concurrency", type=int, default=1, help="Harbor's --n-concurrent")
     p.add_argument(
@@ -69,6 +78,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         help="more Harbor task directories (e.g. Terminal-Bench 2.0 tasks) for the side by side",
+    )
+    p.add_argument(
+        "--tb2-dir",
+        type=Path,
+        default=None,
+        help="a Terminal-Bench 2.0 task folder (bench/harbor_provider_tb2.py's SOURCE): its "
+        "selected tasks run side by side, from one substituted copy",
+    )
+    p.add_argument(
+        "--tb2-select",
+        type=int,
+        default=None,
+        help="select this many clean TB2 tasks by bench/harbor_provider_tb2.py's rule",
+    )
+    p.add_argument("--tb2-tasks", nargs="*", default=[], help="or name the TB2 tasks")
+    p.add_argument(
+        "--compat-jsonl",
+        type=Path,
+        default=REPO / "bench" / "results" / "harbor_compat.jsonl",
+        help="the harbor_compat record the TB2 selection reads",
+    )
+    p.add_argument(
+        "--compat-json",
+        type=Path,
+        default=REPO / "bench" / "results" / "harbor_compat.json",
+        help="its summary (the --image-map the compat run used)",
     )
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/sandgym-bench-harbor-provider"))
     p.add_argument(
@@ -123,6 +158,7 @@ class _Job:
             extra=extra,
         )
         _log(f"{self.name}: harbor run on {tasks.name}")
+        load_start = os.getloadavg()
         t0 = time.perf_counter()
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=3600, check=False)
         wall = time.perf_counter() - t0
@@ -136,6 +172,8 @@ class _Job:
             "job": self.name,
             "harbor_exit_code": proc.returncode,
             "wall_s": round(wall, 2),
+            "load_average_start": [round(x, 2) for x in load_start],
+            "load_average_end": [round(x, 2) for x in os.getloadavg()],
             "trials": [t.model_dump() for t in trials],
             "log_tail": (proc.stdout + proc.stderr)[-1500:] if proc.returncode else None,
         }
@@ -148,9 +186,7 @@ def _median(values: list[float]) -> float | None:
 def _repeated_figures(trials: list[TrialRecord]) -> dict[str, Any]:
     """Medians over a repeated run's trials: all of them, and all but each task's first
     (the first may meet a cold pool or an unbuilt image)."""
-    by_task: dict[str, list[TrialRecord]] = {}
-    for t in sorted(trials, key=lambda t: t.trial):
-        by_task.setdefault(t.task, []).append(t)
+    by_task = _by_task(trials)
     later = [t for ts in by_task.values() for t in ts[1:]]
     return {
         "trials": len(trials),
@@ -163,6 +199,28 @@ def _repeated_figures(trials: list[TrialRecord]) -> dict[str, Any]:
         ),
         "median_trial_s_after_first": _median([t.trial_s for t in later if t.trial_s is not None]),
     }
+
+
+def _per_task(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each task's trials in one run: rewards, median trial time and environment start."""
+    out: dict[str, dict[str, Any]] = {}
+    for task, ts in _by_task([TrialRecord(**t) for t in run["trials"]]).items():
+        out[task] = {
+            "trials": len(ts),
+            "rewards": [t.reward for t in ts],
+            "median_trial_s": _median([t.trial_s for t in ts if t.trial_s is not None]),
+            "median_environment_start_s": _median(
+                [t.environment_start_s for t in ts if t.environment_start_s is not None]
+            ),
+        }
+    return out
+
+
+def _by_task(trials: list[TrialRecord]) -> dict[str, list[TrialRecord]]:
+    by_task: dict[str, list[TrialRecord]] = {}
+    for t in sorted(trials, key=lambda t: t.trial):
+        by_task.setdefault(t.task, []).append(t)
+    return by_task
 
 
 def _rewards(run: dict[str, Any]) -> dict[str, list[float | None]]:
@@ -324,6 +382,32 @@ def _counts(objs: dict[str, list[str]], before: dict[str, list[str]], held: int)
 
 
 # -- the run -----------------------------------------------------------------------------------
+def _prepare_tb2(args: argparse.Namespace, public: Path, work: Path) -> dict[str, Any] | None:
+    """The Terminal-Bench 2.0 tasks asked for, selected and prepared into `public` (one copy,
+    run by both environments); what the result records of them."""
+    from bench import harbor_provider_tb2 as tb2
+
+    if args.tb2_dir is None:
+        return None
+    if args.tb2_tasks:
+        chosen, rule = tb2.named_tasks(args.compat_jsonl, list(args.tb2_tasks)), "named"
+    else:
+        image_map = json.loads(args.compat_json.read_text(encoding="utf-8")).get("image_map") or {}
+        chosen = tb2.select_tasks(args.compat_jsonl, image_map, args.tb2_select or 6, args.tb2_dir)
+        rule = tb2.SELECTION_RULE.replace("the N ", f"the {len(chosen)} ")
+    prepared = tb2.prepare(chosen, args.tb2_dir, public, work)
+    _log(f"terminal-bench-2.0: {[t.task for t in prepared]}")
+    return {
+        "dataset": tb2.DATASET,
+        "source": tb2.SOURCE,
+        "selection": rule,
+        "compat_record": str(args.compat_jsonl.resolve().relative_to(REPO))
+        if args.compat_jsonl.resolve().is_relative_to(REPO)
+        else str(args.compat_jsonl),
+        "tasks": [t.model_dump() for t in prepared],
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     from envserver.runner import BackgroundServer
     from envserver.settings import ServerSettings
@@ -336,6 +420,7 @@ def run(args: argparse.Namespace) -> int:
         shutil.rmtree(jobs)
     jobs.mkdir()
     public = _prepare_tasks(list(args.tasks), work / "tasks-public", True, args.extra_tasks_dir)
+    tb2 = _prepare_tb2(args, public, work)
     original = _prepare_tasks(list(args.tasks), work / "tasks-catalog", False, None)
     shutil.copytree(
         REPO / "tests" / "fixtures" / "harbor_provider" / "net-phases", original / "net-phases"
@@ -395,6 +480,8 @@ def run(args: argparse.Namespace) -> int:
         summary[part] = {
             "rewards_sandgym": ra,
             "rewards_docker": rb,
+            "per_task_sandgym": _per_task(a),
+            "per_task_docker": _per_task(b),
             "tasks_both_ran": len(tasks_both),
             "identical_rewards": all(
                 sorted(map(str, ra[t])) == sorted(map(str, rb[t])) for t in tasks_both
@@ -456,8 +543,11 @@ def run(args: argparse.Namespace) -> int:
             "attempts": k,
             "concurrency": c,
             "harbor_extra_args": extra,
-            "side_by_side_tasks": "catalog copies with network_mode = public (see docstring)",
+            "side_by_side_tasks": "catalog copies with network_mode = public (see docstring)"
+            + ("; terminal-bench-2.0: one prepared copy per task (config.tb2)" if tb2 else ""),
             "host_cpus": os.cpu_count(),
+            "catalog_tasks": sorted(args.tasks),
+            "tb2": tb2,
         },
         "runs": runs,
         "kill": kills,
