@@ -42,6 +42,7 @@ from envserver.protocol import (
     PrewarmRequest,
     ResetMsg,
     ResumeMsg,
+    SessionsReply,
     StepMsg,
     parse_client_message,
 )
@@ -301,15 +302,14 @@ def create_app(
         return service.pool.snapshot().model_dump() if service.pool else {}
 
     @app.get("/v1/sessions", dependencies=auth)
-    async def sessions() -> dict[str, Any]:
+    async def sessions() -> SessionsReply:
         view = service.sessions_view()
-        # `resetting`: resets that hold a slot before their session exists (capacity counts them)
-        return {
-            "count": len(view),
-            "resetting": service.resetting,
-            "max_sessions": settings.max_sessions,
-            "sessions": view,
-        }
+        return SessionsReply(
+            count=len(view),
+            resetting=service.resetting,
+            max_sessions=settings.max_sessions,
+            sessions=view,
+        )
 
     @app.post("/v1/pool/prewarm", dependencies=auth)
     async def prewarm(body: PrewarmRequest) -> JSONResponse:

@@ -22,10 +22,10 @@ import secrets
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from envserver.errors import CapacityError, NoEpisodeError
-from envserver.protocol import EpisodeCost, Observation, StepResultReply
+from envserver.protocol import EpisodeCost, Observation, SessionEntry, StepResultReply
 from envserver.settings import ServerSettings
 from sandboxes import Sandbox
 
@@ -84,20 +84,20 @@ class Session:
     commands: int = 0
     cost: EpisodeCost | None = None
 
-    def describe(self, now: float) -> dict[str, Any]:
+    def describe(self, now: float) -> SessionEntry:
         """This episode's entry in `GET /v1/sessions`."""
-        return {
-            "session_id": self.id,
-            "task_id": self.task_id,
-            "seed": self.seed,
-            "steps": self.steps,
-            "age_s": round(now - self.started, 3),
-            "idle_s": round(now - self.last_active, 3),
-            "attached": self.conn is not None,
-            "busy": self.inflight is not None,
-            "sandbox_id": self.sandbox.id,
-            "from_pool": self.sandbox.from_pool,
-        }
+        return SessionEntry(
+            session_id=self.id,
+            task_id=self.task_id,
+            seed=self.seed,
+            steps=self.steps,
+            age_s=round(now - self.started, 3),
+            idle_s=round(now - self.last_active, 3),
+            attached=self.conn is not None,
+            busy=self.inflight is not None,
+            sandbox_id=self.sandbox.id,
+            from_pool=self.sandbox.from_pool,
+        )
 
 
 class SessionTable:
@@ -193,7 +193,7 @@ class SessionTable:
                 due.append((s, "idle"))
         return due
 
-    def view(self) -> list[dict[str, Any]]:
+    def view(self) -> list[SessionEntry]:
         """The live episodes as `GET /v1/sessions` lists them."""
         now = time.monotonic()
         return [s.describe(now) for s in self.live.values()]

@@ -523,6 +523,30 @@ def parse_server_reply(
 
 
 # -- HTTP ops endpoints -------------------------------------------------------------------------
+class SessionEntry(BaseModel):
+    """One live episode in `GET /v1/sessions`."""
+
+    session_id: str
+    task_id: str
+    seed: int | None
+    steps: int
+    age_s: float
+    idle_s: float
+    attached: bool  # a connection holds it now
+    busy: bool  # a request of it is being answered
+    sandbox_id: str
+    from_pool: bool  # its sandbox came ready from the warm pool
+
+
+class SessionsReply(BaseModel):
+    """`GET /v1/sessions`: the live episodes and the capacity they hold."""
+
+    count: int
+    resetting: int  # resets holding a slot before their session exists (capacity counts them)
+    max_sessions: int
+    sessions: list[SessionEntry]
+
+
 class PrewarmRequest(_Wire):
     """Body of `POST /v1/pool/prewarm`: keep `count` sandboxes ready for each task's
     environment (a trainer asks this for the tasks of its next groups)."""

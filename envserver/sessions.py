@@ -33,7 +33,7 @@ import logging
 import secrets
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from envserver.actions import apply_desktop
 from envserver.cost import CostMetrics, episode_cost
@@ -52,6 +52,7 @@ from envserver.protocol import (
     ResumeInfo,
     ResumeMsg,
     ScreenshotAction,
+    SessionEntry,
     StepMsg,
     StepResultReply,
 )
@@ -344,6 +345,6 @@ class EnvService:
             self._end_bg(s, reason)
         return [s.id for s, _ in due]
 
-    def sessions_view(self) -> list[dict[str, Any]]:
+    def sessions_view(self) -> list[SessionEntry]:
         """The live episodes as `GET /v1/sessions` lists them."""
         return self.table.view()

@@ -50,7 +50,7 @@ def test_openenv_client_runs_sandgym_episodes(
         assert "/app/hello.txt" in first.observation["output"]
         assert first.done is False and first.reward is None
         assert first.metadata["session_id"] in {
-            s["session_id"] for s in srv.service.sessions_view()
+            s.session_id for s in srv.service.sessions_view()
         }
         assert env.state()["step_count"] == 0
 

@@ -17,6 +17,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from envserver.client import AsyncEnvClient, EnvError
+from envserver.protocol import SessionsReply
 from tests.e2e.conftest import NULL_TASK
 
 
@@ -288,6 +289,22 @@ async def test_http_endpoints(null_server):
         sessions = (await http.get("/v1/sessions")).json()
         assert sessions["count"] == 1 and sessions["sessions"][0]["task_id"] == NULL_TASK
         assert sessions["sessions"][0]["steps"] == 1
+        # the typed view keeps the wire keys it always had (a client may read any of them)
+        assert set(sessions) == {"count", "resetting", "max_sessions", "sessions"}
+        assert set(sessions["sessions"][0]) == {
+            "session_id",
+            "task_id",
+            "seed",
+            "steps",
+            "age_s",
+            "idle_s",
+            "attached",
+            "busy",
+            "sandbox_id",
+            "from_pool",
+        }
+        entry = SessionsReply.model_validate(sessions).sessions[0]
+        assert entry.attached and not entry.busy and entry.sandbox_id
         assert (await http.get("/v1/pool")).json()["backend"] == "null"
         metrics = (await http.get("/metrics")).text
         assert "sandgym_steps_total 1.0" in metrics
