@@ -328,7 +328,13 @@ class SandboxBackend(abc.ABC):
 
     def check_services(self, spec: SandboxSpec) -> None:
         """Raise SandboxGroupUnsupportedError when `spec` asks for services beside the sandbox
-        (a multi-container group) and this backend cannot run one: all but docker."""
+        (a multi-container group), or for container settings of compose's (tmpfs, dns,
+        extra_hosts), and this backend cannot honour them: all but docker."""
+        if spec.container_settings:
+            raise SandboxGroupUnsupportedError(
+                f"the {self.name} backend cannot honour the container settings "
+                f"{spec.container_settings} a compose file gives the main service; use docker"
+            )
         if spec.services:
             raise SandboxGroupUnsupportedError(
                 f"the {self.name} backend cannot run a multi-container environment (services "

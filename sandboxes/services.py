@@ -105,6 +105,11 @@ class ServiceSpec(BaseModel):
     depends_on: dict[str, DependsCondition] = Field(
         default_factory=dict, description="services started (or healthy, or done) before it"
     )
+    volumes: tuple[str, ...] = Field(
+        (),
+        description="container paths that get an anonymous volume of their own (compose "
+        "`volumes: [/data]`): fresh with the container, removed with it",
+    )
 
     @field_validator("name")
     @classmethod
@@ -122,6 +127,11 @@ class ServiceSpec(BaseModel):
             raise ValueError(f"service {self.name!r} needs an image or a build context")
         if self.name in self.depends_on:
             raise ValueError(f"service {self.name!r} depends on itself")
+        for path in self.volumes:
+            if not path.startswith("/"):
+                raise ValueError(
+                    f"service {self.name!r}: a volume path must be absolute, got {path!r}"
+                )
         return self
 
     def __hash__(self) -> int:
@@ -132,7 +142,8 @@ class ServiceSpec(BaseModel):
         content hash in place of its path."""
         from sandboxes.spec import hash_directory
 
-        data = self.model_dump(mode="json", exclude={"build_context"})
+        exclude = {"build_context"} | ({"volumes"} if not self.volumes else set())
+        data = self.model_dump(mode="json", exclude=exclude)  # (unchanged keys without volumes)
         data["context"] = None if self.build_context is None else hash_directory(self.build_context)
         return data
 

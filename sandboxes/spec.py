@@ -73,6 +73,19 @@ class SandboxSpec(BaseModel):
     healthcheck: HealthcheckSpec | None = Field(
         None, description="must pass inside the sandbox before it is handed out"
     )
+    tmpfs: tuple[tuple[str, str], ...] = Field(
+        (),
+        description="docker only: tmpfs mounts of the sandbox's container, (target, options "
+        "such as 'size=100M,mode=755'), as compose `tmpfs` makes them",
+    )
+    dns: tuple[str, ...] = Field(
+        (), description="docker only: the container's DNS servers (compose `dns`)"
+    )
+    extra_hosts: tuple[tuple[str, str], ...] = Field(
+        (),
+        description="docker only: (host name, address) lines added to the container's "
+        "/etc/hosts (compose `extra_hosts`)",
+    )
 
     @field_validator("network", mode="before")
     @classmethod
@@ -104,7 +117,16 @@ class SandboxSpec(BaseModel):
             start_order(self.services)  # names unique, dependencies known, no cycle
             if self.service_name in {s.name for s in self.services}:
                 raise ValueError(f"service name {self.service_name!r} is the sandbox's own")
+        for target, _opts in self.tmpfs:
+            if not target.startswith("/"):
+                raise ValueError(f"a tmpfs target must be absolute, got {target!r}")
         return self
+
+    @property
+    def container_settings(self) -> list[str]:
+        """The docker-only settings of the sandbox's container this spec asks for (tmpfs,
+        dns, extra_hosts): names, for the refusal of backends that cannot honour them."""
+        return [k for k in ("tmpfs", "dns", "extra_hosts") if getattr(self, k)]
 
     def __hash__(self) -> int:  # dict fields make pydantic's frozen hash fail; hash the JSON
         return hash(self.model_dump_json())
@@ -147,6 +169,7 @@ class SandboxSpec(BaseModel):
         exclude = {"labels", "build_context", *group}
         if not self.make_dirs:  # (unchanged keys without them)
             exclude.add("make_dirs")
+        exclude.update(k for k in ("tmpfs", "dns", "extra_hosts") if not getattr(self, k))
         data = self.model_dump(mode="json", exclude=exclude)
         data["context"] = self.context_hash()
         if self.services or self.healthcheck is not None:  # (unchanged keys without them)

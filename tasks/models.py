@@ -57,6 +57,13 @@ class EnvironmentSpec(_Frozen):
     healthcheck: HealthcheckSpec | None = Field(
         None, description="Harbor [environment] healthcheck: passes before the agent starts"
     )
+    tmpfs: tuple[tuple[str, str], ...] = Field(
+        (), description="the main service's compose `tmpfs` mounts: (target, options)"
+    )
+    dns: tuple[str, ...] = Field((), description="the main service's compose `dns` servers")
+    extra_hosts: tuple[tuple[str, str], ...] = Field(
+        (), description="the main service's compose `extra_hosts`: (host name, address)"
+    )
 
     @field_validator("network", mode="before")
     @classmethod

@@ -103,4 +103,7 @@ def sandbox_spec_for(
         services=env.services,
         service_name=env.service_name,
         healthcheck=env.healthcheck,
+        tmpfs=env.tmpfs,
+        dns=env.dns,
+        extra_hosts=env.extra_hosts,
     )

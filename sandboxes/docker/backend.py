@@ -48,6 +48,24 @@ CAP_ADD = [
 class DockerBackend(DockerImages, DockerReaping):
     """Sandboxes as Docker containers (see `sandboxes.docker` for the isolation settings)."""
 
+    @staticmethod
+    def main_container_settings(spec: SandboxSpec, verifier: bool = False) -> dict[str, Any]:
+        """Host-config options of compose's that the spec gives the sandbox's own container:
+        `tmpfs` ({target: options}), `dns` and `extra_hosts`. A verifier's container
+        (`verifier=True`) gets the tmpfs mounts (empty: what the agent wrote there is not in the
+        snapshot) and shares the sandbox's network namespace, with its /etc/hosts and
+        /etc/resolv.conf, so it takes no dns or extra_hosts of its own (the engine refuses them
+        beside `network_mode=container:`)."""
+        out: dict[str, Any] = {}
+        if spec.tmpfs:
+            out["tmpfs"] = {target: opts for target, opts in spec.tmpfs}
+        if not verifier:
+            if spec.dns:
+                out["dns"] = list(spec.dns)
+            if spec.extra_hosts:
+                out["extra_hosts"] = {host: addr for host, addr in spec.extra_hosts}
+        return out
+
     def _confinement(
         self, spec: SandboxSpec, image_mb: int = 0, docker_init: bool = True
     ) -> dict[str, Any]:
@@ -121,6 +139,7 @@ class DockerBackend(DockerImages, DockerReaping):
             else ("bridge" if spec.ever_public else "none"),
             binds={str(bridge_dir): {"bind": BRIDGE_MOUNT, "mode": "ro"}},
             **self._confinement(spec, image_mb, docker_init=False),
+            **self.main_container_settings(spec),
         )
         api = self.engine.api
         deadline = first_deadline()  # the pool's: a sandbox nobody will refresh gets none

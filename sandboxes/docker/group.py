@@ -295,6 +295,7 @@ class DockerGroup:
                 working_dir=svc.workdir,
                 user=svc.user,
                 healthcheck=healthcheck,
+                volumes=list(svc.volumes) or None,  # anonymous: removed with it (v=True)
                 host_config=host,
                 networking_config=api.create_networking_config({self.network: endpoint}),
             )

@@ -69,7 +69,8 @@ class DockerPrivateVerifier(DockerSandboxBase):
 
         What the verifier does not see: the contents of the sandbox's volumes (an image's
         `VOLUME`s; the backend itself mounts only the read-only bridge directory at
-        /run/sandgym, which is left empty there) and tmpfs mounts (the backend makes none), and
+        /run/sandgym, which is left empty there) and of its tmpfs mounts (compose `tmpfs`: the
+        verifier's container gets them, empty), and
         the agent's processes: a test that looks for them with `ps` or /proc finds nothing,
         while a service they run is reachable through the shared network (localhost, abstract
         unix sockets). Files the agent changed are all there (a commit holds the whole writable
@@ -103,6 +104,7 @@ class DockerPrivateVerifier(DockerSandboxBase):
             network_mode=f"container:{self.container_id}",
             log_config={"type": "none"},  # output comes through the attach; none kept on disk
             **backend._confinement(self.spec),
+            **backend.main_container_settings(self.spec, verifier=True),
         )
         host.pop("storage_opt", None)  # the verifier writes little; its writes are discarded
         start = time.perf_counter()

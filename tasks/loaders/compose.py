@@ -9,7 +9,9 @@ on a private network (`sandboxes.docker_group`).
 
 What is read: `image`, `build` (a context inside the task, `dockerfile`), `environment`,
 `command`, `entrypoint`, `healthcheck`, `depends_on` (list or conditions), `working_dir`,
-`user`, `networks` (aliases; every service shares the group's one network), `links`.
+`user`, `networks` (aliases; every service shares the group's one network), `links`; on the
+main service `tmpfs`, `dns` and `extra_hosts` (the docker backend sets them on the sandbox's
+container); beside it, anonymous volumes (`volumes: [/data]`: a fresh volume at that path).
 What is ignored, since it changes nothing a task can observe through sandgym: `container_name`,
 `hostname`, `restart`, `ports` and `expose` (nothing is published on the host; services reach
 each other by name), resource keys (every container gets the sandbox's limits), `tty`,
@@ -18,8 +20,9 @@ The harness's own mounts (volumes whose source is a `${T_BENCH_...}` variable) a
 bind mount of the task's own files (`./cached_models:/app/cached_models`, main service only) is
 copied into the main image at its target: the container sees at start what the mount shows it
 (its writes stay in the container, where the task's tests read them). Anything else (other volumes, `privileged`, `cap_add`, `network_mode`, `env_file`, build
-`args`, top-level `configs`/`secrets`, ...) is refused with `ComposeUnsupportedError` naming
-the file, the service and the key: a task is never run differently from how it says.
+`args`, a fixed address on a network (`ipv4_address`), `tmpfs`/`dns`/`extra_hosts` beside the
+main service, top-level `configs`/`secrets`, ...) is refused with `ComposeUnsupportedError`
+naming the file, the service and the key: a task is never run differently from how it says.
 
 Variables: `${NAME}`, `${NAME:-default}`, `${NAME-default}`, `${NAME:?error}`, `$NAME` and `$$`
 as compose substitutes them, from `variables` (Harbor: `CONTEXT_DIR`); a variable with the
@@ -96,8 +99,12 @@ _READ_KEYS = {
     "user",
     "networks",
     "links",
-    "volumes",  # only the harness's own mounts (checked below)
+    "volumes",  # the task's own files, anonymous volumes, the harness's mounts (below)
+    "tmpfs",  # main service only (below)
+    "dns",
+    "extra_hosts",
 }
+_MAIN_ONLY_KEYS = ("tmpfs", "dns", "extra_hosts")
 _TOP_KEYS = {"services", "version", "name", "networks", "volumes"}
 _BUILD_KEYS = {"context", "dockerfile", "labels", "cache_from", "network", "pull", "no_cache"}
 _HEALTH_KEYS = {"test", "interval", "timeout", "retries", "start_period", "start_interval"}
@@ -122,6 +129,10 @@ class ComposeEnvironment:
     services: tuple[ServiceSpec, ...] = ()
     #: the main service's bind mounts of folders/files of the task: (host path, target)
     bind_mounts: tuple[tuple[Path, str], ...] = ()
+    #: the main service's tmpfs mounts (target, options), DNS servers, /etc/hosts lines
+    tmpfs: tuple[tuple[str, str], ...] = ()
+    dns: tuple[str, ...] = ()
+    extra_hosts: tuple[tuple[str, str], ...] = ()
 
 
 class _Harness(Exception):
@@ -279,6 +290,8 @@ def load_compose(
     for name, p in parsed.items():
         deps = p.pop("depends_on")
         p.pop("bind_mounts")  # empty: refused beside the main service above
+        for key in _MAIN_ONLY_KEYS:
+            p.pop(key, None)  # absent: refused beside the main service above
         if main in deps:
             raise ComposeUnsupportedError(
                 f"{path}: service {name!r} depends on the main service {main!r}: sandgym starts "
@@ -309,6 +322,9 @@ def load_compose(
         healthcheck=health if isinstance(health, HealthcheckSpec) else None,
         services=tuple(out),
         bind_mounts=tuple(m.get("bind_mounts", ())),
+        tmpfs=tuple(m.get("tmpfs", ())),
+        dns=tuple(m.get("dns", ())),
+        extra_hosts=tuple(m.get("extra_hosts", ())),
     )
 
 
@@ -332,16 +348,37 @@ class _Ctx:
             raise ComposeUnsupportedError(
                 f"{where}: unsupported keys {unsupported} (sandgym runs image, build, "
                 f"environment, command, entrypoint, healthcheck, depends_on, working_dir, user, "
-                f"networks and links; see tasks/loaders/compose.py)"
+                f"networks and links, and tmpfs, dns and extra_hosts on the main service; see "
+                f"tasks/loaders/compose.py)"
             )
         out: dict[str, Any] = {}
-        mounts = self._volumes(svc.get("volumes"), where)
+        mounts, anonymous = self._volumes(svc.get("volumes"), where)
         if mounts and not is_main:
             raise ComposeUnsupportedError(
                 f"{where}: volumes {[str(s) for s, _ in mounts]}: sandgym copies a task's own "
                 "folders into the main service only"
             )
+        if anonymous and is_main:
+            raise ComposeUnsupportedError(
+                f"{where}: volumes {anonymous}: an anonymous volume on the main service is not "
+                "supported (the verifier reads the main container's files from a snapshot, "
+                "which holds no volume); beside it, a service may have one"
+            )
         out["bind_mounts"] = mounts
+        if not is_main:
+            out["volumes"] = tuple(anonymous)
+        main_only = [k for k in _MAIN_ONLY_KEYS if svc.get(k) is not None]
+        if main_only and not is_main:
+            raise ComposeUnsupportedError(
+                f"{where}: {main_only}: sandgym sets tmpfs, dns and extra_hosts on the main "
+                "service's container only"
+            )
+        if svc.get("tmpfs") is not None:
+            out["tmpfs"] = self._tmpfs(svc["tmpfs"], f"{where}: tmpfs")
+        if svc.get("dns") is not None:
+            out["dns"] = self._dns(svc["dns"], f"{where}: dns")
+        if svc.get("extra_hosts") is not None:
+            out["extra_hosts"] = self._extra_hosts(svc["extra_hosts"], f"{where}: extra_hosts")
         build = svc.get("build")
         if build is not None:
             out["build_context"], out["dockerfile"] = self._build(build, f"{where}: build")
@@ -391,20 +428,29 @@ class _Ctx:
             out["aliases"] = aliases
         return out
 
-    def _volumes(self, volumes: Any, where: str) -> list[tuple[Path, str]]:
-        """The bind mounts of the task's own files (`./x:/target`), each (host path, target);
-        the harness's mounts are dropped; anything else is refused."""
+    def _volumes(self, volumes: Any, where: str) -> tuple[list[tuple[Path, str]], list[str]]:
+        """The bind mounts of the task's own files (`./x:/target`), each (host path, target),
+        and the anonymous volumes (`/data`: a container path alone); the harness's mounts are
+        dropped; anything else is refused."""
         if volumes is None:
-            return []
+            return [], []
         if not isinstance(volumes, list):
             raise ComposeUnsupportedError(f"{where}: volumes must be a list, found {volumes!r}")
         mounts: list[tuple[Path, str]] = []
+        anonymous: list[str] = []
         for v in volumes:
             if isinstance(v, dict):
                 source, target = v.get("source"), v.get("target")
                 kind = v.get("type", "bind")
+                if kind == "volume" and not source and str(target or "").startswith("/"):
+                    anonymous.append(self.sub(target, f"{where}: volumes"))
+                    continue
             else:
-                source, _, rest = str(v).partition(":")
+                text = str(v)
+                if ":" not in text and "$" not in text and text.startswith("/"):
+                    anonymous.append(text)  # short syntax, a container path alone
+                    continue
+                source, _, rest = text.partition(":")
                 target, kind = rest.split(":", 1)[0], "bind"
             try:
                 source = self.sub(source or "", f"{where}: volumes")
@@ -420,7 +466,60 @@ class _Ctx:
                 "(a relative bind mount such as ./data:/app/data) into its container, not other "
                 "host paths or named volumes"
             )
-        return mounts
+        return mounts, anonymous
+
+    def _tmpfs(self, value: Any, where: str) -> list[tuple[str, str]]:
+        """Compose `tmpfs`: a path or a list of `path[:options]` (options as Docker's
+        `--tmpfs`, e.g. `size=100M,mode=755`)."""
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise ComposeUnsupportedError(
+                f"{where}: expected a path or a list of 'path[:options]', found {value!r}"
+            )
+        out: list[tuple[str, str]] = []
+        for item in items:
+            target, _, opts = self.sub(item, where).partition(":")
+            if not target.startswith("/"):
+                raise ComposeUnsupportedError(
+                    f"{where}: expected an absolute container path, found {item!r}"
+                )
+            out.append((target, opts))
+        return out
+
+    def _dns(self, value: Any, where: str) -> list[str]:
+        """Compose `dns`: an address or a list of them."""
+        items = [value] if isinstance(value, str) else value
+        if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
+            raise ComposeUnsupportedError(
+                f"{where}: expected an address or a list of addresses, found {value!r}"
+            )
+        return [self.sub(i, where) for i in items]
+
+    def _extra_hosts(self, value: Any, where: str) -> list[tuple[str, str]]:
+        """Compose `extra_hosts`: a list of `host:address` or `host=address`, or a mapping."""
+        pairs: list[tuple[str, str]] = []
+        if isinstance(value, dict):
+            pairs = [(str(k), str(v)) for k, v in value.items()]
+        elif isinstance(value, list) and all(isinstance(i, str) for i in value):
+            for item in value:
+                text = self.sub(item, where)
+                host, sep, addr = text.partition("=") if "=" in text else text.partition(":")
+                if not sep:
+                    raise ComposeUnsupportedError(
+                        f"{where}: expected 'host:address' or 'host=address', found {item!r}"
+                    )
+                pairs.append((host.strip(), addr.strip()))
+        else:
+            raise ComposeUnsupportedError(
+                f"{where}: expected a list of 'host:address' or a mapping, found {value!r}"
+            )
+        out = [(h, a[1:-1] if a.startswith("[") and a.endswith("]") else a) for h, a in pairs]
+        for host, addr in out:
+            if not host or not addr:
+                raise ComposeUnsupportedError(
+                    f"{where}: expected a host name and an address, found {host!r}:{addr!r}"
+                )
+        return out
 
     def _build(self, build: Any, where: str) -> tuple[Path, str]:
         if isinstance(build, str):
@@ -512,8 +611,14 @@ class _Ctx:
         if not isinstance(value, dict):
             raise ComposeUnsupportedError(f"{where}: networks must be a list or a mapping")
         out: list[str] = []
-        for opts in value.values():
+        for net, opts in value.items():
             if isinstance(opts, dict):
+                fixed = sorted(k for k in ("ipv4_address", "ipv6_address") if k in opts)
+                if fixed:
+                    raise ComposeUnsupportedError(
+                        f"{where}: networks {net!r}: {fixed}: a fixed address is not supported "
+                        "(every service is on the group's one network, addressed by the engine)"
+                    )
                 out += [str(a) for a in opts.get("aliases") or []]
         return out
 
@@ -572,6 +677,7 @@ def harbor_environment(task_dir: Path, table: dict[str, Any], environment: Any, 
         update["services"] = c.services
         update["service_name"] = "main"
         update["bind_mounts"] = c.bind_mounts
+        update["tmpfs"], update["dns"], update["extra_hosts"] = c.tmpfs, c.dns, c.extra_hosts
         update["env"] = {**c.env, **environment.env}
         if environment.workdir is None and c.workdir:
             update["workdir"] = c.workdir

@@ -2,7 +2,9 @@
 
 Terminal-Bench v1: `task.yaml` (`instruction`, or the legacy `descriptions` list whose entry
 with key `base` holds it; `max_agent_timeout_sec`, `max_test_timeout_sec`, `parser_name`,
-`run_tests_in_same_shell`), `Dockerfile` and `docker-compose.yaml` (service `client`),
+`run_tests_in_same_shell`), `Dockerfile` and `docker-compose.yaml` (the main service is the one
+whose `container_name` is the harness's `${T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME}`, which
+Terminal-Bench's harness attaches to; `client` when none names it),
 `run-tests.sh` (uses `$TEST_DIR`, which is `/tests`), `tests/`, and `solution.sh` or
 `solution.yaml` (a keystroke list). Scored all-or-nothing on the pytest summary.
 
@@ -13,6 +15,7 @@ the reward is the weighted share of passed tests.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +64,39 @@ def _instruction(data: dict[str, Any], where: Path) -> str:
     )
 
 
+#: the container Terminal-Bench's harness attaches to (`DockerComposeManager` gets the client
+#: container by this name), so the service that carries it is the one the agent works in
+CLIENT_CONTAINER_VAR = "T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME"
+_CLIENT_CONTAINER = re.compile(r"^\$\{?" + CLIENT_CONTAINER_VAR + r"\}?$")
+
+
+def main_service(compose_path: Path) -> str:
+    """The compose service Terminal-Bench's harness runs the agent in: the one whose
+    `container_name` is `${T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME}`, else `client`."""
+    services = read_yaml(compose_path).get("services")
+    if isinstance(services, dict):
+        named = [
+            str(name)
+            for name, svc in services.items()
+            if isinstance(svc, dict)
+            and _CLIENT_CONTAINER.match(str(svc.get("container_name", "")).strip())
+        ]
+        if len(named) > 1:
+            raise TaskLoadError(
+                f"{compose_path}: expected one service with container_name "
+                f"${{{CLIENT_CONTAINER_VAR}}}, found {named}"
+            )
+        if named:
+            return named[0]
+    return "client"
+
+
 def _compose(path: Path) -> ComposeEnvironment | None:
-    """The task's compose file (main service `client`), or None when it has none."""
+    """The task's compose file (main service: `main_service`), or None when it has none."""
     p = find_compose(path)
     if p is None:
         return None
-    return load_compose(p, main="client", task_dir=path, harness_prefix="T_BENCH_")
+    return load_compose(p, main=main_service(p), task_dir=path, harness_prefix="T_BENCH_")
 
 
 def _keystrokes(path: Path) -> list[Keystroke]:
@@ -121,8 +151,11 @@ def load_tbench_dir(path: Path) -> TaskSpec:
         # its run-tests.sh scripts install their test tools (curl | sh uv, pip) from it.
         network=NetworkPolicy(mode="public"),
         services=compose.services if compose is not None else (),
-        service_name="client",
+        service_name=compose.main if compose is not None else "client",
         bind_mounts=compose.bind_mounts if compose is not None else (),
+        tmpfs=compose.tmpfs if compose is not None else (),
+        dns=compose.dns if compose is not None else (),
+        extra_hosts=compose.extra_hosts if compose is not None else (),
     )
     timeouts = TimeoutsSpec(
         agent_timeout_s=as_float(data.get("max_agent_timeout_sec", 360.0), "max_agent_timeout_sec"),

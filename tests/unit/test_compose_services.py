@@ -463,3 +463,141 @@ async def test_null_backend_create_waits_for_the_healthcheck() -> None:
     good = SandboxSpec(healthcheck=HealthcheckSpec(command="true"))
     sb = await backend.create(good)
     await sb.close()
+
+
+# -- Terminal-Bench 1: the harness's client container, tmpfs/dns/extra_hosts, anonymous volumes --
+
+
+def test_tbench_main_service_is_the_one_the_harness_attaches_to(tmp_path: Path) -> None:
+    """Terminal-Bench's harness gets the agent's container by its container_name
+    (`${T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME}`), whatever the service is called
+    (home-server-https calls it `webserver`)."""
+    compose = TB1_COMPOSE.replace("      client:\n", "      webserver:\n")
+    task = load_task_dir(tb1_task(tmp_path, compose))
+    assert task.environment.service_name == "webserver"
+    assert [s.name for s in task.environment.services] == ["server"]
+    assert sandbox_spec_for(task).service_name == "webserver"
+    # two services claiming the client's container name: refused by name
+    twice = compose.replace(
+        "        image: ${T_BENCH_TASK_DOCKER_NAME_PREFIX}__server\n",
+        "        image: ${T_BENCH_TASK_DOCKER_NAME_PREFIX}__server\n"
+        "        container_name: ${T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME}\n",
+    )
+    with pytest.raises(TaskLoadError, match="expected one service with container_name"):
+        load_task_dir(tb1_task(tmp_path / "twice", twice))
+
+
+MAIN_SETTINGS = (
+    "        tmpfs:\n"
+    "          - /root:size=100M,mode=755\n"
+    "          - /scratch\n"
+    "        dns:\n"
+    "          - 192.0.2.1\n"
+    "        extra_hosts:\n"
+    '          - "example.com:131.25.18.2"\n'
+    '          - "v6.example=::1"\n'
+)
+
+
+def test_tbench_tmpfs_dns_extra_hosts_reach_the_sandbox_spec(tmp_path: Path) -> None:
+    """extract-safely and oom mount a tmpfs on the client, broken-networking gives it a DNS
+    server and /etc/hosts lines: loaded, carried to the SandboxSpec, and turned into the docker
+    host config (the verifier's container: the tmpfs only, it shares the sandbox's network)."""
+    from sandboxes.docker import DockerBackend
+
+    compose = TB1_COMPOSE.replace("        depends_on: [server]\n", MAIN_SETTINGS)
+    task = load_task_dir(tb1_task(tmp_path, compose))
+    env = task.environment
+    assert env.tmpfs == (("/root", "size=100M,mode=755"), ("/scratch", ""))
+    assert env.dns == ("192.0.2.1",)
+    assert env.extra_hosts == (("example.com", "131.25.18.2"), ("v6.example", "::1"))
+    spec = sandbox_spec_for(task)
+    assert (spec.tmpfs, spec.dns, spec.extra_hosts) == (env.tmpfs, env.dns, env.extra_hosts)
+    assert DockerBackend.main_container_settings(spec) == {
+        "tmpfs": {"/root": "size=100M,mode=755", "/scratch": ""},
+        "dns": ["192.0.2.1"],
+        "extra_hosts": {"example.com": "131.25.18.2", "v6.example": "::1"},
+    }
+    assert DockerBackend.main_container_settings(spec, verifier=True) == {
+        "tmpfs": {"/root": "size=100M,mode=755", "/scratch": ""}
+    }
+    # they change what sandbox is made, so they change the fingerprint; without them the
+    # fingerprint is the one of a spec that never had the fields
+    plain = sandbox_spec_for(load_task_dir(tb1_task(tmp_path / "plain", TB1_COMPOSE)))
+    assert spec.fingerprint("docker") != plain.fingerprint("docker")
+    assert "tmpfs" not in plain.model_dump(exclude_defaults=True)
+    for key in ("tmpfs", "dns", "extra_hosts"):
+        one = plain.model_copy(update={key: getattr(spec, key)})
+        assert one.fingerprint("docker") != plain.fingerprint("docker"), key
+
+
+@pytest.mark.parametrize(
+    ("service", "needle"),
+    [
+        ("tmpfs: [/cache]", "on the main service's container only"),
+        ("dns: [192.0.2.1]", "on the main service's container only"),
+        ("extra_hosts: ['a:1.2.3.4']", "on the main service's container only"),
+        ("networks: {default: {ipv4_address: 172.20.0.10}}", "a fixed address is not supported"),
+    ],
+)
+def test_settings_beside_the_main_service_are_refused_by_name(
+    tmp_path: Path, service: str, needle: str
+) -> None:
+    compose = f"services:\n  main: {{}}\n  db:\n    image: postgres:15\n    {service}\n"
+    with pytest.raises(ComposeUnsupportedError) as err:
+        load_task_dir(harbor_task(tmp_path, compose))
+    assert needle in str(err.value) and "service 'db'" in str(err.value), err.value
+
+
+@pytest.mark.parametrize(
+    ("main", "needle"),
+    [
+        ("tmpfs: [cache]", "expected an absolute container path"),
+        ("extra_hosts: [nohost]", "expected 'host:address'"),
+        ("dns: {a: 1}", "expected an address or a list"),
+        ("volumes: [/data]", "anonymous volume on the main service is not supported"),
+    ],
+)
+def test_bad_main_settings_are_refused_by_name(tmp_path: Path, main: str, needle: str) -> None:
+    compose = f"services:\n  main:\n    {main}\n"
+    with pytest.raises(ComposeUnsupportedError) as err:
+        load_task_dir(harbor_task(tmp_path, compose))
+    assert needle in str(err.value), err.value
+
+
+def test_an_anonymous_volume_beside_the_main_service(tmp_path: Path) -> None:
+    """security-vulhub-minio gives each minio node `volumes: [/mnt/dataN]`: a fresh volume of
+    its own, which the docker group creates with the container (and removes with it)."""
+    compose = (
+        "services:\n  main: {}\n  node1:\n    image: minio:1\n    volumes:\n"
+        "      - /mnt/data1\n      - {type: volume, target: /mnt/extra}\n"
+    )
+    task = load_task_dir(harbor_task(tmp_path, compose))
+    (node,) = task.environment.services
+    assert node.volumes == ("/mnt/data1", "/mnt/extra")
+    plain = ServiceSpec(name="node1", image="minio:1")
+    assert "volumes" not in plain.fingerprint_data()  # unchanged keys without them
+    assert node.fingerprint_data() != plain.fingerprint_data()
+    with pytest.raises(ValueError, match="must be absolute"):
+        ServiceSpec(name="n", image="x", volumes=("data",))
+
+
+async def test_backends_other_than_docker_refuse_container_settings(tmp_path: Path) -> None:
+    from sandboxes.docker import DockerBackend
+    from sandboxes.local import LocalBackend
+
+    for key, value in (
+        ("tmpfs", (("/root", "size=1M"),)),
+        ("dns", ("192.0.2.1",)),
+        ("extra_hosts", (("a", "1.2.3.4"),)),
+    ):
+        spec = SandboxSpec(**{key: value})  # type: ignore[arg-type]
+        null = NullBackend()
+        with pytest.raises(SandboxGroupUnsupportedError, match=f"container settings \\['{key}'"):
+            await null.create(spec)
+        assert null.created == 0
+        with pytest.raises(SandboxGroupUnsupportedError, match="local backend cannot honour"):
+            await LocalBackend(root=tmp_path / "local").create(spec)
+        DockerBackend.check_services(DockerBackend.__new__(DockerBackend), spec)  # accepted
+    with pytest.raises(ValueError, match="tmpfs target must be absolute"):
+        SandboxSpec(tmpfs=(("root", ""),))

@@ -1,0 +1,104 @@
+"""Compose's container settings on the docker backend, against the real engine: the main
+service's `tmpfs` (a size-capped tmpfs; the verifier's container gets it too, empty), `dns` and
+`extra_hosts` (the sandbox's resolv.conf and /etc/hosts, which the verifier's container shares),
+and a service's anonymous volume (`volumes: [/mnt/data1]`), removed with the group."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sandboxes.docker import DockerBackend
+from sandboxes.services import ServiceSpec
+from sandboxes.spec import SandboxSpec
+from tasks import private_verify
+from tests.reliability.conftest import IMAGE, docker_ready
+
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.skipif(not docker_ready(), reason=f"no Docker engine or no {IMAGE}"),
+]
+
+SPEC = SandboxSpec(
+    image=IMAGE,
+    workdir="/app",
+    cpus=1,
+    memory_mb=256,
+    pids_limit=128,
+    tmpfs=(("/scratch", "size=1M,mode=755"),),
+    dns=("192.0.2.1",),
+    extra_hosts=(("example.test", "10.1.2.3"),),
+    services=(
+        ServiceSpec(
+            name="store", image=IMAGE, command=("sleep", "infinity"), volumes=("/mnt/data1",)
+        ),
+    ),
+)
+
+
+def docker_words(*args: str) -> list[str]:
+    """The words `docker ARGS` prints."""
+    return subprocess.run(
+        ["docker", *args], capture_output=True, text=True, check=True
+    ).stdout.split()
+
+
+PROBE = (
+    "findmnt -n -o FSTYPE,OPTIONS /scratch; "
+    "dd if=/dev/zero of=/scratch/big bs=1M count=2 2>/dev/null; echo dd=$?; "
+    "ls /scratch; grep -c example.test /etc/hosts; grep '^nameserver' /etc/resolv.conf; "
+    "getent hosts example.test"
+)
+
+
+async def test_tmpfs_dns_extra_hosts_and_anonymous_volumes(tmp_path: Path) -> None:
+    b = DockerBackend(owner_id="test-cs-" + os.urandom(4).hex())
+    sb = await b.create(SPEC)
+    volume: str | None = None
+    try:
+        await sb.exec("echo agent > /scratch/note")
+        res = await sb.exec(PROBE, timeout_s=30)
+        out = res.stdout.splitlines()
+        assert out[0].startswith("tmpfs ") and "size=1024k" in out[0] and "mode=755" in out[0]
+        assert out[1] == "dd=1"  # the size cap holds: 2 MiB do not fit in 1 MiB
+        assert "note" in res.stdout
+        # a group's container resolves through the engine's embedded DNS, which forwards to
+        # the configured server; the /etc/hosts line is the container's own
+        assert out[-1].split() == ["10.1.2.3", "example.test"], res.stdout
+
+        # the verifier's container: the same hosts file, and the tmpfs, empty
+        tests = tmp_path / "tests"
+        tests.mkdir()
+        (tests / "test.sh").write_text(
+            "#!/bin/bash\nfindmnt -n -o FSTYPE /scratch; ls -A /scratch | wc -l; "
+            "getent hosts example.test; echo 1 > /logs/verifier/reward.txt\n"
+        )
+        nonce = private_verify.new_nonce()
+        payload = private_verify.build_payload(nonce, tests, {})
+        vres = await sb.exec_private(
+            private_verify.wrapper_argv(["bash", "/tests/test.sh"]), payload, timeout_s=60
+        )
+        assert vres.exit_code == 0, vres
+        assert vres.stdout.split()[:4] == ["tmpfs", "0", "10.1.2.3", "example.test"], vres
+
+        # the service's anonymous volume: mounted at its path, a volume of its own
+        name = f"{sb.id}-store"
+        mounts = await asyncio.to_thread(
+            docker_words,
+            "inspect",
+            "-f",
+            "{{range .Mounts}}{{.Type}} {{.Name}} {{.Destination}}{{end}}",
+            name,
+        )
+        assert mounts[0] == "volume" and mounts[2] == "/mnt/data1", mounts
+        volume = mounts[1]
+    finally:
+        await sb.close()
+        await b.reap(only_expired=False)
+        await b.aclose()
+    gone = await asyncio.to_thread(docker_words, "volume", "ls", "-q", "--filter", f"name={volume}")
+    assert volume is not None and gone == [], gone
