@@ -18,6 +18,10 @@ from tasks.steps import step_view
 INSTRUCTION_ENV = "SANDGYM_INSTRUCTION"
 
 
+#: heads the terminal's screen in a keystroke oracle's output (after its last step)
+SCREEN_MARKER = "--- the terminal's screen after the last keystroke ---"
+
+
 async def run_oracle(task: TaskSpec, sandbox: Sandbox, setup: EpisodeSetup) -> ExecResult:
     """Run the task's reference solution: `solve.sh`/`solution.sh` as the agent user, or replay
     `solution.yaml` keystrokes through the sandbox's shell. A multi-step task's oracle is the
@@ -67,6 +71,11 @@ async def run_oracle(task: TaskSpec, sandbox: Sandbox, setup: EpisodeSetup) -> E
             await sandbox.send_keys(step.keys + ("\r" if step.append_enter else ""))
         if step.min_timeout_s:
             await asyncio.sleep(step.min_timeout_s)
+    if any(not step.block for step in sol.keystrokes):
+        # What keys sent without waiting printed is only on the terminal: keep its screen, as
+        # Terminal-Bench's harness keeps the pane, so the oracle's record shows what happened
+        # (e.g. a download that failed) and not an empty output.
+        outputs.append(f"{SCREEN_MARKER}\n{await sandbox.screen()}\n")
     return ExecResult(
         exit_code=exit_code, stdout="".join(outputs), duration_s=time.perf_counter() - start
     )

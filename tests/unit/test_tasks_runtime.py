@@ -22,6 +22,8 @@ from tasks import (
     sandbox_spec_for,
 )
 from tasks.errors import RewardOutOfRangeError
+from tasks.models import Keystroke, SolutionSpec
+from tasks.oracle import SCREEN_MARKER
 from tasks.runtime import parse_image_map
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "tasks"
@@ -247,6 +249,18 @@ async def test_oracle_script_and_keystrokes() -> None:
     res = await run_oracle(keys_task, sb2, setup2)
     assert res.exit_code == 0  # the null shell ran `cd /app` and the printf line
     assert sb2.files["/app/greeting.txt"] == b"hello, terminal\\n"  # type: ignore[attr-defined]
+    assert SCREEN_MARKER not in res.stdout  # every step waited: its output is the record
+
+    # Keys sent without waiting (broken-python's `python get-pip.py`, block: false) print only
+    # on the terminal: the oracle's output ends with the screen, as TB1 keeps the pane.
+    steps = [
+        Keystroke(keys="python -c 'fetch()'", append_enter=True, block=False),
+        Keystroke(keys="python get-pip.py", append_enter=True, block=False),
+    ]
+    no_wait = keys_task.model_copy(update={"solution": SolutionSpec(keystrokes=steps)})
+    sb3 = await NullBackend().create(sandbox_spec_for(no_wait))
+    res3 = await run_oracle(no_wait, sb3, await prepare_episode(no_wait, sb3, seed=0))
+    assert res3.stdout == f"{SCREEN_MARKER}\npython -c 'fetch()'\rpython get-pip.py\r\n"
 
 
 async def test_oracle_missing_is_unsupported() -> None:
