@@ -77,7 +77,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1173,6 +1173,25 @@ def _prepare(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[list[
     return earlier, plans
 
 
+class StandInsNotBuiltError(RuntimeError):
+    """Tasks to run are based on public images whose local stand-in is not in the engine: run
+    now, each would be recorded as needing the image's registry, which it does not."""
+
+
+def missing_stand_ins(bases: list[str | None], present: Callable[[str], bool]) -> list[str]:
+    """The base images among `bases` that `sandgym images` makes a stand-in for (an alias of a
+    stand-in) and that the engine lacks (`present(name)` is False), sorted."""
+    from sandboxes.images import standin_for
+
+    wanted = sorted({b for b in bases if b and standin_for(b) is not None})
+    return [b for b in wanted if not present(b)]
+
+
+def _engine_has(name: str) -> bool:
+    r = subprocess.run(["docker", "image", "inspect", name], capture_output=True, check=False)
+    return r.returncode == 0
+
+
 async def run_compat(args: argparse.Namespace) -> dict[str, Any]:
     """Every selected task of every dataset, interleaved, on one backend; streamed to --jsonl,
     resumable; one document over all of them with a part per dataset."""
@@ -1189,6 +1208,17 @@ async def run_compat(args: argparse.Namespace) -> dict[str, Any]:
     todo = [it for it in interleave(plans) if (it.dataset, it.task_id) not in done]
     if done:
         log.info("resuming: %d task(s) already in %s; %d to run", len(done), jsonl, len(todo))
+    if args.backend == "docker":
+        bases = [
+            image_map.get(b or "", b) for b in (_base_image(it.task) for it in todo if it.task)
+        ]
+        missing = await asyncio.to_thread(missing_stand_ins, bases, _engine_has)
+        if missing:
+            raise StandInsNotBuiltError(
+                f"the stand-ins of {missing} are not in the engine (expected after `sandgym "
+                "images build`; found absent): run that first, or every task on them would "
+                "be recorded as needing their registry"
+            )
     before = await asyncio.to_thread(_existing_ctx_tags) if args.prune_images else set()
     backend = get_backend(args.backend)
     sink = JsonlSink(None, jsonl) if jsonl is not None else None
@@ -1273,7 +1303,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         doc = asyncio.run(run_compat(args))
-    except ValueError as exc:  # a malformed --image-map or --source-sample
+    except (ValueError, StandInsNotBuiltError) as exc:  # a malformed --image-map, ...
         print(f"sandgym bench harbor_compat: {exc}", file=sys.stderr)
         return 2
     text = save_json(doc, args.out, indent=1)

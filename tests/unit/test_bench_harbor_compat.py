@@ -245,3 +245,31 @@ async def test_whole_run_on_null_backend(tmp_path: Path, monkeypatch: pytest.Mon
     assert by_id2["harbor-env-template"]["reasons"] == ["task_unsupported"]
     assert doc["summary"]["tasks"] == 2 + len(list(other.iterdir()))
     assert doc["reasons"]["loader_error"]["count"] == 1 + bool(multi.get("load_error"))
+
+
+def test_a_run_refuses_to_start_while_a_stand_in_is_not_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an engine whose stand-ins are gone (a fresh engine before `sandgym images build`),
+    every Terminal-Bench task would build against ghcr.io and be recorded as needing it: the
+    run stops before any task, naming the images, and writes no line."""
+    assert hc.missing_stand_ins(
+        ["ghcr.io/laude-institute/t-bench/python-3-13:20250620", "debian:bookworm", None, "x:1"],
+        lambda name: name == "debian:bookworm",
+    ) == ["ghcr.io/laude-institute/t-bench/python-3-13:20250620"]  # x:1 has no stand-in
+    root = tmp_path / "ds"
+    (root / "t1").mkdir(parents=True)
+    (root / "t1" / "Dockerfile").write_text(
+        "FROM ghcr.io/laude-institute/t-bench/python-3-13:20250620\n"
+    )
+    (root / "t1" / "task.yaml").write_text("instruction: do it\n")
+    (root / "t1" / "run-tests.sh").write_text("#!/bin/bash\n")
+    monkeypatch.setattr(hc, "_engine_has", lambda name: False)
+    jsonl = tmp_path / "out.jsonl"
+    parser = argparse.ArgumentParser()
+    hc.add_arguments(parser)
+    args = parser.parse_args(["--tasks-dir", str(root), "--jsonl", str(jsonl)])
+    assert hc.run(args) == 2
+    assert not jsonl.exists() or jsonl.read_text() == ""
+    monkeypatch.setattr(hc, "_engine_has", lambda name: True)  # built: the check passes
+    assert hc.missing_stand_ins([hc._base_image(hc._load(root / "t1")[0])], hc._engine_has) == []
