@@ -69,6 +69,13 @@ SUBSTITUTIONS: dict[str, dict[str, str]] = {
         "with": "the same font file (same name) from Debian's fonts-noto-core package, fetched "
         "with apt from Debian's mirror and unpacked to the same destination",
     },
+    "digest-pinned-base-to-stand-in": {
+        "replaces": "a Dockerfile's `FROM name:tag@sha256:<digest>` whose `name:tag` has a "
+        "local stand-in (`sandgym images`): the digest names one build of the public image, "
+        "which no registry here serves",
+        "with": "`FROM name:tag`, the stand-in every other task of that image runs on (the "
+        "digest's exact build is not reproduced; the stand-in's limits apply as to the tag)",
+    },
     "copy-dest-dir-for-classic-builder": {
         "replaces": "a Dockerfile's `COPY a b /dest` (several sources, or a wildcard matching "
         "several files) without the destination's trailing slash, which BuildKit accepts and "
@@ -125,6 +132,9 @@ _UV_INSTALLER_RE = re.compile(
 )
 _UV_IMAGE_RE = re.compile(
     r"(?im)^(?P<head>\s*COPY\s+(?:--\S+\s+)*--from=)ghcr\.io/astral-sh/uv:(?P<ver>\d+\.\d+\.\d+)(?=\s)"
+)
+_DIGEST_FROM_RE = re.compile(
+    r"(?im)^(?P<head>\s*FROM\s+(?:--\S+\s+)*)(?P<ref>[^\s@]+:[^\s@/]+)@sha256:[0-9a-f]{64}(?=\s|$)"
 )
 _UV_PYVER_RE = re.compile(
     r"\b(?:uvx|uv)\b[^\n]*?(?:\s-p|\s--python)(?:\s+|=)(?:python)?(?P<ver>3\.\d+)\b"
@@ -251,8 +261,17 @@ def rewrite_script(
         )
         return f"{m.group('head')}{UV_IMAGE_REPO}:{ver}"
 
+    def digest_from(m: re.Match[str]) -> str:
+        from sandboxes.images import standin_for
+
+        if standin_for(m.group("ref")) is None:
+            return m.group(0)  # no stand-in: the build says the image is unavailable
+        records.append({"name": "digest-pinned-base-to-stand-in", "original": m.group(0).strip()})
+        return f"{m.group('head')}{m.group('ref')}"
+
     new = _UV_INSTALLER_RE.sub(uv, text)
     if is_dockerfile:
+        new = _DIGEST_FROM_RE.sub(digest_from, new)
         new = _UV_IMAGE_RE.sub(uv_image, new)
         new = _NOTO_FONT_RE.sub(lambda m: _noto_font(m, records), new)
         new = _uv_python_in_run_steps(new, debs, context, records)

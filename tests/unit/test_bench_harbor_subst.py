@@ -774,3 +774,31 @@ def test_the_base_image_of_a_multi_stage_dockerfile_is_its_last_stage(tmp_path: 
         "FROM --platform=linux/amd64 ubuntu:22.04 AS target\nWORKDIR /app\n"
     )
     assert hc._base_image(load_task_dir(d)) == "ubuntu:22.04"
+
+
+def test_a_digest_pinned_base_runs_on_the_stand_in_of_its_tag() -> None:
+    """parallel-particle-simulator (Terminal-Bench 1) pins `ubuntu-24-04:latest@sha256:...`,
+    an exact build no registry here serves: it runs on that tag's stand-in, listed per task; a
+    digest-pinned image without a stand-in is left as written (its build then says the image is
+    unavailable)."""
+    digest = "656c30e5b1e4f0526d5da9a157e69441a52b68314c1426f524fc3389ace9a3ae"
+    text = (
+        f"FROM ghcr.io/laude-institute/t-bench/ubuntu-24-04:latest@sha256:{digest}\n"
+        "RUN apt-get update\n"
+        f"FROM --platform=linux/amd64 example.org/other:1@sha256:{digest} AS x\n"
+    )
+    new, recs = sb.rewrite_script(text, is_dockerfile=True)
+    assert new.splitlines() == [
+        "FROM ghcr.io/laude-institute/t-bench/ubuntu-24-04:latest",
+        "RUN apt-get update",
+        f"FROM --platform=linux/amd64 example.org/other:1@sha256:{digest} AS x",
+    ]
+    assert recs == [
+        {
+            "name": "digest-pinned-base-to-stand-in",
+            "original": f"FROM ghcr.io/laude-institute/t-bench/ubuntu-24-04:latest@sha256:{digest}",
+        }
+    ]
+    assert "digest-pinned-base-to-stand-in" in sb.SUBSTITUTIONS
+    # a script is not a Dockerfile: left alone
+    assert sb.rewrite_script(text)[1] == []
