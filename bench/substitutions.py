@@ -454,6 +454,26 @@ def unreachable_hosts(text: str) -> list[str]:
     return sorted(out)
 
 
+#: a call that fetches from the Hugging Face Hub by repository id ("org/name"), no URL written
+_HF_CALL_RE = re.compile(
+    r"\b(?:from_pretrained|load_dataset|hf_hub_download|snapshot_download)\(\s*"
+    r"(?:repo_id\s*=\s*)?[\"'][A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+[\"']"
+)
+#: an S3 object a script copies with the AWS CLI (`aws s3 cp s3://bucket/key ...`)
+_S3_CP_RE = re.compile(r"\baws\s+s3\s+(?:cp|sync|ls)\b[^\n]*?\bs3://([a-z0-9][a-z0-9.-]+)")
+
+
+def implicit_hosts(text: str) -> list[str]:
+    """Hosts a script fetches from without writing them: the Hugging Face Hub
+    (`from_pretrained("org/name")`, `load_dataset("org/name")`, ...: huggingface.co) and an
+    S3 bucket the AWS CLI copies from (`aws s3 cp s3://bucket/...`: bucket.s3.amazonaws.com,
+    the address the CLI reports when it cannot connect)."""
+    hosts = {f"{b}.s3.amazonaws.com" for b in _S3_CP_RE.findall(text)}
+    if _HF_CALL_RE.search(text):
+        hosts.add("huggingface.co")
+    return sorted(hosts)
+
+
 def referenced_unreachable_hosts(task_dir: Path) -> dict[str, list[str]]:
     """Static scan: file (relative) -> unreachable hosts its text names. Only a hint: naming a
     host is not needing it; the report's reasons come from what actually failed."""
@@ -470,7 +490,7 @@ def referenced_unreachable_hosts(task_dir: Path) -> dict[str, list[str]]:
             text = f.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):
             continue
-        hosts = [h for h in unreachable_hosts(text) if "." in h]
+        hosts = sorted({*(h for h in unreachable_hosts(text) if "." in h), *implicit_hosts(text)})
         if hosts:
             found[str(f.relative_to(task_dir))] = hosts
     return found

@@ -802,3 +802,38 @@ def test_a_digest_pinned_base_runs_on_the_stand_in_of_its_tag() -> None:
     assert "digest-pinned-base-to-stand-in" in sb.SUBSTITUTIONS
     # a script is not a Dockerfile: left alone
     assert sb.rewrite_script(text)[1] == []
+
+
+def test_a_fetch_without_a_written_host_is_evidence_once_its_call_names_it(tmp_path: Path) -> None:
+    """count-dataset-tokens loads a tokenizer and a dataset by repository id (no URL written)
+    and fails on huggingface.co; chem-rf copies from `s3://kin-del-2024` and fails on
+    kin-del-2024.s3.amazonaws.com: the solution fetches that host, so with the failing output
+    naming it the task needs a host unreachable here. Without the call, the same output is
+    no evidence."""
+    from bench.compat_outcome import decide
+
+    task = tmp_path / "t"
+    task.mkdir()
+    (task / "solution.sh").write_text(
+        'python - <<EOF\ntok = AutoTokenizer.from_pretrained("Qwen/Qwen2.5-1.5B-Instruct")\nEOF\n'
+        "aws s3 cp s3://kin-del-2024/data/x.parquet x.parquet --no-sign-request\n"
+    )
+    refs = sb.referenced_unreachable_hosts(task)
+    assert refs == {"solution.sh": ["huggingface.co", "kin-del-2024.s3.amazonaws.com"]}
+    assert sb.implicit_hosts('load_dataset("local_dir")') == []  # no repository id
+    for line in (
+        "OSError: We couldn't connect to 'https://huggingface.co' to load the files",
+        'fatal error: Could not connect to the endpoint URL: "https://kin-del-2024.s3.'
+        'amazonaws.com/data/x.parquet"',
+    ):
+        entry = {
+            "oracle_output": line,
+            "oracle_network_lines": [line],
+            "referenced_unreachable_hosts": refs,
+            "base_image": "python:3.13-slim",
+        }
+        out = decide(entry, ["oracle_below_one"])
+        assert out.category == "unreachable_host" and out.evidence is not None, out
+        assert out.evidence.file == "solution.sh" and out.evidence.phase == "oracle"
+        without = {**entry, "referenced_unreachable_hosts": {}}
+        assert decide(without, ["oracle_below_one"]).category == "failing"
