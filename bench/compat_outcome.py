@@ -82,7 +82,8 @@ class Outcome(BaseModel):
 _ANSI_RE = re.compile(r"\x1b?\[[0-9;]*m")
 #: a line that reports a failed fetch or lookup
 FETCH_FAILED_RE = re.compile(
-    r"Could not resolve|Temporary failure in name resolution|Name or service not known|"
+    r"Could not resolve|Temporary failure in name resolution|Temporary failure resolving|"
+    r"Name or service not known|"
     r"Network is unreachable|Connection refused|Connection timed out|Failed to connect|"
     r"curl: \(\d+\)|unable to resolve host|Failed to establish a new connection|"
     r"ConnectTimeout|Max retries exceeded|failed: Temporary failure|Failed to fetch|"

@@ -437,13 +437,26 @@ _HOST_WORD_RE = re.compile(
 _QUOTED_HOST_RE = re.compile(r"(?:host=|Failed to resolve )'([A-Za-z0-9.-]+\.[A-Za-z]{2,})'")
 
 
+#: a host a command-line tool names when its lookup fails (curl: `Could not resolve host: x`;
+#: wget: `Resolving x (x)... failed`, `unable to resolve host address 'x'`; apt: `Temporary
+#: failure resolving 'x'`, `Could not resolve 'x'`)
+_TOOL_HOST_RE = re.compile(
+    r"Could not resolve host: ([A-Za-z0-9.-]+\.[A-Za-z]{2,})|"
+    r"Resolving ([A-Za-z0-9.-]+\.[A-Za-z]{2,}) \([^)]*\)\.\.\. failed|"
+    r"unable to resolve host address [‘'`\"]([A-Za-z0-9.-]+\.[A-Za-z]{2,})|"
+    r"(?:Temporary failure resolving|Could not resolve) '([A-Za-z0-9.-]+\.[A-Za-z]{2,})'"
+)
+
+
 def unreachable_hosts(text: str) -> list[str]:
     """Hosts named in `text` (URLs, well-known hosts named in messages, hosts a client
-    library's error quotes) that this machine cannot reach, sorted."""
+    library's error quotes, hosts a tool's failed lookup names) that this machine cannot
+    reach, sorted."""
     hosts = (
         set(_URL_HOST_RE.findall(text))
         | set(_HOST_WORD_RE.findall(text))
         | set(_QUOTED_HOST_RE.findall(text))
+        | {h for groups in _TOOL_HOST_RE.findall(text) for h in groups if h}
     )
     out = set()
     for h in hosts:

@@ -837,3 +837,32 @@ def test_a_fetch_without_a_written_host_is_evidence_once_its_call_names_it(tmp_p
         assert out.evidence.file == "solution.sh" and out.evidence.phase == "oracle"
         without = {**entry, "referenced_unreachable_hosts": {}}
         assert decide(without, ["oracle_below_one"]).category == "failing"
+
+
+@pytest.mark.parametrize(
+    ("line", "host"),
+    [
+        (
+            "Resolving www.sqlite.org (www.sqlite.org)... failed: Name or service not known.",
+            "www.sqlite.org",
+        ),
+        ("curl: (6) Could not resolve host: bootstrap.pypa.io", "bootstrap.pypa.io"),
+        ("wget: unable to resolve host address ‘github.com’", "github.com"),
+        ("Err:1 http://x Temporary failure resolving 'archive.ubuntu.com'", "archive.ubuntu.com"),
+    ],
+)
+def test_a_tools_failed_lookup_names_its_host(line: str, host: str) -> None:
+    """sqlite-with-gcov's solution runs `wget https://www.sqlite.org/...`; wget says only
+    `Resolving www.sqlite.org (...)... failed`: that line names the host, so with the solution
+    naming it too the task needs a host unreachable here (it was recorded failing)."""
+    from bench.compat_outcome import decide
+
+    assert host in sb.unreachable_hosts(line)
+    entry = {
+        "oracle_network_lines": [line],
+        "referenced_unreachable_hosts": {"solution.yaml": [host]},
+        "base_image": "python:3.13-slim",
+    }
+    out = decide(entry, ["oracle_below_one"])
+    assert out.category == "unreachable_host" and out.evidence is not None
+    assert out.evidence.needs == host and out.evidence.file == "solution.yaml"
