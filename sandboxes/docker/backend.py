@@ -19,6 +19,7 @@ from sandboxes.docker.images import DockerImages
 from sandboxes.docker.names import BRIDGE_MOUNT, LABEL_BRIDGE_DIR
 from sandboxes.docker.reaping import DockerReaping
 from sandboxes.docker.sandbox import DockerSandbox
+from sandboxes.docker.service_life import LIFE_SUBDIR
 from sandboxes.egress import proxy_env
 from sandboxes.errors import SandboxCreateError
 from sandboxes.lifetime import first_deadline, write_deadline_file
@@ -143,6 +144,8 @@ class DockerBackend(DockerImages, DockerReaping):
         )
         api = self.engine.api
         deadline = first_deadline()  # the pool's: a sandbox nobody will refresh gets none
+        if group is not None and deadline is not None:  # its services end by it too
+            group.life_dir = bridge_dir / LIFE_SUBDIR
         pids: dict[str, int] = {}
         has_health: set[str] = set()  # containers whose image has a HEALTHCHECK
 
@@ -179,6 +182,8 @@ class DockerBackend(DockerImages, DockerReaping):
 
         try:
             if group is not None:
+                if group.life_dir is not None and deadline is not None:  # before they start
+                    await asyncio.to_thread(write_deadline_file, group.life_dir, deadline)
                 await group.start()
             try:
                 container_id = await asyncio.to_thread(create_and_start)

@@ -66,11 +66,14 @@ class DockerSandboxBase(ShellSandbox):
         return self._bridge_dir
 
     async def _write_deadline(self, deadline: float) -> None:
-        """Into the bridge directory (the container reads it at /run/sandgym/deadline)."""
+        """Into the bridge directory (the container reads it at /run/sandgym/deadline), and
+        its `life` subdirectory when services beside it read it (docker.service_life)."""
         from sandboxes.lifetime import write_deadline_file
 
         if self._bridge_dir is not None:
             await asyncio.to_thread(write_deadline_file, self._bridge_dir, deadline)
+        if self._group is not None and self._group.life_dir is not None:  # its services'
+            await asyncio.to_thread(write_deadline_file, self._group.life_dir, deadline)
 
     async def usage(self) -> SandboxUsage:
         """CPU seconds and peak memory from the engine's stats of the container's cgroup (one

@@ -20,6 +20,9 @@ healthcheck, handed to Docker, or its image's HEALTHCHECK) reports healthy, as `
 up --wait` does. A service that turns unhealthy, or never gets healthy in the time its
 healthcheck allows, is a `SandboxHealthcheckError` carrying Docker's last probe output.
 
+Hard lifetime: when the sandbox has a deadline (`life_dir`), every service runs under a small
+init that ends it by that deadline, with no server running (`sandboxes.docker.service_life`).
+
 Labels: the network and every service container carry the sandbox's labels (owner, owner pid,
 lease) plus `sandgym.group_of=<sandbox id>`, so closing the sandbox, the pool's sweep
 (`DockerBackend.remove_sandbox`) and the reaper (a restarted server's `reap_on_start`,
@@ -35,11 +38,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sandboxes.common.tolerated import tolerate
+from sandboxes.docker.service_life import no_shell, run_plain, run_with_deadline
 from sandboxes.errors import SandboxCreateError, SandboxHealthcheckError
 from sandboxes.services import ServiceSpec, start_order
 from sandboxes.spec import SandboxSpec
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from sandboxes.docker.backend import DockerBackend
 
 log = logging.getLogger(__name__)
@@ -174,6 +180,9 @@ class DockerGroup:
         self.labels[LABEL_GROUP_OF] = sandbox_id
         self.network = network_name(sandbox_id)
         self.containers: dict[str, str] = {}  # service name -> container id
+        #: the host directory holding the sandbox's deadline (set by the backend when the
+        #: sandbox has one): the services then end by it (docker.service_life)
+        self.life_dir: Path | None = None
 
     @property
     def _api(self) -> Any:
@@ -265,17 +274,25 @@ class DockerGroup:
                 f"{self.sandbox_id}: {exc}"
             ) from exc
 
-    def _create_and_start(self, svc: ServiceSpec, image: str) -> None:
+    def _create_and_start(self, svc: ServiceSpec, image: str, plain: bool = False) -> None:
         """(Thread) one service container: on the group network under its name and aliases,
         confined like the sandbox (limits, capabilities), on the bridge only when the
-        environment is public."""
+        environment is public; under the deadline's init when the sandbox has a deadline
+        (unless `plain`, or its image has no /bin/sh: then as written)."""
         import docker.errors
 
         api = self._api
         name = service_container_name(self.sandbox_id, svc.name)
         limits = self.spec.model_copy(update={"storage_mb": None})
+        run = (
+            run_plain(svc)
+            if plain or self.life_dir is None
+            else run_with_deadline(svc, api.inspect_image(image).get("Config") or {}, self.life_dir)
+        )
         host = api.create_host_config(
-            network_mode=self.network, **self.backend._confinement(limits)
+            network_mode=self.network,
+            binds=run.binds or None,
+            **self.backend._confinement(limits),
         )
         endpoint = api.create_endpoint_config(aliases=[svc.name, *svc.aliases])
         healthcheck: dict[str, Any] | None = None
@@ -290,8 +307,8 @@ class DockerGroup:
                 hostname=svc.name,
                 labels={**self.labels, LABEL_SERVICE: svc.name},
                 environment=dict(svc.env),
-                command=list(svc.command) if svc.command is not None else None,
-                entrypoint=list(svc.entrypoint) if svc.entrypoint is not None else None,
+                command=run.command,
+                entrypoint=run.entrypoint,
                 working_dir=svc.workdir,
                 user=svc.user,
                 healthcheck=healthcheck,
@@ -304,6 +321,17 @@ class DockerGroup:
                 api.connect_container_to_network(resp["Id"], "bridge")
             api.start(resp["Id"])
         except docker.errors.APIError as exc:
+            if run.wrapped and no_shell(exc):  # no shell for the init: as written, no deadline
+                log.warning(
+                    "service %r of sandbox %s: image %s has no /bin/sh for the init that ends "
+                    "it by the sandbox's deadline; it runs as written, without one",
+                    svc.name,
+                    self.sandbox_id,
+                    image,
+                )
+                api.remove_container(self.containers.pop(svc.name), force=True, v=True)
+                self._create_and_start(svc, image, plain=True)
+                return
             raise SandboxCreateError(
                 f"docker could not start service {svc.name!r} ({image}) of sandbox "
                 f"{self.sandbox_id}: {exc}"
