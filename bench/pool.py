@@ -30,6 +30,7 @@ from typing import Any
 
 from bench.report import percentile_or_none, save_json
 from sandboxes import SandboxBackend, SandboxSpec, get_backend
+from sandboxes.lifetime import OwnLifetimes
 from sandboxes.pool import PoolSettings, SandboxPool
 
 log = logging.getLogger("bench.pool")
@@ -152,8 +153,9 @@ async def _bench_backend(name: str, args: argparse.Namespace, max_total: int) ->
         # One probe creation: proves the backend works here and pays one-off costs (image
         # lookups, client connection) outside the samples.
         try:
-            probe = await backend.create(spec)
-            await probe.close()
+            async with OwnLifetimes() as lifetimes:  # ends by itself if this is killed
+                probe = await lifetimes.create(backend, spec, limit_s=0.0)
+                await probe.close()
         except Exception as exc:
             return {"skipped": f"cannot create a sandbox here: {type(exc).__name__}: {exc}"}
         out["hit"] = await _latency_phase(backend, spec, args.samples, warm=True)

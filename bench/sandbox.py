@@ -33,6 +33,7 @@ from typing import Any
 from bench import report
 from bench.report import save_json
 from sandboxes import SandboxBackend, SandboxSpec, get_backend
+from sandboxes.lifetime import OwnLifetimes
 
 log = logging.getLogger("bench.sandbox")
 
@@ -78,11 +79,14 @@ def summarize(samples: list[float]) -> dict[str, float | int]:
     }
 
 
-async def one_cycle(backend: SandboxBackend, shell_runs: int) -> dict[str, list[float]]:
-    """One sandbox's life; raises if any step fails (a bench of failures measures nothing)."""
+async def one_cycle(
+    backend: SandboxBackend, shell_runs: int, lifetimes: OwnLifetimes
+) -> dict[str, list[float]]:
+    """One sandbox's life; raises if any step fails (a bench of failures measures nothing).
+    Its deadline (`lifetimes`) ends it by itself if the bench is killed."""
     out: dict[str, list[float]] = {}
     t0 = time.perf_counter()
-    sb = await backend.create(SandboxSpec())
+    sb = await lifetimes.create(backend, SandboxSpec(), limit_s=0.0)
     t1 = time.perf_counter()
     try:
         r = await sb.exec("true")
@@ -118,14 +122,15 @@ async def bench_backend(name: str, n: int, shell_runs: int) -> dict[str, Any]:
         return {"skipped": f"{type(exc).__name__}: {exc}"}
     samples: dict[str, list[float]] = {}
     try:
-        try:
-            await one_cycle(backend, 1)  # warm-up: client connection, page cache, image
-        except Exception as exc:
-            return {"skipped": f"{type(exc).__name__}: {exc}"}
-        for i in range(n):
-            for k, v in (await one_cycle(backend, shell_runs)).items():
-                samples.setdefault(k, []).extend(v)
-            log.info("%s: cycle %d/%d", name, i + 1, n)
+        async with OwnLifetimes() as lifetimes:
+            try:
+                await one_cycle(backend, 1, lifetimes)  # warm-up: client, page cache, image
+            except Exception as exc:
+                return {"skipped": f"{type(exc).__name__}: {exc}"}
+            for i in range(n):
+                for k, v in (await one_cycle(backend, shell_runs, lifetimes)).items():
+                    samples.setdefault(k, []).extend(v)
+                log.info("%s: cycle %d/%d", name, i + 1, n)
         leftovers = await backend.reap(only_expired=False)
     finally:
         await backend.aclose()

@@ -73,24 +73,29 @@ def summarize(samples: list[float]) -> dict[str, Any]:
 
 async def _direct(backend_name: str, task_root: Path, n: int, warmup: int) -> list[float]:
     from sandboxes import get_backend
+    from sandboxes.lifetime import OwnLifetimes
     from tasks import TaskRegistry
     from tasks.runtime import prepare_episode, sandbox_spec_for
 
     backend = get_backend(backend_name)
     task = TaskRegistry([task_root], include_builtin=False).get(TASK_ID)
-    sb = await backend.create(sandbox_spec_for(task))
     try:
-        await prepare_episode(task, sb, 0)
-        for _ in range(warmup):
-            await sb.run("true")
-        samples = []
-        for _ in range(n):
-            t0 = time.perf_counter()
-            await sb.run("true")
-            samples.append(time.perf_counter() - t0)
-        return samples
+        # a deadline of its own (sandboxes.lifetime): it ends by itself if this process is killed
+        async with OwnLifetimes() as lifetimes:
+            sb = await lifetimes.create(backend, sandbox_spec_for(task), limit_s=0.0)
+            try:
+                await prepare_episode(task, sb, 0)
+                for _ in range(warmup):
+                    await sb.run("true")
+                samples = []
+                for _ in range(n):
+                    t0 = time.perf_counter()
+                    await sb.run("true")
+                    samples.append(time.perf_counter() - t0)
+                return samples
+            finally:
+                await sb.close()
     finally:
-        await sb.close()
         await backend.aclose()
 
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from envserver.settings import ServerSettings
 from sandboxes import SandboxBackend
-from sandboxes.lifetime import LifetimeSettings
+from sandboxes.lifetime import LifetimeSettings, configure_own_lifetimes
 from sandboxes.pool import PoolSettings, SandboxPool
 
 if TYPE_CHECKING:
@@ -54,14 +54,17 @@ async def reap_orphans(backend: SandboxBackend) -> None:
 
 def make_pool(settings: ServerSettings, backend: SandboxBackend) -> SandboxPool:
     """The warm pool (not started): `pool_size` ready, room for every episode, and each
-    sandbox's hard lifetime kept `sandbox_grace_s` ahead while the server lives."""
+    sandbox's hard lifetime kept `sandbox_grace_s` ahead while the server lives (the same
+    for the sandboxes the server makes outside its pool: `sandboxes.lifetime.OwnLifetimes`)."""
     grace = settings.sandbox_grace_s
+    lifetime = LifetimeSettings(enabled=grace is not None, grace_s=grace or 300.0)
+    configure_own_lifetimes(lifetime)
     return SandboxPool(
         backend,
         PoolSettings(
             min_ready=settings.pool_size,
             max_total=max(settings.pool_max_total, settings.max_sessions),
-            lifetime=LifetimeSettings(enabled=grace is not None, grace_s=grace or 300.0),
+            lifetime=lifetime,
             host_limits=settings.create_limits.get(backend.name),
         ),
     )

@@ -22,6 +22,10 @@ twice per `grace_s` per sandbox and E2B gets one `set_timeout` per episode plus 
 `grace_s / 2` while it waits in the pool. After the server is gone the sandbox ends at the last
 deadline written: at most `grace_s` after the server's last refresh for a waiting sandbox, at the
 end of its episode's limits (or `grace_s` after the last refresh, if later) for a leased one.
+
+Sandboxes made outside a pool (a separate or pristine verifier's, `sandgym tasks check`'s, the
+benchmarks') get theirs from `OwnLifetimes`: `limit_s` (their creator's own limits) plus
+`grace_s` from when it is written, moved on by the same keeper while their creator lives.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
-    from sandboxes.base import Sandbox
+    from sandboxes.base import Sandbox, SandboxBackend
+    from sandboxes.spec import SandboxSpec
 
 log = logging.getLogger(__name__)
 
@@ -46,22 +51,26 @@ log = logging.getLogger(__name__)
 DEADLINE_FILE = "deadline"
 
 
-#: the deadline a sandbox being created now starts with (set by the pool around its
-#: `backend.create` call; a backend reads it with `first_deadline`). A contextvar, so that
-#: sandboxes nobody will refresh (a separate verifier's, `tasks check`'s) get none.
-_FIRST_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
-    "sandgym_first_deadline", default=None
+#: how long (seconds) a sandbox being created now lives from the moment its backend writes its
+#: first deadline (set around a `backend.create` call by the pool and by `OwnLifetimes`; a
+#: backend reads it with `first_deadline`, after building its image). A contextvar, so that a
+#: sandbox nobody asked a deadline for gets none.
+_FIRST_LIFETIME: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "sandgym_first_lifetime", default=None
 )
 
 
 def first_deadline() -> float | None:
-    """The deadline a sandbox created in this context starts with, or None for none."""
-    return _FIRST_DEADLINE.get()
+    """The deadline (unix time) a sandbox created in this context starts with, counted from
+    now, or None for none."""
+    life = _FIRST_LIFETIME.get()
+    return None if life is None else time.time() + life
 
 
-def set_first_deadline(deadline: float | None) -> contextvars.Token[float | None]:
-    """Make sandboxes created in this context (task) start with `deadline`."""
-    return _FIRST_DEADLINE.set(deadline)
+def set_first_lifetime(seconds: float | None) -> contextvars.Token[float | None]:
+    """Make sandboxes created in this context (task) start with a deadline `seconds` after
+    their backend writes it."""
+    return _FIRST_LIFETIME.set(seconds)
 
 
 class LifetimeSettings(BaseModel):
@@ -172,3 +181,96 @@ class LifetimeKeeper:
 
     def stats(self) -> LifetimeStats:
         return LifetimeStats(writes=self.writes, errors=self.errors, grace_s=self.settings.grace_s)
+
+
+# -- sandboxes made outside a pool ----------------------------------------------------------------
+
+#: the environment variable the server's `sandbox_grace_s` is read from; processes without a
+#: server (`sandgym tasks check`, the benchmarks) read it too
+GRACE_ENV = "SANDGYM_SANDBOX_GRACE_S"
+
+_configured: LifetimeSettings | None = None
+
+
+def settings_from_env() -> LifetimeSettings:
+    """The lifetime settings `SANDGYM_SANDBOX_GRACE_S` gives (as the server reads it: a number
+    of seconds; `off`, `none`, `null` or empty for no deadlines; unset for the default)."""
+    raw = os.environ.get(GRACE_ENV)
+    if raw is None:
+        return LifetimeSettings()
+    if raw.strip().lower() in ("", "off", "none", "null"):
+        return LifetimeSettings(enabled=False)
+    try:
+        grace = float(raw)
+    except ValueError:
+        raise ValueError(
+            f"{GRACE_ENV}: expected a number of seconds or `off`, found {raw!r}"
+        ) from None
+    return LifetimeSettings(grace_s=grace)
+
+
+def configure_own_lifetimes(settings: LifetimeSettings) -> None:
+    """Make `settings` (the server's, when it makes its pool) the ones sandboxes made outside
+    a pool in this process get (`OwnLifetimes`), instead of `settings_from_env()`."""
+    global _configured
+    _configured = settings
+
+
+def own_lifetime_settings() -> LifetimeSettings:
+    """The settings `OwnLifetimes` uses by default: the configured ones, else the environment's."""
+    return _configured if _configured is not None else settings_from_env()
+
+
+class OwnLifetimes:
+    """Deadlines for sandboxes made outside a pool (a separate or pristine verifier's sandbox,
+    `sandgym tasks check`'s, a benchmark's), kept by their creator while it lives.
+
+    `create(backend, spec, limit_s)` makes a sandbox whose first deadline is `limit_s` (what its
+    creator's own limits allow it: a verifier's timeout, a task's agent and verifier timeouts)
+    plus `grace_s` after the backend writes it, and records `limit_s` from then as its
+    `episode_end`. While the `async with` block runs, the same `LifetimeKeeper` the pool uses
+    moves the deadline on (never before `episode_end + grace_s`, then `grace_s` ahead of now);
+    once the creator is killed nothing moves it and the sandbox ends itself at the last
+    deadline written. Closing the sandboxes stays the creator's job."""
+
+    def __init__(self, settings: LifetimeSettings | None = None) -> None:
+        self.settings = settings if settings is not None else own_lifetime_settings()
+        self.keeper = LifetimeKeeper(self.settings)
+        self._kept: list[Sandbox] = []
+        self._loop: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> OwnLifetimes:
+        if self.settings.enabled:
+            self._loop = asyncio.create_task(self._keep(), name="sandgym-own-lifetimes")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._loop is not None:
+            self._loop.cancel()
+            try:
+                await self._loop
+            except asyncio.CancelledError:
+                pass
+        await self.keeper.aclose()
+
+    async def create(self, backend: SandboxBackend, spec: SandboxSpec, limit_s: float) -> Sandbox:
+        """`backend.create(spec)`, with a deadline `limit_s + grace_s` from when it is written
+        (none with deadlines off); kept moving while this block runs."""
+        if not self.settings.enabled:
+            return await backend.create(spec)
+        token = set_first_lifetime(limit_s + self.settings.grace_s)
+        try:
+            sb = await backend.create(spec)
+        finally:
+            _FIRST_LIFETIME.reset(token)
+        if sb.deadline is not None:  # a backend without deadlines keeps none
+            sb.episode_end = sb.deadline - self.settings.grace_s
+            self._kept.append(sb)
+        return sb
+
+    async def _keep(self) -> None:
+        interval = self.settings.grace_s / 4  # a refresh well before half the grace is left
+        while True:
+            self._kept = [sb for sb in self._kept if not sb.closed]
+            self.keeper.refresh(self._kept)
+            await asyncio.sleep(interval)

@@ -21,6 +21,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
 from sandboxes.errors import SandboxCreateError
+from sandboxes.lifetime import OwnLifetimes
+from sandboxes.spec import SandboxSpec
 from tasks.errors import TaskError, TaskUnsupportedError, VerifierError
 from tasks.models import TaskSpec
 from tasks.runtime import prepare_episode, run_oracle, sandbox_spec_for, score_step
@@ -239,55 +241,79 @@ async def check_task(
         log.warning("task %s: no sandbox spec: %s", task.id, exc)
         return setup_error_check(task, exc)
     check = TaskCheck(task_id=task.id)
+    # Each phase's sandbox has its own hard lifetime (sandboxes.lifetime): the task's limits
+    # (its agent timeout and a verifier run per step) plus the grace, moved on while this
+    # process lives; it ends itself if the process is killed.
+    limit_s = task.timeouts.agent_timeout_s + max(1, len(task.steps)) * (
+        task.timeouts.verifier_timeout_s
+    )
     phases: tuple[EpisodePhase, ...] = ("oracle", "noop")
-    for phase in phases:
-        result = PhaseCheck(phase=phase)
-        setattr(check, phase, result)
-        start = time.perf_counter()
-        sandbox = None
-        try:
-            sandbox = await backend.create(spec)
-            setup = await prepare_episode(task, sandbox, seed)
-            while True:  # once, or once per step of a multi-step task
-                if phase == "oracle":
-                    res = await run_oracle(task, sandbox, setup)
-                    result.solution_ran = True
-                    result.solution_exit_code = res.exit_code
-                    result.solution_output = (res.stdout or "") + (res.stderr or "")
-                    if res.exit_code != 0:
-                        log.warning(
-                            "task %s: oracle exited %s: %s",
-                            task.id,
-                            res.exit_code,
-                            (res.stderr or res.stdout)[-500:],
-                        )
-                verified, outcome = await score_step(
-                    task, sandbox, setup, backend=backend, image_map=image_map
-                )
-                if outcome.done:
-                    break
-            if outcome.step is not None:
-                result.step_rewards = outcome.step["rewards"]
-            result.reward = outcome.reward
-            result.verifier_output = verified.output
-            if outcome.reward != result.expected_reward:
-                log.warning(
-                    "task %s: %s reward %s (expected %s); verifier output:\n%s",
-                    task.id,
-                    phase,
-                    outcome.reward,
-                    result.expected_reward,
-                    verified.output[-1500:],
-                )
-        except Exception as exc:  # every failure is reported per task, never aborts the run
-            result.error = CheckError.of(phase, exc)
-            log.warning("task %s: %s failed: %s", task.id, phase, exc)
-        finally:
-            if sandbox is not None:
-                try:
-                    await asyncio.shield(sandbox.close())
-                except Exception as exc:  # e.g. the engine restarted: report, keep checking
-                    result.close_error = CheckError.of(f"{phase} close", exc)
-                    log.warning("task %s: closing the %s sandbox failed: %s", task.id, phase, exc)
-        log.info("task %s: %s done in %.1f s", task.id, phase, time.perf_counter() - start)
+    async with OwnLifetimes() as lifetimes:
+        for phase in phases:
+            await _check_phase(
+                task, backend, image_map, seed, spec, check, phase, lifetimes, limit_s
+            )
     return check
+
+
+async def _check_phase(
+    task: TaskSpec,
+    backend: Any,
+    image_map: dict[str, str],
+    seed: int,
+    spec: SandboxSpec,
+    check: TaskCheck,
+    phase: EpisodePhase,
+    lifetimes: OwnLifetimes,
+    limit_s: float,
+) -> None:
+    """One episode of the check in a fresh sandbox, recorded on `check`'s `phase`."""
+    result = PhaseCheck(phase=phase)
+    setattr(check, phase, result)
+    start = time.perf_counter()
+    sandbox = None
+    try:
+        sandbox = await lifetimes.create(backend, spec, limit_s)
+        setup = await prepare_episode(task, sandbox, seed)
+        while True:  # once, or once per step of a multi-step task
+            if phase == "oracle":
+                res = await run_oracle(task, sandbox, setup)
+                result.solution_ran = True
+                result.solution_exit_code = res.exit_code
+                result.solution_output = (res.stdout or "") + (res.stderr or "")
+                if res.exit_code != 0:
+                    log.warning(
+                        "task %s: oracle exited %s: %s",
+                        task.id,
+                        res.exit_code,
+                        (res.stderr or res.stdout)[-500:],
+                    )
+            verified, outcome = await score_step(
+                task, sandbox, setup, backend=backend, image_map=image_map
+            )
+            if outcome.done:
+                break
+        if outcome.step is not None:
+            result.step_rewards = outcome.step["rewards"]
+        result.reward = outcome.reward
+        result.verifier_output = verified.output
+        if outcome.reward != result.expected_reward:
+            log.warning(
+                "task %s: %s reward %s (expected %s); verifier output:\n%s",
+                task.id,
+                phase,
+                outcome.reward,
+                result.expected_reward,
+                verified.output[-1500:],
+            )
+    except Exception as exc:  # every failure is reported per task, never aborts the run
+        result.error = CheckError.of(phase, exc)
+        log.warning("task %s: %s failed: %s", task.id, phase, exc)
+    finally:
+        if sandbox is not None:
+            try:
+                await asyncio.shield(sandbox.close())
+            except Exception as exc:  # e.g. the engine restarted: report, keep checking
+                result.close_error = CheckError.of(f"{phase} close", exc)
+                log.warning("task %s: closing the %s sandbox failed: %s", task.id, phase, exc)
+    log.info("task %s: %s done in %.1f s", task.id, phase, time.perf_counter() - start)

@@ -60,7 +60,7 @@ from typing import Any
 from sandboxes.base import Sandbox, SandboxBackend
 from sandboxes.createlimit import HostCreateLimiter
 from sandboxes.errors import SandboxCreateError
-from sandboxes.lifetime import LifetimeKeeper, set_first_deadline
+from sandboxes.lifetime import LifetimeKeeper, set_first_lifetime
 from sandboxes.pool.errors import PoolClosedError, PoolKeyFailingError, PoolTimeoutError, describe
 from sandboxes.pool.keys import KeyState, Ready, TokenBucket
 from sandboxes.pool.settings import PoolSettings
@@ -591,7 +591,7 @@ class SandboxPool:
                                 life = self.settings.lifetime
                                 if life.enabled and self._loop_task is not None:
                                     # Only a started pool moves deadlines on (its loop does).
-                                    set_first_deadline(time.time() + life.grace_s)
+                                    set_first_lifetime(life.grace_s)
                                 sb = await self.backend.create(k.spec)
                             self._ledger.track(sb.id)
                             try:

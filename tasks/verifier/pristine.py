@@ -29,6 +29,7 @@ from pathlib import Path
 
 from sandboxes import Sandbox, SandboxBackend, SandboxFileNotFoundError
 from sandboxes.errors import ChangesUnsupportedError
+from sandboxes.lifetime import OwnLifetimes
 from sandboxes.spec import PathChanges
 from tasks.commands import run_checked
 from tasks.desktop import is_desktop_task
@@ -132,35 +133,39 @@ async def pristine_verifier_sandbox(
             "this caller passed none"
         )
     spec = sandbox_spec_for(task, image_map, network_ceiling=setup.network_ceiling)
-    fresh = await backend.create(spec)
-    try:
-        fsetup = await prepare_episode(
-            task, fresh, setup.seed, network_ceiling=setup.network_ceiling, baseline=False
-        )
-        roots = output_roots(task, setup.workdir)
-        copied: list[str] = []
-        dropped: list[str] = []
-        with tempfile.TemporaryDirectory(prefix="sandgym-pristine-") as scratch:
-            for i, root in enumerate(roots):
-                host = Path(scratch) / str(i) / (posixpath.basename(root.rstrip("/")) or "root")
-                try:
-                    await sandbox.download(root, host)
-                except (SandboxFileNotFoundError, FileNotFoundError):
-                    continue
-                dropped += await asyncio.to_thread(_keep_outputs, host, root, setup.workdir)
-                if host.exists():
-                    await fresh.upload(host, root)
-                    copied.append(root)
-        deleted = await _deleted_under(sandbox, setup, roots, changes)
-        if deleted:
-            await run_checked(
-                fresh,
-                "rm -rf -- " + " ".join(shlex.quote(p) for p in deleted),
-                "deleting what the agent deleted under its outputs",
-                timeout_s=60,
+    # Its own hard lifetime (sandboxes.lifetime): one verifier run plus the grace, moved on
+    # while this process lives (so a long preparation is covered); it ends itself if the
+    # process is killed.
+    async with OwnLifetimes() as lifetimes:
+        fresh = await lifetimes.create(backend, spec, task.timeouts.verifier_timeout_s)
+        try:
+            fsetup = await prepare_episode(
+                task, fresh, setup.seed, network_ceiling=setup.network_ceiling, baseline=False
             )
-        # the verifier reads the episode's own instance (its secret), not a regenerated one
-        vsetup = fsetup.model_copy(update={"secret": setup.secret, "workdir": setup.workdir})
-        yield PristineVerifier(fresh, vsetup, copied, dropped, deleted)
-    finally:
-        await asyncio.shield(fresh.close())
+            roots = output_roots(task, setup.workdir)
+            copied: list[str] = []
+            dropped: list[str] = []
+            with tempfile.TemporaryDirectory(prefix="sandgym-pristine-") as scratch:
+                for i, root in enumerate(roots):
+                    host = Path(scratch) / str(i) / (posixpath.basename(root.rstrip("/")) or "root")
+                    try:
+                        await sandbox.download(root, host)
+                    except (SandboxFileNotFoundError, FileNotFoundError):
+                        continue
+                    dropped += await asyncio.to_thread(_keep_outputs, host, root, setup.workdir)
+                    if host.exists():
+                        await fresh.upload(host, root)
+                        copied.append(root)
+            deleted = await _deleted_under(sandbox, setup, roots, changes)
+            if deleted:
+                await run_checked(
+                    fresh,
+                    "rm -rf -- " + " ".join(shlex.quote(p) for p in deleted),
+                    "deleting what the agent deleted under its outputs",
+                    timeout_s=60,
+                )
+            # the verifier reads the episode's own instance (its secret), not a regenerated one
+            vsetup = fsetup.model_copy(update={"secret": setup.secret, "workdir": setup.workdir})
+            yield PristineVerifier(fresh, vsetup, copied, dropped, deleted)
+        finally:
+            await asyncio.shield(fresh.close())

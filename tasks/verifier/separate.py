@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sandboxes import Sandbox, SandboxBackend, SandboxFileNotFoundError, SandboxSpec
+from sandboxes.lifetime import OwnLifetimes
 from sandboxes.network import NetworkPolicy, clamp
 from tasks.dockerfile import apply_dockerfile
 from tasks.episode_models import EpisodeSetup
@@ -112,21 +113,24 @@ async def separate_verifier_sandbox(
         )
     spec = verifier_sandbox_spec(task, image_map, setup.network_ceiling, setup.workdir)
     backend.check_network(spec)
-    vsb = await backend.create(spec)
-    try:
-        warnings: list[str] = []
-        vtask = task.model_copy(
-            update={
-                "environment": task.verifier_environment,
-                "verifier_environment": None,
-                "steps": (),
-            }
-        )
-        if not vsb.builds_images:
-            await apply_dockerfile(vtask, vsb, warnings)
-        with tempfile.TemporaryDirectory(prefix="sandgym-artifacts-") as scratch:
-            copied = await _copy_artifacts(task, sandbox, vsb, setup.workdir, Path(scratch))
-        vsetup = setup.model_copy(update={"network": None, "desktop": None})
-        yield SeparateVerifier(vtask, vsb, vsetup, copied)
-    finally:
-        await asyncio.shield(vsb.close())
+    # Its own hard lifetime (sandboxes.lifetime): one verifier run plus the grace, moved on
+    # while this process lives; it ends itself if the process is killed.
+    async with OwnLifetimes() as lifetimes:
+        vsb = await lifetimes.create(backend, spec, task.timeouts.verifier_timeout_s)
+        try:
+            warnings: list[str] = []
+            vtask = task.model_copy(
+                update={
+                    "environment": task.verifier_environment,
+                    "verifier_environment": None,
+                    "steps": (),
+                }
+            )
+            if not vsb.builds_images:
+                await apply_dockerfile(vtask, vsb, warnings)
+            with tempfile.TemporaryDirectory(prefix="sandgym-artifacts-") as scratch:
+                copied = await _copy_artifacts(task, sandbox, vsb, setup.workdir, Path(scratch))
+            vsetup = setup.model_copy(update={"network": None, "desktop": None})
+            yield SeparateVerifier(vtask, vsb, vsetup, copied)
+        finally:
+            await asyncio.shield(vsb.close())

@@ -9,6 +9,12 @@
   a server that hangs: SIGSTOPped, it neither refreshes nor ends anything, and the sandboxes'
   own init ends them at their deadline.
 
+- made outside a pool (`sandboxes.lifetime.OwnLifetimes`): a separate verifier's sandbox, made
+  by the server while it scores, ends by itself after the server is SIGKILLed mid-verification
+  (its verifier's timeout plus the grace after it was made).
+- the services beside a docker sandbox (a compose task): after the server is SIGKILLed, each
+  ends by itself at the sandbox's deadline (its init's watcher, `sandboxes.docker.service_life`).
+
 Ends are polled with a generous bound; how fast is not asserted.
 """
 
@@ -172,3 +178,172 @@ async def test_local_sandboxes_end_themselves_when_server_hangs(tmp_path: Path) 
             await asyncio.to_thread(srv.proc.wait, 30)
         await asyncio.to_thread(srv.stop)
         await reap(["local"], local_root_dir=root, everything=True)
+
+
+def container_state(name: str) -> str:
+    """`<status> <exit code>` of container `name`, as the engine reports it."""
+    return subprocess.run(
+        ["docker", "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
+
+
+def containers_labelled(pid: int, label: str) -> list[str]:
+    """Ids of the containers (any state) of server `pid` that carry `label` (key=value)."""
+    return subprocess.run(
+        ["docker", "ps", "-a", "-q", "--filter", f"label=sandgym.owner_pid={pid}"]
+        + ["--filter", f"label={label}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split()
+
+
+async def remove_containers(pid: int) -> None:
+    names = await asyncio.to_thread(containers_of_pid, pid)
+    if names:
+        await asyncio.to_thread(
+            subprocess.run, ["docker", "rm", "-f", *names], capture_output=True, timeout=120
+        )
+    await asyncio.to_thread(
+        subprocess.run,
+        ["docker", "network", "prune", "-f", "--filter", f"label=sandgym.owner_pid={pid}"],
+        capture_output=True,
+        timeout=120,
+    )
+
+
+SEP_TASK = "life-sep-task"
+
+
+def write_separate_verifier_task(root: Path) -> Path:
+    """A task whose tests run in a sandbox of their own (Harbor's separate verifier) and hang
+    there: the server is still scoring when it is killed."""
+    t = root / SEP_TASK
+    (t / "tests").mkdir(parents=True)
+    (t / "task.toml").write_text(
+        'version = "1.0"\n[environment]\n'
+        f'docker_image = "{IMAGE}"\nnetwork_mode = "no-network"\n'
+        '[verifier]\ntimeout_sec = 8\nenvironment_mode = "separate"\n'
+        f'[verifier.environment]\ndocker_image = "{IMAGE}"\n'
+    )
+    (t / "instruction.md").write_text("Do nothing.\n")
+    (t / "tests" / "test.sh").write_text("#!/bin/bash\nsleep 600\n")
+    return root
+
+
+@pytest.mark.docker
+@needs_docker
+async def test_separate_verifier_sandbox_ends_itself_after_server_is_killed(
+    tmp_path: Path,
+) -> None:
+    tasks = write_separate_verifier_task(tmp_path / "tasks")
+    srv = await asyncio.to_thread(
+        ServerProcess,
+        "docker",
+        args=["--tasks", str(tasks), "--pool-size", "0"],
+        env={**ENV, "SANDGYM_REAP_ON_START": "false"},
+        startup_timeout_s=120,
+    )
+    pid = srv.pid
+    client = AsyncEnvClient(srv.url, request_timeout_s=120)
+    scoring = None
+    try:
+        await client.reset(SEP_TASK)
+        (leased,) = await asyncio.to_thread(running_containers, pid)
+        scoring = asyncio.create_task(client.step({"kind": "submit"}))
+        # the server made the verifier's own sandbox (outside its pool) and runs the tests there
+        await wait_until(
+            lambda: len(running_containers(pid)) >= 2, 120.0, 0.2, "the verifier's sandbox"
+        )
+        srv.proc.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(srv.proc.wait, 30)
+        scoring.cancel()
+        with contextlib.suppress(BaseException):
+            await scoring
+        with contextlib.suppress(Exception):
+            await client.drop_connection()
+        verifier = [n for n in await asyncio.to_thread(running_containers, pid) if n != leased]
+        assert len(verifier) == 1, verifier  # nothing stopped it with the server
+        await wait_until(
+            lambda: not running_containers(pid), 120.0, 1.0, "the verifier's sandbox ended"
+        )
+        # still there, exited: its own init ended it (status 0), no server or reaper did
+        assert await asyncio.to_thread(container_state, verifier[0]) == "exited 0"
+    finally:
+        if scoring is not None and not scoring.done():
+            scoring.cancel()
+        await asyncio.to_thread(srv.stop)
+        await remove_containers(pid)
+
+
+COMPOSE_TASK = "life-compose-task"
+
+
+def write_compose_task(root: Path) -> Path:
+    """A task with one service beside main, running a command of the compose file's."""
+    t = root / COMPOSE_TASK
+    (t / "environment").mkdir(parents=True)
+    (t / "tests").mkdir()
+    (t / "environment" / "Dockerfile").write_text(f"FROM {IMAGE}\n")
+    (t / "environment" / "docker-compose.yaml").write_text(
+        "services:\n  main: {}\n  side:\n"
+        f"    image: {IMAGE}\n"
+        '    command: ["sh", "-c", "echo up > /tmp/up; exec sleep infinity"]\n'
+    )
+    (t / "task.toml").write_text(
+        'version = "1.0"\n[verifier]\ntimeout_sec = 5\n[environment]\nnetwork_mode = "no-network"\n'
+    )
+    (t / "instruction.md").write_text("Do nothing.\n")
+    (t / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    return root
+
+
+@pytest.mark.docker
+@needs_docker
+async def test_compose_service_ends_itself_after_server_is_killed(tmp_path: Path) -> None:
+    tasks = write_compose_task(tmp_path / "tasks")
+    srv = await asyncio.to_thread(
+        ServerProcess,
+        "docker",
+        args=["--tasks", str(tasks), "--pool-size", "0"],
+        env={**ENV, "SANDGYM_REAP_ON_START": "false"},
+        startup_timeout_s=180,
+    )
+    pid = srv.pid
+    client = AsyncEnvClient(srv.url, request_timeout_s=180)
+    try:
+        await client.reset(COMPOSE_TASK)
+        (side,) = await asyncio.to_thread(containers_labelled, pid, "sandgym.service=side")
+        # the service runs the compose file's command (under the init, as its child)
+        up = await asyncio.to_thread(
+            subprocess.run,
+            ["docker", "exec", side, "cat", "/tmp/up"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert up.stdout == "up\n", up
+        srv.proc.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(srv.proc.wait, 30)
+        with contextlib.suppress(Exception):
+            await client.drop_connection()
+        # nothing stopped it with the server
+        assert side in await asyncio.to_thread(running_containers, pid)
+        await wait_until(
+            lambda: container_state(side).startswith("exited"),
+            120.0,
+            1.0,
+            "the service ended by itself",
+        )
+        # its init's watcher sent SIGTERM at the deadline: `sleep` died of it (128 + 15)
+        assert await asyncio.to_thread(container_state, side) == "exited 143"
+        await wait_until(
+            lambda: not running_containers(pid), 60.0, 1.0, "the sandbox ended by itself"
+        )
+    finally:
+        await asyncio.to_thread(srv.stop)
+        await remove_containers(pid)

@@ -101,3 +101,73 @@ async def test_server_setting_gives_local_sandboxes_their_deadline_or_none(
             assert sb.deadline is not None and written == pytest.approx(sb.deadline, abs=1)
             assert 0 < written - time.time() <= 31
         await pool.release(sb)
+
+
+def test_service_argv_is_what_the_engine_would_run() -> None:
+    from sandboxes.docker.service_life import run_with_deadline, service_argv
+    from sandboxes.services import ServiceSpec
+
+    image = {"Entrypoint": ["/entry.sh"], "Cmd": ["serve", "--port", "80"]}
+    svc = ServiceSpec(name="db", image="x")
+    assert service_argv(svc, image) == ["/entry.sh", "serve", "--port", "80"]  # the image's
+    cmd = svc.model_copy(update={"command": ("run", "fast")})
+    assert service_argv(cmd, image) == ["/entry.sh", "run", "fast"]  # compose command: CMD's place
+    ep = svc.model_copy(update={"entrypoint": ("/other",)})
+    assert service_argv(ep, image) == ["/other"]  # a compose entrypoint drops the image's CMD
+    both = ep.model_copy(update={"command": ("a",)})
+    assert service_argv(both, image) == ["/other", "a"]
+    cleared = svc.model_copy(update={"entrypoint": ()})
+    assert service_argv(cleared, image) == ["serve", "--port", "80"]  # `entrypoint: []` clears
+    life = Path("/tmp/life")
+    wrapped = run_with_deadline(svc, image, life)
+    assert wrapped.wrapped and wrapped.command is None
+    assert wrapped.entrypoint is not None and wrapped.entrypoint[4:] == service_argv(svc, image)
+    assert wrapped.binds == {"/tmp/life": {"bind": "/run/sandgym-life", "mode": "ro"}}
+    # no deadline, or nothing to run (the engine's own error): exactly as written
+    assert not run_with_deadline(svc, image, None).wrapped
+    assert not run_with_deadline(svc, {}, life).wrapped
+
+
+def test_grace_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sandboxes.lifetime import settings_from_env
+
+    monkeypatch.delenv("SANDGYM_SANDBOX_GRACE_S", raising=False)
+    assert settings_from_env() == LifetimeSettings()
+    monkeypatch.setenv("SANDGYM_SANDBOX_GRACE_S", "7")
+    assert settings_from_env() == LifetimeSettings(grace_s=7.0)
+    monkeypatch.setenv("SANDGYM_SANDBOX_GRACE_S", "off")
+    assert not settings_from_env().enabled
+    monkeypatch.setenv("SANDGYM_SANDBOX_GRACE_S", "soon")
+    with pytest.raises(ValueError, match="expected a number of seconds"):
+        settings_from_env()
+
+
+@pytest.mark.skipif(
+    shutil.which("bwrap") is None or shutil.which("nsenter") is None,
+    reason="the fake E2B cloud runs its sandboxes with bubblewrap + nsenter, not installed",
+)
+async def test_a_sandbox_made_outside_a_pool_gets_its_own_limits(tmp_path: Path) -> None:
+    """`OwnLifetimes`: the creator's limit plus the grace, as E2B's own timeout; none when off."""
+    from sandboxes.e2b import E2BBackend
+    from sandboxes.lifetime import OwnLifetimes
+    from tests.fakes.e2b_fake import FakeE2BCloud
+
+    cloud = FakeE2BCloud(root=tmp_path / "cloud")
+    backend = E2BBackend(api_key=cloud.api_key, sdk=cloud.sdk, request_timeout_s=10)
+    try:
+        async with OwnLifetimes(LifetimeSettings(grace_s=120.0)) as lifetimes:
+            sb = await lifetimes.create(backend, SandboxSpec(), limit_s=600.0)
+            create = next(kw for name, kw in cloud.calls if name == "create")
+            assert create["timeout"] in (720, 721)  # E2B ends it then, whoever is alive
+            assert sb.deadline is not None and sb.episode_end == sb.deadline - 120.0
+            await sb.close()
+        cloud.calls.clear()
+        async with OwnLifetimes(LifetimeSettings(enabled=False)) as lifetimes:
+            sb = await lifetimes.create(backend, SandboxSpec(), limit_s=600.0)
+            assert sb.deadline is None  # no deadline asked: the backend's lease only
+            create = next(kw for name, kw in cloud.calls if name == "create")
+            assert create["timeout"] == 3600  # the backend's lease (lease_s), as before
+            await sb.close()
+    finally:
+        await backend.aclose()
+        await cloud.aclose()
