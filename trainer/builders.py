@@ -52,9 +52,13 @@ def build_engine(
             lora=cfg.learner,
         )
     if cfg.engine.kind == "vllm":
-        from trainer.models import smollm2_dir
+        from trainer.models import smollm2_vllm_dir
 
-        path = cfg.model.path if cfg.model.source == "hf" else str(smollm2_dir(cfg.model.cache_dir))
+        path = (
+            cfg.model.path
+            if cfg.model.source == "hf"
+            else str(smollm2_vllm_dir(cfg.model.cache_dir))
+        )
         return create_engine(
             "vllm",
             model_path=path,

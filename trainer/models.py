@@ -63,6 +63,30 @@ def smollm2_dir(cache_dir: str) -> Path:
     return out
 
 
+def smollm2_vllm_dir(cache_dir: str) -> Path:
+    """The SmolLM2 checkpoint as vLLM loads it: `smollm2_dir`'s files linked beside a config
+    without the GGUF `quantization_config` that transformers' conversion leaves in it (vLLM would
+    read the dequantised safetensors as GGUF)."""
+    import json
+
+    src = smollm2_dir(cache_dir)
+    out = Path(cache_dir).expanduser() / "SmolLM2-135M-Instruct-vllm"
+    out.mkdir(parents=True, exist_ok=True)
+    config = json.loads((src / "config.json").read_text())
+    config.pop("quantization_config", None)
+    tmp = out / f"config.json.tmp{os.getpid()}"
+    tmp.write_text(json.dumps(config, indent=1))
+    tmp.replace(out / "config.json")
+    for f in src.iterdir():
+        link = out / f.name
+        if f.name != "config.json" and not link.exists():
+            try:
+                link.symlink_to(f)
+            except FileExistsError:  # another process linked it first
+                pass
+    return out
+
+
 def smollm2_tokenizer_dir(cache_dir: str) -> Path:
     """The SmolLM2 tokenizer alone (8 s from the GGUF once, then instant): `tiny` needs no
     converted weights."""

@@ -145,6 +145,38 @@ def test_a_failed_push_is_an_error_and_the_version_stays(vllm_dev: str, tmp_path
     assert engine.version == 0
 
 
+def test_a_reload_the_server_refuses_is_an_error_and_the_version_stays(
+    vllm_dev: str, tmp_path: Path
+) -> None:
+    """vLLM answers 500 when its workers cannot load the directory (one it cannot read, tensors
+    of another shape); its engine does not survive it (bench/results/vllm_cpu_push.json)."""
+    engine = create_engine(
+        "openai", base_url=vllm_dev, model_name="m", weight_sync="vllm_http",
+        weight_dir=str(tmp_path / "weights"),
+    )  # fmt: skip
+    _VLLMDevServer.rpc_status = 500
+    with pytest.raises(EngineError, match="could not load the weights.*does not survive"):
+        engine.update_weights({"w": torch.ones(2)}, 1)
+    assert engine.version == 0
+    # the prefix cache is not reset after a failed reload
+    assert [p for p, _ in _VLLMDevServer.requests] == ["/collective_rpc"]
+
+
+def test_a_weight_dir_that_cannot_be_written_is_a_named_error(
+    vllm_dev: str, tmp_path: Path
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    engine = create_engine(
+        "openai", base_url=vllm_dev, model_name="m", weight_sync="vllm_http",
+        weight_dir=str(blocker),
+    )  # fmt: skip
+    with pytest.raises(EngineError, match="could not write the weights to .*a-file"):
+        engine.update_weights({"w": torch.ones(2)}, 1)
+    assert engine.version == 0
+    assert _VLLMDevServer.requests == []  # nothing was asked of the server
+
+
 def test_an_engine_that_cannot_take_weights_is_a_config_error() -> None:
     base = ["engine.kind=openai", "engine.base_url=http://h:8000/v1"]
     with pytest.raises(ConfigError, match="cannot take the learner's weights"):

