@@ -95,7 +95,8 @@ _FAILED_STEP_RE = re.compile(r"The command '(.*?)' returned a non-zero code", re
 _STEP_RE = re.compile(r"Step \d+/\d+ : (.*)")
 _APT_VERSION_RE = re.compile(r"E: Version '([^']+)' for '([^']+)' was not found")
 _APT_MISSING_RE = re.compile(
-    r"E: Unable to locate package (\S+)|Package '?([^' ]+)'? has no installation candidate"
+    r"E: Unable to locate package (\S+)|Package '?([^' ]+)'? has no installation candidate|"
+    r"Depends: (\S+) but it is not installable"
 )
 _NO_PYTHON_RE = re.compile(r"No interpreter found for Python (\d+\.\d+)")
 #: what each Ubuntu release ships that its Debian stand-in lacks (named in the action)

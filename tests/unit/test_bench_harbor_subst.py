@@ -244,6 +244,17 @@ def test_stand_in_limits_bit_rot_and_incomplete_copies_each_get_their_own_line()
         build_error="\x1b[91mE: Version '2023.20240207-1' for 'texlive-latex-base' was not found",
     )
     assert hc.judge(pinned)[1].category == "stand_in_limit"
+    # broken-networking (Terminal-Bench 1) installs Ubuntu's apt .deb on the ubuntu:22.04
+    # stand-in (Debian), whose archive has no ubuntu-keyring
+    keyring = _entry(
+        base_image="ubuntu:22.04",
+        oracle_reward=0.0,
+        oracle_output=" apt : Depends: ubuntu-keyring but it is not installable\n",
+    )
+    _, out = hc.judge(keyring)
+    assert out.category == "stand_in_limit" and "real Ubuntu 22.04" in out.action
+    assert out.evidence is not None and "ubuntu-keyring" in out.evidence.output_line
+    assert hc.judge(dict(keyring, base_image="python:3.13-slim"))[1].category == "failing"
     # 3.13 is no Ubuntu 24.04 CPython: not the stand-in's limit
     assert (
         hc.judge(dict(py, oracle_verifier_output="No interpreter found for Python 3.13"))[
