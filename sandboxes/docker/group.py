@@ -38,7 +38,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sandboxes.common.tolerated import tolerate
-from sandboxes.docker.service_life import no_shell, run_plain, run_with_deadline
+from sandboxes.docker.service_life import has_shell, run_plain, run_with_deadline
 from sandboxes.errors import SandboxCreateError, SandboxHealthcheckError
 from sandboxes.services import ServiceSpec, start_order
 from sandboxes.spec import SandboxSpec
@@ -277,8 +277,8 @@ class DockerGroup:
     def _create_and_start(self, svc: ServiceSpec, image: str, plain: bool = False) -> None:
         """(Thread) one service container: on the group network under its name and aliases,
         confined like the sandbox (limits, capabilities), on the bridge only when the
-        environment is public; under the deadline's init when the sandbox has a deadline
-        (unless `plain`, or its image has no /bin/sh: then as written)."""
+        environment is public; started through the deadline's wrapper when the sandbox has a
+        deadline (unless `plain`, or its image has no /bin/sh: then as written)."""
         import docker.errors
 
         api = self._api
@@ -317,14 +317,10 @@ class DockerGroup:
                 networking_config=api.create_networking_config({self.network: endpoint}),
             )
             self.containers[svc.name] = resp["Id"]
-            if self.spec.network.mode == "public":
-                api.connect_container_to_network(resp["Id"], "bridge")
-            api.start(resp["Id"])
-        except docker.errors.APIError as exc:
-            if run.wrapped and no_shell(exc):  # no shell for the init: as written, no deadline
+            if run.wrapped and not has_shell(api, resp["Id"]):  # as written, no deadline
                 log.warning(
-                    "service %r of sandbox %s: image %s has no /bin/sh for the init that ends "
-                    "it by the sandbox's deadline; it runs as written, without one",
+                    "service %r of sandbox %s: image %s has no /bin/sh to start the watcher "
+                    "that ends it by the sandbox's deadline; it runs as written, without one",
                     svc.name,
                     self.sandbox_id,
                     image,
@@ -332,6 +328,10 @@ class DockerGroup:
                 api.remove_container(self.containers.pop(svc.name), force=True, v=True)
                 self._create_and_start(svc, image, plain=True)
                 return
+            if self.spec.network.mode == "public":
+                api.connect_container_to_network(resp["Id"], "bridge")
+            api.start(resp["Id"])
+        except docker.errors.APIError as exc:
             raise SandboxCreateError(
                 f"docker could not start service {svc.name!r} ({image}) of sandbox "
                 f"{self.sandbox_id}: {exc}"

@@ -2,26 +2,29 @@
 its sandbox's deadline, with no server running.
 
 A group's services (`sandboxes.docker.group`) are the task authors' containers, not ours, so the
-sandbox's own init cannot run in them. When the sandbox has a deadline, each service's own
-argv (the compose file's entrypoint and command, else the image's ENTRYPOINT and CMD, combined
-as the engine combines them: `service_argv`) runs as the child of a small pid-1 init,
-`SERVICE_INIT` under the image's `/bin/sh`, the way `docker run --init` runs it under tini. Beside
-it a watcher reads the deadline from `/run/sandgym-life/deadline` (a read-only bind of
+sandbox's own init cannot run in them. Every service container already runs under Docker's init
+(tini, `--init`: the backend's `_confinement`), with the service's argv as its child. When the
+sandbox has a deadline, that argv (the compose file's entrypoint and command, else the image's
+ENTRYPOINT and CMD, combined as the engine combines them: `service_argv`) is handed to
+`SERVICE_INIT` under the image's `/bin/sh`, which starts a watcher and then `exec`s the argv: the
+service keeps its place (tini's child, pid 2), its signal dispositions, the signals tini
+forwards to it (`docker stop`) and its exit status (the container's). The watcher, left as the
+service's child, reads the deadline from `/run/sandgym-life/deadline` (a read-only bind of
 `<bridge dir>/life`, which the host side writes with the main container's deadline) once a
-second; past it, the watcher sends SIGTERM to every process in the container, SIGKILL 10 s
-later, and the init then exits with the service's status: the container stops (and stays, for
-the reaper, as the main container does).
+second; past it, it sends SIGTERM to every process in the container but tini, SIGKILL 10 s
+later; tini then exits with the service's status, and the container stops (and stays, for the
+reaper, as the main container does).
 
-What differs from the container as written: the service is pid 2, not pid 1 (as under
-`docker run --init`); `docker stop` reaches it only as the final SIGKILL (the init, a shell
-waiting in the foreground, forwards no signal; sandgym never stops a service that way, it removes
-it with force). An image without `/bin/sh` cannot run the init: its service runs exactly as
-written, without a deadline (`run_plain`; a warning says so). An image without `sleep` or `date`
-runs under the init, but its watcher does not start: no deadline either.
+What differs from the container as written: one more process in it (the watcher, with a `sleep`
+and a `date` a second). An image without `/bin/sh` cannot run the wrapper: its service runs
+exactly as written, without a deadline (`has_shell` is checked before it starts; a warning
+says so). An image without `sleep` or `date` runs the wrapper, which then starts no watcher: no
+deadline either.
 """
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -35,21 +38,18 @@ LIFE_MOUNT = "/run/sandgym-life"
 #: the host directory, inside the sandbox's bridge directory, that holds the services' deadline
 LIFE_SUBDIR = "life"
 
-#: A service's pid 1 when its sandbox has a deadline: `sh -c SERVICE_INIT init ARGV...`. The
-#: watcher (a background subshell, started only when `sleep` and `date` exist) reads the deadline
-#: once a second and, past it, sends SIGTERM to every process but itself and the init, then
-#: SIGKILL 10 s later. The service (`"$@"`, the argv the engine would have run) runs in the
-#: foreground, so it keeps the signal dispositions it would have had (a background job of a
-#: non-interactive shell ignores SIGINT and SIGQUIT) and its exit status is the container's; the
-#: `exit` after it keeps the shell from exec'ing it (which would make it pid 1, out of the
-#: watcher's reach). The foreground wait reaps adopted orphans too.
+#: What a service container runs when its sandbox has a deadline, under Docker's init:
+#: `sh -c SERVICE_INIT init ARGV...`. Where `sleep` and `date` exist it starts the watcher (a
+#: background subshell that reads the deadline once a second and, past it, sends SIGTERM to every
+#: process but tini and itself, then SIGKILL 10 s later), then execs the service's own argv, so
+#: the service is tini's child as before and the watcher never exits before the deadline (a
+#: service reaping "any child" sees no stranger exit).
 SERVICE_INIT = (
-    "command -v sleep >/dev/null && command -v date >/dev/null && "
+    "if command -v sleep >/dev/null && command -v date >/dev/null; then "
     f"( while :; do sleep 1; read d < {LIFE_MOUNT}/deadline && "
     '[ "$(date +%s)" -gt "$d" ] && { kill -TERM -1; sleep 10; kill -KILL -1; exit 0; }; '
-    "done ) >/dev/null 2>&1 &\n"
-    '"$@"\n'
-    "exit $?"
+    "done ) >/dev/null 2>&1 & fi\n"
+    'exec "$@"'
 )
 
 
@@ -74,7 +74,7 @@ class ServiceRun(BaseModel):
     entrypoint: list[str] | None = Field(description="None: the image's")
     command: list[str] | None = Field(description="None: the image's (unless an entrypoint is set)")
     binds: dict[str, dict[str, str]] = Field(default_factory=dict, description="host dir -> mount")
-    wrapped: bool = Field(description="under SERVICE_INIT: it ends by the sandbox's deadline")
+    wrapped: bool = Field(description="through SERVICE_INIT: it ends by the sandbox's deadline")
 
 
 def run_plain(svc: ServiceSpec) -> ServiceRun:
@@ -102,7 +102,15 @@ def run_with_deadline(
     )
 
 
-def no_shell(exc: BaseException) -> bool:
-    """Whether the engine refused to start a wrapped service because its image has no /bin/sh."""
-    text = str(exc).lower()
-    return "/bin/sh" in text and ("no such file" in text or "not found" in text)
+def has_shell(api: Any, container_id: str) -> bool:
+    """(Thread) whether created container `container_id` holds a `/bin/sh` to run SERVICE_INIT
+    (the engine's stat of the path; the archive itself is not read)."""
+    import docker.errors
+
+    try:
+        chunks, _stat = api.get_archive(container_id, "/bin/sh")
+    except docker.errors.NotFound:
+        return False
+    with contextlib.suppress(Exception):
+        chunks.close()
+    return True

@@ -13,7 +13,7 @@
   by the server while it scores, ends by itself after the server is SIGKILLed mid-verification
   (its verifier's timeout plus the grace after it was made).
 - the services beside a docker sandbox (a compose task): after the server is SIGKILLed, each
-  ends by itself at the sandbox's deadline (its init's watcher, `sandboxes.docker.service_life`).
+  ends by itself at the sandbox's deadline (its watcher, `sandboxes.docker.service_life`).
 
 Ends are polled with a generous bound; how fast is not asserted.
 """
@@ -318,7 +318,7 @@ async def test_compose_service_ends_itself_after_server_is_killed(tmp_path: Path
     try:
         await client.reset(COMPOSE_TASK)
         (side,) = await asyncio.to_thread(containers_labelled, pid, "sandgym.service=side")
-        # the service runs the compose file's command (under the init, as its child)
+        # the service runs the compose file's command (through the deadline's wrapper)
         up = await asyncio.to_thread(
             subprocess.run,
             ["docker", "exec", side, "cat", "/tmp/up"],
@@ -339,7 +339,7 @@ async def test_compose_service_ends_itself_after_server_is_killed(tmp_path: Path
             1.0,
             "the service ended by itself",
         )
-        # its init's watcher sent SIGTERM at the deadline: `sleep` died of it (128 + 15)
+        # its watcher sent SIGTERM at the deadline: `sleep` died of it (128 + 15)
         assert await asyncio.to_thread(container_state, side) == "exited 143"
         await wait_until(
             lambda: not running_containers(pid), 60.0, 1.0, "the sandbox ended by itself"
