@@ -11,7 +11,8 @@
 
 - made outside a pool (`sandboxes.lifetime.OwnLifetimes`): a separate verifier's sandbox, made
   by the server while it scores, ends by itself after the server is SIGKILLed mid-verification
-  (its verifier's timeout plus the grace after it was made).
+  (its verifier's timeout plus the grace after it was made); `sandgym tasks check`'s sandbox
+  ends by itself after the command is SIGKILLed mid-oracle (the task's limits plus the grace).
 - the services beside a docker sandbox (a compose task): after the server is SIGKILLed, each
   ends by itself at the sandbox's deadline (its watcher, `sandboxes.docker.service_life`).
 
@@ -347,3 +348,56 @@ async def test_compose_service_ends_itself_after_server_is_killed(tmp_path: Path
     finally:
         await asyncio.to_thread(srv.stop)
         await remove_containers(pid)
+
+
+CHECK_TASK = "life-check-task"
+
+
+def write_check_task(root: Path) -> Path:
+    """A task whose oracle hangs: `sandgym tasks check` is still running it when it is killed.
+    Its limits (agent 10 s, verifier 5 s) make the check sandbox's deadline 15 s + grace."""
+    t = root / CHECK_TASK
+    (t / "tests").mkdir(parents=True)
+    (t / "solution").mkdir()
+    (t / "task.toml").write_text(
+        'version = "1.0"\n[agent]\ntimeout_sec = 10\n[verifier]\ntimeout_sec = 5\n'
+        f'[environment]\ndocker_image = "{IMAGE}"\nnetwork_mode = "no-network"\n'
+    )
+    (t / "instruction.md").write_text("Do nothing.\n")
+    (t / "solution" / "solve.sh").write_text("#!/bin/bash\nsleep 600\n")
+    (t / "tests" / "test.sh").write_text("#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
+    return t
+
+
+@pytest.mark.docker
+@needs_docker
+async def test_tasks_check_sandbox_ends_itself_after_the_command_is_killed(
+    tmp_path: Path,
+) -> None:
+    import os
+    import sys
+
+    task = write_check_task(tmp_path / "tasks")
+    cli = Path(sys.executable).with_name("sandgym")
+    proc = await asyncio.create_subprocess_exec(
+        *[str(cli), "tasks", "check", "--backend", "docker", str(task)],
+        env={**os.environ, "SANDGYM_SANDBOX_GRACE_S": "5"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        # the oracle phase's sandbox, made by the command (no server, no pool)
+        await wait_until(lambda: running_containers(proc.pid), 120.0, 0.2, "the check's sandbox")
+        proc.kill()
+        await asyncio.wait_for(proc.wait(), 30)
+        (name,) = await asyncio.to_thread(running_containers, proc.pid)  # nothing stopped it
+        await wait_until(
+            lambda: not running_containers(proc.pid), 120.0, 1.0, "the check's sandbox ended"
+        )
+        # still there, exited: its own init ended it (status 0)
+        assert await asyncio.to_thread(container_state, name) == "exited 0"
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await asyncio.wait_for(proc.wait(), 30)
+        await remove_containers(proc.pid)
