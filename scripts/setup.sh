@@ -170,6 +170,11 @@ if [ "$WANT_DOCKER" = 1 ]; then
   # the python:3.13 stand-in, for tests/e2e/test_harbor_provider.py and `sandgym bench
   # harbor_provider` (bench/harbor_runner.py; ~1-2 min once, then cached by the engine).
   .venv/bin/python -c "from bench.harbor_runner import ensure_runner_image as e; e()" >&2
+  # NeMo-Gym's released package (nemo-gym 0.7.0 declares Python >= 3.13.14; the newest CPython
+  # here is 3.13.5) in a container on the python:3.13 stand-in, for
+  # tests/e2e/test_integration_nemo_gym.py (images/nemo-gym-runner; ~5 min once, then cached).
+  docker image inspect sandgym/nemo-gym-runner:0.7.0 >/dev/null 2>&1 \
+    || DOCKER_BUILDKIT=0 docker build -q -t sandgym/nemo-gym-runner:0.7.0 images/nemo-gym-runner >&2
   # btrfs engine: dockerd cannot delete a removed layer's qgroup ("Failed to delete btrfs
   # qgroup ... busy" in its log; the subvolume is not dropped yet). Clear what is left once the
   # subvolumes are dropped, here and in `sandgym reap` (why: sandboxes/qgroups.py).

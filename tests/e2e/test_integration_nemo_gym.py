@@ -1,18 +1,24 @@
-"""NeMo-Gym's door (integrations/nemo_gym.py), tested up to the boundary this machine allows.
+"""NeMo-Gym's door (integrations/nemo_gym.py), with the released nemo-gym 0.7.0.
 
-nemo-gym 0.5 to 0.7 require Python >= 3.13.14 and this project runs on 3.11, so the package
-cannot be installed here. What is real: the released nemo-gym 0.7.0 wheel (downloaded once from
-the package index into ~/.cache/sandgym/wheels) provides its own provider interface
-(`nemo_gym/sandbox/providers/base.py`: SandboxSpec, SandboxHandle, SandboxExecResult,
-SandboxStatus, SandboxCreateError) and its own registry (`registry.py`: entry-point discovery in
-`nemo_gym.sandbox_providers`, `create_provider`), loaded unmodified; only the three package
-`__init__` files, which import the rest of NeMo-Gym, are left empty. The provider is found
-through sandgym's installed entry point and drives a real sandbox of a local-backend server.
+nemo-gym 0.5 to 0.7 declare Requires-Python >= 3.13.14; this project runs on 3.11 and the newest
+CPython at hand is 3.13.5. Two tests:
+
+- On the host: the released wheel's own provider interface (`nemo_gym/sandbox/providers/
+  base.py`) and registry (`registry.py`), loaded unmodified (only the three package `__init__`
+  files, which import the rest of NeMo-Gym, are left empty); the provider is found through
+  sandgym's installed entry point and drives a real sandbox of a local-backend server.
+- In a container (images/nemo-gym-runner: the whole package installed from the package index
+  on the python:3.13 stand-in, with only its Requires-Python declaration ignored): NeMo-Gym's
+  public sandbox API (`list_providers`, `get_provider_class`, `AsyncSandbox`, `Sandbox`) finds
+  the provider through the entry point of the sandgym wheel built from this checkout and drives
+  sandboxes of the same kind of server (tests/e2e/nemo_gym_released/drive_released.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -20,6 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from envserver.runner import BackgroundServer
@@ -28,6 +35,10 @@ from tests.e2e.conftest import REAL_BACKENDS
 VERSION = "0.7.0"
 WHEEL = Path("~/.cache/sandgym/wheels").expanduser() / f"nemo_gym-{VERSION}-py3-none-any.whl"
 RELEASED = ("nemo_gym/sandbox/providers/base.py", "nemo_gym/sandbox/providers/registry.py")
+REPO = Path(__file__).resolve().parents[2]
+RUNNER_IMAGE = f"sandgym/nemo-gym-runner:{VERSION}"
+RUNNER_CONTEXT = REPO / "images" / "nemo-gym-runner"
+DRIVER_DIR = Path(__file__).resolve().parent / "nemo_gym_released"
 
 
 @pytest.fixture
@@ -99,3 +110,64 @@ def test_nemo_gym_finds_and_drives_the_sandgym_provider(
         await provider.aclose()
 
     asyncio.run(drive())
+
+
+def _ensure_runner_image() -> None:
+    """The runner image, built from images/nemo-gym-runner when the engine lacks it (pip installs
+    nemo-gym and its dependencies from the package index: minutes, once; setup.sh builds it)."""
+    have = subprocess.run(["docker", "image", "inspect", RUNNER_IMAGE], capture_output=True)
+    if have.returncode == 0:
+        return
+    subprocess.run(
+        ["docker", "build", "-q", "-t", RUNNER_IMAGE, str(RUNNER_CONTEXT)],
+        check=True, timeout=1800, env={**os.environ, "DOCKER_BUILDKIT": "0"},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", REAL_BACKENDS[:1])
+def test_released_nemo_gym_sandbox_api_drives_the_sandgym_provider(
+    backend: str, make_server: Callable[..., BackgroundServer], tmp_path: Path
+) -> None:
+    srv = make_server(backend)
+    _ensure_runner_image()
+    wheels = tmp_path / "wheels"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         str(REPO), "-w", str(wheels)],
+        check=True, timeout=600,
+    )  # fmt: skip
+    script = (
+        "pip install -q --no-deps --root-user-action=ignore /w/*.whl"
+        f" && python /d/drive_released.py {srv.http_url}"
+    )
+    proc = subprocess.run(
+        ["docker", "run", "--rm", "--network", "host", "-v", f"{wheels}:/w:ro",
+         "-v", f"{DRIVER_DIR}:/d:ro", RUNNER_IMAGE, "sh", "-c", script],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    # found by NeMo-Gym's own registry, through the wheel's entry point
+    assert "sandgym" in seen["providers"]
+    assert seen["provider_class"] == "integrations.nemo_gym.SandgymProvider"
+    # AsyncSandbox: start (spec env, workdir, spec.files uploaded), exec, upload, download, stop
+    assert seen["status_started"] == "running"
+    assert seen["env_and_streams"] == {
+        "stdout": "hi\n",
+        "stderr": "oops\n",
+        "return_code": 3,
+        "error_type": None,
+    }
+    assert seen["workdir"]["stdout"] == "/tmp\n"  # the spec's workdir is exec's default cwd
+    assert seen["cwd_env"]["stdout"] == "/\ny\n"
+    assert seen["spec_file"]["stdout"] == "payload\n"
+    assert seen["downloaded"] == "UPLOADED\n"
+    assert (seen["timeout"]["return_code"], seen["timeout"]["error_type"]) == (125, "timeout")
+    assert seen["status_after_stop"] == "stopped"
+    assert seen["ttl_refused"] and "ttl_s" in seen["ttl_refused"]  # refused, not ignored
+    # the synchronous Sandbox wrapper
+    assert seen["sync_exec"]["stdout"] == "sync\nroot\n"
+    # every sandbox NeMo-Gym started was closed through the provider
+    listed = httpx.get(f"{srv.http_url}/v1/sandboxes", timeout=30).json()
+    assert listed["sandboxes"] == [], listed
