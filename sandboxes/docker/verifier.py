@@ -23,14 +23,28 @@ from sandboxes.docker.names import (
 )
 from sandboxes.docker.streams import _demux, _raw_socket
 from sandboxes.errors import SandboxError
+from sandboxes.lifetime import own_lifetime_settings
 from sandboxes.paths import normalize_sandbox_path
 from sandboxes.spec import ExecResult
 
 log = logging.getLogger(__name__)
 
 
-#: the verifier container's entrypoint: its stdin is a file put there before it started
-_STDIN_BOOT = 'exec 0<"$0" && rm -f "$0" && exec "$@"'
+#: the verifier container's entrypoint (`sh -c _STDIN_BOOT STDIN_FILE LIFE CMD...`, under
+#: Docker's init): its stdin is a file put there before it started. With a LIFE (whole seconds;
+#: empty for none) and `sleep` and `date` in the image, a watcher beside the command kills every
+#: process but the init LIFE seconds after the container started, and the container stops: a
+#: verifier whose server was killed mid-run (nobody left to enforce its timeout) still ends
+#: (`sandboxes.lifetime`). LIFE is the verifier's timeout plus the grace, so the server's own
+#: timeout (counted from a moment later) always comes first while it lives.
+_STDIN_BOOT = (
+    'l=$1; shift; exec 0<"$0" && rm -f "$0" && { '
+    'if [ -n "$l" ] && command -v sleep >/dev/null && command -v date >/dev/null; then '
+    "( d=$(( $(date +%s) + l )); while :; do sleep 1; "
+    '[ "$(date +%s)" -gt "$d" ] && { kill -KILL -1; exit 0; }; done ) '
+    "</dev/null >/dev/null 2>&1 & fi; "
+    'exec "$@"; }'
+)
 
 
 class DockerPrivateVerifier(DockerSandboxBase):
@@ -60,7 +74,9 @@ class DockerPrivateVerifier(DockerSandboxBase):
         3. `stdin` is put into that container as a file (mode 0600) before it starts, and the
            entrypoint makes it the command's stdin and deletes it; stdout and stderr are read
            from an attach made before the start, capped like `exec`'s. On timeout the container
-           is killed (every process in it: no marker hunt needed), `exit_code` is None;
+           is killed (every process in it: no marker hunt needed), `exit_code` is None; should
+           this process die first, the container's own watcher kills it `timeout_s` plus the
+           lifetime grace after it started (`_STDIN_BOOT`);
         4. the container and the image are removed in every case (shielded from cancellation,
            after any Docker call still in flight). Both carry the sandbox's owner labels plus
            `sandgym.verifier_of=<sandbox id>`, so a reap after a server died mid-verify removes
@@ -107,6 +123,8 @@ class DockerPrivateVerifier(DockerSandboxBase):
             **backend.main_container_settings(self.spec, verifier=True),
         )
         host.pop("storage_opt", None)  # the verifier writes little; its writes are discarded
+        life = own_lifetime_settings()  # its own end, should its server die mid-run
+        life_s = f"{int(-(-(timeout_s + life.grace_s) // 1))}" if life.enabled else ""
         start = time.perf_counter()
         in_flight: list[asyncio.Future[Any]] = []
 
@@ -125,7 +143,7 @@ class DockerPrivateVerifier(DockerSandboxBase):
             )
             cid: str = api.create_container(
                 image,
-                entrypoint=["/bin/sh", "-c", _STDIN_BOOT, stdin_path],
+                entrypoint=["/bin/sh", "-c", _STDIN_BOOT, stdin_path, life_s],
                 command=list(cmd),
                 name=name,
                 labels=labels,

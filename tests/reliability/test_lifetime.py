@@ -12,7 +12,9 @@
 - made outside a pool (`sandboxes.lifetime.OwnLifetimes`): a separate verifier's sandbox, made
   by the server while it scores, ends by itself after the server is SIGKILLed mid-verification
   (its verifier's timeout plus the grace after it was made); `sandgym tasks check`'s sandbox
-  ends by itself after the command is SIGKILLed mid-oracle (the task's limits plus the grace).
+  ends by itself after the command is SIGKILLed mid-oracle (the task's limits plus the grace);
+  the private verifier's container beside a docker sandbox ends by itself after the server is
+  SIGKILLed mid-verification (its timeout plus the grace after it started).
 - the services beside a docker sandbox (a compose task): after the server is SIGKILLed, each
   ends by itself at the sandbox's deadline (its watcher, `sandboxes.docker.service_life`).
 
@@ -401,3 +403,66 @@ async def test_tasks_check_sandbox_ends_itself_after_the_command_is_killed(
             proc.kill()
             await asyncio.wait_for(proc.wait(), 30)
         await remove_containers(proc.pid)
+
+
+HANG_TASK = "life-hang-task"
+
+
+def write_hanging_verifier_task(root: Path) -> Path:
+    """A task whose tests hang in the sandbox's private verifier container (docker)."""
+    t = root / HANG_TASK
+    (t / "tests").mkdir(parents=True)
+    (t / "task.toml").write_text(
+        'version = "1.0"\n[verifier]\ntimeout_sec = 8\n[environment]\n'
+        f'docker_image = "{IMAGE}"\nnetwork_mode = "no-network"\n'
+    )
+    (t / "instruction.md").write_text("Do nothing.\n")
+    (t / "tests" / "test.sh").write_text("#!/bin/bash\nsleep 600\n")
+    return root
+
+
+@pytest.mark.docker
+@needs_docker
+async def test_private_verifier_container_ends_itself_after_server_is_killed(
+    tmp_path: Path,
+) -> None:
+    tasks = write_hanging_verifier_task(tmp_path / "tasks")
+    srv = await asyncio.to_thread(
+        ServerProcess,
+        "docker",
+        args=["--tasks", str(tasks), "--pool-size", "0"],
+        env={**ENV, "SANDGYM_REAP_ON_START": "false"},
+        startup_timeout_s=120,
+    )
+    pid = srv.pid
+    client = AsyncEnvClient(srv.url, request_timeout_s=120)
+    scoring = None
+    try:
+        await client.reset(HANG_TASK)
+        scoring = asyncio.create_task(client.step({"kind": "submit"}))
+
+        # the verifier's container beside the sandbox (a snapshot of it), running the tests
+        def verifier_running() -> bool:
+            found = containers_labelled(pid, "sandgym.verifier_of")
+            return bool(found) and container_state(found[0]).startswith("running")
+
+        await wait_until(verifier_running, 120.0, 0.2, "the verifier running")
+        srv.proc.send_signal(signal.SIGKILL)
+        await asyncio.to_thread(srv.proc.wait, 30)
+        scoring.cancel()
+        with contextlib.suppress(BaseException):
+            await scoring
+        with contextlib.suppress(Exception):
+            await client.drop_connection()
+        (verifier,) = await asyncio.to_thread(containers_labelled, pid, "sandgym.verifier_of")
+        assert verifier in await asyncio.to_thread(running_containers, pid)  # nothing stopped it
+        await wait_until(
+            lambda: container_state(verifier).startswith("exited"), 120.0, 1.0, "verifier ended"
+        )
+        # its watcher killed the tests at its timeout plus the grace (SIGKILL: 128 + 9)
+        assert await asyncio.to_thread(container_state, verifier) == "exited 137"
+    finally:
+        if scoring is not None and not scoring.done():
+            scoring.cancel()
+        await asyncio.to_thread(srv.stop)
+        await remove_containers(pid)
