@@ -110,7 +110,9 @@ def run(args: argparse.Namespace) -> int:
         return _list(args)
     if args.tasks_command == "check":
         missing = [p for p in args.paths if not Path(p).exists()]
-        if missing:  # a typo, not a task that failed to load
+        # nothing to check at all is a typo; a missing path among others is an entry of its own
+        # (a failure never hides the other tasks)
+        if missing and len(missing) == len(args.paths):
             print(
                 "sandgym tasks check: expected a task or dataset directory, found nothing at "
                 + ", ".join(missing),
