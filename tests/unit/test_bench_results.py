@@ -96,6 +96,14 @@ WRITERS: dict[str, tuple[str, ...]] = {
         "bench/harbor_runner.py",
         "bench/report.py",
     ),
+    # the same bench on Terminal-Bench 2.0 tasks, a run of its own (--tb2-dir --tb2-select)
+    "harbor_provider_tb2.json": (
+        "bench/harbor_provider.py",
+        "bench/harbor_provider_tb2.py",
+        "bench/substitutions.py",
+        "bench/harbor_runner.py",
+        "bench/report.py",
+    ),
 }
 
 #: key paths (`*`: any key of a data map, `[]`: any list item) of the maps whose keys are data
@@ -174,6 +182,13 @@ DATA_MAPS: dict[str, tuple[str, ...]] = {
     "harbor_provider.json": (
         "summary/*/rewards_sandgym",
         "summary/*/rewards_docker",
+    ),
+    # task names key these (the summary's parts are spelled by the writer, so no `*` here)
+    "harbor_provider_tb2.json": tuple(
+        f"summary/{part}/{m}_{side}"
+        for part in ("cold", "nop", "repeated")
+        for m in ("rewards", "per_task")
+        for side in ("sandgym", "docker")
     ),
 }
 

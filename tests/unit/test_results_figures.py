@@ -5,7 +5,8 @@ Each entry names a results file, the path of a value in it, and the text the pag
 it (the value formatted as the page writes it). The test fails when a result is re-run and
 the page still shows the old figure, or when a figure is edited by hand. It covers the
 figures quoted from bench/results/ in the sandbox table, the group table, the Harbor table and
-the reliability table; a new quoted figure belongs here too.
+the reliability table, and the Harbor provider's side-by-side figures (docs/sandbox-api.md); a
+new quoted figure belongs here too.
 """
 
 from __future__ import annotations
@@ -129,8 +130,58 @@ def fuzz_figures() -> str:
     )
 
 
+HP, HP2 = "harbor_provider.json", "harbor_provider_tb2.json"
+
+
+def harbor_repeated(doc: str) -> str:
+    """The side by side's repeated-trial medians and ratios (docs/sandbox-api.md)."""
+    r = "summary/repeated"
+    return (
+        "median environment start {:.2f} s (sandgym) vs {:.2f} s (Harbor docker), {:.2f}x; "
+        "median trial {:.1f} s vs {:.1f} s, {:.2f}x"
+    ).format(
+        at(doc, f"{r}/sandgym/median_environment_start_s"),
+        at(doc, f"{r}/docker/median_environment_start_s"),
+        at(doc, f"{r}/env_start_ratio"),
+        at(doc, f"{r}/sandgym/median_trial_s"),
+        at(doc, f"{r}/docker/median_trial_s"),
+        at(doc, f"{r}/trial_ratio"),
+    )
+
+
+def _rewards(values: list[float | None]) -> str:
+    return ", ".join("none" if v is None else f"{v:g}" for v in values)
+
+
+def harbor_task_row(doc: str, task: str) -> str:
+    """A row of docs/sandbox-api.md's per-task table: rewards (sandgym / Harbor docker) of the
+    cold oracle, nop and repeated oracle trials, then the repeated trials' medians."""
+    cells = []
+    for part in ("cold", "nop", "repeated"):
+        sg = at(doc, f"summary/{part}/per_task_sandgym/{task}/rewards")
+        dk = at(doc, f"summary/{part}/per_task_docker/{task}/rewards")
+        cells.append(f"{_rewards(sg)} / {_rewards(dk)}")
+    rep = "summary/repeated/per_task_"
+    return "| {} | {} | {} | {} | {:.2f} / {:.2f} | {:.1f} / {:.1f} |".format(
+        task,
+        *cells,
+        at(doc, f"{rep}sandgym/{task}/median_environment_start_s"),
+        at(doc, f"{rep}docker/{task}/median_environment_start_s"),
+        at(doc, f"{rep}sandgym/{task}/median_trial_s"),
+        at(doc, f"{rep}docker/{task}/median_trial_s"),
+    )
+
+
+def harbor_tb2_rows() -> list[tuple[str, Callable[[], str]]]:
+    tasks = [t["task"] for t in at(HP2, "config/tb2/tasks")]
+    return [(f"harbor tb2 {t}", lambda t=t: harbor_task_row(HP2, t)) for t in tasks]
+
+
 #: (what, the results page's text made from the results)
 FIGURES: list[tuple[str, Callable[[], str]]] = [
+    ("harbor provider catalog repeated", lambda: harbor_repeated(HP)),
+    ("harbor provider tb2 repeated", lambda: harbor_repeated(HP2)),
+    *harbor_tb2_rows(),
     ("demo heldout-ops", lambda: demo_row("transfer", "heldout-ops")),
     ("demo path-ops held-out seeds", lambda: demo_row("heldout", "builtin//path-ops")),
     (
@@ -281,7 +332,7 @@ FIGURES: list[tuple[str, Callable[[], str]]] = [
 
 
 #: the docs pages that quote committed results (the README quotes none)
-QUOTING_PAGES = ("results.md", "sandboxes.md", "training.md")
+QUOTING_PAGES = ("results.md", "sandboxes.md", "training.md", "sandbox-api.md")
 
 
 @pytest.mark.parametrize(("what", "text"), FIGURES, ids=[w for w, _ in FIGURES])
