@@ -77,6 +77,34 @@ def running_containers(pid: int) -> list[str]:
     return [n for n, running in zip(names, out, strict=False) if running == "true"]
 
 
+async def start_docker_server(tasks: Path, pool_size: int, startup_s: float = 120) -> ServerProcess:
+    """A docker-backend `sandgym serve` process on `tasks`, with no reap at its start (the test
+    counts what a killed one left)."""
+    return await asyncio.to_thread(
+        ServerProcess,
+        "docker",
+        args=["--tasks", str(tasks), "--pool-size", str(pool_size)],
+        env={**ENV, "SANDGYM_REAP_ON_START": "false"},
+        startup_timeout_s=startup_s,
+    )
+
+
+async def kill_server(
+    srv: ServerProcess, client: AsyncEnvClient | None, scoring: asyncio.Task[Any] | None = None
+) -> None:
+    """SIGKILL the server (its reaper with it), then end this side: the submit it left waiting
+    (`scoring`) and the client's connection."""
+    srv.proc.send_signal(signal.SIGKILL)
+    await asyncio.to_thread(srv.proc.wait, 30)
+    if scoring is not None:
+        scoring.cancel()
+        with contextlib.suppress(BaseException):
+            await scoring
+    if client is not None:
+        with contextlib.suppress(Exception):
+            await client.drop_connection()
+
+
 async def lease_one_and_fill_pool(srv: ServerProcess, live: Any) -> AsyncEnvClient:
     """One episode leased, then wait for the pool's replacement (a ready sandbox)."""
     client = AsyncEnvClient(srv.url, request_timeout_s=120)
@@ -89,21 +117,12 @@ async def lease_one_and_fill_pool(srv: ServerProcess, live: Any) -> AsyncEnvClie
 @needs_docker
 async def test_docker_sandboxes_end_themselves_after_server_is_killed(tmp_path: Path) -> None:
     tasks = write_task(tmp_path / "tasks")
-    srv = await asyncio.to_thread(
-        ServerProcess,
-        "docker",
-        args=["--tasks", str(tasks), "--pool-size", "1"],
-        env={**ENV, "SANDGYM_REAP_ON_START": "false"},
-        startup_timeout_s=120,
-    )
+    srv = await start_docker_server(tasks, pool_size=1)
     pid = srv.pid
     client = None
     try:
         client = await lease_one_and_fill_pool(srv, lambda: running_containers(pid))
-        srv.proc.send_signal(signal.SIGKILL)
-        await asyncio.to_thread(srv.proc.wait, 30)
-        with contextlib.suppress(Exception):
-            await client.drop_connection()
+        await kill_server(srv, client)
         # Nothing stopped them: the engine keeps a killed server's containers running.
         names = await asyncio.to_thread(running_containers, pid)
         assert len(names) >= 2, names
@@ -244,13 +263,7 @@ async def test_separate_verifier_sandbox_ends_itself_after_server_is_killed(
     tmp_path: Path,
 ) -> None:
     tasks = write_separate_verifier_task(tmp_path / "tasks")
-    srv = await asyncio.to_thread(
-        ServerProcess,
-        "docker",
-        args=["--tasks", str(tasks), "--pool-size", "0"],
-        env={**ENV, "SANDGYM_REAP_ON_START": "false"},
-        startup_timeout_s=120,
-    )
+    srv = await start_docker_server(tasks, pool_size=0)
     pid = srv.pid
     client = AsyncEnvClient(srv.url, request_timeout_s=120)
     scoring = None
@@ -262,13 +275,7 @@ async def test_separate_verifier_sandbox_ends_itself_after_server_is_killed(
         await wait_until(
             lambda: len(running_containers(pid)) >= 2, 120.0, 0.2, "the verifier's sandbox"
         )
-        srv.proc.send_signal(signal.SIGKILL)
-        await asyncio.to_thread(srv.proc.wait, 30)
-        scoring.cancel()
-        with contextlib.suppress(BaseException):
-            await scoring
-        with contextlib.suppress(Exception):
-            await client.drop_connection()
+        await kill_server(srv, client, scoring)
         verifier = [n for n in await asyncio.to_thread(running_containers, pid) if n != leased]
         assert len(verifier) == 1, verifier  # nothing stopped it with the server
         await wait_until(
@@ -309,13 +316,7 @@ def write_compose_task(root: Path) -> Path:
 @needs_docker
 async def test_compose_service_ends_itself_after_server_is_killed(tmp_path: Path) -> None:
     tasks = write_compose_task(tmp_path / "tasks")
-    srv = await asyncio.to_thread(
-        ServerProcess,
-        "docker",
-        args=["--tasks", str(tasks), "--pool-size", "0"],
-        env={**ENV, "SANDGYM_REAP_ON_START": "false"},
-        startup_timeout_s=180,
-    )
+    srv = await start_docker_server(tasks, pool_size=0, startup_s=180)
     pid = srv.pid
     client = AsyncEnvClient(srv.url, request_timeout_s=180)
     try:
@@ -330,10 +331,7 @@ async def test_compose_service_ends_itself_after_server_is_killed(tmp_path: Path
             timeout=60,
         )
         assert up.stdout == "up\n", up
-        srv.proc.send_signal(signal.SIGKILL)
-        await asyncio.to_thread(srv.proc.wait, 30)
-        with contextlib.suppress(Exception):
-            await client.drop_connection()
+        await kill_server(srv, client)
         # nothing stopped it with the server
         assert side in await asyncio.to_thread(running_containers, pid)
         await wait_until(
@@ -427,13 +425,7 @@ async def test_private_verifier_container_ends_itself_after_server_is_killed(
     tmp_path: Path,
 ) -> None:
     tasks = write_hanging_verifier_task(tmp_path / "tasks")
-    srv = await asyncio.to_thread(
-        ServerProcess,
-        "docker",
-        args=["--tasks", str(tasks), "--pool-size", "0"],
-        env={**ENV, "SANDGYM_REAP_ON_START": "false"},
-        startup_timeout_s=120,
-    )
+    srv = await start_docker_server(tasks, pool_size=0)
     pid = srv.pid
     client = AsyncEnvClient(srv.url, request_timeout_s=120)
     scoring = None
@@ -447,13 +439,7 @@ async def test_private_verifier_container_ends_itself_after_server_is_killed(
             return bool(found) and container_state(found[0]).startswith("running")
 
         await wait_until(verifier_running, 120.0, 0.2, "the verifier running")
-        srv.proc.send_signal(signal.SIGKILL)
-        await asyncio.to_thread(srv.proc.wait, 30)
-        scoring.cancel()
-        with contextlib.suppress(BaseException):
-            await scoring
-        with contextlib.suppress(Exception):
-            await client.drop_connection()
+        await kill_server(srv, client, scoring)
         (verifier,) = await asyncio.to_thread(containers_labelled, pid, "sandgym.verifier_of")
         assert verifier in await asyncio.to_thread(running_containers, pid)  # nothing stopped it
         await wait_until(
