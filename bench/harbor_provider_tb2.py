@@ -70,6 +70,22 @@ class Tb2Task(BaseModel):
     network_mode_original: str | None = None
     public_copy: bool = Field(False, description="network_mode rewritten to public")
 
+    @classmethod
+    def from_record(cls, name: str, entry: dict[str, Any]) -> Tb2Task:
+        """Task `name` with what its last compat line (`entry`, may be empty) recorded."""
+        return cls(
+            task=name,
+            recorded_duration_s=entry.get("duration_s"),
+            recorded_build_s=entry.get("build_s"),
+            recorded_code_commit=entry.get("code_commit"),
+            base_image=entry.get("base_image"),
+            recorded_substitutions=_substitution_names(entry),
+        )
+
+
+def _substitution_names(entry: dict[str, Any]) -> list[str]:
+    return [str(s.get("name")) for s in entry.get("substitutions") or []]
+
 
 def _last_lines(jsonl: Path) -> dict[str, dict[str, Any]]:
     last: dict[str, dict[str, Any]] = {}
@@ -87,16 +103,16 @@ def select_tasks(jsonl: Path, image_map: dict[str, str], n: int, tasks_dir: Path
     last = _last_lines(jsonl)
     if not last:
         raise Tb2SelectionError(f"expected {DATASET} lines in {jsonl}, found none")
-    eligible: list[tuple[float, str, dict[str, Any], list[str]]] = []
+    eligible: list[tuple[float, str, dict[str, Any]]] = []
     for name, e in last.items():
-        subs = [str(s.get("name")) for s in e.get("substitutions") or []]
+        subs = _substitution_names(e)
         if recorded_category(e)[0] != "clean" or not e.get("oracle_shipped"):
             continue
         if e.get("base_image") in image_map or "copy-dest-dir-for-classic-builder" in subs:
             continue
-        eligible.append((float(e.get("duration_s") or 0.0), name, e, subs))
+        eligible.append((float(e.get("duration_s") or 0.0), name, e))
     chosen: list[Tb2Task] = []
-    for _, name, e, subs in sorted(eligible):
+    for _, name, e in sorted(eligible):
         if len(chosen) == n:
             break
         if not (tasks_dir / name / "task.toml").is_file():
@@ -104,16 +120,7 @@ def select_tasks(jsonl: Path, image_map: dict[str, str], n: int, tasks_dir: Path
                 f"expected {tasks_dir / name}/task.toml (task {name!r} is selected by the rule), "
                 "found none: bring the whole task set in first"
             )
-        chosen.append(
-            Tb2Task(
-                task=name,
-                recorded_duration_s=e.get("duration_s"),
-                recorded_build_s=e.get("build_s"),
-                recorded_code_commit=e.get("code_commit"),
-                base_image=e.get("base_image"),
-                recorded_substitutions=subs,
-            )
-        )
+        chosen.append(Tb2Task.from_record(name, e))
     if len(chosen) < n:
         raise Tb2SelectionError(f"expected {n} tasks by the rule, found {len(chosen)}")
     return chosen
@@ -122,20 +129,7 @@ def select_tasks(jsonl: Path, image_map: dict[str, str], n: int, tasks_dir: Path
 def named_tasks(jsonl: Path, names: list[str]) -> list[Tb2Task]:
     """Tasks named by the caller, each with what the compat record says of it (no rule)."""
     last = _last_lines(jsonl)
-    out = []
-    for name in names:
-        e = last.get(name, {})
-        out.append(
-            Tb2Task(
-                task=name,
-                recorded_duration_s=e.get("duration_s"),
-                recorded_build_s=e.get("build_s"),
-                recorded_code_commit=e.get("code_commit"),
-                base_image=e.get("base_image"),
-                recorded_substitutions=[str(s.get("name")) for s in e.get("substitutions") or []],
-            )
-        )
-    return out
+    return [Tb2Task.from_record(name, last.get(name, {})) for name in names]
 
 
 def _image_id(image: str | None) -> str | None:
