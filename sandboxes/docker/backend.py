@@ -1,23 +1,30 @@
 """`DockerBackend`: creating a sandbox's container with its confinement (its own pid-1 init,
 `MAIN_INIT`, or Docker's for verifier and service containers; the reduced capabilities,
-`no-new-privileges`, the spec's limits), its bridge directory, network and services; the images
-(`images`) and reaping (`reaping`) parts are mixed in."""
+`no-new-privileges`, the spec's limits), its bridge directory, network and services. The
+backend is composed around one engine connection (`client.DockerEngine`): its images
+(`images.ImageStore`), the storage quota (`quota.StorageQuota`) and reaping
+(`reaping.DockerReaper`) are parts it holds, each given that engine."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import uuid
+from pathlib import Path
 from typing import Any
 
+from sandboxes.base import SandboxBackend
 from sandboxes.cgroups import CPU_PERIOD_US
+from sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES
 from sandboxes.common.tolerated import tolerate
-from sandboxes.docker.bridge import _make_bridge_dir, _remove_bridge_dir
+from sandboxes.docker.bridge import _make_bridge_dir, _remove_bridge_dir, resolve_bridge_root
+from sandboxes.docker.client import DockerEngine
 from sandboxes.docker.exec_kill import HELPER_SCRIPT, MAIN_BOOT, MAIN_INIT
 from sandboxes.docker.group import DockerGroup, wait_docker_health
-from sandboxes.docker.images import DockerImages
-from sandboxes.docker.names import BRIDGE_MOUNT, LABEL_BRIDGE_DIR
-from sandboxes.docker.reaping import DockerReaping
+from sandboxes.docker.images import ImageStore
+from sandboxes.docker.names import BRIDGE_MOUNT, DEFAULT_IMAGE, LABEL_BRIDGE_DIR
+from sandboxes.docker.quota import StorageQuota
+from sandboxes.docker.reaping import DockerReaper
 from sandboxes.docker.sandbox import DockerSandbox
 from sandboxes.docker.service_life import LIFE_SUBDIR
 from sandboxes.egress import proxy_env
@@ -46,8 +53,89 @@ CAP_ADD = [
 ]
 
 
-class DockerBackend(DockerImages, DockerReaping):
+class DockerBackend(SandboxBackend):
     """Sandboxes as Docker containers (see `sandboxes.docker` for the isolation settings)."""
+
+    name = "docker"
+
+    def __init__(
+        self,
+        owner_id: str | None = None,
+        lease_s: float = 6 * 3600,
+        default_image: str = DEFAULT_IMAGE,
+        runtime: str | None = None,
+        docker_cli: str = "docker",
+        client_timeout_s: float = 600.0,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        bridge_root: str | Path | None = None,
+        group_fork: str = "changes",
+    ) -> None:
+        super().__init__(owner_id, lease_s)
+        if group_fork not in ("changes", "snapshot"):
+            raise ValueError(
+                f"docker backend option group_fork: expected 'changes' or 'snapshot', "
+                f"got {group_fork!r}"
+            )
+        #: how a group's members copy member 0 (`sandboxes.docker.changes`): its changed files
+        #: applied to sandboxes made meanwhile, or containers started from its `docker commit`
+        self.forks_by_changes = group_fork == "changes"
+        self.max_output_bytes = max_output_bytes
+        self.bridge_root = resolve_bridge_root(bridge_root)
+        self.default_image = default_image
+        self.runtime = runtime
+        self.docker_cli = docker_cli
+        self.client_timeout_s = client_timeout_s
+        #: the one engine connection every part of the backend and its sandboxes use
+        self.engine = DockerEngine(client_timeout_s)
+        self.images = ImageStore(self.engine, default_image)
+        self.quota = StorageQuota(self.engine)
+        self.reaper = DockerReaper(self.engine, self.owner_id, self.bridge_root, self.images)
+
+    # -- the protocol's members the parts answer ---------------------------------------------
+    @property
+    def builds(self) -> int:
+        """How many images this backend built (the rest were cache hits)."""
+        return self.images.builds
+
+    async def ensure_available(self) -> None:
+        """Raise BackendUnavailableError unless a Docker engine answers."""
+        await self.engine.ensure_available()
+
+    async def aclose(self) -> None:
+        await self.engine.aclose()
+
+    async def prepare(self, spec: SandboxSpec) -> str:
+        return await self.images.prepare(spec)
+
+    async def image_for(self, spec: SandboxSpec) -> str:
+        """The image a sandbox of `spec` runs: by name, or built (once per content hash)."""
+        return await self.images.image_for(spec)
+
+    async def remove_snapshot(self, snapshot: str) -> None:
+        await self.images.remove_snapshot(snapshot)
+
+    async def prune_context_images(self) -> tuple[list[str], list[tuple[str, str]]]:
+        """`ImageStore.prune_context_images`."""
+        return await self.images.prune_context_images()
+
+    async def managed_containers(self) -> list[dict[str, Any]]:
+        """`DockerReaper.managed_containers`."""
+        return await self.reaper.managed_containers()
+
+    async def owned_sandbox_ids(self) -> list[str]:
+        return await self.reaper.owned_sandbox_ids()
+
+    async def remove_sandbox(self, sandbox_id: str) -> None:
+        await self.reaper.remove_sandbox(sandbox_id)
+
+    async def reap_matching(
+        self, *, everything: bool = False, owner_id: str | None = None, images: bool = False
+    ) -> tuple[list[str], list[tuple[str, str]]]:
+        return await self.reaper.reap_matching(
+            everything=everything, owner_id=owner_id, images=images
+        )
+
+    # -- containers --------------------------------------------------------------------------
 
     @staticmethod
     def main_container_settings(spec: SandboxSpec, verifier: bool = False) -> dict[str, Any]:
@@ -67,14 +155,14 @@ class DockerBackend(DockerImages, DockerReaping):
                 out["extra_hosts"] = {host: addr for host, addr in spec.extra_hosts}
         return out
 
-    def _confinement(
+    def confinement(
         self, spec: SandboxSpec, image_mb: int = 0, docker_init: bool = True
     ) -> dict[str, Any]:
         """Host-config options every container of a sandbox gets (the sandbox's own and its
         verifier's): Docker's init (unless `docker_init` is False: the sandbox's own container
         has an init of its own, `MAIN_INIT`), the reduced capabilities, `no-new-privileges`,
         and the spec's CPU, memory, pids and storage limits. `image_mb`: what the storage quota
-        must leave for the image's own files on top of `storage_mb` (see `_quota_image_mb`)."""
+        must leave for the image's own files on top of `storage_mb` (`StorageQuota.image_mb`)."""
         host: dict[str, Any] = dict(
             init=docker_init,
             cap_drop=["ALL"],
@@ -102,7 +190,7 @@ class DockerBackend(DockerImages, DockerReaping):
             host["ulimits"] = [docker.types.Ulimit(name="fsize", soft=size, hard=size)]
         if self.runtime:
             host["runtime"] = self.runtime
-        if spec.storage_mb and self._storage_opt_ok is not False:
+        if spec.storage_mb and self.quota.supported is not False:
             host["storage_opt"] = {"size": f"{spec.storage_mb + image_mb}M"}
         return host
 
@@ -126,8 +214,8 @@ class DockerBackend(DockerImages, DockerReaping):
         bridge_dir = self.bridge_root / sandbox_id
         labels[LABEL_BRIDGE_DIR] = str(bridge_dir)
         image_mb = 0
-        if spec.storage_mb and self._storage_opt_ok is not False:
-            image_mb = await asyncio.to_thread(self._quota_image_mb, image)
+        if spec.storage_mb and self.quota.supported is not False:
+            image_mb = await asyncio.to_thread(self.quota.image_mb, image)
         self.check_network(spec)
         group = DockerGroup(self, spec, sandbox_id, labels) if spec.services else None
         host: dict[str, Any] = dict(
@@ -139,7 +227,7 @@ class DockerBackend(DockerImages, DockerReaping):
             if group is not None
             else ("bridge" if spec.ever_public else "none"),
             binds={str(bridge_dir): {"bind": BRIDGE_MOUNT, "mode": "ro"}},
-            **self._confinement(spec, image_mb, docker_init=False),
+            **self.confinement(spec, image_mb, docker_init=False),
             **self.main_container_settings(spec),
         )
         api = self.engine.api
@@ -201,13 +289,13 @@ class DockerBackend(DockerImages, DockerReaping):
                     raise SandboxCreateError(f"docker could not start {image}: {exc}") from exc
                 # Only the btrfs driver and overlay2 on xfs with pquota (and a few others)
                 # support a size limit.
-                self._storage_opt_ok = False
+                self.quota.supported = False
                 log.warning(
                     "docker: storage bound in force: a per-file cap (RLIMIT_FSIZE) at storage_mb "
                     "only; this engine (storage driver %r) refuses a total quota (%s), so many "
                     "files can add up past storage_mb (scripts/setup.sh: "
                     "SANDGYM_DOCKER_STORAGE=btrfs-quota makes an engine that has one)",
-                    self._storage_driver,
+                    self.quota.known_driver,
                     exc,
                 )
                 host.pop("storage_opt")
@@ -223,14 +311,14 @@ class DockerBackend(DockerImages, DockerReaping):
                 await asyncio.shield(group.remove())
             await asyncio.shield(asyncio.to_thread(_remove_bridge_dir, bridge_dir))
             raise
-        if "storage_opt" in host and self._storage_opt_ok is None:
-            self._storage_opt_ok = True
+        if "storage_opt" in host and self.quota.supported is None:
+            self.quota.supported = True
             log.info(
                 "docker: storage bound in force: a total quota per sandbox (`--storage-opt "
                 "size`, storage driver %r: %s) and a per-file cap at storage_mb",
-                self._storage_driver,
+                self.quota.known_driver,
                 "image + storage_mb, a btrfs qgroup"
-                if self._quota_counts_image()
+                if self.quota.counts_image()
                 else "storage_mb of the sandbox's own writes",
             )
         sb = DockerSandbox(spec, self, container_id, sandbox_id)

@@ -292,7 +292,7 @@ class DockerGroup:
         host = api.create_host_config(
             network_mode=self.network,
             binds=run.binds or None,
-            **self.backend._confinement(limits),
+            **self.backend.confinement(limits),
         )
         endpoint = api.create_endpoint_config(aliases=[svc.name, *svc.aliases])
         healthcheck: dict[str, Any] | None = None

@@ -1,7 +1,7 @@
-"""The docker backend's images and storage quota: images come by name (default
+"""`ImageStore`: the docker backend's images. They come by name (default
 `sandgym/terminal:latest`) or are built from `spec.build_context` once per content hash
 (`sandgym/ctx:<hash16>`, reused while it exists; concurrent creates of one context share one
-build); the engine's storage driver decides what a sandbox's storage quota must also hold."""
+build); group snapshots are removed here too."""
 
 from __future__ import annotations
 
@@ -9,23 +9,25 @@ import asyncio
 import logging
 from pathlib import Path
 
-from sandboxes.common.tolerated import tolerate
-from sandboxes.docker.client import DockerBackendBase
+from sandboxes.docker.client import DockerEngine
 from sandboxes.docker.names import CTX_REPO, GROUP_SNAPSHOT_REPO
-from sandboxes.errors import (
-    SandboxCreateError,
-    SandboxError,
-)
+from sandboxes.errors import SandboxCreateError, SandboxError
 from sandboxes.labels import LABEL_MANAGED
 from sandboxes.spec import SandboxSpec
 
 log = logging.getLogger(__name__)
 
 
-class DockerImages(DockerBackendBase):
-    """Images by name or built once per content hash, and what the storage quota must hold."""
+class ImageStore:
+    """Images by name or built once per content hash, on one engine."""
 
-    async def _image_exists(self, ref: str) -> bool:
+    def __init__(self, engine: DockerEngine, default_image: str) -> None:
+        self.engine = engine
+        self.default_image = default_image
+        self.builds = 0  # how many images this store built (the rest were cache hits)
+        self._build_locks: dict[str, asyncio.Lock] = {}
+
+    async def exists(self, ref: str) -> bool:
         import docker.errors
 
         try:
@@ -35,6 +37,8 @@ class DockerImages(DockerBackendBase):
             return False
 
     async def remove_snapshot(self, snapshot: str) -> None:
+        """Remove a group snapshot (`sandgym/group-snapshot:*`); one in use raises (the caller
+        retries), one already gone is no error."""
         import docker.errors
 
         if not snapshot.startswith(GROUP_SNAPSHOT_REPO + ":"):
@@ -65,7 +69,7 @@ class DockerImages(DockerBackendBase):
         """The image a sandbox of `spec` runs: by name, or built (once per content hash)."""
         if spec.build_context is None:
             image = spec.image or self.default_image
-            if not await self._image_exists(image):
+            if not await self.exists(image):
                 raise SandboxCreateError(
                     f"image {image!r} is not present in the local Docker engine and no registry "
                     "is used; build it (images/bootstrap-base.sh makes sandgym/terminal:latest)"
@@ -81,7 +85,7 @@ class DockerImages(DockerBackendBase):
         tag = f"{CTX_REPO}:{digest[:16]}"
         lock = self._build_locks.setdefault(digest, asyncio.Lock())
         async with lock:
-            if await self._image_exists(tag):
+            if await self.exists(tag):
                 return tag
             await asyncio.to_thread(self._build, ctx, spec.dockerfile, tag)
             self.builds += 1
@@ -112,42 +116,29 @@ class DockerImages(DockerBackendBase):
                 cause="build",
             )
 
-    def _driver(self) -> str:
-        """(Thread) the engine's storage driver (`docker info` Driver), asked once, with the
-        engine label `sandgym.storage-quota` (`simple`/`full`) that scripts/setup.sh sets on
-        the btrfs engine it makes."""
-        if self._storage_driver is None:
-            try:
-                info = self.engine.api.info()
-            except Exception as exc:  # the create that follows reports an engine that is gone
-                tolerate("docker.storage_driver", exc, log)
-                return ""
-            for label in info.get("Labels") or []:
-                key, _, value = str(label).partition("=")
-                if key == "sandgym.storage-quota":
-                    self._storage_quota_label = value
-            self._storage_driver = str(info.get("Driver") or "")
-        return self._storage_driver
+    async def prune_context_images(self) -> tuple[list[str], list[tuple[str, str]]]:
+        """Remove the `sandgym/ctx:*` images (built from task build contexts) that no
+        container uses, running or stopped. They are rebuilt on the next episode that needs
+        them. Returns (removed tags, [(tag, error)])."""
+        await self.engine.ensure_available()
 
-    def _quota_counts_image(self) -> bool:
-        """Whether the engine's storage quota also counts the image's own files: the btrfs
-        driver under full qgroups (a snapshot references its image's data), not under simple
-        quotas (kernel >= 6.7; usage counts only what the container writes)."""
-        return self._driver() == "btrfs" and self._storage_quota_label != "simple"
+        def go() -> tuple[list[str], list[tuple[str, str]]]:
+            api = self.engine.api
+            in_use = {c.get("ImageID") for c in api.containers(all=True)}
+            removed: list[str] = []
+            errors: list[tuple[str, str]] = []
+            for img in api.images(name=CTX_REPO):
+                if img["Id"] in in_use:
+                    continue
+                for tag in img.get("RepoTags") or []:
+                    if not tag.startswith(CTX_REPO + ":"):
+                        continue
+                    try:
+                        api.remove_image(tag, noprune=False)
+                    except Exception as exc:
+                        errors.append((tag, str(exc)))
+                    else:
+                        removed.append(tag)
+            return removed, errors
 
-    def _quota_image_mb(self, image: str) -> int:
-        """(Thread) MiB the storage quota leaves for the image's own files.
-
-        overlay2 (over xfs with pquota) limits only the container's upper dir, and the btrfs
-        driver under simple quotas counts only what the container writes: 0. Under full
-        qgroups the btrfs driver limits the container's whole subvolume (a qgroup's
-        referenced bytes), which starts out holding the image: its size is added, by 8 % more
-        than `docker image inspect` says, since the subvolume counts whole blocks (measured:
-        1.07x the inspected size for the bookworm base image, 1.05x for sandgym/terminal,
-        0.95x for sandgym/desktop, whose layers overwrite files). So a sandbox gets at least
-        about `storage_mb` of room for new data, at most `storage_mb` plus ~13 % of its image;
-        deleting the image's files frees room for more."""
-        if not self._quota_counts_image():
-            return 0
-        size = int(self.engine.api.inspect_image(image).get("Size") or 0)
-        return -(-size * 108 // (100 * 2**20))
+        return await asyncio.to_thread(go)

@@ -1,6 +1,6 @@
-"""Reaping on the docker backend: `reap(only_expired=True)` removes containers of any owner whose
-lease expired or whose owning process on this host is dead; `reap(only_expired=False)` also
-every container this backend's owner created. A group's network and services, bridge
+"""`DockerReaper`: reaping on the docker backend. `reap(only_expired=True)` removes containers
+of any owner whose lease expired or whose owning process on this host is dead;
+`reap(only_expired=False)` also every container this backend's owner created. A group's network and services, bridge
 directories and verifier/group snapshot images go by the same labels (`labels.should_reap`)."""
 
 from __future__ import annotations
@@ -11,22 +11,32 @@ from pathlib import Path
 from typing import Any
 
 from sandboxes.docker.bridge import _remove_bridge_dir, _sweep_bridge_root
-from sandboxes.docker.client import DockerBackendBase
+from sandboxes.docker.client import DockerEngine
 from sandboxes.docker.group import (
     LABEL_GROUP_OF,
     owned_group_ids,
     reap_group_networks,
     remove_group,
 )
-from sandboxes.docker.names import CTX_REPO, LABEL_BRIDGE_DIR, LABEL_SNAPSHOT_OF, LABEL_VERIFIER_OF
+from sandboxes.docker.images import ImageStore
+from sandboxes.docker.names import LABEL_BRIDGE_DIR, LABEL_SNAPSHOT_OF, LABEL_VERIFIER_OF
 from sandboxes.errors import SandboxError
 from sandboxes.labels import LABEL_MANAGED, LABEL_OWNER, should_reap
 
 log = logging.getLogger(__name__)
 
 
-class DockerReaping(DockerBackendBase):
-    """Listing, removing and reaping the containers (and snapshots) of sandgym's labels."""
+class DockerReaper:
+    """Listing, removing and reaping the containers (and snapshots) of sandgym's labels, for
+    one owner id, on one engine."""
+
+    def __init__(
+        self, engine: DockerEngine, owner_id: str, bridge_root: Path, images: ImageStore
+    ) -> None:
+        self.engine = engine
+        self.owner_id = owner_id
+        self.bridge_root = bridge_root
+        self.images = images
 
     async def managed_containers(self) -> list[dict[str, Any]]:
         """Every container (running or not) carrying `sandgym.managed=1`."""
@@ -117,7 +127,7 @@ class DockerReaping(DockerBackendBase):
         await asyncio.to_thread(_sweep_bridge_root, self.bridge_root, live)
         await self._reap_snapshots(removed, errors, owner_id=owner_id, everything=everything)
         if images:
-            tags, img_errors = await self.prune_context_images()
+            tags, img_errors = await self.images.prune_context_images()
             removed += tags
             errors += img_errors
         return removed, errors
@@ -148,30 +158,3 @@ class DockerReaping(DockerBackendBase):
                     errors.append((tag, str(exc)))
                 else:
                     removed.append(tag)
-
-    async def prune_context_images(self) -> tuple[list[str], list[tuple[str, str]]]:
-        """Remove the `sandgym/ctx:*` images (built from task build contexts) that no
-        container uses, running or stopped. They are rebuilt on the next episode that needs
-        them. Returns (removed tags, [(tag, error)])."""
-        await self.ensure_available()
-
-        def go() -> tuple[list[str], list[tuple[str, str]]]:
-            api = self.engine.api
-            in_use = {c.get("ImageID") for c in api.containers(all=True)}
-            removed: list[str] = []
-            errors: list[tuple[str, str]] = []
-            for img in api.images(name=CTX_REPO):
-                if img["Id"] in in_use:
-                    continue
-                for tag in img.get("RepoTags") or []:
-                    if not tag.startswith(CTX_REPO + ":"):
-                        continue
-                    try:
-                        api.remove_image(tag, noprune=False)
-                    except Exception as exc:
-                        errors.append((tag, str(exc)))
-                    else:
-                        removed.append(tag)
-            return removed, errors
-
-        return await asyncio.to_thread(go)

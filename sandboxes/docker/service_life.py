@@ -3,7 +3,7 @@ its sandbox's deadline, with no server running.
 
 A group's services (`sandboxes.docker.group`) are the task authors' containers, not ours, so the
 sandbox's own init cannot run in them. Every service container already runs under Docker's init
-(tini, `--init`: the backend's `_confinement`), with the service's argv as its child. When the
+(tini, `--init`: the backend's `confinement`), with the service's argv as its child. When the
 sandbox has a deadline, that argv (the compose file's entrypoint and command, else the image's
 ENTRYPOINT and CMD, combined as the engine combines them: `service_argv`) is handed to
 `SERVICE_INIT` under the image's `/bin/sh`, which starts a watcher and then `exec`s the argv: the

@@ -119,7 +119,7 @@ class DockerPrivateVerifier(DockerSandboxBase):
         host: dict[str, Any] = dict(
             network_mode=f"container:{self.container_id}",
             log_config={"type": "none"},  # output comes through the attach; none kept on disk
-            **backend._confinement(self.spec),
+            **backend.confinement(self.spec),
             **backend.main_container_settings(self.spec, verifier=True),
         )
         host.pop("storage_opt", None)  # the verifier writes little; its writes are discarded

@@ -223,7 +223,7 @@ async def test_unused_context_images_are_pruned_used_ones_kept(backend, tmp_path
     try:
         removed, errors = await backend.prune_context_images()
         assert tags[1] in removed and tags[0] not in removed and not errors
-        assert await backend._image_exists(tags[0]) and not await backend._image_exists(tags[1])
+        assert await backend.images.exists(tags[0]) and not await backend.images.exists(tags[1])
         assert (await live.exec("cat /opt/f.txt")).exit_code == 0
     finally:
         await live.close()
@@ -441,18 +441,18 @@ async def test_storage_limit_is_applied_or_skipped_with_a_warning(backend, caplo
         r = await sb.exec(f"head -c {mb + 1}M /dev/zero > /app/big; echo rc=$?; wc -c < /app/big")
         rc, size = r.stdout.split()
         assert rc != "rc=0" and int(size) <= mb * 2**20, r
-        if backend._storage_opt_ok:
+        if backend.quota.supported:
             assert int(host["StorageOpt"]["size"].rstrip("M")) >= mb, host["StorageOpt"]
             assert "a total quota per sandbox" in caplog.text
         else:
-            assert backend._storage_opt_ok is False  # decided by this create, never left open
+            assert backend.quota.supported is False  # decided by this create, never left open
             assert not host.get("StorageOpt"), host["StorageOpt"]
             assert "refuses a total quota" in caplog.text
         if (
             os.environ.get("SANDGYM_DOCKER_STORAGE") == "btrfs-quota"
-            or backend._driver() == "btrfs"
+            or backend.quota.driver() == "btrfs"
         ):
-            assert backend._storage_opt_ok is True  # the engine CI makes has a total quota
+            assert backend.quota.supported is True  # the engine CI makes has a total quota
     finally:
         await sb.close()
 

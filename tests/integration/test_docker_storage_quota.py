@@ -85,9 +85,9 @@ async def test_many_small_files_stop_near_storage_mb_and_other_sandboxes_keep_wo
     filler = await backend.create(SandboxSpec(image=IMAGE, storage_mb=STORAGE_MB))
     other = None
     try:
-        if not backend._storage_opt_ok:
+        if not backend.quota.supported:
             pytest.skip(
-                f"this Docker engine (storage driver {backend._storage_driver!r}) refuses "
+                f"this Docker engine (storage driver {backend.quota.known_driver!r}) refuses "
                 "`--storage-opt size`, so sandboxes here have only the per-file cap; "
                 "SANDGYM_DOCKER_STORAGE=btrfs-quota scripts/setup.sh --docker makes an engine "
                 "with a total quota"
@@ -102,9 +102,9 @@ async def test_many_small_files_stop_near_storage_mb_and_other_sandboxes_keep_wo
         # Stopped near the limit: at least ~storage_mb; at most storage_mb where the quota
         # counts only the sandbox's writes (btrfs simple quotas, overlay2 over xfs), else plus
         # the error of the allowance it makes for the image's own files (btrfs full qgroups:
-        # up to ~14 % of the image; see DockerBackend._quota_image_mb).
+        # up to ~14 % of the image; see StorageQuota.image_mb).
         slack = 1.0
-        if backend._quota_counts_image():
+        if backend.quota.counts_image():
             slack = 0.15 * int(backend.engine.api.inspect_image(IMAGE)["Size"]) / 2**20 + 8
         assert STORAGE_MB * 0.9 <= written_mb <= STORAGE_MB + slack, (written_mb, r)
         # The full sandbox is still alive (its commands run), and frees room by deleting.
