@@ -28,6 +28,14 @@ every no-network task (`network_mode='no-network' is not supported by docker env
 side-by-side runs therefore use copies of the catalog tasks with `network_mode = "public"`
 (same Dockerfile, tests and solution); the originals run on sandgym alone.
 
+Images (`--images`, default `shared`): each task copy's `environment/` is built once before the
+first job, tagged, and named in the copy's `[environment] docker_image`; both sides then run
+without `--force-build`, so each takes Harbor's prebuilt-image path and runs that one image
+(bench/harbor_shared_images.py), and the build time is recorded once per task
+(`config.images`), in neither side's environment-start figures. `per-side` is the earlier way:
+each side builds the Dockerfile itself (`--force-build`), so content made at build time may
+differ between the sides.
+
 Terminal-Bench 2.0 tasks (`--tb2-dir DIR --tb2-select N`, or `--tb2-tasks NAMES`): the clean
 tasks of the committed `harbor_compat` record chosen by a rule fixed before the run, each copied
 once with the compat run's substitutions (bench/harbor_provider_tb2.py); both environments run
@@ -104,6 +112,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         default=REPO / "bench" / "results" / "harbor_compat.json",
         help="its summary (the --image-map the compat run used)",
+    )
+    p.add_argument(
+        "--images",
+        choices=("shared", "per-side"),
+        default="shared",
+        help="shared: each task's image built once before the jobs and named in the copies' "
+        "[environment] docker_image, run by both sides (bench/harbor_shared_images.py); "
+        "per-side: each side builds its own (--force-build)",
     )
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/sandgym-bench-harbor-provider"))
     p.add_argument(
@@ -408,6 +424,32 @@ def _prepare_tb2(args: argparse.Namespace, public: Path, work: Path) -> dict[str
     }
 
 
+def _images_config(mode: str, public: Path, owner: str) -> dict[str, Any]:
+    """How the two sides got each task's image; with `shared`, build them now (before any job:
+    the build time is recorded here, in neither side's figures)."""
+    if mode != "shared":
+        return {
+            "mode": "per-side",
+            "how": "each side builds each task's environment/Dockerfile itself (--force-build)",
+        }
+    from bench.harbor_shared_images import build_shared
+
+    built = []
+    for task in sorted(p for p in public.iterdir() if (p / "task.toml").is_file()):
+        img = build_shared(task, owner)
+        _log(f"shared image {img.image} ({img.image_id[:19]}) built in {img.build_s:.1f}s")
+        built.append(img.model_dump())
+    return {
+        "mode": "shared",
+        "how": "each task's environment/ built once before the jobs (docker build, classic "
+        "builder), tagged, and named in the copy's [environment] docker_image; both sides run "
+        "without --force-build, so Harbor's docker environment and sandgym's provider both take "
+        "Harbor's prebuilt-image path and run that one image (bench/harbor_shared_images.py)",
+        "built": built,
+        "build_total_s": round(sum(x["build_s"] for x in built), 2),
+    }
+
+
 def run(args: argparse.Namespace) -> int:
     from envserver.runner import BackgroundServer
     from envserver.settings import ServerSettings
@@ -426,6 +468,7 @@ def run(args: argparse.Namespace) -> int:
         REPO / "tests" / "fixtures" / "harbor_provider" / "net-phases", original / "net-phases"
     )
     owner = "bench-harbor-" + uuid.uuid4().hex[:8]
+    images = _images_config(args.images, public, owner)
     settings = ServerSettings(
         host="127.0.0.1",
         port=0,
@@ -439,7 +482,9 @@ def run(args: argparse.Namespace) -> int:
     kills: list[dict[str, Any]] = []
     k = args.attempts
     c = args.concurrency
-    extra = ["--force-build"]  # both sides build each task's Dockerfile (no registry here)
+    # shared: both sides run the one image named in each copy's docker_image (Harbor's prebuilt
+    # path); per-side: both build each task's Dockerfile themselves (no registry here)
+    extra = [] if args.images == "shared" else ["--force-build"]
     task_names = sorted(p.name for p in public.iterdir())
     with BackgroundServer(settings) as server:
         url = server.http_url
@@ -468,6 +513,11 @@ def run(args: argparse.Namespace) -> int:
                     kills.append({"environment": env, "error": f"{type(exc).__name__}: {exc}"})
         pool = server.app.state.service.pool.snapshot()
     after_stop = _engine_objects(owner, task_names)["sandgym_containers"]
+    if images["mode"] == "shared":
+        from bench.harbor_shared_images import SharedImage, remove_shared
+
+        built = [SharedImage(**x) for x in images["built"]]
+        images["left_after_run"] = remove_shared(built)
 
     summary: dict[str, Any] = {}
     by = {(r["part"], r["environment"]): r for r in runs}
@@ -543,6 +593,7 @@ def run(args: argparse.Namespace) -> int:
             "attempts": k,
             "concurrency": c,
             "harbor_extra_args": extra,
+            "images": images,
             "side_by_side_tasks": "catalog copies with network_mode = public (see docstring)"
             + ("; terminal-bench-2.0: one prepared copy per task (config.tb2)" if tb2 else ""),
             "host_cpus": os.cpu_count(),
