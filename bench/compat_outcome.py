@@ -16,7 +16,8 @@ was seen at run time:
   base image no registry here serves and no stand-in replaces counts too (the Dockerfile names
   it, the build's output says it is missing);
 - `stand_in_limit`: the task needs the real image a local stand-in only approximates (the
-  Ubuntu stand-ins are Debian: an Ubuntu-only package or version, Ubuntu's CPython);
+  Ubuntu stand-ins are Debian: an Ubuntu-only package or version, Ubuntu's CPython, Ubuntu's
+  python3-pip with the setuptools it depends on);
 - `dataset_incomplete`: the public copy of the task lacks some of its files.
 
 Lines written before this module existed have no `outcome`: the report keeps the reasons they
@@ -91,6 +92,12 @@ FETCH_FAILED_RE = re.compile(
     r"Download_fail.*exited with code [67]\b|unable to access index for repository",
     re.IGNORECASE,
 )
+#: pip's retry line names only the path it asked for (`...Failed to establish a new connection:
+#: [Errno -2] Name or service not known')': /whl/cpu/torch/`); its host is the one of the index
+#: pip said it looks in (`Looking in indexes: https://download.pytorch.org/whl/cpu`) whose path
+#: that path extends
+_PIP_RETRY_PATH_RE = re.compile(r"Failed to establish a new connection.*': (/\S*)\s*$")
+PIP_INDEX_RE = re.compile(r"Looking in indexes: (.+)$")
 _FAILED_STEP_RE = re.compile(r"The command '(.*?)' returned a non-zero code", re.DOTALL)
 _STEP_RE = re.compile(r"Step \d+/\d+ : (.*)")
 _APT_VERSION_RE = re.compile(r"E: Version '([^']+)' for '([^']+)' was not found")
@@ -99,6 +106,15 @@ _APT_MISSING_RE = re.compile(
     r"Depends: (\S+) but it is not installable"
 )
 _NO_PYTHON_RE = re.compile(r"No interpreter found for Python (\d+\.\d+)")
+#: pip running a package's setup.py where `setuptools` is only a namespace package: on the
+#: Ubuntu 24.04 stand-in (Debian trixie) `apt install python3-pip` brings no python3-setuptools
+#: (Debian dropped that dependency in pip 24.0+dfsg-2; Ubuntu 24.04's 24.0+dfsg-1ubuntu1 keeps
+#: it), while python3-pkg-resources leaves a bare `setuptools/_vendor` directory, so pip takes
+#: the legacy `setup.py egg_info` path and `import setuptools` finds no `setup`
+_NO_SETUPTOOLS_RE = re.compile(r"AttributeError: module 'setuptools' has no attribute 'setup'")
+#: the Ubuntu releases whose python3-pip depends on python3-setuptools while the Debian release
+#: of their stand-in does not
+UBUNTU_PIP_SETUPTOOLS = ("24.04",)
 #: what each Ubuntu release ships that its Debian stand-in lacks (named in the action)
 UBUNTU_PYTHON = {"24.04": "3.12", "22.04": "3.10"}
 _UBUNTU_BASE_RE = re.compile(
@@ -191,6 +207,42 @@ def host_evidence(entry: Mapping[str, Any]) -> Evidence | None:
                         return Evidence(
                             needs=host, phase=phase, file=rel, output_line=line.strip()[:300]
                         )
+        ev = _pip_index_evidence(phase, lines, files)
+        if ev is not None:
+            return ev
+    return None
+
+
+def _pip_index_evidence(
+    phase: Phase, lines: list[str], files: dict[str, list[str]]
+) -> Evidence | None:
+    """pip could not connect for a path under an index it named (`_PIP_RETRY_PATH_RE`): that
+    index's host, where one of the phase's files names it."""
+    from urllib.parse import urlsplit
+
+    indexes: list[tuple[str, str]] = []  # (the "Looking in indexes" line, one index URL)
+    for line in lines:
+        m = PIP_INDEX_RE.search(line)
+        if m:
+            indexes += [(line.strip(), u.strip()) for u in m.group(1).split(",") if u.strip()]
+    if not indexes:
+        return None
+    for line in lines:
+        m = _PIP_RETRY_PATH_RE.search(line)
+        if not m:
+            continue
+        for said, url in indexes:
+            parts = urlsplit(url)
+            if not parts.hostname or not m.group(1).startswith(parts.path.rstrip("/") + "/"):
+                continue
+            for rel, hosts in files.items():
+                if parts.hostname in hosts:
+                    return Evidence(
+                        needs=parts.hostname,
+                        phase=phase,
+                        file=rel,
+                        output_line=f"{said[:120]} ... {line.strip()[-170:]}",
+                    )
     return None
 
 
@@ -233,7 +285,8 @@ def _first(
 
 def stand_in_evidence(entry: Mapping[str, Any]) -> Evidence | None:
     """On an Ubuntu stand-in (Debian), a failure that only a real Ubuntu image avoids: a
-    package or pinned version only Ubuntu's archive has, or Ubuntu's own CPython."""
+    package or pinned version only Ubuntu's archive has, Ubuntu's own CPython, or the
+    setuptools Ubuntu's python3-pip depends on (`_NO_SETUPTOOLS_RE`)."""
     base = entry.get("base_image") or ""
     m = _UBUNTU_BASE_RE.match(base)
     if not m:
@@ -249,6 +302,16 @@ def stand_in_evidence(entry: Mapping[str, Any]) -> Evidence | None:
     if py is not None and UBUNTU_PYTHON.get(release) == py[2].group(1):
         phase, line, _ = py
         return Evidence(needs=needs, phase=phase, file=_phase_file(phase), output_line=line)
+    tools = _first(outputs, _NO_SETUPTOOLS_RE)
+    if tools is not None and release in UBUNTU_PIP_SETUPTOOLS:
+        phase, line, _ = tools
+        return Evidence(
+            needs=f"a real Ubuntu {release} image ({base}), whose python3-pip brings "
+            "python3-setuptools; its stand-in is Debian, whose python3-pip does not",
+            phase=phase,
+            file=_phase_file(phase),
+            output_line=line,
+        )
     return None
 
 

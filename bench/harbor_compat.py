@@ -34,8 +34,9 @@ Long runs: `--jsonl FILE` streams one JSON line per finished task (the `sandgym 
 streaming, `tasks.cli.JsonlSink`, flushed and synced per line); `--resume` skips every task
 FILE already holds and appends the rest; `--report-only` builds the document from FILE without
 running anything; `--rerun TASK` (with `--resume`) checks a task FILE holds once more (after a
-fix), its new line superseding the old one, which stays in FILE. Every line names the commit
-that checked it (`code_commit`), when, and under what limit and concurrency; the document
+fix), before the tasks not yet run, its new line superseding the old one, which stays in FILE.
+Every line names the commit that checked it (`code_commit`), when, and under what limit and
+concurrency; the document
 counts the reported tasks by commit (`entries_by_commit`) and carries the provenance of the
 runs it continues (`earlier_provenance`). A document from a run that did not cover every
 selected task says `"complete": false` and counts what was run (`tasks_selected`, `tasks_run`).
@@ -86,6 +87,7 @@ from bench.compat_outcome import (
     CATEGORIES,
     CATEGORY_REASON,
     NOT_REACHABLE,
+    PIP_INDEX_RE,
     Outcome,
     classified_by,
     decide,
@@ -499,10 +501,11 @@ def network_failure_lines(text: str) -> list[str]:
     failed (at most NETWORK_LINES, each cut to 400 characters), kept on the line as
     `oracle_network_lines` since the output's tail often lacks them. Text on purpose: only the
     task's solution and the tools it runs (curl, wget, pip, R, opam) know a fetch failed, and
-    they say it only in what they print."""
+    they say it only in what they print. pip's own line naming the index it looks in is kept
+    too: its failed connections name only a path (`compat_outcome._pip_index_evidence`)."""
     out: list[str] = []
     for line in text.splitlines():
-        if NETWORK_FAILURE_RE.search(line):
+        if NETWORK_FAILURE_RE.search(line) or PIP_INDEX_RE.search(line):
             line = line.strip()[:400]
             if line not in out:
                 out.append(line)
@@ -1206,6 +1209,9 @@ async def run_compat(args: argparse.Namespace) -> dict[str, Any]:
 
     done = {(e.get("dataset"), e.get("task_id")) for e in earlier}
     todo = [it for it in interleave(plans) if (it.dataset, it.task_id) not in done]
+    again = set(args.rerun)
+    if again:  # the tasks named again (after a fix) run before those not yet run
+        todo.sort(key=lambda it: not ({it.task_id, f"{it.dataset}/{it.task_id}"} & again))
     if done:
         log.info("resuming: %d task(s) already in %s; %d to run", len(done), jsonl, len(todo))
     if args.backend == "docker":

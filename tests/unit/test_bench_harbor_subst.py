@@ -477,6 +477,12 @@ async def test_rerun_checks_named_tasks_again_and_keeps_the_earlier_runs_named(
     calls.clear()
     await hc.run_compat(_args(tmp_path, *base, "--resume"))
     assert calls == []
+    # a task named again runs before those not yet run (t0 sorts first)
+    for n in ("t0", "t4"):
+        shutil.copytree(FIXTURES / "harbor-legacy", a / n)
+    one = ("--concurrency", "1")
+    await hc.run_compat(_args(tmp_path, *base, *one, "--resume", "--rerun", "t3"))
+    assert calls == ["t3", "t0", "t4"]
 
 
 def test_engine_failures_are_infra_and_run_again_on_resume(tmp_path: Path) -> None:
@@ -877,3 +883,53 @@ def test_a_tools_failed_lookup_names_its_host(line: str, host: str) -> None:
     out = decide(entry, ["oracle_below_one"])
     assert out.category == "unreachable_host" and out.evidence is not None
     assert out.evidence.needs == host and out.evidence.file == "solution.yaml"
+
+
+def test_pips_failed_connection_names_its_host_by_the_index_it_looks_in() -> None:
+    """pytorch-model-cli (Terminal-Bench 1) runs `pip install torch==2.7.0 --index-url
+    https://download.pytorch.org/whl/cpu`; pip's retry lines name only the path
+    (`': /whl/cpu/torch/`), its `Looking in indexes:` line the host. Kept from the whole oracle
+    output at run time, the two together are the evidence; either alone is none, and an index
+    whose path the failed one does not extend is not the one that failed."""
+    index = "Looking in indexes: https://download.pytorch.org/whl/cpu"
+    retry = (
+        "WARNING: Retrying (Retry(total=0, connect=None, read=None, redirect=None, status=None)) "
+        "after connection broken by 'NewConnectionError('<pip._vendor.urllib3.connection."
+        "HTTPSConnection object at 0x7f>: Failed to establish a new connection: [Errno -2] Name "
+        "or service not known')': /whl/cpu/torch/"
+    )
+    kept = hc.network_failure_lines(f"{index}\nCollecting x\n{retry}\nERROR: No matching\n")
+    assert kept == [index, retry]
+    refs = {"solution.sh": ["download.pytorch.org"], "Dockerfile": ["ghcr.io"]}
+    base = _entry(oracle_reward=0.0, referenced_unreachable_hosts=refs)
+    _, out = hc.judge({**base, "oracle_network_lines": kept})
+    assert out.category == "unreachable_host" and out.evidence is not None
+    assert out.evidence.needs == "download.pytorch.org" and out.evidence.file == "solution.sh"
+    assert index in out.evidence.output_line and "/whl/cpu/torch/" in out.evidence.output_line
+    assert hc.judge({**base, "oracle_network_lines": [retry]})[1].category == "failing"
+    assert hc.judge({**base, "oracle_network_lines": [index]})[1].category == "failing"
+    other = "Looking in indexes: https://download.pytorch.org/whl/cu121"
+    assert hc.judge({**base, "oracle_network_lines": [other, retry]})[1].category == "failing"
+    # a host the failing phase's own files do not name is no evidence
+    tests_only = {**base, "referenced_unreachable_hosts": {"run-tests.sh": refs["solution.sh"]}}
+    assert hc.judge({**tests_only, "oracle_network_lines": kept})[1].category == "failing"
+
+
+def test_setuptools_missing_under_pip_on_the_ubuntu_24_04_stand_in_is_its_limit() -> None:
+    """chess-best-move (Terminal-Bench 1) runs `apt install python3-pip` then `pip3 install
+    python-chess` on the Ubuntu 24.04 stand-in (Debian trixie): Debian's python3-pip does not
+    bring python3-setuptools (Ubuntu 24.04's does), so chess's setup.py finds a namespace
+    `setuptools` without `setup` (seen here). On the 22.04 stand-in (bookworm, whose pip still
+    depends on setuptools) or a non-Ubuntu base the same line stays a failure."""
+    line = "      AttributeError: module 'setuptools' has no attribute 'setup'"
+    entry = _entry(
+        base_image="ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624",
+        oracle_reward=0.0,
+        oracle_output=f"error: metadata-generation-failed\n{line}\n",
+    )
+    reasons, out = hc.judge(entry)
+    assert reasons[0] == "stand_in_limit" and out.category == "stand_in_limit"
+    assert out.evidence is not None and out.evidence.output_line == line.strip()
+    assert "real Ubuntu 24.04" in out.action and "python3-setuptools" in out.action
+    for base in ("ubuntu:22.04", "python:3.13-slim"):
+        assert hc.judge({**entry, "base_image": base})[1].category == "failing"
