@@ -55,12 +55,15 @@ backend's owner created (what a server does when it shuts down or restarts under
 Verifier snapshot images go with their verifier containers, by the same labels. `sandboxes.labels`
 holds the decision (`should_reap`), `sandboxes.reaper` the cross-backend `sandgym reap`.
 
-Layout: `backend` (`DockerBackend.create` and the confinement), `client` (the SDK client),
-`images` (images and the storage quota), `reaping`, `bridge` (the bridge directories), `group`
-(services beside a sandbox), `core` / `exec_kill` / `changes` / `verifier` / `sandbox` (the
-parts of `DockerSandbox`; `changes` is a sandbox's changed files, applied to another: how a
-group's members copy member 0, unless the backend option `group_fork="snapshot"` asks for a
-commit), `streams` (Docker's multiplexed streams), `names` (labels and repositories).
+Layout, by composition around one engine connection: `client` (`DockerEngine`, the SDK client
+every part uses), `backend` (`DockerBackend`: create and the confinement; it holds the parts
+`images.ImageStore`, `quota.StorageQuota` and `reaping.DockerReaper`), `sandbox`
+(`DockerSandbox`: network, shell, lifecycle; it holds the parts given one `core.Container`
+handle: `exec_kill.ContainerExec`, `files.ContainerFiles`, `changes.ContainerChanges` (a
+sandbox's changed files, applied to another: how a group's members copy member 0, unless the
+backend option `group_fork="snapshot"` asks for a commit) and `verifier.PrivateVerifier`),
+`bridge` (the bridge directories), `group` (services beside a sandbox), `service_life`,
+`streams` (Docker's multiplexed streams), `names` (labels and repositories).
 """
 
 from sandboxes.common.kill import (

@@ -321,14 +321,19 @@ class DockerBackend(SandboxBackend):
                 if self.quota.counts_image()
                 else "storage_mb of the sandbox's own writes",
             )
-        sb = DockerSandbox(spec, self, container_id, sandbox_id)
-        sb._bridge_dir = bridge_dir
+        sb = DockerSandbox(
+            spec,
+            self,
+            container_id,
+            sandbox_id,
+            bridge_dir=bridge_dir,
+            group=group,
+            on_bridge=spec.ever_public,
+        )
         sb.deadline = deadline
-        sb._watch_host_pid(pids.get(container_id))
-        sb._on_bridge = spec.ever_public
-        sb._group = group
+        sb.container.watch_host_pid(pids.get(container_id))
         try:
-            await sb._start_network(pids.get(container_id))
+            await sb.start_network(pids.get(container_id))
             if container_id in has_health:  # the image's HEALTHCHECK: Docker's own status
                 await wait_docker_health(api, container_id, f"sandbox {sandbox_id}")
         except BaseException:

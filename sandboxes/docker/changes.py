@@ -23,9 +23,11 @@ import hashlib
 import posixpath
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from sandboxes.docker.exec_kill import DockerExec
+from sandboxes.docker.core import Container
+from sandboxes.docker.exec_kill import ContainerExec
 from sandboxes.errors import SandboxError, SnapshotUnsupportedError
 from sandboxes.spec import FileChanges, PathChanges
 
@@ -87,18 +89,24 @@ def diff_kinds(diff: list[dict[str, Any]], mounts: tuple[str, ...]) -> PathChang
     return PathChanges(created=tuple(created), modified=tuple(modified), deleted=tuple(deleted))
 
 
-class DockerChanges(DockerExec):
+class ContainerChanges:
     """`changes` and `apply_changes` (see the module docstring); `changed_paths`,
-    `path_fingerprints` and `read_links` for tamper reports."""
+    `path_fingerprints` and `read_links` for tamper reports. The sandbox checks that its
+    container runs before it asks."""
+
+    def __init__(self, container: Container, execs: ContainerExec, bridge_dir: Path | None) -> None:
+        self.container = container
+        self.execs = execs  # for the root commands that delete paths
+        self.bridge_dir = bridge_dir  # where path lists are handed to tar (`/run/sandgym`)
 
     @contextlib.contextmanager
     def _path_list(self, kind: str, paths: list[str] | tuple[str, ...]) -> Iterator[str]:
         """`paths`, NUL-separated, in a file of this sandbox's bridge directory for the time of
         the block; yields the file's path inside the container (`/run/sandgym/...`)."""
-        if self._bridge_dir is None:
-            raise SandboxError(f"sandbox {self.id} has no bridge directory")
+        if self.bridge_dir is None:
+            raise SandboxError(f"sandbox {self.container.sandbox_id} has no bridge directory")
         name = f".{kind}-{uuid.uuid4().hex[:8]}"
-        listing = self._bridge_dir / name
+        listing = self.bridge_dir / name
         listing.write_bytes(b"".join(p.encode() + b"\0" for p in paths))
         listing.chmod(0o644)
         try:
@@ -107,13 +115,14 @@ class DockerChanges(DockerExec):
             listing.unlink(missing_ok=True)
 
     async def changes(self) -> FileChanges:
-        await self._check_running("changes")
-        if self._bridge_dir is None:  # no list to hand tar: the group takes a snapshot instead
-            raise SnapshotUnsupportedError(f"sandbox {self.id} has no bridge directory")
-        api = self._api
+        if self.bridge_dir is None:  # no list to hand tar: the group takes a snapshot instead
+            raise SnapshotUnsupportedError(
+                f"sandbox {self.container.sandbox_id} has no bridge directory"
+            )
+        api = self.container.api
         info, diff = await asyncio.gather(
-            asyncio.to_thread(api.inspect_container, self.container_id),
-            asyncio.to_thread(api.diff, self.container_id),
+            asyncio.to_thread(api.inspect_container, self.container.id),
+            asyncio.to_thread(api.diff, self.container.id),
         )
         mounts = tuple(str(m.get("Destination")) for m in info.get("Mounts") or [])
         keep, deleted = split_diff(diff, mounts)
@@ -123,7 +132,7 @@ class DockerChanges(DockerExec):
             code, tar = await asyncio.to_thread(self._tar_out, listing)
         if code != 0:
             raise SnapshotUnsupportedError(
-                f"sandbox {self.id}: packing its {len(keep)} changed paths with tar failed "
+                f"sandbox {self.container.sandbox_id}: packing its {len(keep)} changed paths with tar failed "
                 f"(exit code {code}; expected GNU tar in the image)"
             )
         return FileChanges(tar=tar, deleted=tuple(deleted))
@@ -131,11 +140,10 @@ class DockerChanges(DockerExec):
     async def changed_paths(self) -> PathChanges:
         """The engine's own diff of the container against its image (`diff_kinds`): no program
         inside the container is run, so none the agent replaced can hide a change."""
-        await self._check_running("changed paths")
-        api = self._api
+        api = self.container.api
         info, diff = await asyncio.gather(
-            asyncio.to_thread(api.inspect_container, self.container_id),
-            asyncio.to_thread(api.diff, self.container_id),
+            asyncio.to_thread(api.inspect_container, self.container.id),
+            asyncio.to_thread(api.diff, self.container.id),
         )
         mounts = tuple(str(m.get("Destination")) for m in info.get("Mounts") or [])
         return diff_kinds(diff, mounts)
@@ -144,12 +152,10 @@ class DockerChanges(DockerExec):
         """Through the engine's archive endpoint: a regular file up to MAX_FINGERPRINT_BYTES by
         the hash of its archive (bytes, mode, owner, mtime), anything else by the engine's stat
         (mode, size, mtime, link target)."""
-        await self._check_running("fingerprints")
         return await asyncio.to_thread(lambda: {p: self._fingerprint(p) for p in paths})
 
     async def read_links(self, paths: list[str]) -> dict[str, str]:
         """Through the engine's stat of each path (its archive header): the link targets."""
-        await self._check_running("read links")
 
         def read() -> dict[str, str]:
             import docker.errors
@@ -157,7 +163,7 @@ class DockerChanges(DockerExec):
             out: dict[str, str] = {}
             for path in paths:
                 try:
-                    chunks, info = self._api.get_archive(self.container_id, path, 65536)
+                    chunks, info = self.container.api.get_archive(self.container.id, path, 65536)
                 except docker.errors.NotFound:
                     continue
                 with contextlib.suppress(Exception):
@@ -173,7 +179,7 @@ class DockerChanges(DockerExec):
         import docker.errors
 
         try:
-            chunks, info = self._api.get_archive(self.container_id, path, 65536)
+            chunks, info = self.container.api.get_archive(self.container.id, path, 65536)
         except docker.errors.NotFound:
             return None
         info = info or {}
@@ -197,29 +203,32 @@ class DockerChanges(DockerExec):
         """(Thread) GNU tar's archive of the paths in `listing` on stdout, as root; the exit
         code and the bytes. Over MAX_CHANGES_BYTES: SnapshotUnsupportedError."""
         argv = ["tar", "-C", "/", "--no-recursion", "--null", "-T", listing, "-cf", "-"]
-        ex = self._api.exec_create(self.container_id, argv, stdout=True, stderr=False, user="root")
+        ex = self.container.api.exec_create(
+            self.container.id, argv, stdout=True, stderr=False, user="root"
+        )
         chunks: list[bytes] = []
         size = 0
-        for chunk in self._api.exec_start(ex["Id"], stream=True):
+        for chunk in self.container.api.exec_start(ex["Id"], stream=True):
             size += len(chunk)
             if size > MAX_CHANGES_BYTES:
                 raise SnapshotUnsupportedError(
-                    f"sandbox {self.id}: its changes are over {MAX_CHANGES_BYTES} bytes"
+                    f"sandbox {self.container.sandbox_id}: its changes are over {MAX_CHANGES_BYTES} bytes"
                 )
             chunks.append(chunk)
-        return self._api.exec_inspect(ex["Id"]).get("ExitCode"), b"".join(chunks)
+        return self.container.api.exec_inspect(ex["Id"]).get("ExitCode"), b"".join(chunks)
 
     async def apply_changes(self, changes: FileChanges) -> None:
-        await self._check_running("apply changes")
         if changes.deleted:
             with self._path_list("deleted", changes.deleted) as listing:
-                code, out = await self._raw_exec(
+                code, out = await self.execs.raw_exec(
                     ["sh", "-c", f"xargs -0 rm -rf -- < {listing}"], user="root"
                 )
             if code != 0:
                 raise SandboxError(
-                    f"sandbox {self.id}: removing {len(changes.deleted)} deleted paths failed "
+                    f"sandbox {self.container.sandbox_id}: removing {len(changes.deleted)} deleted paths failed "
                     f"(exit code {code}): {out.decode(errors='replace')[-500:]}"
                 )
         if changes.tar:
-            await asyncio.to_thread(self._api.put_archive, self.container_id, "/", changes.tar)
+            await asyncio.to_thread(
+                self.container.api.put_archive, self.container.id, "/", changes.tar
+            )

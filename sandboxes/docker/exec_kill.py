@@ -10,6 +10,7 @@ limit, the next exec kills them and retries once."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import socket
@@ -27,11 +28,11 @@ from sandboxes.common.kill import (
 )
 from sandboxes.common.output import CappedBuffer
 from sandboxes.common.tolerated import tolerate
-from sandboxes.docker.core import DockerSandboxBase
+from sandboxes.docker.core import Container
 from sandboxes.docker.streams import _demux, _raw_socket
 from sandboxes.errors import SandboxError
 from sandboxes.paths import normalize_sandbox_path
-from sandboxes.spec import ExecResult
+from sandboxes.spec import ExecResult, SandboxSpec
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +104,16 @@ def _pid_exhausted(result: ExecResult) -> bool:
     )
 
 
-class DockerExec(DockerSandboxBase):
-    """`exec` with the output capped while it streams, and the killers of a timed-out one."""
+class ContainerExec:
+    """`exec` with the output capped while it streams, and the killers of a timed-out one, in
+    one container; the sandbox checks that it is open before it asks."""
+
+    def __init__(self, container: Container, spec: SandboxSpec, max_output_bytes: int) -> None:
+        self.container = container
+        self.spec = spec
+        self.max_output_bytes = max_output_bytes  # per stream
+        #: markers of recent execs, for recovering a sandbox whose pids their leftovers hold
+        self.markers: collections.deque[str] = collections.deque(maxlen=256)
 
     async def exec(
         self,
@@ -120,13 +129,16 @@ class DockerExec(DockerSandboxBase):
             # earlier execs left running (a fork bomb that outlived its command). Without
             # a recovery the sandbox is dead for good, so those leftovers are killed (by the
             # helper, which needs no new pid) and the command is tried once more.
-            log.warning("docker: pids exhausted in %s; killing what earlier execs left", self.id)
+            log.warning(
+                "docker: pids exhausted in %s; killing what earlier execs left",
+                self.container.sandbox_id,
+            )
             await self._kill_leftovers()
             result = await self._exec_once(cmd, timeout_s, cwd, env, user)
         return result
 
     async def _kill_leftovers(self) -> None:
-        markers = list(self._markers)
+        markers = list(self.markers)
         if not markers or not await self._ask_helper(*markers):
             return
         for _ in range(50):
@@ -144,18 +156,17 @@ class DockerExec(DockerSandboxBase):
     ) -> ExecResult:
         import docker.errors
 
-        self._check_open()
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         workdir = normalize_sandbox_path(cwd, self.spec.workdir) if cwd else self.spec.workdir
         marker = uuid.uuid4().hex
-        self._markers.append(marker)
+        self.markers.append(marker)
         full_env = {**self.spec.env, **(env or {}), EXEC_MARKER_ENV: marker}
         run_user = user if user is not None else self.spec.user
         start = time.perf_counter()
         try:
             exec_id = await asyncio.to_thread(
-                self._api.exec_create,
-                self.container_id,
+                self.container.api.exec_create,
+                self.container.id,
                 argv,
                 stdout=True,
                 stderr=True,
@@ -166,10 +177,12 @@ class DockerExec(DockerSandboxBase):
                 user=run_user or "",
             )
         except (docker.errors.NotFound, docker.errors.APIError) as exc:
-            lost = await self._lost("exec")
+            lost = await self.container.lost("exec")
             if lost is not None:
                 raise lost from exc
-            raise SandboxError(f"docker exec_create failed in sandbox {self.id}: {exc}") from exc
+            raise SandboxError(
+                f"docker exec_create failed in sandbox {self.container.sandbox_id}: {exc}"
+            ) from exc
 
         out, err = CappedBuffer(self.max_output_bytes), CappedBuffer(self.max_output_bytes)
         holder: dict[str, Any] = {}
@@ -199,11 +212,11 @@ class DockerExec(DockerSandboxBase):
             raise
         failure = reader.exception() if reader.done() and not reader.cancelled() else None
         if failure is not None:
-            lost = await self._lost("exec")
+            lost = await self.container.lost("exec")
             if lost is not None:
                 raise lost from failure
             raise SandboxError(
-                f"docker exec stream failed in sandbox {self.id}: {failure}"
+                f"docker exec stream failed in sandbox {self.container.sandbox_id}: {failure}"
             ) from failure
 
         exit_code: int | None = None
@@ -215,7 +228,7 @@ class DockerExec(DockerSandboxBase):
             if exit_code is None or exit_code >= 128:
                 checks = 10 if exit_code in (None, 137) else 1
                 for i in range(checks):
-                    lost = await self._lost("exec")
+                    lost = await self.container.lost("exec")
                     if lost is not None:
                         raise lost
                     if i + 1 < checks:
@@ -246,7 +259,7 @@ class DockerExec(DockerSandboxBase):
         done: threading.Event,
     ) -> None:
         """(Thread) start the exec and demultiplex its stream into the two capped buffers."""
-        sock = self._api.exec_start(exec_id, tty=False, socket=True)
+        sock = self.container.api.exec_start(exec_id, tty=False, socket=True)
         holder["sock"] = sock
         try:
             _demux(sock, out, err)
@@ -257,15 +270,15 @@ class DockerExec(DockerSandboxBase):
         # The stream can end a moment before Docker records the exit code.
         for _ in range(50):
             try:
-                info = await asyncio.to_thread(self._api.exec_inspect, exec_id)
+                info = await asyncio.to_thread(self.container.api.exec_inspect, exec_id)
             except Exception as exc:
                 # Not a timeout: the command's exit status is unknown because the engine failed
                 # to say it (or the container went away).
-                lost = await self._lost("exec")
+                lost = await self.container.lost("exec")
                 if lost is not None:
                     raise lost from exc
                 raise SandboxError(
-                    f"docker exec in sandbox {self.id}: expected its exit status from "
+                    f"docker exec in sandbox {self.container.sandbox_id}: expected its exit status from "
                     f"exec_inspect, the engine failed: {exc}"
                 ) from exc
             if not info.get("Running") and info.get("ExitCode") is not None:
@@ -285,28 +298,33 @@ class DockerExec(DockerSandboxBase):
         root = user in (None, "", "root", "0")
         for _attempt in range(30):
             try:
-                code, out = await self._raw_exec(
+                code, out = await self.raw_exec(
                     ["bash", "-c", kill_marked_bash_script(marker)], user=user
                 )
                 if code != 0 and b"not found" in out:  # no bash in this image
-                    code, out = await self._raw_exec(
+                    code, out = await self.raw_exec(
                         ["sh", "-c", kill_marked_script(marker)], user=user
                     )
                 if code == 0:
                     return
             except Exception as exc:
-                if await self._state() != "running":
+                if await self.container.state() != "running":
                     return
-                log.debug("docker: killer exec failed in %s: %s", self.id, exc)
+                log.debug("docker: killer exec failed in %s: %s", self.container.sandbox_id, exc)
             if helper_asked and root and await self._helper_done(marker):
                 return
             await asyncio.sleep(0.1)
-        log.warning("docker: could not kill the processes of a timed-out exec in %s", self.id)
+        log.warning(
+            "docker: could not kill the processes of a timed-out exec in %s",
+            self.container.sandbox_id,
+        )
 
     async def _ask_helper(self, *markers: str) -> bool:
         requests = files_tar(dict.fromkeys(markers, b"kill\n"), 0o600)
         try:
-            await asyncio.to_thread(self._api.put_archive, self.container_id, HELPER_DIR, requests)
+            await asyncio.to_thread(
+                self.container.api.put_archive, self.container.id, HELPER_DIR, requests
+            )
             return True
         except Exception as exc:  # no helper in this image (no bash), or the container is gone
             tolerate("docker.ask_helper", exc, log)
@@ -316,7 +334,7 @@ class DockerExec(DockerSandboxBase):
         """True once the helper has handled (truncated) the request file."""
 
         def size() -> int:
-            chunks, st = self._api.get_archive(self.container_id, f"{HELPER_DIR}/{marker}")
+            chunks, st = self.container.api.get_archive(self.container.id, f"{HELPER_DIR}/{marker}")
             with contextlib.suppress(Exception):
                 chunks.close()
             return int(st.get("size", -1))
@@ -327,15 +345,15 @@ class DockerExec(DockerSandboxBase):
             tolerate("docker.helper_done", exc, log)
             return False
 
-    async def _raw_exec(self, argv: list[str], user: str | None = None) -> tuple[int | None, bytes]:
+    async def raw_exec(self, argv: list[str], user: str | None = None) -> tuple[int | None, bytes]:
         """Run a short helper command to completion (no timeout machinery, no marker)."""
 
         def go() -> tuple[int | None, bytes]:
-            ex = self._api.exec_create(
-                self.container_id, argv, stdout=True, stderr=True, user=user or ""
+            ex = self.container.api.exec_create(
+                self.container.id, argv, stdout=True, stderr=True, user=user or ""
             )
-            output = self._api.exec_start(ex["Id"])
-            code = self._api.exec_inspect(ex["Id"]).get("ExitCode")
+            output = self.container.api.exec_start(ex["Id"])
+            code = self.container.api.exec_inspect(ex["Id"]).get("ExitCode")
             return code, output
 
         return await asyncio.to_thread(go)
@@ -344,6 +362,5 @@ class DockerExec(DockerSandboxBase):
         """Kill every process in the container but its init (pid 1), the kill helper and the
         killer: what the agent left running. The helper is told apart as the oldest process
         after pid 1 (it starts with the container; nothing the agent starts is older)."""
-        self._check_open()
         for _ in range(3):  # a process forking while the list is made is caught next round
-            await self._raw_exec(["sh", "-c", KILL_ALL_BUT_INIT_SCRIPT], user="root")
+            await self.raw_exec(["sh", "-c", KILL_ALL_BUT_INIT_SCRIPT], user="root")

@@ -1,6 +1,7 @@
-"""The private verifier of a Docker sandbox: `exec_private` runs the verifier in a sibling
-container started from a snapshot of the sandbox (`docker commit`), sharing only its network
-namespace, so nothing the agent left running can reach the tests or the reward files."""
+"""`PrivateVerifier`: a Docker sandbox's private verifier. `run` (the sandbox's `exec_private`)
+runs the verifier in a sibling container started from a snapshot of the sandbox (`docker
+commit`), sharing only its network namespace, so nothing the agent left running can reach the
+tests or the reward files."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import logging
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from sandboxes.common.files import one_file_tar
 from sandboxes.common.output import CappedBuffer
-from sandboxes.docker.core import DockerSandboxBase
+from sandboxes.docker.core import Container
 from sandboxes.docker.names import (
     LABEL_BRIDGE_DIR,
     LABEL_VERIFIER_OF,
@@ -25,7 +27,7 @@ from sandboxes.docker.streams import _demux, _raw_socket
 from sandboxes.errors import SandboxError
 from sandboxes.lifetime import own_lifetime_settings
 from sandboxes.paths import normalize_sandbox_path
-from sandboxes.spec import ExecResult
+from sandboxes.spec import ExecResult, SandboxSpec
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +49,26 @@ _STDIN_BOOT = (
 )
 
 
-class DockerPrivateVerifier(DockerSandboxBase):
-    """`exec_private`: the verifier in a sibling container made from a snapshot."""
+class PrivateVerifier:
+    """The verifier in a sibling container made from a snapshot of `container`. `host`: the
+    host-config options the sandbox's containers get (its confinement, and what a verifier
+    takes of compose's settings); `labels`: the sandbox's labels, asked at each run."""
 
-    async def exec_private(
+    def __init__(
+        self,
+        container: Container,
+        spec: SandboxSpec,
+        host: dict[str, Any],
+        labels: Callable[[], dict[str, str]],
+        max_output_bytes: int,
+    ) -> None:
+        self.container = container
+        self.spec = spec
+        self.host = host
+        self.labels = labels
+        self.max_output_bytes = max_output_bytes
+
+    async def run(
         self,
         cmd: list[str],
         stdin: bytes,
@@ -105,22 +123,17 @@ class DockerPrivateVerifier(DockerSandboxBase):
         keeps the network inside its sandbox)."""
         import docker.errors
 
-        self._check_open()
-        lost = await self._lost("private exec")
-        if lost is not None:
-            raise lost
-        backend = self._backend
-        api = self._api
-        name = f"{self.id}-verifier-{uuid.uuid4().hex[:8]}"
+        await self.container.raise_if_lost("private exec")
+        api = self.container.api
+        name = f"{self.container.sandbox_id}-verifier-{uuid.uuid4().hex[:8]}"
         image = f"{SNAPSHOT_REPO}:{name}"
         stdin_path = f"/.sandgym-verifier-stdin-{uuid.uuid4().hex}"
         workdir = normalize_sandbox_path(cwd, self.spec.workdir) if cwd else self.spec.workdir
         full_env = {**self.spec.env, **(env or {}), VERIFIER_OWN_CONTAINER_ENV: "1"}
         host: dict[str, Any] = dict(
-            network_mode=f"container:{self.container_id}",
+            network_mode=f"container:{self.container.id}",
             log_config={"type": "none"},  # output comes through the attach; none kept on disk
-            **backend.confinement(self.spec),
-            **backend.main_container_settings(self.spec, verifier=True),
+            **self.host,
         )
         host.pop("storage_opt", None)  # the verifier writes little; its writes are discarded
         life = own_lifetime_settings()  # its own end, should its server die mid-run
@@ -134,12 +147,12 @@ class DockerPrivateVerifier(DockerSandboxBase):
             return fut
 
         def prepare() -> str:
-            labels = backend.labels_for(self.spec)
+            labels = self.labels()
             # The snapshot inherits the sandbox's labels; these mark it and its container as
             # a verifier's (and drop the bridge directory, which is the sandbox's alone).
-            labels.update({LABEL_VERIFIER_OF: self.id, LABEL_BRIDGE_DIR: ""})
+            labels.update({LABEL_VERIFIER_OF: self.container.sandbox_id, LABEL_BRIDGE_DIR: ""})
             api.commit(
-                self.container_id, repository=SNAPSHOT_REPO, tag=name, conf={"Labels": labels}
+                self.container.id, repository=SNAPSHOT_REPO, tag=name, conf={"Labels": labels}
             )
             cid: str = api.create_container(
                 image,
@@ -153,13 +166,13 @@ class DockerPrivateVerifier(DockerSandboxBase):
                 host_config=api.create_host_config(**host),
             )["Id"]
             api.put_archive(cid, "/", one_file_tar(stdin_path, stdin, 0o600))
-            mounts = api.inspect_container(self.container_id).get("Mounts") or []
+            mounts = api.inspect_container(self.container.id).get("Mounts") or []
             unseen = sorted(m.get("Destination", "?") for m in mounts if m.get("Type") == "volume")
             if unseen:
                 log.warning(
                     "docker: the verifier of sandbox %s sees the image's contents, not the "
                     "agent's, at its volume(s) %s (a commit holds no volume)",
-                    self.id,
+                    self.container.sandbox_id,
                     ", ".join(unseen),
                 )
             return cid
@@ -175,11 +188,11 @@ class DockerPrivateVerifier(DockerSandboxBase):
                 reader = thread(_demux, sock, out, err)
                 await asyncio.shield(thread(api.start, cid))
             except docker.errors.APIError as exc:
-                lost = await self._lost("private exec")
+                lost = await self.container.lost("private exec")
                 if lost is not None:
                     raise lost from exc
                 raise SandboxError(
-                    f"docker could not start the verifier container of sandbox {self.id}: {exc}"
+                    f"docker could not start the verifier container of sandbox {self.container.sandbox_id}: {exc}"
                 ) from exc
             try:
                 await asyncio.wait_for(asyncio.shield(reader), timeout_s)
@@ -210,13 +223,13 @@ class DockerPrivateVerifier(DockerSandboxBase):
         in flight returned (a commit or create finishing after the removal would leak)."""
         import docker.errors
 
-        await self._backend.engine.remove_container(name)  # ends the attach stream, if still open
+        await self.container.engine.remove_container(name)  # ends the attach stream, if still open
         for fut in in_flight:
             with contextlib.suppress(BaseException):
                 await fut
-        await self._backend.engine.remove_container(name)
+        await self.container.engine.remove_container(name)
         try:
-            await asyncio.to_thread(self._api.remove_image, image, force=True)
+            await asyncio.to_thread(self.container.api.remove_image, image, force=True)
         except docker.errors.ImageNotFound:
             pass
         except docker.errors.APIError as exc:
