@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from envserver.groups import Group, GroupRegistry
 from envserver.metrics import ServerMetrics
-from envserver.protocol import ResetMsg
+from envserver.protocol import ResetInfo, ResetMsg
 from envserver.settings import ServerSettings
 from envserver.specs import SpecCache
 from sandboxes import Sandbox, SandboxBackend
@@ -35,6 +35,33 @@ class Ready:
     acquire_s: float
     prepare_s: float
     bridge: GatewayBridge | None
+
+    def info(
+        self,
+        msg: ResetMsg,
+        settings: ServerSettings,
+        backend: str | None,
+        group: Group | None,
+        member: int,
+    ) -> ResetInfo:
+        """The reset reply's `info` for this episode."""
+        setup = self.setup
+        return ResetInfo(
+            task_id=msg.task_id,
+            seed=msg.seed,
+            acquire_s=self.acquire_s,
+            prepare_s=self.prepare_s,
+            from_pool=self.sandbox.from_pool,
+            desktop=setup.desktop is not None,
+            sandbox_id=self.sandbox.id,
+            backend=backend,
+            max_steps=settings.max_steps,
+            time_limit_s=settings.episode_time_limit_s,
+            **({"gateway_socket": "/run/sandgym/gateway.sock"} if self.bridge else {}),
+            **({"network": setup.network.describe()} if setup.network is not None else {}),
+            **({"group": group.describe(member, self.forked)} if group is not None else {}),
+            verify=setup.verify,
+        )
 
 
 class Preparer:

@@ -11,7 +11,8 @@ requests: `reset`, `step`, `close` and `resume` each return a reply model or rai
 - envserver/groups.py: episode groups (`reset.options.group`), one preparation for N members;
 - envserver/stepping.py: one step (time limit, action, truncation), envserver/actions.py the
   action itself, envserver/scoring.py a `submit` scored by the task's verifier;
-- envserver/resend.py: a resent step answered from its cache.
+- envserver/resend.py: a resent step answered from its cache;
+- envserver/release.py: an ended episode's sandbox handed back, its cost recorded.
 
 Lifecycle rules:
 - A reset on a connection that already has an episode ends the old one first.
@@ -36,7 +37,7 @@ import uuid
 from typing import TYPE_CHECKING
 
 from envserver.actions import apply_desktop
-from envserver.cost import CostMetrics, episode_cost
+from envserver.cost import CostMetrics
 from envserver.episode_table import EpisodeConnection, Session, SessionTable
 from envserver.errors import NoEpisodeError
 from envserver.groups import GroupRegistry
@@ -47,7 +48,6 @@ from envserver.protocol import (
     CloseMsg,
     Observation,
     ObservationReply,
-    ResetInfo,
     ResetMsg,
     ResumeInfo,
     ResumeMsg,
@@ -56,6 +56,7 @@ from envserver.protocol import (
     StepMsg,
     StepResultReply,
 )
+from envserver.release import release_episode
 from envserver.resend import cached_reply, run_once
 from envserver.scoring import Scorer
 from envserver.settings import ServerSettings
@@ -103,14 +104,6 @@ class EnvService:
     def sessions(self) -> dict[str, Session]:
         """The live episodes by id."""
         return self.table.live
-
-    @property
-    def _reserved(self) -> int:
-        return self.table.reserved
-
-    @_reserved.setter
-    def _reserved(self, value: int) -> None:
-        self.table.reserved = value
 
     @property
     def resetting(self) -> int:
@@ -218,21 +211,8 @@ class EnvService:
             session_id=session.id,
             resume_token=session.resume_token,
             observation=obs,
-            info=ResetInfo(
-                task_id=msg.task_id,
-                seed=msg.seed,
-                acquire_s=ready.acquire_s,
-                prepare_s=ready.prepare_s,
-                from_pool=sandbox.from_pool,
-                desktop=desktop is not None,
-                sandbox_id=sandbox.id,
-                backend=self.backend.name if self.backend else None,
-                max_steps=self.settings.max_steps,
-                time_limit_s=self.settings.episode_time_limit_s,
-                **({"gateway_socket": "/run/sandgym/gateway.sock"} if bridge else {}),
-                **({"network": setup.network.describe()} if setup.network is not None else {}),
-                **({"group": group.describe(member, ready.forked)} if group is not None else {}),
-                verify=setup.verify,
+            info=ready.info(
+                msg, self.settings, self.backend.name if self.backend else None, group, member
             ).wire(),
         )
 
@@ -303,28 +283,13 @@ class EnvService:
             await self._release(s)
 
     async def _release(self, s: Session) -> None:
-        if s.bridge is not None:
-            await s.bridge.close()
-            s.bridge = None
-        if self.pool is None:
-            return
-        if self.settings.cost_ledger:
-            s.cost = await episode_cost(
-                s.sandbox,
-                backend=self.backend.name if self.backend else None,
-                leased_at=s.leased_at,
-                prepare_s=s.prepare_s,
-                verifier_s=s.verifier_s,
-                commands=s.commands,
-            )
-            self.cost_metrics.add(s.cost)
-        try:
-            await asyncio.shield(self.pool.release(s.sandbox))
-        except Exception:
-            log.exception("releasing sandbox %s failed", s.sandbox.id)
-        if s.group is not None and self.groups is not None:
-            group, s.group = s.group, None
-            self.groups.left(group)
+        await release_episode(
+            s,
+            pool=self.pool,
+            groups=self.groups,
+            backend=self.backend.name if self.backend else None,
+            cost_metrics=self.cost_metrics if self.settings.cost_ledger else None,
+        )
 
     async def _sweep_loop(self) -> None:
         while True:

@@ -114,12 +114,12 @@ def test_probe_capacity_reads_v1_sessions() -> None:
     with BackgroundServer(ServerSettings(backend="null", port=0, max_sessions=7)) as srv:
         assert probe_capacity(srv.url) == 7
         # a reset past the capacity check holds a slot before its session is listed
-        srv.service._reserved += 2
+        srv.service.table.reserved += 2
         try:
             assert probe_capacity(srv.url) == 5
             assert probe_sessions(srv.url) == (5, 2)
         finally:
-            srv.service._reserved -= 2
+            srv.service.table.reserved -= 2
     assert probe_capacity(srv.url, timeout_s=0.5) is None  # gone
 
 
