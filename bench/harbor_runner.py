@@ -40,13 +40,16 @@ def runner_image_present(image: str = RUNNER_IMAGE) -> bool:
     return proc.returncode == 0
 
 
-def ensure_runner_image(image: str = RUNNER_IMAGE, timeout_s: float = 1200.0) -> str:
-    """`image`, built from images/harbor-runner when the engine lacks it (pip installs harbor
-    from the package index: a few minutes, once)."""
+def ensure_runner_image(
+    image: str = RUNNER_IMAGE, timeout_s: float = 1200.0, context: Path = RUNNER_CONTEXT
+) -> str:
+    """`image`, built from `context` (images/harbor-runner; images/nemo-gym-runner for the
+    NeMo-Gym check) when the engine lacks it (pip installs the released package from the
+    package index: a few minutes, once)."""
     if runner_image_present(image):
         return image
     proc = subprocess.run(
-        ["docker", "build", "-t", image, str(RUNNER_CONTEXT)],
+        ["docker", "build", "-t", image, str(context)],
         capture_output=True,
         text=True,
         timeout=timeout_s,
@@ -55,7 +58,7 @@ def ensure_runner_image(image: str = RUNNER_IMAGE, timeout_s: float = 1200.0) ->
     )
     if proc.returncode != 0:
         raise HarborRunnerError(
-            f"building {image} from {RUNNER_CONTEXT} failed (exit {proc.returncode}): "
+            f"building {image} from {context} failed (exit {proc.returncode}): "
             f"{(proc.stdout + proc.stderr)[-3000:]}"
         )
     return image

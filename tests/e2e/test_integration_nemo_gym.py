@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import zipfile
@@ -29,6 +28,7 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.harbor_runner import ensure_runner_image
 from envserver.runner import BackgroundServer
 from tests.e2e.conftest import REAL_BACKENDS
 
@@ -112,24 +112,12 @@ def test_nemo_gym_finds_and_drives_the_sandgym_provider(
     asyncio.run(drive())
 
 
-def _ensure_runner_image() -> None:
-    """The runner image, built from images/nemo-gym-runner when the engine lacks it (pip installs
-    nemo-gym and its dependencies from the package index: minutes, once; setup.sh builds it)."""
-    have = subprocess.run(["docker", "image", "inspect", RUNNER_IMAGE], capture_output=True)
-    if have.returncode == 0:
-        return
-    subprocess.run(
-        ["docker", "build", "-q", "-t", RUNNER_IMAGE, str(RUNNER_CONTEXT)],
-        check=True, timeout=1800, env={**os.environ, "DOCKER_BUILDKIT": "0"},
-    )  # fmt: skip
-
-
 @pytest.mark.parametrize("backend", REAL_BACKENDS[:1])
 def test_released_nemo_gym_sandbox_api_drives_the_sandgym_provider(
     backend: str, make_server: Callable[..., BackgroundServer], tmp_path: Path
 ) -> None:
     srv = make_server(backend)
-    _ensure_runner_image()
+    ensure_runner_image(RUNNER_IMAGE, 1800.0, RUNNER_CONTEXT)
     wheels = tmp_path / "wheels"
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",

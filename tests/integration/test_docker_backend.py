@@ -10,7 +10,6 @@ import asyncio
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from sandboxes.errors import (
 )
 from sandboxes.labels import LABEL_LEASE_EXPIRY, LABEL_OWNER, LABEL_OWNER_PID
 from sandboxes.spec import SandboxSpec
+from tests.docker_engine import bootstrap_terminal_image, engine_answers, owned_docker_backend
 
 pytestmark = pytest.mark.docker
 
@@ -51,37 +51,19 @@ async def dead_pid() -> int:
     return proc.pid
 
 
-def _engine_answers() -> bool:
-    if shutil.which("docker") is None:
-        return False
-    try:
-        import docker
-
-        docker.from_env(timeout=5).ping()
-        return True
-    except Exception:
-        return False
-
-
-if not _engine_answers():
+if not engine_answers():
     pytest.skip("no Docker engine answers", allow_module_level=True)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def terminal_image() -> None:
-    subprocess.run(["bash", str(REPO / "images" / "bootstrap-base.sh")], check=True, timeout=900)
+    bootstrap_terminal_image()
 
 
 @pytest.fixture
 async def backend() -> AsyncIterator[object]:
-    from sandboxes.docker import DockerBackend
-
-    b = DockerBackend(owner_id="test-" + os.urandom(4).hex())
-    yield b
-    # Whatever a test left behind: reap this owner's containers, then check none is left.
-    await b.reap(only_expired=False)
-    mine = [c for c in await b.managed_containers() if c["Labels"].get(LABEL_OWNER) == b.owner_id]
-    assert mine == []
+    async for b in owned_docker_backend():
+        yield b
     await b.aclose()
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from sandboxes import qgroups
+from tests.docker_engine import bootstrap_terminal_image, engine_answers
 
 pytestmark = pytest.mark.docker
 
@@ -25,25 +26,13 @@ REPO = Path(__file__).resolve().parents[2]
 IMAGE = "sandgym/terminal:latest"
 
 
-def _engine_answers() -> bool:
-    if shutil.which("docker") is None:
-        return False
-    try:
-        import docker
-
-        docker.from_env(timeout=5).ping()
-        return True
-    except Exception:
-        return False
-
-
-if not _engine_answers():
+if not engine_answers():
     pytest.skip("no Docker engine answers", allow_module_level=True)
 
 
 @pytest.fixture(scope="module")
 def btrfs_root() -> Path:
-    subprocess.run(["bash", str(REPO / "images" / "bootstrap-base.sh")], check=True, timeout=900)
+    bootstrap_terminal_image()
     root = qgroups.docker_btrfs_root()
     if root is None or os.geteuid() != 0 or shutil.which("btrfs") is None:
         pytest.skip(

@@ -10,16 +10,13 @@ main engine has none (see scripts/setup.sh: SANDGYM_DOCKERD_ARGS makes a second 
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from sandboxes.labels import LABEL_OWNER
 from sandboxes.spec import SandboxSpec
+from tests.docker_engine import bootstrap_terminal_image, engine_answers, owned_docker_backend
 
 pytestmark = pytest.mark.docker
 
@@ -47,36 +44,19 @@ print(total, err)
 """
 
 
-def _engine_answers() -> bool:
-    if shutil.which("docker") is None:
-        return False
-    try:
-        import docker
-
-        docker.from_env(timeout=5).ping()
-        return True
-    except Exception:
-        return False
-
-
-if not _engine_answers():
+if not engine_answers():
     pytest.skip("no Docker engine answers", allow_module_level=True)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def terminal_image() -> None:
-    subprocess.run(["bash", str(REPO / "images" / "bootstrap-base.sh")], check=True, timeout=900)
+    bootstrap_terminal_image()
 
 
 @pytest.fixture
 async def backend() -> AsyncIterator[object]:
-    from sandboxes.docker import DockerBackend
-
-    b = DockerBackend(owner_id="test-" + os.urandom(4).hex())
-    yield b
-    await b.reap(only_expired=False)
-    assert [c for c in await b.managed_containers() if c["Labels"][LABEL_OWNER] == b.owner_id] == []
-    await b.aclose()
+    async for b in owned_docker_backend():
+        yield b
 
 
 async def test_many_small_files_stop_near_storage_mb_and_other_sandboxes_keep_working(

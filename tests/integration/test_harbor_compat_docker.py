@@ -8,26 +8,17 @@ from pathlib import Path
 import pytest
 
 from tasks import load_task_dir
+from tests.docker_engine import engine_answers
 
 pytestmark = pytest.mark.docker
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "tasks" / "harbor-compat"
 
 
-def _engine_answers() -> bool:
-    try:
-        import docker
-
-        docker.from_env(timeout=5).ping()
-        return True
-    except Exception:
-        return False
-
-
 async def test_heredoc_task_oracle_and_noop_on_docker(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if not _engine_answers():
+    if not engine_answers():
         pytest.skip("no Docker engine answers")
     import docker
 
