@@ -272,6 +272,34 @@ def base_image_evidence(entry: Mapping[str, Any], reason: str) -> Evidence | Non
     return None
 
 
+#: the docker backend's SandboxCreateError (cause `image_missing`) for a compose service's image
+_SERVICE_IMAGE_RE = re.compile(
+    r"service '([^']+)': image '([^']+)' is not present in the local Docker engine"
+)
+
+
+def service_image_evidence(entry: Mapping[str, Any], reason: str) -> Evidence | None:
+    """A compose service names an image (`image:`, no build) that the local engine lacks; no
+    registry is used here, and the sandbox's creation failed on it (its typed error's cause
+    `image_missing`, recorded as `service_image_unavailable`)."""
+    if reason != "service_image_unavailable":
+        return None
+    for pe in entry.get("phase_errors") or ():
+        err = CheckError.model_validate(pe)
+        m = _SERVICE_IMAGE_RE.search(err.message) if err.cause == "image_missing" else None
+        if m:
+            image = m.group(2)
+            first = image.split("/")[0]
+            registry = first if "." in first and "/" in image else "registry-1.docker.io"
+            return Evidence(
+                needs=f"{registry} (the image {image} of service {m.group(1)!r}; no local copy)",
+                phase="build",
+                file="docker-compose.yaml",
+                output_line=err.message.strip()[:300],
+            )
+    return None
+
+
 def _first(
     lines_by_phase: list[tuple[Phase, list[str]]], rx: re.Pattern[str]
 ) -> tuple[Phase, str, re.Match[str]] | None:
@@ -358,7 +386,11 @@ def decide(entry: Mapping[str, Any], reasons: list[str]) -> Outcome:
                 action=f"needs {ev.needs}: run it where that image can be pulled",
                 evidence=ev,
             )
-        ev = host_evidence(entry) or base_image_evidence(entry, first)
+        ev = (
+            host_evidence(entry)
+            or base_image_evidence(entry, first)
+            or service_image_evidence(entry, first)
+        )
         if ev is not None:
             return Outcome(
                 category="unreachable_host",

@@ -111,6 +111,8 @@ REASONS: dict[str, str] = {
     "loader_error": "the task directory did not load into a TaskSpec (our loader refused it)",
     "base_image_unavailable": "the Dockerfile's FROM image is not in the local engine and no "
     "registry is reachable (add an --image-map)",
+    "service_image_unavailable": "a compose service's named image is not in the local engine "
+    "and no registry is reachable (add a local image of that name)",
     "build_network": "a build step needed a host that cannot be reached from here (only "
     "Debian's mirror and PyPI are)",
     "build_pip_unresolvable": "pip found no distribution for a pinned requirement (the version "
@@ -148,7 +150,11 @@ REASONS: dict[str, str] = {
 
 #: reasons that mean "needs something this machine cannot reach": such a task is reported, never
 #: passed, and left out of the denominator of the `reachable` figures
-UNREACHABLE_REASONS = ("needs_unreachable_host", "base_image_unavailable")
+UNREACHABLE_REASONS = (
+    "needs_unreachable_host",
+    "base_image_unavailable",
+    "service_image_unavailable",
+)
 
 _NET = (
     r"Could not resolve|Temporary failure in name resolution|Name or service not known|"
@@ -352,6 +358,8 @@ def classify_phase_error(err: CheckError) -> str:
         return "verifier_no_reward" if cause == "no_reward" else "verifier_other"
     if etype == "SandboxCreateError" and cause == "build":
         return classify_build_error(err.message)  # the build's own output
+    if etype == "SandboxCreateError" and cause == "image_missing":
+        return "service_image_unavailable"
     if _INFRA_RE.search(etype) or etype.startswith("Sandbox") or etype.endswith("Timeout"):
         return "infra"  # the sandbox layer's errors, and the engine client's by type name
     if etype == "TaskLoadError":

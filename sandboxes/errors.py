@@ -31,8 +31,9 @@ class SandboxCreateError(SandboxError, RuntimeError):
     """Creating the sandbox failed (image missing, build failed, limits refused, ...).
 
     `cause` names the step that failed, set where it is raised: `build` (an image build failed;
-    the message carries the build's output), `healthcheck` (`SandboxHealthcheckError`), `create`
-    (anything else).
+    the message carries the build's output), `healthcheck` (`SandboxHealthcheckError`),
+    `image_missing` (a compose service's named image is not in the engine, and no registry is
+    used), `create` (anything else).
     """
 
     def __init__(self, message: str, cause: str = "create") -> None:

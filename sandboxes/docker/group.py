@@ -165,6 +165,17 @@ async def wait_exit_ok(api: Any, ref: str, what: str) -> None:
         await asyncio.sleep(POLL_S)
 
 
+def _image_present(api: Any, ref: str) -> bool:
+    """(Thread) whether the engine holds image `ref`."""
+    import docker.errors
+
+    try:
+        api.inspect_image(ref)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
 class DockerGroup:
     """The network and service containers of one sandbox (see the module docstring)."""
 
@@ -236,7 +247,8 @@ class DockerGroup:
 
     async def _image(self, svc: ServiceSpec) -> str:
         """The service's image: by name from the local engine, or built (cached) from its
-        context."""
+        context. A named image the engine lacks is the cause `image_missing` (no registry is
+        used: a compose file's `vulhub/minio:...` stays missing, however often it is retried)."""
         if svc.build_context is None and svc.image is None:  # pragma: no cover (validated)
             raise SandboxCreateError(f"service {svc.name!r} has neither image nor build context")
         probe = SandboxSpec(
@@ -245,7 +257,12 @@ class DockerGroup:
         try:
             return await self.backend.image_for(probe)
         except SandboxCreateError as exc:
-            raise SandboxCreateError(f"service {svc.name!r}: {exc}", exc.cause) from exc
+            cause = exc.cause
+            if svc.build_context is None and not await asyncio.to_thread(
+                _image_present, self._api, str(svc.image)
+            ):
+                cause = "image_missing"
+            raise SandboxCreateError(f"service {svc.name!r}: {exc}", cause) from exc
 
     async def _condition(self, started: asyncio.Task[None], name: str, cond: str) -> None:
         await started

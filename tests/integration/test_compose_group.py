@@ -306,3 +306,27 @@ async def test_healthcheck_delays_the_sandbox_until_it_passes() -> None:
     finally:
         await backend.reap(only_expired=False)
         await backend.aclose()
+
+
+async def test_a_service_image_the_engine_lacks_is_named_by_its_cause() -> None:
+    """A compose service naming an image the engine does not hold (Terminal-Bench 1's
+    security-vulhub-minio: `vulhub/minio:...`; no registry is used) fails the creation with
+    the cause `image_missing`, which tells it from an engine fault (retried) and from a failed
+    build; nothing of the group is left."""
+    from sandboxes import SandboxCreateError, SandboxSpec
+    from sandboxes.docker import DockerBackend
+    from sandboxes.services import ServiceSpec
+
+    absent = "sandgym-test/absent-" + uuid.uuid4().hex[:8] + ":never"
+    owner = "test-noimg-" + uuid.uuid4().hex[:6]
+    backend = DockerBackend(owner_id=owner)
+    spec = SandboxSpec(services=(ServiceSpec(name="store", image=absent),))
+    try:
+        with pytest.raises(SandboxCreateError) as info:
+            await backend.create(spec)
+        assert info.value.cause == "image_missing", info.value.cause
+        assert f"service 'store': image '{absent}' is not present" in str(info.value)
+        assert leftovers(f"sandgym.owner={owner}") == ([], [])
+    finally:
+        await backend.reap(only_expired=False)
+        await backend.aclose()

@@ -933,3 +933,30 @@ def test_setuptools_missing_under_pip_on_the_ubuntu_24_04_stand_in_is_its_limit(
     assert "real Ubuntu 24.04" in out.action and "python3-setuptools" in out.action
     for base in ("ubuntu:22.04", "python:3.13-slim"):
         assert hc.judge({**entry, "base_image": base})[1].category == "failing"
+
+
+def test_a_service_image_the_engine_lacks_leaves_the_denominator_with_its_name() -> None:
+    """security-vulhub-minio's compose services run `vulhub/minio:...` from Docker Hub: the
+    docker backend's SandboxCreateError carries the cause `image_missing`, recorded as
+    `service_image_unavailable` (not `infra`, which a resumed run would re-run for ever), with
+    the image and its registry as evidence. The same message with another cause is no evidence."""
+    msg = (
+        "service 'node1': image 'vulhub/minio:2023-02-27T18-10-45Z' is not present in the local "
+        "Docker engine and no registry is used; build it"
+    )
+
+    def errs(cause: str) -> list[dict[str, Any]]:
+        return [
+            {"phase": p, "error_type": "SandboxCreateError", "message": msg, "cause": cause}
+            for p in ("oracle", "noop")
+        ]
+
+    entry = _entry(oracle_reward=None, noop_reward=None, phase_errors=errs("image_missing"))
+    reasons, out = hc.judge(entry)
+    assert reasons == ["needs_unreachable_host", "service_image_unavailable"], reasons
+    assert out.category == "unreachable_host" and out.evidence is not None
+    assert out.evidence.needs.startswith("registry-1.docker.io (the image vulhub/minio:")
+    assert out.evidence.file == "docker-compose.yaml"
+    assert not hc.infra_only({"reasons": reasons})
+    reasons, out = hc.judge({**entry, "phase_errors": errs("create")})
+    assert reasons == ["infra"] and out.category == "failing"
