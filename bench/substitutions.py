@@ -390,11 +390,32 @@ def script_python_versions(text: str) -> list[str]:
     return sorted(set(_UV_PYVER_RE.findall(text.replace("\\\n", " "))))
 
 
+_RUN_LINE_RE = re.compile(r"^\s*RUN\b(.*)$", re.MULTILINE | re.IGNORECASE)
+
+
+def dockerfile_run_scripts(task: Path) -> list[str]:
+    """The shell scripts of a task's build context that its Dockerfile runs (a `RUN` line
+    naming the script's file name, as Terminal-Bench 1's path-tracing-reverse does with `COPY
+    install.sh /app` then `RUN bash /app/install.sh`): scripts of the task too, relative to
+    `task`. Only the build context's top level, where such scripts are copied from."""
+    out: list[str] = []
+    for docker in ("Dockerfile", "environment/Dockerfile"):
+        f = task / docker
+        if not f.is_file():
+            continue
+        runs = " ".join(m.group(1) for m in _RUN_LINE_RE.finditer(f.read_text(encoding="utf-8")))
+        for script in sorted(f.parent.glob("*.sh")):
+            if script.is_file() and re.search(rf"(?<![\w.-]){re.escape(script.name)}\b", runs):
+                out.append(str(script.relative_to(task)))
+    return out
+
+
 def prepare_task_copy(
     src: Path, dst: Path, cpython_debs: dict[str, list[str] | None] | None = None
 ) -> list[dict[str, str]]:
     """Copy task directory `src` to `dst` (replacing it) and apply the substitutions to its
-    scripts; the records name the file each one was made in. With no substitution to make,
+    scripts (`SCRIPT_FILES`, Terminal-Bench 1's harness scripts under tests/, and the build
+    context's scripts its Dockerfile runs); the records name the file each one was made in. With no substitution to make,
     `dst` is still a faithful copy (the caller may as well use `src`)."""
     if dst.exists():
         shutil.rmtree(dst)
@@ -407,7 +428,7 @@ def prepare_task_copy(
         if (dst / "tests").is_dir()
         else []
     )
-    for rel in dict.fromkeys([*SCRIPT_FILES, *harness]):
+    for rel in dict.fromkeys([*SCRIPT_FILES, *harness, *dockerfile_run_scripts(dst)]):
         f = dst / rel
         if not f.is_file() or f.is_symlink():
             continue

@@ -960,3 +960,23 @@ def test_a_service_image_the_engine_lacks_leaves_the_denominator_with_its_name()
     assert not hc.infra_only({"reasons": reasons})
     reasons, out = hc.judge({**entry, "phase_errors": errs("create")})
     assert reasons == ["infra"] and out.category == "failing"
+
+
+def test_a_build_context_script_the_dockerfile_runs_gets_the_substitutions(tmp_path: Path) -> None:
+    """Terminal-Bench 1's path-tracing-reverse copies install.sh into the image and runs it
+    (`RUN bash /app/install.sh`); it fetches uv from astral.sh, so the build failed with `uv:
+    command not found` (recorded `build_other`). The uv substitution reaches that script now,
+    listed with its file; a script of the context no RUN line names stays as it is."""
+    src = tmp_path / "src"
+    shutil.copytree(FIXTURES / "tbench-modern", src)
+    (src / "install.sh").write_text(TB1_SETUP_UV)
+    (src / "data.sh").write_text(TB1_SETUP_UV)  # shipped, never run by the build
+    with (src / "Dockerfile").open("a") as fh:
+        fh.write("COPY install.sh /app\nRUN bash /app/install.sh\n")
+    assert sb.dockerfile_run_scripts(src) == ["install.sh"]
+    recs = sb.prepare_task_copy(src, tmp_path / "work" / "t")
+    assert ("uv-installer-from-pypi", "install.sh") in [(r["name"], r["file"]) for r in recs]
+    assert "data.sh" not in {r["file"] for r in recs}
+    out = tmp_path / "work" / "t"
+    assert "astral.sh" not in (out / "install.sh").read_text()
+    assert (out / "data.sh").read_text() == TB1_SETUP_UV
