@@ -493,17 +493,35 @@ _HF_CALL_RE = re.compile(
     r"\b(?:from_pretrained|load_dataset|hf_hub_download|snapshot_download)\(\s*"
     r"(?:repo_id\s*=\s*)?[\"'][A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+[\"']"
 )
+#: the same call given a variable (`from_pretrained(model_name)`), and that variable's assignment
+#: of a repository id in the same script (`model_name = 'distilbert-base-uncased-...'`, the
+#: Hub's older ids have no "org/"); a path (`/app/model`, `./m`) is no id
+_HF_CALL_VAR_RE = re.compile(
+    r"\b(?:from_pretrained|load_dataset|hf_hub_download|snapshot_download)\(\s*"
+    r"(?:repo_id\s*=\s*)?([A-Za-z_][A-Za-z0-9_]*)\s*[,)]"
+)
+_HF_ID = r"[A-Za-z0-9][A-Za-z0-9_.-]*(?:/[A-Za-z0-9_.-]+)?"
+
+
+def _hf_var_call(text: str) -> bool:
+    for var in set(_HF_CALL_VAR_RE.findall(text)):
+        if re.search(rf"^\s*{re.escape(var)}\s*=\s*[\"']{_HF_ID}[\"']\s*$", text, re.MULTILINE):
+            return True
+    return False
+
+
 #: an S3 object a script copies with the AWS CLI (`aws s3 cp s3://bucket/key ...`)
 _S3_CP_RE = re.compile(r"\baws\s+s3\s+(?:cp|sync|ls)\b[^\n]*?\bs3://([a-z0-9][a-z0-9.-]+)")
 
 
 def implicit_hosts(text: str) -> list[str]:
     """Hosts a script fetches from without writing them: the Hugging Face Hub
-    (`from_pretrained("org/name")`, `load_dataset("org/name")`, ...: huggingface.co) and an
+    (`from_pretrained("org/name")`, `load_dataset("org/name")`, ..., or such a call given a
+    variable the script sets to a repository id: huggingface.co) and an
     S3 bucket the AWS CLI copies from (`aws s3 cp s3://bucket/...`: bucket.s3.amazonaws.com,
     the address the CLI reports when it cannot connect)."""
     hosts = {f"{b}.s3.amazonaws.com" for b in _S3_CP_RE.findall(text)}
-    if _HF_CALL_RE.search(text):
+    if _HF_CALL_RE.search(text) or _hf_var_call(text):
         hosts.add("huggingface.co")
     return sorted(hosts)
 

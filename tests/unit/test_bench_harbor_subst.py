@@ -980,3 +980,24 @@ def test_a_build_context_script_the_dockerfile_runs_gets_the_substitutions(tmp_p
     out = tmp_path / "work" / "t"
     assert "astral.sh" not in (out / "install.sh").read_text()
     assert (out / "data.sh").read_text() == TB1_SETUP_UV
+
+
+def test_a_hub_call_given_a_variable_set_to_a_repository_id_fetches_huggingface() -> None:
+    """hf-model-inference (Terminal-Bench 1) sets `model_name = 'distilbert-base-uncased-
+    finetuned-sst-2-english'` (an older Hub id, no "org/") and calls
+    `from_pretrained(model_name)`; its output says it could not connect to huggingface.co. A
+    variable set to a path is no fetch."""
+    from bench.compat_outcome import decide
+
+    script = (
+        "model_name = 'distilbert-base-uncased-finetuned-sst-2-english'\n"
+        "model = AutoModelForSequenceClassification.from_pretrained(model_name)\n"
+    )
+    assert sb.implicit_hosts(script) == ["huggingface.co"]
+    local = "model_path = '/app/model_cache/m'\nm = A.from_pretrained(model_path)\n"
+    assert sb.implicit_hosts(local) == []
+    assert sb.implicit_hosts("m = A.from_pretrained(model_name)\n") == []  # never set here
+    line = "OSError: We couldn't connect to 'https://huggingface.co' to load the files"
+    refs = {"solution.sh": sb.implicit_hosts(script)}
+    entry = {"oracle_network_lines": [line], "referenced_unreachable_hosts": refs}
+    assert decide(entry, ["oracle_below_one"]).category == "unreachable_host"
