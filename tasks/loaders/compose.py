@@ -5,7 +5,7 @@ file) and Terminal-Bench 1's `docker-compose.yaml` (main service `client`) descr
 containers. `load_compose` reads one into a `ComposeEnvironment`: what the main service adds to
 the sandbox (build override, environment, healthcheck, working directory) and every other
 service as a `sandboxes.services.ServiceSpec`, which the docker backend runs beside the sandbox
-on a private network (`sandboxes.docker_group`).
+on a private network (`sandboxes.docker.group`).
 
 What is read: `image`, `build` (a context inside the task, `dockerfile`), `environment`,
 `command`, `entrypoint`, `healthcheck`, `depends_on` (list or conditions), `working_dir`,

@@ -119,7 +119,7 @@ def test_tasks_check_reports_an_unset_template_per_task(
 
 
 def test_heredocs_rewritten_for_the_classic_builder(tmp_path: Path) -> None:
-    from tasks.heredoc import has_heredoc, rewrite_heredocs
+    from tasks.dockerfile.heredoc import has_heredoc, rewrite_heredocs
 
     plain = "FROM x\nRUN echo hi > /a\n"
     assert rewrite_heredocs(plain) == plain

@@ -1,6 +1,6 @@
 """`tasks` names no sandbox backend (issue 35): its modules reach sandboxes only through the
 protocol and the backend-neutral modules of `sandboxes`, never through `sandboxes.docker`,
-`sandboxes.local`, `sandboxes.e2b`, `sandboxes.null` or `sandboxes.docker_group` (a backend is
+`sandboxes.local`, `sandboxes.e2b` or `sandboxes.null` (a backend is
 chosen by name, `sandboxes.get_backend`). Read off the sources (an AST walk), so a lazy import
 inside a function counts too. The catalog (`tasks/catalog/`) is task data, not layer code."""
 
@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-BACKEND = re.compile(r"^sandboxes\.(docker|local|e2b|null|docker_group)(\.\w+)*$")
+BACKEND = re.compile(r"^sandboxes\.(docker|local|e2b|null)(\.\w+)*$")
 
 
 def _backend_imports(path: Path) -> list[tuple[int, str]]:
