@@ -114,17 +114,21 @@ class ContainerChanges:
         finally:
             listing.unlink(missing_ok=True)
 
-    async def changes(self) -> FileChanges:
-        if self.bridge_dir is None:  # no list to hand tar: the group takes a snapshot instead
-            raise SnapshotUnsupportedError(
-                f"sandbox {self.container.sandbox_id} has no bridge directory"
-            )
+    async def _diff_and_mounts(self) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
+        """The engine's `docker diff` of the container and the destinations of its mounts."""
         api = self.container.api
         info, diff = await asyncio.gather(
             asyncio.to_thread(api.inspect_container, self.container.id),
             asyncio.to_thread(api.diff, self.container.id),
         )
-        mounts = tuple(str(m.get("Destination")) for m in info.get("Mounts") or [])
+        return diff, tuple(str(m.get("Destination")) for m in info.get("Mounts") or [])
+
+    async def changes(self) -> FileChanges:
+        if self.bridge_dir is None:  # no list to hand tar: the group takes a snapshot instead
+            raise SnapshotUnsupportedError(
+                f"sandbox {self.container.sandbox_id} has no bridge directory"
+            )
+        diff, mounts = await self._diff_and_mounts()
         keep, deleted = split_diff(diff, mounts)
         if not keep:
             return FileChanges(tar=b"", deleted=tuple(deleted))
@@ -140,12 +144,7 @@ class ContainerChanges:
     async def changed_paths(self) -> PathChanges:
         """The engine's own diff of the container against its image (`diff_kinds`): no program
         inside the container is run, so none the agent replaced can hide a change."""
-        api = self.container.api
-        info, diff = await asyncio.gather(
-            asyncio.to_thread(api.inspect_container, self.container.id),
-            asyncio.to_thread(api.diff, self.container.id),
-        )
-        mounts = tuple(str(m.get("Destination")) for m in info.get("Mounts") or [])
+        diff, mounts = await self._diff_and_mounts()
         return diff_kinds(diff, mounts)
 
     async def path_fingerprints(self, paths: list[str]) -> dict[str, str | None]:

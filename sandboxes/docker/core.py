@@ -91,10 +91,13 @@ class Container:
             f"sandbox {self.sandbox_id} ({what}): expected a running container, it {found}"
         )
 
-    async def raise_if_lost(self, what: str) -> None:
-        """Archive calls still work on a stopped container; a stopped sandbox is lost, though
-        (one inspect per file call, a few ms)."""
+    async def raise_if_lost(self, what: str, cause: BaseException | None = None) -> None:
+        """Raise `lost(what)` (chained to `cause`, the failure that made the caller ask) when
+        the container is gone or stopped. Archive calls still work on a stopped container; a
+        stopped sandbox is lost, though (one inspect per file call, a few ms)."""
         lost = await self.lost(what)
+        if lost is not None and cause is not None:
+            raise lost from cause
         if lost is not None:
             raise lost
 

@@ -177,9 +177,7 @@ class ContainerExec:
                 user=run_user or "",
             )
         except (docker.errors.NotFound, docker.errors.APIError) as exc:
-            lost = await self.container.lost("exec")
-            if lost is not None:
-                raise lost from exc
+            await self.container.raise_if_lost("exec", exc)
             raise SandboxError(
                 f"docker exec_create failed in sandbox {self.container.sandbox_id}: {exc}"
             ) from exc
@@ -212,9 +210,7 @@ class ContainerExec:
             raise
         failure = reader.exception() if reader.done() and not reader.cancelled() else None
         if failure is not None:
-            lost = await self.container.lost("exec")
-            if lost is not None:
-                raise lost from failure
+            await self.container.raise_if_lost("exec", failure)
             raise SandboxError(
                 f"docker exec stream failed in sandbox {self.container.sandbox_id}: {failure}"
             ) from failure
@@ -274,9 +270,7 @@ class ContainerExec:
             except Exception as exc:
                 # Not a timeout: the command's exit status is unknown because the engine failed
                 # to say it (or the container went away).
-                lost = await self.container.lost("exec")
-                if lost is not None:
-                    raise lost from exc
+                await self.container.raise_if_lost("exec", exc)
                 raise SandboxError(
                     f"docker exec in sandbox {self.container.sandbox_id}: expected its exit status from "
                     f"exec_inspect, the engine failed: {exc}"

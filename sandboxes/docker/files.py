@@ -57,9 +57,7 @@ class ContainerFiles:
             await asyncio.to_thread(put)
             return
         except docker.errors.NotFound as exc:
-            lost = await self.container.lost("write")
-            if lost is not None:
-                raise lost from exc
+            await self.container.raise_if_lost("write", exc)
         code, out = await self.execs.raw_exec(["mkdir", "-p", parent])
         if code != 0:
             raise SandboxPathError(
@@ -98,9 +96,7 @@ class ContainerFiles:
                     self.container.api.get_archive, self.container.id, current, 65536
                 )
             except docker.errors.NotFound as exc:
-                lost = await self.container.lost("read")
-                if lost is not None:
-                    raise lost from exc
+                await self.container.raise_if_lost("read", exc)
                 raise SandboxFileNotFoundError(
                     f"no such file or directory in sandbox {self.container.sandbox_id}: {path}"
                 ) from exc

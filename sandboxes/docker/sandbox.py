@@ -53,7 +53,6 @@ class DockerSandbox(ShellSandbox):
     ) -> None:
         super().__init__(spec, sandbox_id)
         self.container = Container(backend.engine, container_id, self.id)
-        self.container_id = container_id
         self.max_output_bytes = backend.max_output_bytes  # per stream, exec and shell
         self._docker_cli = backend.docker_cli
         self._labels = lambda: backend.labels_for(spec)
@@ -74,6 +73,11 @@ class DockerSandbox(ShellSandbox):
             self._labels,
             self.max_output_bytes,
         )
+
+    @property
+    def container_id(self) -> str:
+        """The engine's id of this sandbox's container."""
+        return self.container.id
 
     @property
     def bridge_dir(self) -> Path | None:
@@ -218,9 +222,7 @@ class DockerSandbox(ShellSandbox):
 
     # -- the persistent shell ----------------------------------------------------------------
     async def _after_shell_exit(self) -> None:
-        lost = await self.container.lost("shell")
-        if lost is not None:
-            raise lost
+        await self.container.raise_if_lost("shell")
 
     async def _start_shell(self) -> Any:
         from sandboxes.shell import PtyShell

@@ -188,9 +188,7 @@ class PrivateVerifier:
                 reader = thread(_demux, sock, out, err)
                 await asyncio.shield(thread(api.start, cid))
             except docker.errors.APIError as exc:
-                lost = await self.container.lost("private exec")
-                if lost is not None:
-                    raise lost from exc
+                await self.container.raise_if_lost("private exec", exc)
                 raise SandboxError(
                     f"docker could not start the verifier container of sandbox {self.container.sandbox_id}: {exc}"
                 ) from exc
