@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
 from bench.compat_outcome import recorded_category
+from bench.harbor_shared_images import engine_image_id
 
 DATASET = "terminal-bench-2.0"
 #: the public copy of Terminal-Bench 2.0 the compat record was made from (bench/harbor_compat_run.sh)
@@ -133,17 +133,8 @@ def named_tasks(jsonl: Path, names: list[str]) -> list[Tb2Task]:
 
 
 def _image_id(image: str | None) -> str | None:
-    if not image:
-        return None
-    proc = subprocess.run(
-        ["docker", "image", "inspect", "--format", "{{.Id}}", image],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        return None
-    return proc.stdout.strip()[:19] or None
+    found = engine_image_id(image) if image else None
+    return (found or "")[:19] or None
 
 
 def prepare(tasks: list[Tb2Task], tasks_dir: Path, dest: Path, cache_dir: Path) -> list[Tb2Task]:

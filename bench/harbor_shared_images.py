@@ -112,16 +112,22 @@ def build_argv(task_dir: Path, image: str) -> list[str]:
     ]
 
 
-def _image_id(image: str) -> str:
+def engine_image_id(image: str) -> str | None:
+    """The engine's id of `image` (`docker image inspect`), None when the engine lacks it."""
     proc = subprocess.run(
         ["docker", "image", "inspect", "--format", "{{.Id}}", image],
         capture_output=True,
         text=True,
         check=False,
     )
-    if proc.returncode != 0:
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def _image_id(image: str) -> str:
+    found = engine_image_id(image)
+    if found is None:
         raise SharedImageError(f"expected image {image} on the engine after its build, found none")
-    return proc.stdout.strip()
+    return found
 
 
 def build_shared(task_dir: Path, run_id: str, timeout_s: float = 1800.0) -> SharedImage:
