@@ -253,6 +253,13 @@ _BASE_MISSING_RE = re.compile(
 )
 
 
+def image_registry(image: str) -> str:
+    """The registry host an image reference pulls from: its first path part when that names a
+    host (has a dot and is followed by a path), else Docker Hub's."""
+    first = image.split("/")[0]
+    return first if "." in first and "/" in image else "registry-1.docker.io"
+
+
 def base_image_evidence(entry: Mapping[str, Any], reason: str) -> Evidence | None:
     """The Dockerfile's FROM names an image that is not in the local engine, has no stand-in,
     and whose registry is unreachable; the build's output says so."""
@@ -261,10 +268,8 @@ def base_image_evidence(entry: Mapping[str, Any], reason: str) -> Evidence | Non
         return None
     for line in _lines(entry.get("build_error")):
         if _BASE_MISSING_RE.search(line):
-            first = base.split("/")[0]
-            registry = first if "." in first and "/" in base else "registry-1.docker.io"
             return Evidence(
-                needs=f"{registry} (the base image {base}; no local stand-in)",
+                needs=f"{image_registry(base)} (the base image {base}; no local stand-in)",
                 phase="build",
                 file="Dockerfile",
                 output_line=line.strip()[:300],
@@ -289,10 +294,8 @@ def service_image_evidence(entry: Mapping[str, Any], reason: str) -> Evidence | 
         m = _SERVICE_IMAGE_RE.search(err.message) if err.cause == "image_missing" else None
         if m:
             image = m.group(2)
-            first = image.split("/")[0]
-            registry = first if "." in first and "/" in image else "registry-1.docker.io"
             return Evidence(
-                needs=f"{registry} (the image {image} of service {m.group(1)!r}; no local copy)",
+                needs=f"{image_registry(image)} (the image {image} of service {m.group(1)!r}; no local copy)",
                 phase="build",
                 file="docker-compose.yaml",
                 output_line=err.message.strip()[:300],
