@@ -50,7 +50,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -58,10 +57,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench.harbor_provider_summary import summarize
 from bench.harbor_runner import (
     REPO,
     SANDGYM_ENV,
-    TrialRecord,
     ensure_runner_image,
     harbor_argv,
     read_trials,
@@ -124,6 +123,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work-dir", type=Path, default=Path("/tmp/sandgym-bench-harbor-provider"))
     p.add_argument(
         "--skip", nargs="*", default=[], help="parts to skip: cold nop repeated sandgym_only kill"
+    )
+    p.add_argument(
+        "--summarize",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="run nothing: compute a stored document's summary and targets again from its raw "
+        "runs (bench/harbor_provider_summary.py) and write it to --out",
     )
     p.add_argument("--out", type=Path, default=None, help="write the JSON document here")
     p.add_argument("--json", action="store_true", help="print the JSON document")
@@ -193,57 +200,6 @@ class _Job:
             "trials": [t.model_dump() for t in trials],
             "log_tail": (proc.stdout + proc.stderr)[-1500:] if proc.returncode else None,
         }
-
-
-def _median(values: list[float]) -> float | None:
-    return round(statistics.median(values), 3) if values else None
-
-
-def _repeated_figures(trials: list[TrialRecord]) -> dict[str, Any]:
-    """Medians over a repeated run's trials: all of them, and all but each task's first
-    (the first may meet a cold pool or an unbuilt image)."""
-    by_task = _by_task(trials)
-    later = [t for ts in by_task.values() for t in ts[1:]]
-    return {
-        "trials": len(trials),
-        "median_environment_start_s": _median(
-            [t.environment_start_s for t in trials if t.environment_start_s is not None]
-        ),
-        "median_trial_s": _median([t.trial_s for t in trials if t.trial_s is not None]),
-        "median_environment_start_s_after_first": _median(
-            [t.environment_start_s for t in later if t.environment_start_s is not None]
-        ),
-        "median_trial_s_after_first": _median([t.trial_s for t in later if t.trial_s is not None]),
-    }
-
-
-def _per_task(run: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Each task's trials in one run: rewards, median trial time and environment start."""
-    out: dict[str, dict[str, Any]] = {}
-    for task, ts in _by_task([TrialRecord(**t) for t in run["trials"]]).items():
-        out[task] = {
-            "trials": len(ts),
-            "rewards": [t.reward for t in ts],
-            "median_trial_s": _median([t.trial_s for t in ts if t.trial_s is not None]),
-            "median_environment_start_s": _median(
-                [t.environment_start_s for t in ts if t.environment_start_s is not None]
-            ),
-        }
-    return out
-
-
-def _by_task(trials: list[TrialRecord]) -> dict[str, list[TrialRecord]]:
-    by_task: dict[str, list[TrialRecord]] = {}
-    for t in sorted(trials, key=lambda t: t.trial):
-        by_task.setdefault(t.task, []).append(t)
-    return by_task
-
-
-def _rewards(run: dict[str, Any]) -> dict[str, list[float | None]]:
-    out: dict[str, list[float | None]] = {}
-    for t in run["trials"]:
-        out.setdefault(t["task"], []).append(t["reward"])
-    return out
 
 
 # -- leftovers ---------------------------------------------------------------------------------
@@ -451,6 +407,8 @@ def _images_config(mode: str, public: Path, owner: str) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.summarize is not None:
+        return resummarize(args)
     from envserver.runner import BackgroundServer
     from envserver.settings import ServerSettings
 
@@ -519,64 +477,6 @@ def run(args: argparse.Namespace) -> int:
         built = [SharedImage(**x) for x in images["built"]]
         images["left_after_run"] = remove_shared(built)
 
-    summary: dict[str, Any] = {}
-    by = {(r["part"], r["environment"]): r for r in runs}
-    for part in ("cold", "nop", "repeated"):
-        a, b = by.get((part, "sandgym")), by.get((part, HARBOR_DOCKER))
-        if a is None or b is None:
-            continue
-        ra, rb = _rewards(a), _rewards(b)
-        tasks_both = sorted(set(ra) & set(rb))
-        summary[part] = {
-            "rewards_sandgym": ra,
-            "rewards_docker": rb,
-            "per_task_sandgym": _per_task(a),
-            "per_task_docker": _per_task(b),
-            "tasks_both_ran": len(tasks_both),
-            "identical_rewards": all(
-                sorted(map(str, ra[t])) == sorted(map(str, rb[t])) for t in tasks_both
-            )
-            and len(tasks_both) == len(task_names),
-        }
-        if part == "repeated":
-            fa = _repeated_figures([TrialRecord(**t) for t in a["trials"]])
-            fb = _repeated_figures([TrialRecord(**t) for t in b["trials"]])
-            summary[part]["sandgym"] = fa
-            summary[part]["docker"] = fb
-
-            def ratio(key: str, fa: dict[str, Any] = fa, fb: dict[str, Any] = fb) -> float | None:
-                if fa[key] is None or not fb[key]:
-                    return None
-                return round(fa[key] / fb[key], 3)
-
-            summary[part]["env_start_ratio"] = ratio("median_environment_start_s")
-            summary[part]["trial_ratio"] = ratio("median_trial_s")
-            summary[part]["env_start_ratio_after_first"] = ratio(
-                "median_environment_start_s_after_first"
-            )
-            summary[part]["trial_ratio_after_first"] = ratio("median_trial_s_after_first")
-    if "sandgym_only" in {r["part"] for r in runs}:
-        summary["sandgym_only"] = {"rewards_sandgym": _rewards(by[("sandgym_only", "sandgym")])}
-    targets: dict[str, Any] = {}
-    if "repeated" in summary:
-        rep = summary["repeated"]
-        targets["identical_oracle_rewards"] = rep["identical_rewards"] and summary.get(
-            "cold", {}
-        ).get("identical_rewards", False)
-        targets["identical_nop_rewards"] = summary.get("nop", {}).get("identical_rewards")
-        targets["env_start_at_most_0.2x"] = (
-            rep["env_start_ratio"] is not None and rep["env_start_ratio"] <= 0.2
-        )
-        targets["trial_at_most_0.5x"] = rep["trial_ratio"] is not None and rep["trial_ratio"] <= 0.5
-    if kills:
-        sg = [x for x in kills if x["environment"] == "sandgym"]
-        targets["zero_leftovers_sandgym_after_reaper"] = bool(sg) and all(
-            "after_reaper" in x
-            and not x["after_reaper"]["new_sandgym_containers"]
-            and not x["after_reaper"]["new_sandgym_networks"]
-            and x["after_reaper"]["sandboxes_held_by_server"] == 0
-            for x in sg
-        )
     doc = {
         "benchmark": "harbor_provider",
         "versions": {
@@ -604,12 +504,37 @@ def run(args: argparse.Namespace) -> int:
         "kill": kills,
         "sandgym_containers_after_server_stop": after_stop,
         "pool_at_end": {"hits": pool.hits, "misses": pool.misses},
-        "summary": summary,
-        "targets": targets,
     }
+    doc["summary"], doc["targets"] = summarize(doc)
+    return _write(doc, args)
+
+
+def _write(doc: dict[str, Any], args: argparse.Namespace) -> int:
     text = save_json(doc, args.out)
     if args.json:
         print(text)
     else:
-        print(json.dumps({"summary": summary, "targets": targets}, indent=2))
+        print(json.dumps({"summary": doc["summary"], "targets": doc["targets"]}, indent=2))
     return 0
+
+
+def resummarize(args: argparse.Namespace) -> int:
+    """`--summarize FILE`: the summary and targets of a stored document computed again by this
+    code from its raw runs (nothing re-measured, the runs and provenance kept); `summary_by`
+    records the commit that wrote them and the file they came from."""
+    path: Path = args.summarize
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    for key in ("runs", "config"):
+        if key not in doc:
+            raise SystemExit(f"{path}: not a harbor_provider document (no {key!r})")
+    doc.pop("summary", None)
+    doc.pop("targets", None)
+    doc["summary"], doc["targets"] = summarize(doc)
+    doc["summary_by"] = {
+        "code_commit": subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip(),
+        "from_file": str(path),
+        "measured_by_commit": (doc.get("provenance") or {}).get("git_commit"),
+    }
+    return _write(doc, args)

@@ -94,6 +94,7 @@ WRITERS: dict[str, tuple[str, ...]] = {
     # (catalog tasks: --tasks; Terminal-Bench 2.0: --tb2-dir --tb2-select), one image per task
     "harbor_provider.json": (
         "bench/harbor_provider.py",
+        "bench/harbor_provider_summary.py",
         "bench/harbor_provider_tb2.py",
         "bench/harbor_shared_images.py",
         "bench/substitutions.py",
@@ -103,6 +104,7 @@ WRITERS: dict[str, tuple[str, ...]] = {
     # the earlier catalog side by side (each side built its own image): docs/sandbox-api.md
     "harbor_provider_catalog.json": (
         "bench/harbor_provider.py",
+        "bench/harbor_provider_summary.py",
         "bench/harbor_runner.py",
         "bench/report.py",
     ),
@@ -194,6 +196,9 @@ DATA_MAPS: dict[str, tuple[str, ...]] = {
             for side in ("sandgym", "docker")
         ),
         "summary/sandgym_only/rewards_sandgym",
+        # task set names (the catalog, a dataset's name from its config)
+        "summary/by_set",
+        "targets/by_set",
     ),
 }
 
