@@ -125,6 +125,9 @@ REASONS: dict[str, str] = {
     "build_other": "the build failed for another reason (see the task's build_error)",
     "verifier_network": "the verifier failed while fetching something from the network",
     "verifier_timeout": "the verifier did not finish within its timeout_sec",
+    "test_timeout": "a Terminal-Bench 1 task's tests did not finish within its "
+    "max_test_timeout_sec: its harness scores that trial unresolved, so the episode scored 0 "
+    "(for the oracle, a failure; recorded as <phase>_verifier_reason)",
     "verifier_tool_missing": "the verifier calls a program its image lacks or cannot install "
     "there (e.g. a grader baked into a base image that had to be substituted, or one needing a "
     "newer Python than the stand-in's)",
@@ -439,6 +442,8 @@ def verdict(entry: Mapping[str, Any]) -> list[str]:
             reasons.append("noop_nonzero")
         oracle = entry.get("oracle_reward")
         if oracle is not None and oracle != 1.0:
+            if entry.get("oracle_verifier_reason") == "test_timeout":
+                reasons.append("test_timeout")
             reasons.append("oracle_below_one")
     failing = [r for r in reasons if r not in ("oracle_not_shipped", "noop_nonzero")]
     if failing and reachable_host_failed(entry):

@@ -68,6 +68,8 @@ class Scorer:
             "from_pool": s.sandbox.from_pool,
             **self._tamper_info(result),
         }
+        if result.reason is not None:  # e.g. test_timeout: why the reward is not the tests'
+            info["verifier_reason"] = result.reason
         if outcome.step is not None:
             # A multi-step task (protocol 1.1): info.step is the step just scored (name,
             # index, count, reward, rewards so far); the action count moves to `actions`.

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 from sandboxes.errors import SandboxCreateError
 from sandboxes.lifetime import OwnLifetimes
 from sandboxes.spec import SandboxSpec
+from tasks.episode_models import VerifierReason
 from tasks.errors import TaskError, TaskUnsupportedError, VerifierError
 from tasks.models import TaskSpec
 from tasks.runtime import prepare_episode, run_oracle, sandbox_spec_for, score_step
@@ -94,6 +95,11 @@ class PhaseCheck(BaseModel):
     )
     verifier_output: str | None = Field(
         None, description="the verifier's whole output (last step's); not in the JSON line"
+    )
+    verifier_reason: VerifierReason | None = Field(
+        None,
+        description="why the reward is not the tests' own verdict (`VerifierResult.reason`, e.g. "
+        "`test_timeout`); the JSON line's `<phase>_verifier_reason`",
     )
     error: CheckError | None = Field(None, description="what ended the episode, if anything")
     close_error: CheckError | None = Field(None, description="closing its sandbox failed")
@@ -172,6 +178,11 @@ class TaskCheck(BaseModel):
             return f"{first.phase}: {what}: {first.message[:300]}"
         oracle, noop = self.oracle_reward, self.noop_reward
         if oracle is not None and oracle != 1.0:
+            if self.oracle is not None and self.oracle.verifier_reason == "test_timeout":
+                return (
+                    "oracle: the tests did not finish within the task's max_test_timeout_sec "
+                    f"(test_timeout: unresolved, as Terminal-Bench 1 scores it), reward {oracle}"
+                )
             code = self.oracle.solution_exit_code if self.oracle is not None else None
             if code not in (None, 0):
                 return f"oracle: the solution exited {code} and the verifier gave it {oracle}"
@@ -185,7 +196,8 @@ class TaskCheck(BaseModel):
 
     def to_entry(self, detail: bool = False) -> dict[str, Any]:
         """The task's JSON line (`sandgym tasks check --json/--jsonl`): the contract's four keys,
-        then, where they apply, `oracle_exit_code` and each phase's `*_step_rewards`; with
+        then, where they apply, `oracle_exit_code`, each phase's `*_step_rewards` and
+        `*_verifier_reason`; with
         `detail`, the tails of the oracle's output and of each verifier run (`oracle_output`,
         `oracle_verifier_output`, `noop_verifier_output`); then `phase_errors` (each with its
         `cause`) and `shortfall`."""
@@ -204,6 +216,8 @@ class TaskCheck(BaseModel):
                     entry["oracle_output"] = (p.solution_output or "")[-DETAIL_CHARS:]
             if p.step_rewards is not None:
                 entry[f"{p.phase}_step_rewards"] = p.step_rewards
+            if p.verifier_reason is not None:
+                entry[f"{p.phase}_verifier_reason"] = p.verifier_reason
             if detail and p.verifier_output is not None:
                 entry[f"{p.phase}_verifier_output"] = p.verifier_output[-DETAIL_CHARS:]
         entry["phase_errors"] = [e.model_dump() for e in self.phase_errors]
@@ -297,6 +311,7 @@ async def _check_phase(
             result.step_rewards = outcome.step["rewards"]
         result.reward = outcome.reward
         result.verifier_output = verified.output
+        result.verifier_reason = verified.reason
         if outcome.reward != result.expected_reward:
             log.warning(
                 "task %s: %s reward %s (expected %s); verifier output:\n%s",

@@ -51,6 +51,12 @@ class EpisodeSetup(BaseModel):
     verify: VerifyMode = Field("shared", description="how the episode is verified")
 
 
+#: why a verifier run's reward is not the tests' own verdict: `test_timeout` (a Terminal-Bench 1
+#: task's tests ran past `max_test_timeout_sec`; its harness scores that trial unresolved, so the
+#: episode scores 0: tasks.verifier.run)
+VerifierReason = Literal["test_timeout"]
+
+
 class VerifierResult(BaseModel):
     """The outcome of one verifier run."""
 
@@ -58,6 +64,9 @@ class VerifierResult(BaseModel):
     output: str = Field("", description="the verifier's stdout+stderr")
     duration_s: float = 0.0
     details: dict[str, Any] = Field(default_factory=dict)
+    reason: VerifierReason | None = Field(
+        None, description="why the reward is not the tests' own verdict (None: it is)"
+    )
     tamper: TamperReport | None = Field(None, description="the episode's tamper report")
     verify: VerifyMode | None = Field(None, description="how it was verified")
 

@@ -11,7 +11,7 @@ import math
 import time
 from collections.abc import Mapping
 
-from sandboxes import ExecResult, Sandbox, SandboxBackend, SandboxError, SandboxFileNotFoundError
+from sandboxes import Sandbox, SandboxBackend, SandboxError, SandboxFileNotFoundError
 from tasks import private_verify
 from tasks.commands import run_checked
 from tasks.episode_models import EpisodeSetup, VerifierResult
@@ -124,7 +124,8 @@ async def run_verifier(
         user=task.verifier_user,
     )
     output = res.stdout + (("\n" + res.stderr) if res.stderr else "")
-    _raise_on_timeout(task, res, output)
+    if res.timed_out:
+        return _timed_out(task, output, start)
     txt = js = junit = None
     if v.kind == "harbor":
         txt = await _read_optional(sandbox, f"{VERIFIER_LOGS}/reward.txt")
@@ -158,7 +159,8 @@ async def _run_private_verifier(
         env=env,
     )
     output = res.stdout
-    _raise_on_timeout(task, res, output)
+    if res.timed_out:
+        return _timed_out(task, output, start)
     if res.exit_code in (private_verify.NO_PAYLOAD, private_verify.SETUP_FAILED):
         raise VerifierError(
             f"task {task.id}: the private verifier could not be set up in sandbox {sandbox.id} "
@@ -178,15 +180,31 @@ async def _run_private_verifier(
     )
 
 
-def _raise_on_timeout(task: TaskSpec, res: ExecResult, output: str) -> None:
-    """A verifier past its timeout is a `VerifierError` (cause `timeout`); the agent can cause it
-    (a FIFO where the tests read, a service that hangs), so it is scored 0, never masked."""
-    if res.timed_out:
-        raise VerifierError(
-            f"task {task.id}: the verifier did not finish within {task.timeouts.verifier_timeout_s} s",
-            output,
-            cause="timeout",
+def _timed_out(task: TaskSpec, output: str, start: float) -> VerifierResult:
+    """A verifier past its timeout. The agent can cause it (a FIFO where the tests read, a
+    service that hangs, a server it never started that the tests' client keeps retrying), so it
+    is never masked and never run again.
+
+    A Terminal-Bench 1 task (`kind == "tbench"`) is scored as that benchmark's own harness
+    scores it: `Harness._run_tests` returns `FailureMode.TEST_TIMEOUT` when the tests run past
+    `max_test_timeout_sec`, the trial is left unresolved (`is_resolved` never set), and the
+    run's accuracy counts it among its trials as not resolved (terminal-bench 0.2.11 and 0.2.18,
+    harness.py/models.py): reward 0.0, `reason="test_timeout"`. Every other kind raises
+    `VerifierError` (cause `timeout`), as Harbor (0.26.0) raises `VerifierTimeoutError`: no
+    valid reward (not retried, left out of the job's mean); sandgym's trainer scores it 0."""
+    limit = task.timeouts.verifier_timeout_s
+    if task.verifier.kind == "tbench":
+        log.info("task %s: the tests ran past %s s: unresolved (test_timeout), 0.0", task.id, limit)
+        return VerifierResult(
+            reward=0.0,
+            output=output + f"\n[sandgym: the tests did not finish within {limit} s: unresolved]",
+            duration_s=time.perf_counter() - start,
+            details={"timeout_s": limit},
+            reason="test_timeout",
         )
+    raise VerifierError(
+        f"task {task.id}: the verifier did not finish within {limit} s", output, cause="timeout"
+    )
 
 
 def reward_range(task: TaskSpec) -> tuple[float, float]:

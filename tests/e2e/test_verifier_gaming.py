@@ -8,7 +8,9 @@ own `EpisodeRunner`:
 - a file that crashes the test script (invalid JSON where the tests `json.load`): `verifier_error`
   (cause `no_reward`), scored 0, not masked;
 - a catalog task with a FIFO at its file: the checker refuses it at once (reward 0, no timeout);
-- a catalog checker that cannot run (its secret is missing): `verifier_error`, not a silent 0.
+- a catalog checker that cannot run (its secret is missing): `verifier_error`, not a silent 0;
+- a Terminal-Bench 1 task whose tests block on a FIFO past `max_test_timeout_sec`: scored as
+  its harness scores it (unresolved): reward 0.0 with `info.verifier_reason = "test_timeout"`.
 """
 
 from __future__ import annotations
@@ -80,6 +82,21 @@ def gaming_tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     shutil.copytree(CATALOG_DIR / "hello-file", broken)
     check = broken / "tests" / "check.py"
     check.write_text(check.read_text().replace('print("PASS")', 'secret()\nprint("PASS")'))
+    # a Terminal-Bench 1 task (task.yaml, run-tests.sh) whose tests read the agent's answer
+    tb1 = root / "tb1-answer"
+    (tb1 / "tests").mkdir(parents=True)
+    (tb1 / "task.yaml").write_text(
+        "instruction: Write 42 to /app/answer.txt\nparser_name: pytest\n"
+        f"max_test_timeout_sec: {VERIFIER_TIMEOUT_S}\n"
+    )
+    (tb1 / "Dockerfile").write_text("FROM sandgym/terminal\nWORKDIR /app\n")
+    (tb1 / "run-tests.sh").write_text(
+        "#!/bin/bash\nanswer=$(cat /app/answer.txt)\necho '=== short test summary info ==='\n"
+        'if [ "$answer" = 42 ]; then echo "PASSED test_outputs.py::test_answer"; '
+        'else echo "FAILED test_outputs.py::test_answer"; fi\n'
+    )
+    (tb1 / "tests" / "test_outputs.py").write_text("def test_answer():\n    pass\n")
+    (tb1 / "solution.sh").write_text("#!/bin/bash\necho 42 > /app/answer.txt\n")
     return root
 
 
@@ -163,3 +180,19 @@ async def test_catalog_checker_that_cannot_run_is_a_verifier_error(server: Any) 
             await env.step({"kind": "submit"})
     assert info.value.code == "verifier_error"
     assert "[no_reward]" in info.value.message and "check.py could not run" in info.value.message
+
+
+async def test_terminal_bench_1_tests_past_their_limit_score_0_with_the_reason(
+    server: Any,
+) -> None:
+    async with AsyncEnvClient(server.url) as env:
+        await env.reset("tb1-answer", seed=0)
+        await env.step("mkfifo /app/answer.txt")
+        final = await env.step({"kind": "submit"})
+    assert final.terminated and final.reward == 0.0
+    assert final.info["verifier_reason"] == "test_timeout"
+    async with AsyncEnvClient(server.url) as env:  # the same task, solved: 1.0, no reason
+        await env.reset("tb1-answer", seed=1)
+        await env.step("echo 42 > /app/answer.txt")
+        ok = await env.step({"kind": "submit"})
+    assert ok.terminated and ok.reward == 1.0 and "verifier_reason" not in ok.info

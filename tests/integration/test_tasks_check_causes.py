@@ -73,3 +73,38 @@ async def test_a_verifier_past_its_timeout_reads_as_a_verifier_timeout(
     entry = check.to_entry()
     assert entry["error"].startswith("oracle: VerifierError: [timeout] task slow-verifier:")
     assert hc.verdict(entry) == ["verifier_timeout"]
+
+
+async def test_terminal_bench_1_tests_past_their_limit_score_0_not_an_error(
+    tmp_path: Path, local
+) -> None:
+    """A Terminal-Bench 1 task's tests past max_test_timeout_sec: unresolved, as its harness
+    scores it: 0.0 with the reason on each phase's line, no error (never an infra retry, never a
+    pass); the oracle's line is failing and says why; the Harbor task above still errors."""
+    task_dir = tmp_path / "slow-tests"
+    shutil.copytree(FIXTURES / "tbench-modern", task_dir)
+    yaml = (task_dir / "task.yaml").read_text()
+    (task_dir / "task.yaml").write_text(
+        yaml.replace("max_test_timeout_sec: 30", "max_test_timeout_sec: 1")
+    )
+    run_tests = task_dir / "run-tests.sh"
+    run_tests.write_text(run_tests.read_text().replace("#!/bin/bash\n", "#!/bin/bash\nsleep 30\n"))
+    try:
+        check = await check_task(load_task_dir(task_dir), local, {}, 0)
+    finally:
+        await local.aclose()
+    assert check.phase_errors == []
+    assert check.oracle is not None and check.noop is not None
+    assert (check.oracle.reward, check.oracle.verifier_reason) == (0.0, "test_timeout")
+    assert (check.noop.reward, check.noop.verifier_reason) == (0.0, "test_timeout")
+    entry = check.to_entry()
+    assert entry["error"] is None
+    assert (entry["oracle_verifier_reason"], entry["noop_verifier_reason"]) == (
+        "test_timeout",
+        "test_timeout",
+    )
+    assert entry["shortfall"].startswith("oracle: the tests did not finish within")
+    reasons, outcome = hc.judge(entry)
+    assert reasons == ["test_timeout", "oracle_below_one"]
+    assert (outcome.category, outcome.reason) == ("failing", "test_timeout")
+    assert not hc.infra_only({"reasons": reasons})

@@ -150,6 +150,23 @@ async def test_verifier_timeout_is_an_error() -> None:
     assert info.value.cause == "timeout" and str(info.value).startswith("[timeout] ")
 
 
+async def test_terminal_bench_1_tests_past_their_limit_score_0_as_its_harness_does() -> None:
+    """Terminal-Bench 1's harness leaves a trial whose tests time out unresolved (0 in its
+    accuracy): the episode scores 0.0 with the reason, even if a test had printed PASSED."""
+    task = load_task_dir(FIXTURES / "tbench-modern")
+    assert task.verifier.kind == "tbench"
+    printed = "PASSED tests/test_outputs.py::test_count\n"
+    sb = ScriptedSandbox(
+        sandbox_spec_for(task),
+        lambda sb, env: ExecResult(exit_code=None, stdout=printed, timed_out=True),
+    )
+    setup = await prepare_episode(task, sb, seed=0)
+    result = await run_verifier(task, sb, setup)
+    assert (result.reward, result.reason) == (0.0, "test_timeout")
+    assert result.output.startswith(printed) and "did not finish within 30.0 s" in result.output
+    assert result.details == {"timeout_s": 30.0}
+
+
 async def test_harbor_reward_range_default_and_declared() -> None:
     base = load_task_dir(FIXTURES / "harbor-image")
 
