@@ -14,7 +14,9 @@ was seen at run time:
   not counting a name a listed substitution replaced there. A lookup that names no host, or a
   host only some other phase's files name, is not evidence: such a task stays `failing`. A
   base image no registry here serves and no stand-in replaces counts too (the Dockerfile names
-  it, the build's output says it is missing);
+  it, the build's output says it is missing). So does a lookup seen at run time
+  (`dns_evidence`, lines of a `--dns-log` run): the failing episode's sandbox looked the host up
+  and got no address here, and that episode's output reports a failed lookup or fetch;
 - `stand_in_limit`: the task needs the real image a local stand-in only approximates (the
   Ubuntu stand-ins are Debian: an Ubuntu-only package or version, Ubuntu's CPython, Ubuntu's
   python3-pip with the setuptools it depends on);
@@ -43,7 +45,9 @@ CATEGORIES: dict[str, str] = {
     "clean": "oracle 1.0 (where a solution is shipped) and no-op 0.0, without an error",
     "failing": "fell short in sandgym with no recorded cause outside it (bit-rot included)",
     "unreachable_host": "a failed fetch in the failing phase names a host that phase's own "
-    "files fetch, and that host is unreachable here",
+    "files fetch, and that host is unreachable here; or (a --dns-log run) the failing "
+    "episode's sandbox looked up a host that got no address here and its output reports a "
+    "failed lookup or fetch",
     "stand_in_limit": "needs the real image a local stand-in only approximates (e.g. a real "
     "Ubuntu image: the Ubuntu stand-ins are Debian)",
     "dataset_incomplete": "the public copy of the task lacks some of its files",
@@ -366,6 +370,61 @@ def bit_rot(entry: Mapping[str, Any]) -> str | None:
     )
 
 
+#: a host a sandbox might look up that is no internet host (a single label, a local domain)
+_LOCAL_NAME_RE = re.compile(r"^[^.]+$|\.(local|localdomain|internal|lan|home\.arpa)$")
+
+
+def _episode_failed(entry: Mapping[str, Any], episode: str) -> bool:
+    """The oracle (`oracle`) or no-op (`noop`) episode of a line fell short: an error of that
+    phase, or (oracle) a reward below 1.0."""
+    errs = [CheckError.model_validate(pe) for pe in entry.get("phase_errors") or ()]
+    if any(e.phase.split(" ")[0] == episode for e in errs):
+        return True
+    reward = entry.get(f"{episode}_reward")
+    return episode == "oracle" and reward is not None and reward != 1.0
+
+
+def _episode_lines(entry: Mapping[str, Any], episode: str) -> list[str]:
+    """Every recorded output line of one episode: the solution's and the verifier's, and the
+    messages of that phase's errors."""
+    keys = (
+        ("oracle_output", "oracle_network_lines", "oracle_verifier_output")
+        if episode == "oracle"
+        else ("noop_verifier_output",)
+    )
+    lines = [ln for k in keys for ln in _lines(entry.get(k))]
+    for pe in entry.get("phase_errors") or ():
+        err = CheckError.model_validate(pe)
+        if err.phase.split(" ")[0] == episode:
+            lines += _lines(err.message)
+    return lines
+
+
+def dns_evidence(entry: Mapping[str, Any]) -> Evidence | None:
+    """Run-time evidence from a `--dns-log` line (bench/dns_log.py): in an episode that fell
+    short, the sandbox looked up a host that got no address here (`dns_unanswered`), and that
+    episode's recorded output has a line reporting a failed lookup or fetch. The host is the one
+    that line names where it names one of them, else the first one looked up. None otherwise
+    (a lookup with no failure in the output, or a failure with no unanswered lookup)."""
+    looked_up = entry.get("dns_unanswered") or {}
+    for episode in ("oracle", "noop"):
+        names = [n for n in looked_up.get(episode) or () if not _LOCAL_NAME_RE.search(n)]
+        if not names or not _episode_failed(entry, episode):
+            continue
+        failures = [ln for ln in _episode_lines(entry, episode) if FETCH_FAILED_RE.search(ln)]
+        if not failures:
+            continue
+        named = [(n, ln) for ln in failures for n in names if n in ln.lower()]
+        host, line = named[0] if named else (names[0], failures[0])
+        return Evidence(
+            needs=host,
+            phase="oracle" if episode == "oracle" else "verifier",
+            file=f"the DNS log of the {episode} episode: {host} looked up, no address here",
+            output_line=line.strip()[:300],
+        )
+    return None
+
+
 def decide(entry: Mapping[str, Any], reasons: list[str]) -> Outcome:
     """The outcome of a line from what it recorded at run time and its failing `reasons`
     (bench.harbor_compat.verdict, without any exclusion reason)."""
@@ -393,6 +452,7 @@ def decide(entry: Mapping[str, Any], reasons: list[str]) -> Outcome:
             host_evidence(entry)
             or base_image_evidence(entry, first)
             or service_image_evidence(entry, first)
+            or dns_evidence(entry)
         )
         if ev is not None:
             return Outcome(

@@ -54,6 +54,11 @@ are read on: over the tasks whose needs are reachable from here, `oracle_one_noo
 oracle scores 1.0 and the no-op 0.0; for sets that ship solutions) and `reward_no_verifier_error`
 (the verifier gave a reward without a `verifier_error`; for sets without solutions).
 
+`--dns-log` (docker, concurrency 1) gives the sandboxes a logging DNS forwarder
+(bench/dns_log.py) and records on each line the names each episode looked up that got no address
+here (`dns_unanswered`): run-time evidence of what a failing phase tried to reach
+(`bench.compat_outcome.dns_evidence`).
+
 Each line's category (clean, failing in sandgym, needs a host unreachable here, stand-in limit,
 public copy incomplete), its one actionable reason and its evidence are decided when the task
 runs (`judge`, bench/compat_outcome.py) and recorded on the line (`outcome`); the document
@@ -93,6 +98,7 @@ from bench.compat_outcome import (
     decide,
     recorded_category,
 )
+from bench.dns_log import DnsLog
 from bench.report import save_json
 from tasks.check import CheckError, PhaseCheck, TaskCheck, check_task, setup_error_check
 from tasks.errors import TaskError
@@ -281,6 +287,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prune-images",
         action="store_true",
         help="remove each sandgym/ctx image this run built once its task is done",
+    )
+    parser.add_argument(
+        "--dns-log",
+        action="store_true",
+        help="docker, --concurrency 1: give the sandboxes a logging DNS forwarder "
+        "(bench/dns_log.py) and record per episode the names looked up that got no address "
+        "here (`dns_unanswered`; run-time evidence of an unreachable host)",
     )
     parser.add_argument(
         "--jsonl",
@@ -838,6 +851,7 @@ async def _check_one(
     timeout_s: float,
     retries: int,
     item: Item | None = None,
+    dns: DnsLog | None = None,
 ) -> dict[str, Any]:
     from sandboxes import SandboxCreateError
 
@@ -902,8 +916,19 @@ async def _check_one(
                 entry["build_s"] = round(time.perf_counter() - t0, 1)
             entry["env_builds"] = True
             remaining = timeout_s - (time.perf_counter() - start)
+            if dns is not None:
+                dns.lookups.clear()  # this attempt's lookups only
             try:
-                check = await asyncio.wait_for(check_task(task, backend, image_map, 0), remaining)
+                check = await asyncio.wait_for(
+                    check_task(
+                        task,
+                        backend,
+                        image_map,
+                        0,
+                        on_phase=dns.mark if dns is not None else None,
+                    ),
+                    remaining,
+                )
             except TimeoutError:
                 raise
             except Exception as exc:  # check_task reports per phase; anything else is infra
@@ -911,6 +936,11 @@ async def _check_one(
                     task_id=task.id,
                     noop=PhaseCheck(phase="noop", error=CheckError.of("noop", exc)),
                 )
+            finally:
+                if dns is not None:  # what each episode looked up and got no address for
+                    dns.mark(None)
+                    entry["dns_log"] = True
+                    entry["dns_unanswered"] = dns.unanswered(["oracle", "noop"])
             res = check.to_entry(detail=True)
             if check.oracle is not None and check.oracle.solution_ran:
                 # the whole output's failed connections: its tail often lacks them
@@ -1240,6 +1270,9 @@ async def run_compat(args: argparse.Namespace) -> dict[str, Any]:
             )
     before = await asyncio.to_thread(_existing_ctx_tags) if args.prune_images else set()
     backend = get_backend(args.backend)
+    dns: DnsLog | None = None
+    if args.dns_log:
+        backend, dns = await _start_dns_log(args, backend)
     sink = JsonlSink(None, jsonl) if jsonl is not None else None
     finished: list[dict[str, Any]] = list(earlier)
     pruned = 0
@@ -1268,7 +1301,8 @@ async def run_compat(args: argparse.Namespace) -> dict[str, Any]:
             return
         async with sem:
             limit = task_limit_s(it.task, args.task_timeout_s)
-            e = await _check_one(it.task, backend, image_map, limit, args.infra_retries, it)
+            more = {"dns": dns} if dns is not None else {}
+            e = await _check_one(it.task, backend, image_map, limit, args.infra_retries, it, **more)
             if args.prune_images:
                 tag = _ctx_tag(it.task, image_map)
                 if tag and tag not in before:
@@ -1303,10 +1337,33 @@ async def run_compat(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         if sink is not None:
             sink.close()
+        if dns is not None:
+            await dns.__aexit__(None, None, None)
         await backend.aclose()
     return build_document(
         args, plans, finished, image_map, time.perf_counter() - start, pruned=pruned
     )
+
+
+class DnsLogUnsupportedError(ValueError):
+    """--dns-log asked for where its lookups could not be told apart by phase (more than one
+    task at once) or given to the sandboxes (a backend other than docker)."""
+
+
+async def _start_dns_log(args: argparse.Namespace, backend: Any) -> tuple[Any, DnsLog]:
+    """The logging DNS forwarder on the engine's bridge gateway, and the backend that hands it
+    to every sandbox (bench/dns_log.py)."""
+    from bench.dns_log import DnsLoggedBackend, bridge_gateway, host_resolver
+
+    if args.backend != "docker" or args.concurrency != 1:
+        await backend.aclose()
+        raise DnsLogUnsupportedError(
+            "--dns-log: expected --backend docker and --concurrency 1 (the lookups are told "
+            f"apart by phase), found --backend {args.backend} --concurrency {args.concurrency}"
+        )
+    gateway = await asyncio.to_thread(bridge_gateway)
+    dns = await DnsLog(gateway, host_resolver()).__aenter__()
+    return DnsLoggedBackend(backend, gateway), dns
 
 
 def run(args: argparse.Namespace) -> int:

@@ -21,4 +21,4 @@ exec .venv/bin/sandgym bench harbor_compat \
   --source-sample "" --source-absent "$absent" \
   --substitute --work-dir "$WORK/work" --jsonl "$OUT.jsonl" --resume \
   --out "$OUT.json" \
-  --task-timeout-s 0 --concurrency 1 --infra-retries 1 --prune-images "$@"
+  --task-timeout-s 0 --concurrency 1 --infra-retries 1 --prune-images --dns-log "$@"

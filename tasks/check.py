@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -246,9 +247,12 @@ async def check_task(
     image_map: dict[str, str],
     seed: int,
     allow_run: bool = False,
+    on_phase: Callable[[EpisodePhase], None] | None = None,
 ) -> TaskCheck:
     """Oracle episode then no-op episode, each in a fresh sandbox; every failure is recorded on
-    its phase, never raised (one task's failure never aborts a run)."""
+    its phase, never raised (one task's failure never aborts a run). `on_phase(phase)` is
+    called as each episode starts (a caller that records what the sandboxes do, e.g. their DNS
+    lookups, tells the phases apart by it)."""
     try:
         spec = sandbox_spec_for(task, image_map, allow_run=allow_run)
     except TaskError as exc:  # e.g. an env template whose host variable is unset
@@ -264,6 +268,8 @@ async def check_task(
     phases: tuple[EpisodePhase, ...] = ("oracle", "noop")
     async with OwnLifetimes() as lifetimes:
         for phase in phases:
+            if on_phase is not None:
+                on_phase(phase)
             await _check_phase(
                 task, backend, image_map, seed, spec, check, phase, lifetimes, limit_s
             )
