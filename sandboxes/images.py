@@ -238,6 +238,70 @@ TBENCH_RUN = (
     "WORKDIR /app",
 )
 
+#: the official postgres image's entrypoint, as far as a compose service uses it: on a first start
+#: (no `$PGDATA/PG_VERSION`) it initialises the cluster as `postgres` with `POSTGRES_USER`
+#: (default postgres) and `POSTGRES_PASSWORD` (required unless `POSTGRES_HOST_AUTH_METHOD=trust`),
+#: creates `POSTGRES_DB` (default: the user's name), runs /docker-entrypoint-initdb.d/*.sh and
+#: *.sql, listens on every address with scram-sha-256 for hosts (trust on the local socket), then
+#: runs the command (default `postgres`) as `postgres`
+POSTGRES_ENTRYPOINT = r"""#!/bin/bash
+set -Eeo pipefail
+export PGDATA="${PGDATA:-/var/lib/postgresql/data}"
+if [ "${1:0:1}" = - ]; then set -- postgres "$@"; fi
+if [ "$1" = postgres ] && [ "$(id -u)" = 0 ]; then
+  mkdir -p "$PGDATA" /var/run/postgresql
+  chown -R postgres:postgres "$PGDATA" /var/run/postgresql
+  chmod 700 "$PGDATA"
+  if [ ! -s "$PGDATA/PG_VERSION" ]; then
+    auth="${POSTGRES_HOST_AUTH_METHOD:-scram-sha-256}"
+    if [ -z "${POSTGRES_PASSWORD:-}" ] && [ "$auth" != trust ]; then
+      echo "Error: Database is uninitialized and superuser password is not specified." >&2
+      exit 1
+    fi
+    user="${POSTGRES_USER:-postgres}"
+    pw="$(mktemp)"; printf '%s' "${POSTGRES_PASSWORD:-}" > "$pw"; chown postgres "$pw"
+    runuser -u postgres -- initdb -D "$PGDATA" --username="$user" --pwfile="$pw"       --auth-local=trust --auth-host="$auth"
+    rm -f "$pw"
+    echo "listen_addresses = '*'" >> "$PGDATA/postgresql.conf"
+    echo "host all all all $auth" >> "$PGDATA/pg_hba.conf"
+    runuser -u postgres -- pg_ctl -D "$PGDATA" -o "-c listen_addresses=''" -w start
+    db="${POSTGRES_DB:-$user}"
+    if [ "$db" != postgres ]; then
+      runuser -u postgres -- psql -v ON_ERROR_STOP=1 --username "$user" --dbname postgres         -c "CREATE DATABASE "$db";"
+    fi
+    for f in /docker-entrypoint-initdb.d/*; do
+      case "$f" in
+        *.sh) . "$f" ;;
+        *.sql) runuser -u postgres -- psql -v ON_ERROR_STOP=1 --username "$user"                  --dbname "$db" -f "$f" ;;
+      esac
+    done
+    runuser -u postgres -- pg_ctl -D "$PGDATA" -m fast -w stop
+  fi
+  exec runuser -u postgres -- "$@"
+fi
+exec "$@"
+"""
+
+
+def _postgres_run(major: str) -> tuple[str, ...]:
+    """Debian's PostgreSQL `major` server and client, and `POSTGRES_ENTRYPOINT`."""
+    import base64
+
+    script = base64.b64encode(POSTGRES_ENTRYPOINT.encode()).decode()
+    return (
+        "RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y"
+        f" --no-install-recommends postgresql-{major} && rm -rf /var/lib/apt/lists/*"
+        " && mkdir -p /docker-entrypoint-initdb.d"
+        f" && echo {script} | base64 -d > /usr/local/bin/docker-entrypoint.sh"
+        " && chmod 755 /usr/local/bin/docker-entrypoint.sh",
+        f"ENV PATH=$PATH:/usr/lib/postgresql/{major}/bin PGDATA=/var/lib/postgresql/data",
+        'ENTRYPOINT ["docker-entrypoint.sh"]',
+        "STOPSIGNAL SIGINT",
+        "EXPOSE 5432",
+        'CMD ["postgres"]',
+    )
+
+
 _TRIXIE = "Debian 13 (trixie) minbase made with debootstrap, plus the host's CA bundle"
 _BOOKWORM = "Debian 12 (bookworm) minbase made with debootstrap, plus the host's CA bundle"
 _NOT_UBUNTU = (
@@ -328,6 +392,15 @@ STANDINS: tuple[StandIn, ...] = (
         really="the ubuntu:24.04 stand-in (Debian trixie, NOT Ubuntu) plus tmux and asciinema "
         "(which brings Debian's python3), as Terminal-Bench's image is",
         run=TBENCH_RUN,
+    ),
+    StandIn(
+        image="sandgym/standin:postgres-15",
+        base=BASE_BOOKWORM,
+        aliases=("postgres:15", "postgres:15-bookworm"),
+        really=_BOOKWORM + ", with Debian's PostgreSQL 15 (postgresql-15) and an entrypoint that "
+        "does what the official image's does for POSTGRES_USER/PASSWORD/DB and "
+        "/docker-entrypoint-initdb.d (sandboxes.images.POSTGRES_ENTRYPOINT)",
+        run=_postgres_run("15"),
     ),
 )
 

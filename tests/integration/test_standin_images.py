@@ -246,3 +246,34 @@ def test_images_list_reads_labels_back_from_the_engine() -> None:
     # no stand-in can be made for 3.12: no alias of ours may sit on those names
     [py312] = doc["unavailable"]
     assert all(a["status"] in (im.ABSENT, im.REAL) for a in py312["status"]), py312
+
+
+def test_postgres_standin_starts_as_the_official_image_does() -> None:
+    """postgres:15 as a compose service uses it (Terminal-Bench 1's simple-sheets-put): the
+    user, password and database from the environment, reachable over TCP with that password
+    (scram-sha-256), refused with another; `pg_isready` on PATH for the healthcheck."""
+    assert CLIENT is not None
+    image = image_for(BY_IMAGE["sandgym/standin:postgres-15"])
+    env = {"POSTGRES_USER": "postgres", "POSTGRES_PASSWORD": "postgres", "POSTGRES_DB": "sheetsdb"}
+    c = CLIENT.containers.run(image, detach=True, environment=env, network_disabled=True)
+    try:
+        # polls until the server (started after its first-start set-up) answers over TCP
+        ready = c.exec_run(
+            [
+                "sh",
+                "-c",
+                "for i in $(seq 120); do pg_isready -q -h 127.0.0.1 && exit 0;"
+                " sleep 1; done; exit 1",
+            ]
+        )
+        assert ready.exit_code == 0, c.logs().decode()[-2000:]
+        query = ["psql", "-h", "127.0.0.1", "-U", "postgres", "-d", "sheetsdb", "-tAc"]
+        ok = c.exec_run(
+            [*query, "select current_database()"], environment={"PGPASSWORD": "postgres"}
+        )
+        assert (ok.exit_code, ok.output.decode().strip()) == (0, "sheetsdb")
+        bad = c.exec_run([*query, "select 1"], environment={"PGPASSWORD": "wrong"})
+        assert bad.exit_code != 0 and b"password authentication failed" in bad.output
+        assert c.exec_run(["pg_isready", "-U", "postgres"]).exit_code == 0  # the healthcheck
+    finally:
+        c.remove(force=True)
