@@ -775,6 +775,7 @@ def plan_dataset(args: argparse.Namespace, index: int, load: bool = True) -> lis
             item.task, item.load_error = _load(src)
             if item.task is not None:
                 item.substitutions += classic_builder_records(item.task, d)
+                item.substitutions += service_stand_in_records(item.task)
         items.append(item)
     return items
 
@@ -801,6 +802,27 @@ def classic_builder_records(task: TaskSpec, task_dir: Path) -> list[dict[str, st
         {"name": "copy-dest-dir-for-classic-builder", "original": line, "file": rel}
         for line in copy_destinations(text, env.build_context)[1]
     ]
+
+
+def service_stand_in_records(task: TaskSpec) -> list[dict[str, str]]:
+    """One record per compose service whose named image (no build) runs on a local stand-in
+    (`sandgym images`, e.g. postgres:15): listed on the task's entry like a substitution."""
+    from sandboxes.images import standin_for
+
+    out: list[dict[str, str]] = []
+    for svc in task.environment.services:
+        standin = standin_for(svc.image) if svc.image and svc.build_context is None else None
+        if standin is not None:
+            out.append(
+                {
+                    "name": "service-image-stand-in",
+                    "original": f"image: {svc.image}",
+                    "file": "docker-compose.yaml",
+                    "service": svc.name,
+                    "stand_in": standin.image,
+                }
+            )
+    return out
 
 
 def _ensure_uv_image(version: str, work_dir: Path) -> None:

@@ -76,6 +76,13 @@ SUBSTITUTIONS: dict[str, dict[str, str]] = {
         "with": "`FROM name:tag`, the stand-in every other task of that image runs on (the "
         "digest's exact build is not reproduced; the stand-in's limits apply as to the tag)",
     },
+    "service-image-stand-in": {
+        "replaces": "a compose service's `image:` (no build) that only a registry here lacks "
+        "serves, e.g. `postgres:15` from Docker Hub",
+        "with": "the local stand-in tagged with that name (`sandgym images`, "
+        "sandboxes.images.STANDINS: for postgres:15, Debian's PostgreSQL 15 with an entrypoint "
+        "doing what the official image's does); the stand-in's limits apply",
+    },
     "copy-dest-dir-for-classic-builder": {
         "replaces": "a Dockerfile's `COPY a b /dest` (several sources, or a wildcard matching "
         "several files) without the destination's trailing slash, which BuildKit accepts and "

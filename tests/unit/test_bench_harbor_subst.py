@@ -1001,3 +1001,28 @@ def test_a_hub_call_given_a_variable_set_to_a_repository_id_fetches_huggingface(
     refs = {"solution.sh": sb.implicit_hosts(script)}
     entry = {"oracle_network_lines": [line], "referenced_unreachable_hosts": refs}
     assert decide(entry, ["oracle_below_one"]).category == "unreachable_host"
+
+
+def test_a_service_image_run_on_a_stand_in_is_listed_like_a_substitution(tmp_path: Path) -> None:
+    from tasks import load_task_dir
+
+    task_dir = tmp_path / "sheets"
+    shutil.copytree(FIXTURES / "tbench-modern", task_dir)
+    compose = (task_dir / "docker-compose.yaml").read_text()
+    (task_dir / "docker-compose.yaml").write_text(
+        compose
+        + "  db:\n    image: postgres:15\n"
+        + "  s3:\n    image: vulhub/minio:2023-02-27\n"  # no stand-in: not listed
+        + "  api:\n    build:\n      context: .\n"  # built by the task: not listed
+    )
+    records = hc.service_stand_in_records(load_task_dir(task_dir))
+    assert records == [
+        {
+            "name": "service-image-stand-in",
+            "original": "image: postgres:15",
+            "file": "docker-compose.yaml",
+            "service": "db",
+            "stand_in": "sandgym/standin:postgres-15",
+        }
+    ]
+    assert "service-image-stand-in" in sb.SUBSTITUTIONS
