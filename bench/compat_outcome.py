@@ -264,13 +264,28 @@ def image_registry(image: str) -> str:
     return first if "." in first and "/" in image else "registry-1.docker.io"
 
 
+#: the classic builder's refusal of a `COPY --from=IMAGE` whose image it could not pull
+_COPY_FROM_MISSING_RE = re.compile(r"invalid from flag value (\S+?):? Get \"https?://")
+
+
 def base_image_evidence(entry: Mapping[str, Any], reason: str) -> Evidence | None:
     """The Dockerfile's FROM names an image that is not in the local engine, has no stand-in,
-    and whose registry is unreachable; the build's output says so."""
+    and whose registry is unreachable; the build's output says so. Where the image the build
+    could not pull is a `COPY --from=IMAGE` (the builder says `invalid from flag value IMAGE`),
+    that image and its registry are the evidence, not the FROM image."""
     base = entry.get("base_image")
     if reason != "base_image_unavailable" or not base:
         return None
     for line in _lines(entry.get("build_error")):
+        m = _COPY_FROM_MISSING_RE.search(line)
+        if m:
+            image = m.group(1)
+            return Evidence(
+                needs=f"{image_registry(image)} (the image {image} of a COPY --from; no local copy)",
+                phase="build",
+                file="Dockerfile",
+                output_line=line.strip()[:300],
+            )
         if _BASE_MISSING_RE.search(line):
             return Evidence(
                 needs=f"{image_registry(base)} (the base image {base}; no local stand-in)",

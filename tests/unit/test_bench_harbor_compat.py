@@ -273,3 +273,29 @@ def test_a_run_refuses_to_start_while_a_stand_in_is_not_built(
     assert not jsonl.exists() or jsonl.read_text() == ""
     monkeypatch.setattr(hc, "_engine_has", lambda name: True)  # built: the check passes
     assert hc.missing_stand_ins([hc._base_image(hc._load(root / "t1")[0])], hc._engine_has) == []
+
+
+def test_a_copy_from_image_the_builder_could_not_pull_is_the_evidence_not_the_base() -> None:
+    """Terminal-Bench 1's conda-env-conflict-resolution builds FROM a base that has a local
+    stand-in, then `COPY --from=continuumio/miniconda3:25.1.1-2` (Docker Hub)."""
+    from bench.compat_outcome import base_image_evidence
+
+    line = (
+        "SandboxCreateError: building /t/client/Dockerfile failed: invalid from flag value "
+        'continuumio/miniconda3:25.1.1-2: Get "https://registry-1.docker.io/v2/": dial tcp: '
+        "lookup registry-1.docker.io on 10.255.255.53:53: no such host"
+    )
+    entry = {
+        "base_image": "ghcr.io/laude-institute/t-bench/python-3-13:20250620",
+        "build_error": line,
+    }
+    ev = base_image_evidence(entry, "base_image_unavailable")
+    assert ev is not None and ev.needs.startswith(
+        "registry-1.docker.io (the image continuumio/miniconda3:25.1.1-2 of a COPY --from"
+    )
+    # a FROM image the engine lacks is still named as the base image
+    from_line = "pull access denied for python, repository does not exist"
+    ev = base_image_evidence(
+        {"base_image": "python:3.10-slim", "build_error": from_line}, "base_image_unavailable"
+    )
+    assert ev is not None and "the base image python:3.10-slim" in ev.needs
