@@ -6,7 +6,10 @@ output puts the task outside the reachable figures, while either alone does not.
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from bench.compat_outcome import decide, dns_evidence
 from bench.dns_log import DnsLog, Lookup, parse_question, reply_summary
@@ -116,3 +119,25 @@ def test_either_half_alone_or_another_episode_is_no_evidence() -> None:
     )
     ev = dns_evidence(noop)
     assert ev is not None and (ev.needs, ev.phase) == ("api.example.net", "verifier")
+
+
+def test_dns_log_is_refused_where_its_lookups_could_not_be_told_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--dns-log needs docker and one task at a time: the run refuses to start otherwise, with
+    what it expected and found (exit 2), before any task runs."""
+    import argparse
+
+    from bench import harbor_compat as hc
+
+    root = tmp_path / "ds"
+    root.mkdir()
+    parser = argparse.ArgumentParser()
+    hc.add_arguments(parser)
+    args = parser.parse_args(
+        ["--tasks-dir", str(root), "--backend", "null", "--dns-log", "--concurrency", "2"]
+    )
+    assert hc.run(args) == 2
+    err = capsys.readouterr().err
+    assert "expected --backend docker and --concurrency 1" in err
+    assert "found --backend null --concurrency 2" in err
