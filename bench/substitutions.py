@@ -162,8 +162,12 @@ def _uv_snippet(version: str | None, env: str | None) -> str:
         'curl -fsSL --retry 4 --retry-all-errors --retry-delay 2 "$_sg_url" -o "$_sg_d/uv.whl" && '
         '{ python3 -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])"'
         ' "$_sg_d/uv.whl" "$_sg_d" 2>/dev/null || unzip -q -o "$_sg_d/uv.whl" -d "$_sg_d" '
-        '|| { apt-get install -y -qq unzip >/dev/null 2>&1 && unzip -q -o "$_sg_d/uv.whl" '
-        '-d "$_sg_d"; }; } && '
+        # no python3, no unzip: Debian's unzip, tried three times (a mirror's passing refusal
+        # must not cost the task its verifier), each failure said on stderr
+        "|| { for _sg_i in 1 2 3; do apt-get install -y -qq unzip >&2 && break; "
+        'echo "sandgym-substitution uv-installer-from-pypi: apt-get install unzip failed '
+        '(try $_sg_i of 3)" >&2; sleep 2; apt-get update -qq >&2; done; '
+        'unzip -q -o "$_sg_d/uv.whl" -d "$_sg_d"; }; } && '
         'mkdir -p "$_sg_bin" && cp "$_sg_d"/uv-*.data/scripts/uv "$_sg_d"/uv-*.data/scripts/uvx '
         '"$_sg_bin"/ && chmod 755 "$_sg_bin/uv" "$_sg_bin/uvx" && '
         'printf \'#!/bin/sh\\ncase ":${PATH}:" in *:"%s":*) ;; *) export PATH="%s:$PATH" ;; '
