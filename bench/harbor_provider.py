@@ -520,21 +520,26 @@ def _write(doc: dict[str, Any], args: argparse.Namespace) -> int:
 
 def resummarize(args: argparse.Namespace) -> int:
     """`--summarize FILE`: the summary and targets of a stored document computed again by this
-    code from its raw runs (nothing re-measured, the runs and provenance kept); `summary_by`
-    records the commit that wrote them and the file they came from."""
+    code from its raw runs (nothing re-measured). The runs and the run's own `provenance` are
+    kept as they were; `summary_by` records this command's provenance and the file read."""
+    from bench.report import provenance
+
     path: Path = args.summarize
     doc = json.loads(path.read_text(encoding="utf-8"))
-    for key in ("runs", "config"):
+    for key in ("runs", "config", "provenance"):
         if key not in doc:
             raise SystemExit(f"{path}: not a harbor_provider document (no {key!r})")
     doc.pop("summary", None)
     doc.pop("targets", None)
     doc["summary"], doc["targets"] = summarize(doc)
-    doc["summary_by"] = {
-        "code_commit": subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True
-        ).stdout.strip(),
-        "from_file": str(path),
-        "measured_by_commit": (doc.get("provenance") or {}).get("git_commit"),
-    }
-    return _write(doc, args)
+    doc["summary_by"] = {**provenance(), "from_file": str(path)}
+    text = json.dumps(doc, indent=2)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n", encoding="utf-8")
+    print(
+        text
+        if args.json
+        else json.dumps({"summary": doc["summary"], "targets": doc["targets"]}, indent=2)
+    )
+    return 0
