@@ -4,8 +4,12 @@ each task set on its own."""
 
 from __future__ import annotations
 
+import argparse
+import json
+from pathlib import Path
 from typing import Any
 
+from bench.harbor_provider import resummarize
 from bench.harbor_provider_summary import summarize
 
 
@@ -88,3 +92,22 @@ def test_a_task_run_on_one_side_only_is_not_identical() -> None:
     summary, targets = summarize(doc)
     assert summary["cold"]["identical_rewards"] is False
     assert targets["by_set"]["terminal-bench-2.0"]["identical_oracle_rewards"] is False
+
+
+def test_summarize_again_keeps_the_runs_own_provenance(tmp_path: Path) -> None:
+    doc = _doc()
+    run_prov = {
+        "command": "sandgym bench harbor_provider -k 4",
+        "git_commit": "abc",
+        "git_dirty": False,
+    }
+    doc["provenance"] = run_prov
+    src, out = tmp_path / "in.json", tmp_path / "out.json"
+    src.write_text(json.dumps(doc), encoding="utf-8")
+    args = argparse.Namespace(summarize=src, out=out, json=False)
+    assert resummarize(args) == 0
+    again = json.loads(out.read_text(encoding="utf-8"))
+    assert again["provenance"] == run_prov
+    assert again["runs"] == doc["runs"]
+    assert again["summary_by"]["from_file"] == str(src)
+    assert again["summary"]["repeated"]["break_even_work_s"] == 12.0
