@@ -101,6 +101,16 @@ WRITERS: dict[str, tuple[str, ...]] = {
         "bench/harbor_runner.py",
         "bench/report.py",
     ),
+    # the first attempt of the same run, before the uv-installer's unzip fix: docs/sandbox-api.md
+    "harbor_provider_first_attempt.json": (
+        "bench/harbor_provider.py",
+        "bench/harbor_provider_summary.py",
+        "bench/harbor_provider_tb2.py",
+        "bench/harbor_shared_images.py",
+        "bench/substitutions.py",
+        "bench/harbor_runner.py",
+        "bench/report.py",
+    ),
     # the earlier catalog side by side (each side built its own image): docs/sandbox-api.md
     "harbor_provider_catalog.json": (
         "bench/harbor_provider.py",
@@ -109,6 +119,20 @@ WRITERS: dict[str, tuple[str, ...]] = {
         "bench/report.py",
     ),
 }
+
+#: the side by side's data maps: task names key these (the summary's parts are spelled by the
+#: writer, so no `*` for them), and the task sets' names (the catalog, a dataset's own name)
+HARBOR_PROVIDER_MAPS: tuple[str, ...] = (
+    *(
+        f"summary/{part}/{m}_{side}"
+        for part in ("cold", "nop", "repeated")
+        for m in ("rewards", "per_task")
+        for side in ("sandgym", "docker")
+    ),
+    "summary/sandgym_only/rewards_sandgym",
+    "summary/by_set",
+    "targets/by_set",
+)
 
 #: key paths (`*`: any key of a data map, `[]`: any list item) of the maps whose keys are data
 DATA_MAPS: dict[str, tuple[str, ...]] = {
@@ -187,21 +211,9 @@ DATA_MAPS: dict[str, tuple[str, ...]] = {
         "summary/*/rewards_sandgym",
         "summary/*/rewards_docker",
     ),
-    # task names key these (the summary's parts are spelled by the writer, so no `*` here)
-    "harbor_provider.json": (
-        *(
-            f"summary/{part}/{m}_{side}"
-            for part in ("cold", "nop", "repeated")
-            for m in ("rewards", "per_task")
-            for side in ("sandgym", "docker")
-        ),
-        "summary/sandgym_only/rewards_sandgym",
-        # task set names (the catalog, a dataset's name from its config)
-        "summary/by_set",
-        "targets/by_set",
-    ),
+    "harbor_provider.json": HARBOR_PROVIDER_MAPS,
+    "harbor_provider_first_attempt.json": HARBOR_PROVIDER_MAPS,
 }
-
 
 #: results that are not JSON -> the module that writes them
 OTHER_FILES: dict[str, str] = {

@@ -172,6 +172,36 @@ def harbor_task_row(doc: str, task: str) -> str:
     )
 
 
+def harbor_set(doc: str, name: str) -> str:
+    """One task set's repeated-trial figures in the side by side, with each side's split of a
+    trial into the task's own work and the rest (docs/sandbox-api.md)."""
+    r = f"summary/by_set/{name}/repeated"
+    return (
+        "{}: median environment start {:.2f} s vs {:.2f} s, {:.2f}x; median trial {:.1f} s vs "
+        "{:.1f} s, {:.2f}x; median work {:.1f} s vs {:.1f} s, rest {:.2f} s vs {:.2f} s "
+        "(break-even work {:.1f} s)"
+    ).format(
+        name,
+        at(doc, f"{r}/sandgym/median_environment_start_s"),
+        at(doc, f"{r}/docker/median_environment_start_s"),
+        at(doc, f"{r}/env_start_ratio"),
+        at(doc, f"{r}/sandgym/median_trial_s"),
+        at(doc, f"{r}/docker/median_trial_s"),
+        at(doc, f"{r}/trial_ratio"),
+        at(doc, f"{r}/sandgym/median_work_s"),
+        at(doc, f"{r}/docker/median_work_s"),
+        at(doc, f"{r}/sandgym/median_rest_s"),
+        at(doc, f"{r}/docker/median_rest_s"),
+        at(doc, f"{r}/break_even_work_s"),
+    )
+
+
+def harbor_set_rows() -> list[tuple[str, Callable[[], str]]]:
+    """Each task set of the side by side on its own."""
+    sets = sorted(at(HP, "summary/by_set"))
+    return [(f"harbor provider set {n}", lambda n=n: harbor_set(HP, n)) for n in sets]
+
+
 def harbor_rows() -> list[tuple[str, Callable[[], str]]]:
     """One table row per task the side by side ran."""
     tasks = list(at(HP, "config/tasks"))
@@ -183,6 +213,7 @@ FIGURES: list[tuple[str, Callable[[], str]]] = [
     ("harbor provider catalog repeated (earlier run)", lambda: harbor_repeated(HPC)),
     ("harbor provider repeated", lambda: harbor_repeated(HP)),
     *harbor_rows(),
+    *harbor_set_rows(),
     ("demo heldout-ops", lambda: demo_row("transfer", "heldout-ops")),
     ("demo path-ops held-out seeds", lambda: demo_row("heldout", "builtin//path-ops")),
     (
