@@ -57,7 +57,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.harbor_provider_summary import summarize
+from bench.harbor_provider_summary import HARBOR_DOCKER, SANDGYM, summarize
 from bench.harbor_runner import (
     REPO,
     SANDGYM_ENV,
@@ -71,7 +71,6 @@ from bench.report import save_json
 #: catalog tasks that Harbor alone can run (no procedural generator, no desktop)
 DEFAULT_TASKS = ("hello-file", "csv-to-json", "fix-mean", "dedupe-sort", "word-freq", "json-filter")
 TOKEN = "bench-harbor-provider"
-HARBOR_DOCKER = "docker"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -189,7 +188,7 @@ class _Job:
         _log(f"{self.name}: exit {proc.returncode}, {len(trials)} trials in {wall:.0f}s")
         return {
             "part": self.part,
-            "environment": "sandgym" if self.env == SANDGYM_ENV else HARBOR_DOCKER,
+            "environment": SANDGYM if self.env == SANDGYM_ENV else HARBOR_DOCKER,
             "agent": self.agent,
             "attempts": self.attempts,
             "job": self.name,
@@ -257,7 +256,7 @@ def _kill_run(
 ) -> dict[str, Any]:
     """Start a Harbor job, SIGKILL it once some trial's environment is up, and count what it
     left: at once, and (sandgym) after the server's idle sweep had its chance."""
-    side = "sandgym" if env == SANDGYM_ENV else HARBOR_DOCKER
+    side = SANDGYM if env == SANDGYM_ENV else HARBOR_DOCKER
     name = f"kill-{side}-{uuid.uuid4().hex[:6]}"
     container = f"sandgym-bench-harbor-{name}"
     extra = ["--ek", f"idle_timeout_sec={idle_timeout_s:g}"] if env == SANDGYM_ENV else []

@@ -19,6 +19,7 @@ from typing import Any
 
 from bench.harbor_runner import TrialRecord
 
+#: the two sides, as the document names them
 SANDGYM = "sandgym"
 HARBOR_DOCKER = "docker"
 PARTS = ("cold", "nop", "repeated")
@@ -46,7 +47,7 @@ def repeated_figures(trials: list[TrialRecord]) -> dict[str, Any]:
     """Medians over a repeated run's trials: all of them, all but each task's first (the first
     may meet a cold pool or an unbuilt image), and the split into work and the rest."""
     later = [t for ts in by_task(trials).values() for t in ts[1:]]
-    work = [(t, w) for t in trials if (w := _work(t)) is not None and t.trial_s is not None]
+    work = [(t.trial_s, w) for t in trials if (w := _work(t)) is not None and t.trial_s is not None]
     return {
         "trials": len(trials),
         "median_environment_start_s": _median(
@@ -58,7 +59,7 @@ def repeated_figures(trials: list[TrialRecord]) -> dict[str, Any]:
         ),
         "median_trial_s_after_first": _median([t.trial_s for t in later if t.trial_s is not None]),
         "median_work_s": _median([w for _, w in work]),
-        "median_rest_s": _median([t.trial_s - w for t, w in work if t.trial_s is not None]),
+        "median_rest_s": _median([trial - w for trial, w in work]),
     }
 
 

@@ -22,6 +22,18 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "bench" / "results"
 
+#: `sandgym bench harbor_provider`'s writers (catalog and Terminal-Bench 2.0 tasks, one image per
+#: task, the summary computed from the runs)
+HARBOR_PROVIDER_WRITERS: tuple[str, ...] = (
+    "bench/harbor_provider.py",
+    "bench/harbor_provider_summary.py",
+    "bench/harbor_provider_tb2.py",
+    "bench/harbor_shared_images.py",
+    "bench/substitutions.py",
+    "bench/harbor_runner.py",
+    "bench/report.py",
+)
+
 #: results file -> the modules whose code writes its fields
 WRITERS: dict[str, tuple[str, ...]] = {
     "group.json": ("bench/group.py", "bench/report.py"),
@@ -92,25 +104,9 @@ WRITERS: dict[str, tuple[str, ...]] = {
     "vllm_cpu_push.json": ("bench/vllm_cpu_push.py", "bench/report.py"),
     # `sandgym bench harbor_provider`: Harbor's runner with sandgym's provider and Harbor's docker
     # (catalog tasks: --tasks; Terminal-Bench 2.0: --tb2-dir --tb2-select), one image per task
-    "harbor_provider.json": (
-        "bench/harbor_provider.py",
-        "bench/harbor_provider_summary.py",
-        "bench/harbor_provider_tb2.py",
-        "bench/harbor_shared_images.py",
-        "bench/substitutions.py",
-        "bench/harbor_runner.py",
-        "bench/report.py",
-    ),
+    "harbor_provider.json": HARBOR_PROVIDER_WRITERS,
     # the first attempt of the same run, before the uv-installer's unzip fix: docs/sandbox-api.md
-    "harbor_provider_first_attempt.json": (
-        "bench/harbor_provider.py",
-        "bench/harbor_provider_summary.py",
-        "bench/harbor_provider_tb2.py",
-        "bench/harbor_shared_images.py",
-        "bench/substitutions.py",
-        "bench/harbor_runner.py",
-        "bench/report.py",
-    ),
+    "harbor_provider_first_attempt.json": HARBOR_PROVIDER_WRITERS,
     # the earlier catalog side by side (each side built its own image): docs/sandbox-api.md
     "harbor_provider_catalog.json": (
         "bench/harbor_provider.py",
