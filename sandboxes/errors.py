@@ -33,7 +33,8 @@ class SandboxCreateError(SandboxError, RuntimeError):
     `cause` names the step that failed, set where it is raised: `build` (an image build failed;
     the message carries the build's output), `healthcheck` (`SandboxHealthcheckError`),
     `image_missing` (a compose service's named image is not in the engine, and no registry is
-    used), `create` (anything else).
+    used), `subnet_in_use` (a group's fixed subnet is held by another network of the engine),
+    `create` (anything else).
     """
 
     def __init__(self, message: str, cause: str = "create") -> None:

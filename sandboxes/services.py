@@ -17,6 +17,7 @@ tables into them.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -81,6 +82,48 @@ class HealthcheckSpec(BaseModel):
         }
 
 
+def ipv4_address(value: str, what: str) -> ipaddress.IPv4Address:
+    """`value` as an IPv4 address; ValueError naming `what` and the value otherwise."""
+    try:
+        return ipaddress.IPv4Address(value)
+    except ValueError:
+        raise ValueError(f"{what}: expected an IPv4 address, found {value!r}") from None
+
+
+def check_addresses(
+    subnet: str | None, addresses: list[tuple[str, str | None]]
+) -> ipaddress.IPv4Network | None:
+    """A group's fixed addressing (compose `ipam` subnet, services' `ipv4_address`): the subnet
+    as a network; ValueError when an address is given without a subnet, lies outside it, is its
+    network, broadcast or first address (the engine's gateway), or is given twice. `addresses`:
+    (what, address or None) for the main container and each service."""
+    given = [(what, a) for what, a in addresses if a is not None]
+    if subnet is None:
+        if given:
+            raise ValueError(
+                f"{given[0][0]}: a fixed address ({given[0][1]}) needs the network's subnet "
+                "(compose `ipam: config: [subnet: ...]`), found none"
+            )
+        return None
+    try:
+        net = ipaddress.IPv4Network(subnet)
+    except ValueError:
+        raise ValueError(
+            f"subnet: expected an IPv4 network such as 172.20.0.0/16, found {subnet!r}"
+        ) from None
+    seen: dict[ipaddress.IPv4Address, str] = {}
+    for what, a in given:
+        addr = ipv4_address(a, what)
+        if addr not in net or addr in (net.network_address, net.broadcast_address):
+            raise ValueError(f"{what}: address {a} is not a host address of subnet {subnet}")
+        if net.num_addresses > 2 and addr == net.network_address + 1:
+            raise ValueError(f"{what}: address {a} is the subnet's gateway (the engine's)")
+        if addr in seen:
+            raise ValueError(f"{what}: address {a} is also {seen[addr]}'s")
+        seen[addr] = what
+    return net
+
+
 class ServiceSpec(BaseModel):
     """One container beside the sandbox's own, on the group's private network."""
 
@@ -110,6 +153,11 @@ class ServiceSpec(BaseModel):
         description="container paths that get an anonymous volume of their own (compose "
         "`volumes: [/data]`): fresh with the container, removed with it",
     )
+    ipv4_address: str | None = Field(
+        None,
+        description="its fixed address on the group's network (compose `ipv4_address`); the "
+        "sandbox's `subnet` must hold it",
+    )
 
     @field_validator("name")
     @classmethod
@@ -132,6 +180,8 @@ class ServiceSpec(BaseModel):
                 raise ValueError(
                     f"service {self.name!r}: a volume path must be absolute, got {path!r}"
                 )
+        if self.ipv4_address is not None:
+            ipv4_address(self.ipv4_address, f"service {self.name!r}")
         return self
 
     def __hash__(self) -> int:
@@ -143,7 +193,10 @@ class ServiceSpec(BaseModel):
         from sandboxes.spec import hash_directory
 
         exclude = {"build_context"} | ({"volumes"} if not self.volumes else set())
-        data = self.model_dump(mode="json", exclude=exclude)  # (unchanged keys without volumes)
+        if self.ipv4_address is None:
+            exclude.add("ipv4_address")
+        # (unchanged keys without volumes or an address)
+        data = self.model_dump(mode="json", exclude=exclude)
         data["context"] = None if self.build_context is None else hash_directory(self.build_context)
         return data
 

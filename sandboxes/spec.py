@@ -22,7 +22,7 @@ from sandboxes.common.output import TRUNCATION_MARKER as TRUNCATION_MARKER
 from sandboxes.common.output import CappedBuffer
 from sandboxes.common.output import truncate_output as truncate_output
 from sandboxes.network import NetworkPolicy
-from sandboxes.services import HealthcheckSpec, ServiceSpec, start_order
+from sandboxes.services import HealthcheckSpec, ServiceSpec, check_addresses, start_order
 
 #: how long a spec remembers its fingerprint (see `SandboxSpec.fingerprint`)
 FINGERPRINT_TTL_S = 2.0
@@ -86,6 +86,16 @@ class SandboxSpec(BaseModel):
         description="docker only: (host name, address) lines added to the container's "
         "/etc/hosts (compose `extra_hosts`)",
     )
+    subnet: str | None = Field(
+        None,
+        description="docker groups only: the IPv4 subnet of the group's network (compose "
+        "`ipam` config); None = the engine picks one. One group per subnet per engine at a time",
+    )
+    ipv4_address: str | None = Field(
+        None,
+        description="docker groups only: the sandbox's own fixed address on the group's "
+        "network (compose `ipv4_address`), inside `subnet`",
+    )
 
     @field_validator("network", mode="before")
     @classmethod
@@ -120,6 +130,16 @@ class SandboxSpec(BaseModel):
         for target, _opts in self.tmpfs:
             if not target.startswith("/"):
                 raise ValueError(f"a tmpfs target must be absolute, got {target!r}")
+        if (self.subnet is not None or self.ipv4_address is not None) and not self.services:
+            raise ValueError(
+                "a subnet or fixed address is a group's (services beside the sandbox), found "
+                "no services"
+            )
+        check_addresses(
+            self.subnet,
+            [(f"service {self.service_name!r}", self.ipv4_address)]
+            + [(f"service {s.name!r}", s.ipv4_address) for s in self.services],
+        )
         return self
 
     @property
@@ -169,7 +189,11 @@ class SandboxSpec(BaseModel):
         exclude = {"labels", "build_context", *group}
         if not self.make_dirs:  # (unchanged keys without them)
             exclude.add("make_dirs")
-        exclude.update(k for k in ("tmpfs", "dns", "extra_hosts") if not getattr(self, k))
+        exclude.update(
+            k
+            for k in ("tmpfs", "dns", "extra_hosts", "subnet", "ipv4_address")
+            if not getattr(self, k)
+        )
         data = self.model_dump(mode="json", exclude=exclude)
         data["context"] = self.context_hash()
         if self.services or self.healthcheck is not None:  # (unchanged keys without them)

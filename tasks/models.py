@@ -64,6 +64,12 @@ class EnvironmentSpec(_Frozen):
     extra_hosts: tuple[tuple[str, str], ...] = Field(
         (), description="the main service's compose `extra_hosts`: (host name, address)"
     )
+    subnet: str | None = Field(
+        None, description="the compose group network's fixed IPv4 subnet (`ipam` config)"
+    )
+    ipv4_address: str | None = Field(
+        None, description="the main service's fixed address on that network (`ipv4_address`)"
+    )
 
     @field_validator("network", mode="before")
     @classmethod

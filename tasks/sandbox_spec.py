@@ -106,4 +106,6 @@ def sandbox_spec_for(
         tmpfs=env.tmpfs,
         dns=env.dns,
         extra_hosts=env.extra_hosts,
+        subnet=env.subnet,
+        ipv4_address=env.ipv4_address,
     )

@@ -14,6 +14,11 @@ Images: each service's image is found by name in the local engine (no registry i
 built from its build context through `DockerBackend.image_for`, the same content-addressed
 cache (`sandgym/ctx:<hash>`) task images use.
 
+Addresses: the engine addresses the network, unless the spec fixes a `subnet` (compose
+`ipam`); then the network is made on it, and the main container (`spec.ipv4_address`) and each
+service (`ServiceSpec.ipv4_address`) get their fixed addresses there. A subnet belongs to one
+network of the engine at a time: a second group on it is refused (`subnet_in_use`).
+
 Start: services come up in dependency order (`depends_on`: started, healthy, or completed
 successfully); the group is ready when every service with a healthcheck (its compose
 healthcheck, handed to Docker, or its image's HEALTHCHECK) reports healthy, as `docker compose
@@ -204,7 +209,9 @@ class DockerGroup:
         """(Thread) create_container arguments that put the main container on the group
         network under its service name (its host config gets `network_mode=self.network`)."""
         api = self._api
-        endpoint = api.create_endpoint_config(aliases=[self.spec.service_name])
+        endpoint = api.create_endpoint_config(
+            aliases=[self.spec.service_name], ipv4_address=self.spec.ipv4_address
+        )
         return {"networking_config": api.create_networking_config({self.network: endpoint})}
 
     # -- start -----------------------------------------------------------------------------------
@@ -276,7 +283,17 @@ class DockerGroup:
             await wait_docker_health(self._api, ref, what)
 
     def _create_network(self) -> None:
-        """(Thread) the group's private network: internal (no gateway out), labelled."""
+        """(Thread) the group's private network: internal (no gateway out), labelled; on the
+        spec's `subnet` when it fixes one (compose `ipam`). The engine gives a subnet to one
+        network at a time: while another group (of this server or another on the engine) holds
+        it, this is a `SandboxCreateError` with cause `subnet_in_use`."""
+        import docker.types
+
+        ipam = None
+        if self.spec.subnet is not None:
+            ipam = docker.types.IPAMConfig(
+                pool_configs=[docker.types.IPAMPool(subnet=self.spec.subnet)]
+            )
         try:
             self._api.create_network(
                 self.network,
@@ -284,8 +301,17 @@ class DockerGroup:
                 internal=True,
                 labels=self.labels,
                 check_duplicate=True,
+                ipam=ipam,
             )
         except Exception as exc:
+            text = str(exc)
+            if self.spec.subnet is not None and "overlaps" in text:
+                raise SandboxCreateError(
+                    f"sandbox {self.sandbox_id}: its task fixes its network to subnet "
+                    f"{self.spec.subnet}, which another network on this engine holds (one "
+                    f"group per fixed subnet at a time): {text}",
+                    "subnet_in_use",
+                ) from exc
             raise SandboxCreateError(
                 f"docker could not create network {self.network} for sandbox "
                 f"{self.sandbox_id}: {exc}"
@@ -311,7 +337,9 @@ class DockerGroup:
             binds=run.binds or None,
             **self.backend.confinement(limits),
         )
-        endpoint = api.create_endpoint_config(aliases=[svc.name, *svc.aliases])
+        endpoint = api.create_endpoint_config(
+            aliases=[svc.name, *svc.aliases], ipv4_address=svc.ipv4_address
+        )
         healthcheck: dict[str, Any] | None = None
         if svc.healthcheck_disabled:
             healthcheck = {"test": ["NONE"]}

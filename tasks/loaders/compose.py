@@ -9,7 +9,8 @@ on a private network (`sandboxes.docker.group`).
 
 What is read: `image`, `build` (a context inside the task, `dockerfile`), `environment`,
 `command`, `entrypoint`, `healthcheck`, `depends_on` (list or conditions), `working_dir`,
-`user`, `networks` (aliases; every service shares the group's one network), `links`; on the
+`user`, `networks` (aliases, and a fixed `ipv4_address` on the one network whose `ipam` config
+fixes a `subnet`; every service shares the group's one network), `links`; on the
 main service `tmpfs`, `dns` and `extra_hosts` (the docker backend sets them on the sandbox's
 container); beside it, anonymous volumes (`volumes: [/data]`: a fresh volume at that path).
 What is ignored, since it changes nothing a task can observe through sandgym: `container_name`,
@@ -20,7 +21,7 @@ The harness's own mounts (volumes whose source is a `${T_BENCH_...}` variable) a
 bind mount of the task's own files (`./cached_models:/app/cached_models`, main service only) is
 copied into the main image at its target: the container sees at start what the mount shows it
 (its writes stay in the container, where the task's tests read them). Anything else (other volumes, `privileged`, `cap_add`, `network_mode`, `env_file`, build
-`args`, a fixed address on a network (`ipv4_address`), `tmpfs`/`dns`/`extra_hosts` beside the
+`args`, `ipv6_address`, an `ipam` gateway or range, `tmpfs`/`dns`/`extra_hosts` beside the
 main service, top-level `configs`/`secrets`, ...) is refused with `ComposeUnsupportedError`
 naming the file, the service and the key: a task is never run differently from how it says.
 
@@ -46,7 +47,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sandboxes.services import HealthcheckSpec, ServiceSpec, start_order
+from sandboxes.services import HealthcheckSpec, ServiceSpec, check_addresses, start_order
 from tasks.errors import ComposeUnsupportedError, TaskLoadError
 from tasks.loaders.common import read_yaml
 
@@ -133,6 +134,9 @@ class ComposeEnvironment:
     tmpfs: tuple[tuple[str, str], ...] = ()
     dns: tuple[str, ...] = ()
     extra_hosts: tuple[tuple[str, str], ...] = ()
+    #: the group network's fixed subnet (compose `ipam`) and the main service's fixed address
+    subnet: str | None = None
+    ipv4_address: str | None = None
 
 
 class _Harness(Exception):
@@ -283,6 +287,29 @@ def load_compose(
         for target, alias in parsed[str(name)].pop("links", []):
             extra_aliases.setdefault(target, []).append(alias)
     m = parsed.pop(main)
+    subnet = ctx.subnet(data.get("networks"))
+    addresses: dict[str, str | None] = {}
+    for name, p in [(main, m), *parsed.items()]:
+        fixed = p.pop("fixed")
+        if fixed is not None and (subnet is None or fixed[0] != subnet[0]):
+            raise ComposeUnsupportedError(
+                f"{path}: service {name!r}: ipv4_address {fixed[1]} on network {fixed[0]!r}, "
+                "which fixes no subnet (compose needs `ipam: config: [{subnet: ...}]` for a "
+                "fixed address)"
+            )
+        addresses[name] = fixed[1] if fixed is not None else None
+    if subnet is not None and not parsed:
+        raise ComposeUnsupportedError(
+            f"{path}: networks {subnet[0]!r} fixes subnet {subnet[1]} for the main service "
+            "alone: sandgym makes a network of its own only for a group (services beside it)"
+        )
+    try:
+        check_addresses(
+            subnet[1] if subnet is not None else None,
+            [(f"service {n!r}", a) for n, a in addresses.items()],
+        )
+    except ValueError as exc:
+        raise ComposeUnsupportedError(f"{path}: {exc}") from None
     for target in extra_aliases:
         if target != main and target not in parsed:
             raise TaskLoadError(f"{path}: a link names {target!r}, which is not a service")
@@ -300,7 +327,13 @@ def load_compose(
         aliases = [*p.pop("aliases"), *extra_aliases.get(name, [])]
         try:
             out.append(
-                ServiceSpec(name=name, depends_on=deps, aliases=tuple(dict.fromkeys(aliases)), **p)
+                ServiceSpec(
+                    name=name,
+                    depends_on=deps,
+                    aliases=tuple(dict.fromkeys(aliases)),
+                    ipv4_address=addresses[name],
+                    **p,
+                )
             )
         except ValidationError as exc:
             raise TaskLoadError(f"{path}: service {name!r}: {exc.errors()[0]['msg']}") from None
@@ -325,6 +358,8 @@ def load_compose(
         tmpfs=tuple(m.get("tmpfs", ())),
         dns=tuple(m.get("dns", ())),
         extra_hosts=tuple(m.get("extra_hosts", ())),
+        subnet=subnet[1] if subnet is not None else None,
+        ipv4_address=addresses[main],
     )
 
 
@@ -423,7 +458,7 @@ class _Ctx:
         out["links"] = self._links(svc.get("links"), where)
         for target, _alias in out["links"]:  # a link implies the dependency
             out["depends_on"].setdefault(target, "service_started")
-        aliases = self._aliases(svc.get("networks"), where)
+        aliases, out["fixed"] = self._aliases(svc.get("networks"), where)
         if not is_main:
             out["aliases"] = aliases
         return out
@@ -605,22 +640,64 @@ class _Ctx:
             out.append((target, alias or target))
         return out
 
-    def _aliases(self, value: Any, where: str) -> list[str]:
+    def _aliases(self, value: Any, where: str) -> tuple[list[str], tuple[str, str] | None]:
+        """A service's `networks`: its aliases, and its fixed address (network, IPv4 address)
+        if it has one (every service is on the group's one network)."""
         if value is None or isinstance(value, list):
-            return []
+            return [], None
         if not isinstance(value, dict):
             raise ComposeUnsupportedError(f"{where}: networks must be a list or a mapping")
         out: list[str] = []
+        fixed: tuple[str, str] | None = None
         for net, opts in value.items():
             if isinstance(opts, dict):
-                fixed = sorted(k for k in ("ipv4_address", "ipv6_address") if k in opts)
-                if fixed:
+                if "ipv6_address" in opts:
                     raise ComposeUnsupportedError(
-                        f"{where}: networks {net!r}: {fixed}: a fixed address is not supported "
-                        "(every service is on the group's one network, addressed by the engine)"
+                        f"{where}: networks {net!r}: ipv6_address: a fixed IPv6 address is not "
+                        "supported (the group's network is IPv4)"
                     )
+                if "ipv4_address" in opts:
+                    if fixed is not None:
+                        raise ComposeUnsupportedError(
+                            f"{where}: networks {net!r}: a second fixed address (the first on "
+                            f"{fixed[0]!r}): sandgym puts every service on one network"
+                        )
+                    fixed = (str(net), self.sub(opts["ipv4_address"], f"{where}: ipv4_address"))
                 out += [str(a) for a in opts.get("aliases") or []]
-        return out
+        return out, fixed
+
+    def subnet(self, networks: Any) -> tuple[str, str] | None:
+        """The top-level `networks`' fixed IPv4 subnet, (network, subnet), from `ipam: config:
+        [{subnet: ...}]`, or None. One network at most may fix one (the group has one);
+        `gateway`, `ip_range` and `aux_addresses` are refused (the engine's gateway is kept)."""
+        if networks is None:
+            return None
+        if not isinstance(networks, dict):
+            raise ComposeUnsupportedError(f"{self.path}: networks must be a mapping")
+        found: tuple[str, str] | None = None
+        for net, opts in networks.items():
+            ipam = (opts or {}).get("ipam") if isinstance(opts, dict) else None
+            if ipam is None:
+                continue
+            where = f"{self.path}: networks {net!r}: ipam"
+            configs = ipam.get("config") if isinstance(ipam, dict) else None
+            if not isinstance(configs, list) or not configs:
+                raise ComposeUnsupportedError(
+                    f"{where}: expected `config: [{{subnet: ...}}]`, found {ipam!r}"
+                )
+            for cfg in configs:
+                extra = sorted(set(cfg or {}) - {"subnet"}) if isinstance(cfg, dict) else None
+                if extra is None or extra or not cfg.get("subnet"):
+                    raise ComposeUnsupportedError(
+                        f"{where}: config: expected entries with a `subnet` only, found {cfg!r}"
+                    )
+                if found is not None:
+                    raise ComposeUnsupportedError(
+                        f"{where}: a second subnet (the first: {found[1]} on {found[0]!r}): "
+                        "sandgym puts every service on one network"
+                    )
+                found = (str(net), self.sub(cfg["subnet"], f"{where}: subnet"))
+        return found
 
 
 # -- Harbor ---------------------------------------------------------------------------------------
@@ -678,6 +755,7 @@ def harbor_environment(task_dir: Path, table: dict[str, Any], environment: Any, 
         update["service_name"] = "main"
         update["bind_mounts"] = c.bind_mounts
         update["tmpfs"], update["dns"], update["extra_hosts"] = c.tmpfs, c.dns, c.extra_hosts
+        update["subnet"], update["ipv4_address"] = c.subnet, c.ipv4_address
         update["env"] = {**c.env, **environment.env}
         if environment.workdir is None and c.workdir:
             update["workdir"] = c.workdir

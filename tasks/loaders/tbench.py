@@ -156,6 +156,8 @@ def load_tbench_dir(path: Path) -> TaskSpec:
         tmpfs=compose.tmpfs if compose is not None else (),
         dns=compose.dns if compose is not None else (),
         extra_hosts=compose.extra_hosts if compose is not None else (),
+        subnet=compose.subnet if compose is not None else None,
+        ipv4_address=compose.ipv4_address if compose is not None else None,
     )
     timeouts = TimeoutsSpec(
         agent_timeout_s=as_float(data.get("max_agent_timeout_sec", 360.0), "max_agent_timeout_sec"),

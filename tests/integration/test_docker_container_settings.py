@@ -102,3 +102,61 @@ async def test_tmpfs_dns_extra_hosts_and_anonymous_volumes(tmp_path: Path) -> No
         await b.aclose()
     gone = await asyncio.to_thread(docker_words, "volume", "ls", "-q", "--filter", f"name={volume}")
     assert volume is not None and gone == [], gone
+
+
+SUBNET = "10.213.7.0/24"  # unusual, so no network of the engine's own holds it
+FIXED = SandboxSpec(
+    image=IMAGE,
+    workdir="/app",
+    cpus=1,
+    memory_mb=256,
+    pids_limit=128,
+    subnet=SUBNET,
+    ipv4_address="10.213.7.30",
+    services=(
+        ServiceSpec(
+            name="dns-server",
+            image=IMAGE,
+            command=("sleep", "infinity"),
+            ipv4_address="10.213.7.10",
+        ),
+        ServiceSpec(name="api", image=IMAGE, command=("sleep", "infinity")),
+    ),
+)
+
+
+async def test_fixed_subnet_and_addresses_one_group_at_a_time() -> None:
+    """Compose's `ipam` subnet and `ipv4_address` (home-server-https): the group's network is
+    made on the subnet, the main container and a service get their fixed addresses, a service
+    without one gets an address of the subnet; a second group on the same subnet while the
+    first lives is refused by its cause, and after the first is closed one is made again."""
+    from sandboxes.errors import SandboxCreateError
+
+    b = DockerBackend(owner_id="test-fixed-" + os.urandom(4).hex())
+    first = await b.create(FIXED)
+    try:
+        res = await first.exec(
+            "hostname -i; getent hosts dns-server | cut -d' ' -f1; getent hosts api | cut -d' ' -f1",
+            timeout_s=30,
+        )
+        main_ip, dns_ip, api_ip = res.stdout.split()
+        assert (main_ip, dns_ip) == ("10.213.7.30", "10.213.7.10"), res.stdout
+        assert api_ip.startswith("10.213.7.") and api_ip not in (main_ip, dns_ip), res.stdout
+        with pytest.raises(SandboxCreateError) as err:
+            await b.create(FIXED)
+        assert err.value.cause == "subnet_in_use", err.value
+        assert SUBNET in str(err.value)
+    finally:
+        await first.close()
+    again = await b.create(FIXED)
+    try:
+        res = await again.exec("hostname -i", timeout_s=30)
+        assert res.stdout.split() == ["10.213.7.30"], res.stdout
+    finally:
+        await again.close()
+        await b.reap(only_expired=False)
+        await b.aclose()
+    left = await asyncio.to_thread(
+        docker_words, "network", "ls", "-q", "--filter", f"label=sandgym.group_of={again.id}"
+    )
+    assert left == [], left

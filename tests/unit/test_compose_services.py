@@ -537,7 +537,7 @@ def test_tbench_tmpfs_dns_extra_hosts_reach_the_sandbox_spec(tmp_path: Path) -> 
         ("tmpfs: [/cache]", "on the main service's container only"),
         ("dns: [192.0.2.1]", "on the main service's container only"),
         ("extra_hosts: ['a:1.2.3.4']", "on the main service's container only"),
-        ("networks: {default: {ipv4_address: 172.20.0.10}}", "a fixed address is not supported"),
+        ("networks: {default: {ipv4_address: 172.20.0.10}}", "which fixes no subnet"),
     ],
 )
 def test_settings_beside_the_main_service_are_refused_by_name(
