@@ -7,7 +7,9 @@ was seen at run time:
 - `clean`: the oracle scored 1.0 (where one is shipped) and the no-op 0.0, no error;
 - `failing`: it fell short here and nothing recorded shows a cause outside sandgym. This
   includes bit-rot: a pinned package version that the reachable registry itself no longer has
-  fails the same way with full internet, so it is a failure, never an exclusion;
+  fails the same way with full internet, so it is a failure, never an exclusion; and tests
+  that look for the agent's processes (`pgrep`, psutil), which sandgym's private verifier does
+  not see (by design: the action says so);
 - `unreachable_host`: a host unreachable from here, with positive evidence: an output line of
   the failing phase that reports a failed fetch names the host, AND one of that phase's own
   task files (the build's Dockerfile and context, the solution, the tests) names that host too,
@@ -43,7 +45,8 @@ Phase = Literal["build", "oracle", "verifier"]
 #: the table's columns, in order, and what each means (the document carries this)
 CATEGORIES: dict[str, str] = {
     "clean": "oracle 1.0 (where a solution is shipped) and no-op 0.0, without an error",
-    "failing": "fell short in sandgym with no recorded cause outside it (bit-rot included)",
+    "failing": "fell short in sandgym with no recorded cause outside it (bit-rot, and tests "
+    "looking for the agent's processes, included)",
     "unreachable_host": "a failed fetch in the failing phase names a host that phase's own "
     "files fetch, and that host is unreachable here; or (a --dns-log run) the failing "
     "episode's sandbox looked up a host that got no address here and its output reports a "
@@ -389,6 +392,32 @@ def bit_rot(entry: Mapping[str, Any]) -> str | None:
 _LOCAL_NAME_RE = re.compile(r"^[^.]+$|\.(local|localdomain|internal|lan|home\.arpa)$")
 
 
+#: a test's own line (pytest shows a failing test's source) that looks for running processes
+_PROCESS_LOOKUP_RE = re.compile(
+    r"""\bpgrep\b|psutil\.process_iter|\bpidof\b|["']ps["'],|\bps (?:aux|-e|-ef)\b"""
+)
+
+
+def agent_processes_unseen(entry: Mapping[str, Any]) -> str | None:
+    """The oracle fell short and its verifier's output shows a test looking for running
+    processes (`pgrep`, `psutil.process_iter`, `ps aux`...): the action sentence, or None.
+    sandgym's private verifier runs in a container of its own that shares only the sandbox's
+    network (docs/verification.md), so a process the agent (or the oracle) left running is
+    not there to be found, while Terminal-Bench's and Harbor's harnesses run the tests in the
+    agent's container. A failure in sandgym, by design: it stays in the reachable figures."""
+    if not _episode_failed(entry, "oracle"):
+        return None
+    for line in _lines(entry.get("oracle_verifier_output")):
+        if _PROCESS_LOOKUP_RE.search(line):
+            return (
+                f"its tests look for the agent's processes (`{line.strip()[:120]}`), which "
+                "sandgym's private verifier does not see (a container of its own sharing only "
+                "the network: docs/verification.md); Terminal-Bench's and Harbor's harnesses "
+                "run the tests in the agent's container"
+            )
+    return None
+
+
 def _episode_failed(entry: Mapping[str, Any], episode: str) -> bool:
     """The oracle (`oracle`) or no-op (`noop`) episode of a line fell short: an error of that
     phase, or (oracle) a reward below 1.0."""
@@ -480,6 +509,9 @@ def decide(entry: Mapping[str, Any], reasons: list[str]) -> Outcome:
         rot = bit_rot(entry)
         if rot is not None:
             return Outcome(category="failing", reason=first, action=rot)
+        unseen = agent_processes_unseen(entry)
+        if unseen is not None:
+            return Outcome(category="failing", reason=first, action=unseen)
     return Outcome(category="failing", reason=first, action=failing_action(entry, first))
 
 
