@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build sandgym's own images without any container registry.
 #
-#   images/bootstrap-base.sh [--force] [--suite bookworm|trixie] [--no-terminal] [--envserver] [--desktop]
+#   images/bootstrap-base.sh [--force] [--suite bookworm|trixie|bullseye] [--no-terminal] [--envserver] [--desktop]
 #
 # 1. sandgym/base:SUITE (default bookworm) - a Debian minbase rootfs made with debootstrap from
 #    the mirror in apt's own sources, with the host's CA bundle copied in (pip and curl inside
@@ -11,7 +11,8 @@
 # 3. (--envserver) sandgym/envserver:latest - images/envserver/Dockerfile, context = repo root.
 # 4. (--desktop) sandgym/desktop:latest - images/desktop/Dockerfile on top of the terminal image
 #    (Xvfb, openbox, xdotool, scrot, ImageMagick, Tk: the image of the desktop-* tasks).
-# With --suite trixie only the base is made (sandgym/base:trixie). The stand-ins for public
+# With --suite trixie or bullseye only the base is made (sandgym/base:SUITE; bullseye, Debian 11,
+# for tasks FROM debian:bullseye-slim; the mirror still serves it). The stand-ins for public
 # images (python:3.X-slim, debian:*, ubuntu:*, Terminal-Bench's) and their alias tags are made
 # by `sandgym images build` (sandboxes/images.py), which calls this script first.
 #
@@ -38,13 +39,13 @@ for arg in "$@"; do
         --no-terminal) TERMINAL=0 ;;
         --envserver) ENVSERVER=1 ;;
         --desktop) DESKTOP=1 ;;
-        -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
         *) echo "bootstrap-base.sh: unknown argument $arg (expected --force, --suite S, --no-terminal, --envserver, --desktop)" >&2; exit 2 ;;
     esac
 done
 case "$SUITE" in
-    bookworm|trixie) ;;
-    *) echo "bootstrap-base.sh: --suite $SUITE (expected bookworm or trixie)" >&2; exit 2 ;;
+    bookworm|trixie|bullseye) ;;
+    *) echo "bootstrap-base.sh: --suite $SUITE (expected bookworm, trixie or bullseye)" >&2; exit 2 ;;
 esac
 # The terminal, envserver and desktop images are built on bookworm only.
 if [ "$SUITE" != bookworm ]; then TERMINAL=0; ENVSERVER=0; DESKTOP=0; fi

@@ -7,8 +7,9 @@ public image family that behaves like it as far as this machine allows, and tags
 names onto it only when no registry answers for them:
 
 * `debian:*` / `ubuntu:*`: a plain Debian minbase (apt's defaults unchanged, none of sandgym's
-  extra packages). No Ubuntu mirror is reachable, so `ubuntu:24.04` stands on Debian trixie and
-  `ubuntu:22.04` on bookworm (the Debian releases nearest in glibc, gcc and Python); packages
+  extra packages): bookworm, trixie, and bullseye (Debian 11, which the mirror still serves).
+  No Ubuntu mirror is reachable, so `ubuntu:24.04` stands on Debian trixie and `ubuntu:22.04` on
+  bookworm (the Debian releases nearest in glibc, gcc and Python); packages
   that exist only in Ubuntu, or versions pinned to Ubuntu's, still fail there.
 * `python:3.X-slim*`: CPython 3.X as `python`, `python3`, `pip`, `pip3` on PATH (in
   /usr/local/bin, like the official images), headers for C extensions, `pip install` without
@@ -60,6 +61,7 @@ BASE_ENV_MARKER = "PIP_CERT=/etc/ssl/certs/ca-certificates.crt"
 
 BASE_BOOKWORM = "sandgym/base:bookworm"
 BASE_TRIXIE = "sandgym/base:trixie"
+BASE_BULLSEYE = "sandgym/base:bullseye"
 TERMINAL_IMAGE = "sandgym/terminal:latest"
 DESKTOP_IMAGE = "sandgym/desktop:latest"
 ENVSERVER_IMAGE = "sandgym/envserver:latest"
@@ -304,6 +306,7 @@ def _postgres_run(major: str) -> tuple[str, ...]:
 
 _TRIXIE = "Debian 13 (trixie) minbase made with debootstrap, plus the host's CA bundle"
 _BOOKWORM = "Debian 12 (bookworm) minbase made with debootstrap, plus the host's CA bundle"
+_BULLSEYE = "Debian 11 (bullseye) minbase made with debootstrap, plus the host's CA bundle"
 _NOT_UBUNTU = (
     "; NOT Ubuntu (no Ubuntu mirror is reachable): the nearest Debian release, so "
     "Ubuntu-only packages and versions pinned to Ubuntu's fail"
@@ -323,6 +326,12 @@ STANDINS: tuple[StandIn, ...] = (
         base=BASE_TRIXIE,
         aliases=("debian:trixie", "debian:trixie-slim", "debian:13", "debian:13-slim"),
         really=_TRIXIE,
+    ),
+    StandIn(
+        image="sandgym/standin:debian-bullseye",
+        base=BASE_BULLSEYE,
+        aliases=("debian:bullseye", "debian:bullseye-slim", "debian:11", "debian:11-slim"),
+        really=_BULLSEYE,
     ),
     StandIn(
         image="sandgym/standin:ubuntu-24.04",
@@ -419,7 +428,18 @@ UNAVAILABLE: tuple[Unavailable, ...] = (
 )
 
 #: sandgym's own images (not stand-ins), shown by `images list`
-OWN_IMAGES = (BASE_BOOKWORM, BASE_TRIXIE, TERMINAL_IMAGE, DESKTOP_IMAGE, ENVSERVER_IMAGE)
+OWN_IMAGES = (
+    BASE_BOOKWORM,
+    BASE_TRIXIE,
+    BASE_BULLSEYE,
+    TERMINAL_IMAGE,
+    DESKTOP_IMAGE,
+    ENVSERVER_IMAGE,
+)
+
+#: the Debian bases besides bookworm (which comes with sandgym's own images), each made by
+#: `images/bootstrap-base.sh --suite SUITE` when a chosen stand-in is built on it, in this order
+SUITE_BASES: dict[str, str] = {BASE_TRIXIE: "trixie", BASE_BULLSEYE: "bullseye"}
 
 
 def standin_for(name: str) -> StandIn | None:
@@ -798,12 +818,10 @@ def build_plan(
     def own_images() -> str:
         return bootstrap(extra)
 
-    def trixie_base() -> str:
-        return bootstrap(["--suite", "trixie"])
-
     steps.append(BuildStep(f"{BASE_BOOKWORM} + " + " + ".join(own), own_images))
-    if any(_root_base(s) == BASE_TRIXIE for s in chosen):
-        steps.append(BuildStep(BASE_TRIXIE, trixie_base))
+    for base, suite in SUITE_BASES.items():
+        if any(_root_base(s) == base for s in chosen):
+            steps.append(BuildStep(base, functools.partial(bootstrap, ["--suite", suite])))
 
     def build_one(s: StandIn) -> str:
         base = engine.info(s.base)

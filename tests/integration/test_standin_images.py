@@ -31,6 +31,7 @@ PLAIN_STANDINS = [
     in {
         "sandgym/standin:debian-bookworm",
         "sandgym/standin:debian-trixie",
+        "sandgym/standin:debian-bullseye",
         "sandgym/standin:ubuntu-24.04",
         "sandgym/standin:ubuntu-22.04",
     }
@@ -146,7 +147,14 @@ def test_python_standin_is_the_version_its_tag_promises(standin: im.StandIn) -> 
         )
 
 
-_DEBIAN_TAGS = {"bookworm": "bookworm", "12": "bookworm", "trixie": "trixie", "13": "trixie"}
+_DEBIAN_TAGS = {
+    "bookworm": "bookworm",
+    "12": "bookworm",
+    "trixie": "trixie",
+    "13": "trixie",
+    "bullseye": "bullseye",
+    "11": "bullseye",
+}
 
 
 def _named_release(alias: str) -> str | None:
@@ -204,6 +212,22 @@ def test_plain_standin_carries_none_of_our_extras(standin: im.StandIn) -> None:
         " apt-config dump | grep -i 'APT::Install-Recommends'",
     )
     assert out.strip() == 'APT::Install-Recommends "1";', out
+
+
+def test_bullseye_standin_installs_from_the_mirror() -> None:
+    """Debian 11 as Terminal-Bench 2.0's qemu tasks use it: its apt sources answer (the mirror
+    still serves bullseye and bullseye-updates) and a package installs (~10 s)."""
+    s = im.standin_for("debian:bullseye-slim")
+    assert s is not None
+    out = sh(
+        image_for(s),
+        "cat /etc/debian_version; export DEBIAN_FRONTEND=noninteractive;"
+        " apt-get update -qq >/dev/null && apt-get install -y -qq wget >/dev/null 2>&1"
+        " && wget --version | head -n 1",
+        network=True,
+    )
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("11.") and lines[-1].startswith("GNU Wget 1.21"), out
 
 
 def test_gcc_from_apt_compiles_stdio_on_ubuntu_standin() -> None:

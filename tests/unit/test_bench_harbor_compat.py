@@ -257,6 +257,10 @@ def test_a_run_refuses_to_start_while_a_stand_in_is_not_built(
         ["ghcr.io/laude-institute/t-bench/python-3-13:20250620", "debian:bookworm", None, "x:1"],
         lambda name: name == "debian:bookworm",
     ) == ["ghcr.io/laude-institute/t-bench/python-3-13:20250620"]  # x:1 has no stand-in
+    # Terminal-Bench 2.0's qemu tasks build FROM debian:bullseye-slim, which has one (Debian 11)
+    assert hc.missing_stand_ins(["debian:bullseye-slim"], lambda name: False) == [
+        "debian:bullseye-slim"
+    ]
     root = tmp_path / "ds"
     (root / "t1").mkdir(parents=True)
     (root / "t1" / "Dockerfile").write_text(

@@ -50,8 +50,44 @@ def test_stand_ins_are_built_after_the_stand_ins_they_start_from() -> None:
         if s.base.startswith("sandgym/standin:"):
             assert s.base in seen, s.image
         else:
-            assert s.base in (im.BASE_BOOKWORM, im.BASE_TRIXIE)
+            assert s.base == im.BASE_BOOKWORM or s.base in im.SUITE_BASES, s.image
         seen.add(s.image)
+
+
+def test_bullseye_stand_in_is_plain_debian_11_on_its_own_base() -> None:
+    """Terminal-Bench 2.0's qemu-startup and qemu-alpine-ssh build FROM debian:bullseye-slim."""
+    s = im.standin_for("debian:bullseye-slim")
+    assert s is not None and s.image == "sandgym/standin:debian-bullseye"
+    assert s.aliases == ("debian:bullseye", "debian:bullseye-slim", "debian:11", "debian:11-slim")
+    assert s.base == im.BASE_BULLSEYE and im.SUITE_BASES[s.base] == "bullseye"
+    assert s.dockerfile() == f"FROM {im.BASE_BULLSEYE}\n" and "Debian 11 (bullseye)" in s.really
+    assert im.BASE_BULLSEYE in im.OWN_IMAGES
+
+
+@pytest.mark.parametrize("suite", ["bookworm", *im.SUITE_BASES.values()])
+def test_bootstrap_script_accepts_every_suite_the_table_builds_on(
+    suite: str, tmp_path: Path
+) -> None:
+    """bootstrap-base.sh gets past its --suite check for each suite (it then stops at `docker
+    info`, answered here by a stub that fails), and refuses one it does not know."""
+    import os
+    import subprocess
+
+    stub = tmp_path / "docker"
+    stub.write_text("#!/bin/sh\nexit 1\n")
+    stub.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    script = str(REPO / "images" / "bootstrap-base.sh")
+
+    def run(name: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", script, "--suite", name], env=env, capture_output=True, text=True, timeout=30
+        )
+
+    ok = run(suite)
+    assert ok.returncode == 1 and "no Docker engine answers" in ok.stderr, ok.stderr
+    bad = run("buster")
+    assert bad.returncode == 2 and "--suite buster (expected" in bad.stderr, bad.stderr
 
 
 def test_ubuntu_stand_ins_say_they_are_not_ubuntu() -> None:
@@ -238,6 +274,7 @@ def _bases() -> dict[str, im.ImageInfo]:
     return {
         im.BASE_BOOKWORM: im.ImageInfo("sha256:bw", {}, (im.BASE_BOOKWORM,)),
         im.BASE_TRIXIE: im.ImageInfo("sha256:tx", {}, (im.BASE_TRIXIE,)),
+        im.BASE_BULLSEYE: im.ImageInfo("sha256:bu", {}, (im.BASE_BULLSEYE,)),
     }
 
 
@@ -258,7 +295,7 @@ def test_build_plan_builds_all_tags_aliases_and_keeps_a_real_image(
     images["python:3.12-slim-bookworm"] = OLD_ALIAS  # an alias an older sandgym made
     engine = FakeEngine(images, {})
     report = _run(engine, monkeypatch, desktop=True)
-    assert report["bootstrap"] == [["--desktop"], ["--suite", "trixie"]]
+    assert report["bootstrap"] == [["--desktop"], ["--suite", "trixie"], ["--suite", "bullseye"]]
     assert [c[1] for c in engine.calls if c[0] == "build"] == [s.image for s in im.STANDINS]
     status = {a["name"]: a["status"] for a in report["aliases"]}
     assert status["python:3.13-slim"] == im.REAL and engine.images["python:3.13-slim"] is REAL_IMG
@@ -296,6 +333,14 @@ def test_build_plan_only_builds_what_it_needs(monkeypatch: pytest.MonkeyPatch) -
     engine2 = FakeEngine(_bases(), {})
     report = _run(engine2, monkeypatch, only=["debian:12"])
     assert report["bootstrap"] == [[]]  # no trixie base needed
+    engine3 = FakeEngine(_bases(), {})
+    report = _run(engine3, monkeypatch, only=["debian:bullseye-slim"])
+    assert report["bootstrap"] == [[], ["--suite", "bullseye"]]
+    assert [c[1] for c in engine3.calls if c[0] == "build"] == ["sandgym/standin:debian-bullseye"]
+    bullseye = engine3.images["sandgym/standin:debian-bullseye"]
+    assert bullseye.labels[im.LABEL_BUILT_FROM] == "sha256:bu"
+    for a in ("debian:bullseye", "debian:bullseye-slim", "debian:11", "debian:11-slim"):
+        assert engine3.images[a].id == bullseye.id
     with pytest.raises(ValueError, match="no stand-in"):
         im.build_plan(engine, only=["python:3.12-slim"])  # type: ignore[arg-type]
 
@@ -360,7 +405,9 @@ def test_cli_build_json_reports_steps_and_failure(
     images_cli.add_arguments(parser)
     assert images_cli.run(parser.parse_args(["build", "--json", "--no-progress"])) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["error"] is None and len(doc["steps"]) == len(im.STANDINS) + 3
+    # bookworm + own images, each suite base, each stand-in, the aliases
+    assert doc["error"] is None
+    assert len(doc["steps"]) == 2 + len(im.SUITE_BASES) + len(im.STANDINS)
 
     def boom(args: list[str], log_path: Path) -> None:
         raise im.BuildError("debootstrap failed")
