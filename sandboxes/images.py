@@ -33,6 +33,7 @@ data kept beside the one builder that uses it.
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import io
@@ -304,6 +305,20 @@ def _postgres_run(major: str) -> tuple[str, ...]:
     )
 
 
+#: jpillora/dnsmasq's default /etc/dnsmasq.conf (github.com/jpillora/docker-dnsmasq): listen on
+#: the container's interface as root, log queries, no resolv.conf, Google's servers upstream
+DNSMASQ_CONF = (
+    "listen-address=0.0.0.0\ninterface=eth0\nuser=root\nlog-queries\nno-resolv\n"
+    "server=8.8.4.4\nserver=8.8.8.8\naddress=/myhost.company/10.0.0.2\n"
+)
+DNSMASQ_RUN = (
+    "RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y"
+    " --no-install-recommends dnsmasq-base && rm -rf /var/lib/apt/lists/*"
+    f" && echo {base64.b64encode(DNSMASQ_CONF.encode()).decode()} | base64 -d > /etc/dnsmasq.conf",
+    'ENTRYPOINT ["dnsmasq", "--conf-file=/etc/dnsmasq.conf", "--no-daemon"]',
+    "EXPOSE 53/udp",
+)
+
 _TRIXIE = "Debian 13 (trixie) minbase made with debootstrap, plus the host's CA bundle"
 _BOOKWORM = "Debian 12 (bookworm) minbase made with debootstrap, plus the host's CA bundle"
 _BULLSEYE = "Debian 11 (bullseye) minbase made with debootstrap, plus the host's CA bundle"
@@ -410,6 +425,16 @@ STANDINS: tuple[StandIn, ...] = (
         "does what the official image's does for POSTGRES_USER/PASSWORD/DB and "
         "/docker-entrypoint-initdb.d (sandboxes.images.POSTGRES_ENTRYPOINT)",
         run=_postgres_run("15"),
+    ),
+    StandIn(
+        image="sandgym/standin:dnsmasq",
+        base=BASE_BOOKWORM,
+        aliases=("jpillora/dnsmasq", "jpillora/dnsmasq:latest"),
+        really=_BOOKWORM + ", with Debian's dnsmasq (dnsmasq-base) started as jpillora/dnsmasq "
+        "starts it (`dnsmasq --no-daemon` with /etc/dnsmasq.conf and the compose command's "
+        "options after it) and that image's default configuration; NOT that image: no webproc "
+        "web UI on port 8080, Debian's dnsmasq version instead of Alpine's",
+        run=DNSMASQ_RUN,
     ),
 )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -301,3 +302,39 @@ def test_postgres_standin_starts_as_the_official_image_does() -> None:
         assert c.exec_run(["pg_isready", "-U", "postgres"]).exit_code == 0  # the healthcheck
     finally:
         c.remove(force=True)
+
+
+def test_dnsmasq_standin_answers_as_the_compose_file_configures_it() -> None:
+    """jpillora/dnsmasq as a compose service uses it (Terminal-Bench 1's home-server-https: its
+    command adds `--address=/homeserver.local/172.20.0.30`): a container told to use it as its
+    DNS server resolves that name to that address through its own resolver."""
+    assert CLIENT is not None
+    image = image_for(BY_IMAGE["sandgym/standin:dnsmasq"])
+    net = CLIENT.networks.create("sg-test-dnsmasq-" + os.urandom(4).hex(), internal=True)
+    server = client = None
+    try:
+        server = CLIENT.containers.run(
+            image,
+            command=["--no-daemon", "--log-queries", "--address=/homeserver.local/172.20.0.30"],
+            detach=True,
+            network=net.name,
+        )
+        server.reload()
+        addr = server.attrs["NetworkSettings"]["Networks"][net.name]["IPAddress"]
+        assert addr, server.logs().decode()
+        probe = (
+            "for i in $(seq 30); do getent hosts homeserver.local && exit 0; sleep 1; done; exit 1"
+        )
+        client = CLIENT.containers.run(
+            im.TERMINAL_IMAGE, ["sh", "-c", probe], detach=True, network=net.name, dns=[addr]
+        )
+        result = client.wait(timeout=60)
+        out = client.logs().decode()
+        assert result["StatusCode"] == 0, (out, server.logs().decode()[-2000:])
+        assert out.split() == ["172.20.0.30", "homeserver.local"], out
+        assert "query[A] homeserver.local" in server.logs().decode()  # --log-queries, as asked
+    finally:
+        for c in (client, server):
+            if c is not None:
+                c.remove(force=True)
+        net.remove()
