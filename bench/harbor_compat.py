@@ -1044,7 +1044,7 @@ def _ctx_tag(task: TaskSpec, image_map: dict[str, str]) -> str | None:
         return None
     if spec.build_context is None:
         return None
-    digest = spec.context_hash()
+    digest = spec.build_key()
     return f"{CTX_REPO}:{digest[:16]}" if digest else None
 
 

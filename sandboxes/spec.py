@@ -157,6 +157,15 @@ class SandboxSpec(BaseModel):
             return None
         return hash_directory(self.build_context)
 
+    def build_key(self) -> str | None:
+        """What names the image built from the build context (`sandgym/ctx:<key[:16]>`): its
+        content hash, and the Dockerfile's name where it is not `Dockerfile` (two services of
+        one compose file may build one context with two Dockerfiles), or None."""
+        digest = self.context_hash()
+        if digest is None or self.dockerfile == "Dockerfile":
+            return digest
+        return hashlib.sha256(f"{digest}\0{self.dockerfile}".encode()).hexdigest()
+
     def fingerprint(self, backend: str = "") -> str:
         """Stable key for 'interchangeable fresh sandboxes' (excludes per-sandbox labels).
 

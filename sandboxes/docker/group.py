@@ -8,7 +8,8 @@ under `spec.service_name` (`main`; Terminal-Bench's `client`). The main containe
 group network in every phase, so the services stay reachable by name when the agent's phase
 has no network; the engine's default `bridge` (attached and detached per phase by
 `DockerSandbox._apply_network`) is the only way out. A service gets the `bridge` too only when
-the sandbox's environment phase is public.
+the sandbox's environment phase is public, attached just after it starts, so that the group's
+network is its first interface (`eth0`), as compose's network is.
 
 Images: each service's image is found by name in the local engine (no registry is used) or
 built from its build context through `DockerBackend.image_for`, the same content-addressed
@@ -373,9 +374,14 @@ class DockerGroup:
                 api.remove_container(self.containers.pop(svc.name), force=True, v=True)
                 self._create_and_start(svc, image, plain=True)
                 return
-            if self.spec.network.mode == "public":
-                api.connect_container_to_network(resp["Id"], "bridge")
             api.start(resp["Id"])
+            if self.spec.network.mode == "public":
+                # after the start: the engine puts a network with a gateway before an internal
+                # one, so a bridge attached before would be eth0, while compose's own network is
+                # eth0 there (a service listening on `interface=eth0`, jpillora/dnsmasq's
+                # default, would not hear the group); the service has the route out a moment
+                # after it starts
+                api.connect_container_to_network(resp["Id"], "bridge")
         except docker.errors.APIError as exc:
             raise SandboxCreateError(
                 f"docker could not start service {svc.name!r} ({image}) of sandbox "

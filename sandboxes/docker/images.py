@@ -66,7 +66,8 @@ class ImageStore:
         return "built" if self.builds > before else "reused"
 
     async def image_for(self, spec: SandboxSpec) -> str:
-        """The image a sandbox of `spec` runs: by name, or built (once per content hash)."""
+        """The image a sandbox of `spec` runs: by name, or built (once per content hash and
+        Dockerfile name: `SandboxSpec.build_key`)."""
         if spec.build_context is None:
             image = spec.image or self.default_image
             if not await self.exists(image):
@@ -80,7 +81,7 @@ class ImageStore:
             raise SandboxCreateError(
                 f"expected a {spec.dockerfile} in build context {ctx}, found none"
             )
-        digest = await asyncio.to_thread(spec.context_hash)
+        digest = await asyncio.to_thread(spec.build_key)
         assert digest is not None
         tag = f"{CTX_REPO}:{digest[:16]}"
         lock = self._build_locks.setdefault(digest, asyncio.Lock())

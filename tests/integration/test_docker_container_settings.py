@@ -113,6 +113,7 @@ FIXED = SandboxSpec(
     pids_limit=128,
     subnet=SUBNET,
     ipv4_address="10.213.7.30",
+    network=True,  # public: the services get the bridge too, after the group's network
     services=(
         ServiceSpec(
             name="dns-server",
@@ -135,13 +136,21 @@ async def test_fixed_subnet_and_addresses_one_group_at_a_time() -> None:
     b = DockerBackend(owner_id="test-fixed-" + os.urandom(4).hex())
     first = await b.create(FIXED)
     try:
+        mine = (await first.exec("hostname -i", timeout_s=30)).stdout.split()
         res = await first.exec(
-            "hostname -i; getent hosts dns-server | cut -d' ' -f1; getent hosts api | cut -d' ' -f1",
+            "getent hosts dns-server | cut -d' ' -f1; getent hosts api | cut -d' ' -f1",
             timeout_s=30,
         )
-        main_ip, dns_ip, api_ip = res.stdout.split()
-        assert (main_ip, dns_ip) == ("10.213.7.30", "10.213.7.10"), res.stdout
-        assert api_ip.startswith("10.213.7.") and api_ip not in (main_ip, dns_ip), res.stdout
+        dns_ip, api_ip = res.stdout.split()
+        assert "10.213.7.30" in mine and dns_ip == "10.213.7.10", (mine, res.stdout)
+        assert api_ip.startswith("10.213.7.") and api_ip not in (*mine, dns_ip), res.stdout
+        # the group's network is the service's eth0 (as compose's is), the bridge comes after
+        routes = await asyncio.to_thread(
+            docker_words, "exec", f"{first.id}-dns-server", "cat", "/proc/net/route"
+        )
+        eth0 = {routes[i + 1] for i, w in enumerate(routes) if w == "eth0"}
+        eth1 = {routes[i + 1] for i, w in enumerate(routes) if w == "eth1"}
+        assert "0007D50A" in eth0 and "00000000" in eth1, routes  # 10.213.7.0; default route
         with pytest.raises(SandboxCreateError) as err:
             await b.create(FIXED)
         assert err.value.cause == "subnet_in_use", err.value
@@ -151,7 +160,7 @@ async def test_fixed_subnet_and_addresses_one_group_at_a_time() -> None:
     again = await b.create(FIXED)
     try:
         res = await again.exec("hostname -i", timeout_s=30)
-        assert res.stdout.split() == ["10.213.7.30"], res.stdout
+        assert "10.213.7.30" in res.stdout.split(), res.stdout
     finally:
         await again.close()
         await b.reap(only_expired=False)
@@ -160,3 +169,37 @@ async def test_fixed_subnet_and_addresses_one_group_at_a_time() -> None:
         docker_words, "network", "ls", "-q", "--filter", f"label=sandgym.group_of={again.id}"
     )
     assert left == [], left
+
+
+async def test_one_context_two_dockerfiles_build_two_images(tmp_path: Path) -> None:
+    """home-server-https's main service and its API mock build one context (`.`) with two
+    Dockerfiles: each gets its own image (the cache key holds the Dockerfile's name), and the
+    default Dockerfile keeps the key it always had (the context's hash)."""
+    (tmp_path / "Dockerfile").write_text(f"FROM {IMAGE}\nLABEL sandgym.test-which=main\n")
+    (tmp_path / "Dockerfile.api-mock").write_text(f"FROM {IMAGE}\nLABEL sandgym.test-which=mock\n")
+    main = SandboxSpec(image=None, build_context=tmp_path)
+    mock = SandboxSpec(image=None, build_context=tmp_path, dockerfile="Dockerfile.api-mock")
+    assert main.build_key() == main.context_hash()
+    assert mock.build_key() != main.build_key()
+    b = DockerBackend(owner_id="test-df-" + os.urandom(4).hex())
+    tags: list[str] = []
+    try:
+        for spec in (main, mock):
+            tags.append(await b.image_for(spec))
+        labels = [
+            (await asyncio.to_thread(docker_words, "inspect", "-f", "{{json .Config.Labels}}", t))[
+                0
+            ]
+            for t in tags
+        ]
+        assert tags[0] != tags[1], tags
+        assert (
+            '"sandgym.test-which":"main"' in labels[0]
+            and '"sandgym.test-which":"mock"' in labels[1]
+        )
+    finally:
+        for t in tags:
+            await asyncio.to_thread(
+                subprocess.run, ["docker", "rmi", "-f", t], capture_output=True, check=False
+            )
+        await b.aclose()
