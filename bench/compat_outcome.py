@@ -398,6 +398,10 @@ _PROCESS_LOOKUP_RE = re.compile(
 )
 
 
+#: a test's process lookup whose tool the image lacks (`FileNotFoundError: ... 'pgrep'`)
+_NO_TOOL_RE = re.compile(r"No such file or directory: '(pgrep|pidof|ps)'")
+
+
 def agent_processes_unseen(entry: Mapping[str, Any]) -> str | None:
     """The oracle fell short and its verifier's output shows a test looking for running
     processes (`pgrep`, `psutil.process_iter`, `ps aux`...): the action sentence, or None.
@@ -407,14 +411,22 @@ def agent_processes_unseen(entry: Mapping[str, Any]) -> str | None:
     agent's container. A failure in sandgym, by design: it stays in the reachable figures."""
     if not _episode_failed(entry, "oracle"):
         return None
-    for line in _lines(entry.get("oracle_verifier_output")):
-        if _PROCESS_LOOKUP_RE.search(line):
+    unseen = (
+        "sandgym's private verifier does not see the agent's processes (a container of its own "
+        "sharing only the network: docs/verification.md), while Terminal-Bench's and Harbor's "
+        "harnesses run the tests in the agent's container"
+    )
+    lines = _lines(entry.get("oracle_verifier_output"))
+    for line in lines:
+        m = _NO_TOOL_RE.search(line)
+        if m:
             return (
-                f"its tests look for the agent's processes (`{line.strip()[:120]}`), which "
-                "sandgym's private verifier does not see (a container of its own sharing only "
-                "the network: docs/verification.md); Terminal-Bench's and Harbor's harnesses "
-                "run the tests in the agent's container"
+                f"its tests run `{m.group(1)}` to look for the agent's processes, and the image "
+                f"has no `{m.group(1)}` here (`{line.strip()[:120]}`); with it, {unseen}"
             )
+    for line in lines:
+        if _PROCESS_LOOKUP_RE.search(line):
+            return f"its tests look for the agent's processes (`{line.strip()[:120]}`): {unseen}"
     return None
 
 

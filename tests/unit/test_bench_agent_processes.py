@@ -45,6 +45,20 @@ def test_a_test_looking_for_processes_is_named_and_stays_failing() -> None:
         assert "private verifier" in out.action
 
 
+def test_a_process_tool_the_image_lacks_is_said_first() -> None:
+    """home-server-https: the traceback's last line is pgrep's FileNotFoundError (its source
+    line scrolled out of the kept output): the action names the missing tool, then the
+    private verifier."""
+    missing = (
+        ">  raise child_exception_type(errno_num, err_msg, err_filename)\n"
+        "E  FileNotFoundError: [Errno 2] No such file or directory: 'pgrep'\n"
+    )
+    out = decide(_line(oracle_verifier_output=missing), ["oracle_below_one"])
+    assert out.category == "failing"
+    assert out.action.startswith("its tests run `pgrep`"), out.action
+    assert "the image has no `pgrep` here" in out.action and "private verifier" in out.action
+
+
 def test_no_process_lookup_or_a_passing_oracle_is_not_it() -> None:
     plain = _line(oracle_verifier_output="E       assert 41 == 42\n")
     assert agent_processes_unseen(plain) is None
