@@ -43,7 +43,8 @@ EXPECTED_REWARD: dict[EpisodePhase, float] = {"oracle": 1.0, "noop": 0.0}
 def error_cause(exc: BaseException) -> str | None:
     """The cause an error carries where its class has one, set where it was raised:
     `VerifierError.cause` (tasks.errors.VERIFIER_CAUSES), `TaskUnsupportedError.cause`
-    (UNSUPPORTED_CAUSES), `SandboxCreateError.cause` (`build`, `healthcheck`, `create`)."""
+    (UNSUPPORTED_CAUSES), `SandboxCreateError.cause` (`build`, `healthcheck`, `image_missing`,
+    `subnet_in_use`, `create`)."""
     if isinstance(exc, VerifierError | TaskUnsupportedError | SandboxCreateError):
         return exc.cause
     return None
