@@ -286,16 +286,19 @@ exec "$@"
 """
 
 
+def _write_file(text: str, path: str) -> str:
+    """A shell command that writes `text` to `path` inside a Dockerfile `RUN` line (base64, so
+    no quoting of the text is needed)."""
+    return f"echo {base64.b64encode(text.encode()).decode()} | base64 -d > {path}"
+
+
 def _postgres_run(major: str) -> tuple[str, ...]:
     """Debian's PostgreSQL `major` server and client, and `POSTGRES_ENTRYPOINT`."""
-    import base64
-
-    script = base64.b64encode(POSTGRES_ENTRYPOINT.encode()).decode()
     return (
         "RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y"
         f" --no-install-recommends postgresql-{major} && rm -rf /var/lib/apt/lists/*"
         " && mkdir -p /docker-entrypoint-initdb.d"
-        f" && echo {script} | base64 -d > /usr/local/bin/docker-entrypoint.sh"
+        f" && {_write_file(POSTGRES_ENTRYPOINT, '/usr/local/bin/docker-entrypoint.sh')}"
         " && chmod 755 /usr/local/bin/docker-entrypoint.sh",
         f"ENV PATH=$PATH:/usr/lib/postgresql/{major}/bin PGDATA=/var/lib/postgresql/data",
         'ENTRYPOINT ["docker-entrypoint.sh"]',
@@ -314,7 +317,7 @@ DNSMASQ_CONF = (
 DNSMASQ_RUN = (
     "RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y"
     " --no-install-recommends dnsmasq-base && rm -rf /var/lib/apt/lists/*"
-    f" && echo {base64.b64encode(DNSMASQ_CONF.encode()).decode()} | base64 -d > /etc/dnsmasq.conf",
+    f" && {_write_file(DNSMASQ_CONF, '/etc/dnsmasq.conf')}",
     'ENTRYPOINT ["dnsmasq", "--conf-file=/etc/dnsmasq.conf", "--no-daemon"]',
     "EXPOSE 53/udp",
 )
