@@ -133,20 +133,26 @@ def fuzz_figures() -> str:
 HP, HPC = "harbor_provider.json", "harbor_provider_catalog.json"
 
 
+def _start_and_trial(doc: str, r: str) -> list[Any]:
+    """Under repeated-trial summary `r`: each side's median environment start and their ratio,
+    then each side's median trial and their ratio."""
+    keys = (
+        "sandgym/median_environment_start_s",
+        "docker/median_environment_start_s",
+        "env_start_ratio",
+        "sandgym/median_trial_s",
+        "docker/median_trial_s",
+        "trial_ratio",
+    )
+    return [at(doc, f"{r}/{k}") for k in keys]
+
+
 def harbor_repeated(doc: str) -> str:
     """The side by side's repeated-trial medians and ratios (docs/sandbox-api.md)."""
-    r = "summary/repeated"
     return (
         "median environment start {:.2f} s (sandgym) vs {:.2f} s (Harbor docker), {:.2f}x; "
         "median trial {:.1f} s vs {:.1f} s, {:.2f}x"
-    ).format(
-        at(doc, f"{r}/sandgym/median_environment_start_s"),
-        at(doc, f"{r}/docker/median_environment_start_s"),
-        at(doc, f"{r}/env_start_ratio"),
-        at(doc, f"{r}/sandgym/median_trial_s"),
-        at(doc, f"{r}/docker/median_trial_s"),
-        at(doc, f"{r}/trial_ratio"),
-    )
+    ).format(*_start_and_trial(doc, "summary/repeated"))
 
 
 def _rewards(values: list[float | None]) -> str:
@@ -182,12 +188,7 @@ def harbor_set(doc: str, name: str) -> str:
         "(break-even work {:.1f} s)"
     ).format(
         name,
-        at(doc, f"{r}/sandgym/median_environment_start_s"),
-        at(doc, f"{r}/docker/median_environment_start_s"),
-        at(doc, f"{r}/env_start_ratio"),
-        at(doc, f"{r}/sandgym/median_trial_s"),
-        at(doc, f"{r}/docker/median_trial_s"),
-        at(doc, f"{r}/trial_ratio"),
+        *_start_and_trial(doc, r),
         at(doc, f"{r}/sandgym/median_work_s"),
         at(doc, f"{r}/docker/median_work_s"),
         at(doc, f"{r}/sandgym/median_rest_s"),
