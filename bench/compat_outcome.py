@@ -271,6 +271,17 @@ def image_registry(image: str) -> str:
 _COPY_FROM_MISSING_RE = re.compile(r"invalid from flag value (\S+?):? Get \"https?://")
 
 
+def _missing_image(image: str, which: str, file: str, line: str) -> Evidence:
+    """A build-phase image no registry here serves: the evidence names its registry, then
+    `which` image it is (its own words, e.g. `the base image X; no local stand-in`)."""
+    return Evidence(
+        needs=f"{image_registry(image)} ({which})",
+        phase="build",
+        file=file,
+        output_line=line.strip()[:300],
+    )
+
+
 def base_image_evidence(entry: Mapping[str, Any], reason: str) -> Evidence | None:
     """The Dockerfile's FROM names an image that is not in the local engine, has no stand-in,
     and whose registry is unreachable; the build's output says so. Where the image the build
@@ -283,19 +294,11 @@ def base_image_evidence(entry: Mapping[str, Any], reason: str) -> Evidence | Non
         m = _COPY_FROM_MISSING_RE.search(line)
         if m:
             image = m.group(1)
-            return Evidence(
-                needs=f"{image_registry(image)} (the image {image} of a COPY --from; no local copy)",
-                phase="build",
-                file="Dockerfile",
-                output_line=line.strip()[:300],
-            )
+            which = f"the image {image} of a COPY --from; no local copy"
+            return _missing_image(image, which, "Dockerfile", line)
         if _BASE_MISSING_RE.search(line):
-            return Evidence(
-                needs=f"{image_registry(base)} (the base image {base}; no local stand-in)",
-                phase="build",
-                file="Dockerfile",
-                output_line=line.strip()[:300],
-            )
+            which = f"the base image {base}; no local stand-in"
+            return _missing_image(base, which, "Dockerfile", line)
     return None
 
 
@@ -316,12 +319,8 @@ def service_image_evidence(entry: Mapping[str, Any], reason: str) -> Evidence | 
         m = _SERVICE_IMAGE_RE.search(err.message) if err.cause == "image_missing" else None
         if m:
             image = m.group(2)
-            return Evidence(
-                needs=f"{image_registry(image)} (the image {image} of service {m.group(1)!r}; no local copy)",
-                phase="build",
-                file="docker-compose.yaml",
-                output_line=err.message.strip()[:300],
-            )
+            which = f"the image {image} of service {m.group(1)!r}; no local copy"
+            return _missing_image(image, which, "docker-compose.yaml", err.message)
     return None
 
 
