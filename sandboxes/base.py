@@ -144,11 +144,15 @@ class Sandbox(abc.ABC):
         timeout_s: float = 60.0,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
+        see_processes: bool = True,
     ) -> ExecResult:
         """Run `cmd` as root in a mount namespace of its own, allowed to mount (a tmpfs over a
-        directory) where no process the agent started can see, join or reach it, with `stdin`
-        as its input. What the verifier uses to keep tests and reward files away from anything
-        the agent left running. Backends without it raise SandboxError."""
+        directory) where no process the agent started can join or reach it, with `stdin` as its
+        input. What the verifier uses to keep tests and reward files away from anything the
+        agent left running. `see_processes`: whether `cmd` may see the agent's processes (the
+        tests of some tasks look for them) where the backend would otherwise hide them; pass
+        False when `cmd` drops to a user without capabilities, whom an agent's process could
+        become and then reach. Backends without it raise SandboxError."""
         raise SandboxError(f"the {self.backend_name} backend has no private exec")
 
     async def kill_agent_processes(self) -> None:

@@ -229,6 +229,17 @@ def _python_source_run(version: str) -> tuple[str, ...]:
     )
 
 
+#: What Ubuntu's own image holds that a Debian minbase lacks, as Ubuntu publishes it in the
+#: image's package manifest (bionic's `ubuntu-bionic-oci-amd64-root.manifest`; noble's list has
+#: the same three): procps (`ps`, `pgrep`, `free`: a Terminal-Bench 1 test runs `pgrep nginx`),
+#: e2fsprogs and sensible-utils. Installed without recommends, as they are there.
+UBUNTU_RUN = (
+    "RUN apt-get update"
+    " && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends"
+    " procps e2fsprogs sensible-utils"
+    " && rm -rf /var/lib/apt/lists/*",
+)
+
 #: Terminal-Bench's base images are the python/ubuntu image plus these (installed with apt's
 #: defaults, as their Dockerfiles do), working in /app: Terminal-Bench 1 tasks build on that
 #: (path-tracing runs `./orig` and then moves `/app/reconstructed.ppm`; sqlite-db-truncate's
@@ -356,14 +367,16 @@ STANDINS: tuple[StandIn, ...] = (
         base=BASE_TRIXIE,
         aliases=("ubuntu:24.04", "ubuntu:noble"),
         really=_TRIXIE + _NOT_UBUNTU + " (24.04 has glibc 2.39, gcc 13, python3.12; trixie "
-        "2.41, 14, 3.13)",
+        "2.41, 14, 3.13); with procps, e2fsprogs and sensible-utils, which Ubuntu's image has",
+        run=UBUNTU_RUN,
     ),
     StandIn(
         image="sandgym/standin:ubuntu-22.04",
         base=BASE_BOOKWORM,
         aliases=("ubuntu:22.04", "ubuntu:jammy"),
         really=_BOOKWORM + _NOT_UBUNTU + " (22.04 has glibc 2.35, gcc 11, python3.10; bookworm "
-        "2.36, 12, 3.11)",
+        "2.36, 12, 3.11); with procps, e2fsprogs and sensible-utils, which Ubuntu's image has",
+        run=UBUNTU_RUN,
     ),
     StandIn(
         image="sandgym/standin:python-3.13",

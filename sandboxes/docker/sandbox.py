@@ -129,10 +129,11 @@ class DockerSandbox(ShellSandbox):
         timeout_s: float = 60.0,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
+        see_processes: bool = True,
     ) -> ExecResult:
         """The verifier in a sibling container of its own (`PrivateVerifier.run`)."""
         self._check_open()
-        return await self._verifier.run(cmd, stdin, timeout_s, cwd, env)
+        return await self._verifier.run(cmd, stdin, timeout_s, cwd, env, see_processes)
 
     # -- changes -----------------------------------------------------------------------------
     async def changes(self) -> FileChanges:

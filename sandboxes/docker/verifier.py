@@ -1,7 +1,8 @@
 """`PrivateVerifier`: a Docker sandbox's private verifier. `run` (the sandbox's `exec_private`)
 runs the verifier in a sibling container started from a snapshot of the sandbox (`docker
-commit`), sharing only its network namespace, so nothing the agent left running can reach the
-tests or the reward files."""
+commit`), sharing its network and process namespaces but not its files, with one capability
+more than the agent's processes hold, so that nothing the agent left running can reach the
+tests or the reward files, while the tests see the agent's processes as Harbor's do."""
 
 from __future__ import annotations
 
@@ -31,11 +32,21 @@ from sandboxes.spec import ExecResult, SandboxSpec
 
 log = logging.getLogger(__name__)
 
+#: the capability the verifier's container holds beyond the sandbox's (`CAP_ADD`). It shares the
+#: sandbox's process namespace; the kernel lets a process open another's /proc/PID/root, /mem,
+#: /fd or /environ, or ptrace it, only with CAP_SYS_PTRACE or when it holds every capability the
+#: target holds (cap_ptrace_access_check). The agent's processes hold at most `CAP_ADD` (compose
+#: `cap_add` is refused at load), never this one, so every root process of the verifier is out
+#: of their reach; with it the tests may read the agent's processes' /proc entries, as Harbor's
+#: tests running beside them can.
+VERIFIER_EXTRA_CAP = "SYS_PTRACE"
 
-#: the verifier container's entrypoint (`sh -c _STDIN_BOOT STDIN_FILE LIFE CMD...`, under
-#: Docker's init): its stdin is a file put there before it started. With a LIFE (whole seconds;
-#: empty for none) and `sleep` and `date` in the image, a watcher beside the command kills every
-#: process but the init LIFE seconds after the container started, and the container stops: a
+
+#: the verifier container's entrypoint (`sh -c _STDIN_BOOT STDIN_FILE LIFE CMD...`): its stdin
+#: is a file put there before it started. With a LIFE (whole seconds; empty for none) and
+#: `sleep` and `date` in the image, a watcher beside the command kills the command LIFE seconds
+#: after the container started, and the container stops; the engine then kills the rest of it
+#: (every process in its cgroup: the agent's, in the sandbox's, are not among them). So a
 #: verifier whose server was killed mid-run (nobody left to enforce its timeout) still ends
 #: (`sandboxes.lifetime`). LIFE is the verifier's timeout plus the grace, so the server's own
 #: timeout (counted from a moment later) always comes first while it lives.
@@ -43,7 +54,7 @@ _STDIN_BOOT = (
     'l=$1; shift; exec 0<"$0" && rm -f "$0" && { '
     'if [ -n "$l" ] && command -v sleep >/dev/null && command -v date >/dev/null; then '
     "( d=$(( $(date +%s) + l )); while :; do sleep 1; "
-    '[ "$(date +%s)" -gt "$d" ] && { kill -KILL -1; exit 0; }; done ) '
+    '[ "$(date +%s)" -gt "$d" ] && { kill -KILL $$; exit 0; }; done ) '
     "</dev/null >/dev/null 2>&1 & fi; "
     'exec "$@"; }'
 )
@@ -75,20 +86,31 @@ class PrivateVerifier:
         timeout_s: float = 60.0,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
+        see_processes: bool = True,
     ) -> ExecResult:
-        """`cmd` as root in a *sibling container* of its own, where no process of the agent's
-        exists: what the verifier uses (tasks/private_verify.py), so that nothing the agent
-        left running can see, join or touch the tests or the reward files.
+        """`cmd` as root in a *sibling container* of its own, beside the agent's processes but
+        out of their reach: what the verifier uses (tasks/private_verify.py), so that nothing
+        the agent left running can join or touch the tests or the reward files.
 
         1. The sandbox's file system is snapshotted (`docker commit`, the container paused
            meanwhile) into `sandgym/verifier-snapshot:<name>`;
         2. a container `<sandbox id>-verifier-<hex>` starts from it with the sandbox's
-           confinement (init, reduced capabilities, `no-new-privileges`, the spec's CPU,
-           memory, pids and file-size limits), `VERIFIER_OWN_CONTAINER_ENV=1` set, and only
-           the sandbox's *network* namespace shared (`network_mode=container:<sandbox>`): a
-           test can still query a service the agent left listening on localhost, while pid,
-           mount, IPC and UTS namespaces are its own (the agent's processes can neither see it
-           nor reach its files through /proc);
+           confinement (reduced capabilities, `no-new-privileges`, the spec's CPU, memory,
+           pids and file-size limits; Docker runs no init of its own in a shared process
+           namespace: the sandbox's init reaps the tests' orphans, and the engine kills what is
+           left of the verifier's processes when its command ends) plus `VERIFIER_EXTRA_CAP`,
+           `VERIFIER_OWN_CONTAINER_ENV=1` set, sharing the sandbox's *network* and *process*
+           namespaces (`network_mode` and `pid_mode` `container:<sandbox>`): a test can query a
+           service the agent left listening on localhost and find the agent's processes
+           (`pgrep nginx`, `psutil.process_iter`), as in Harbor's and Terminal-Bench's
+           harnesses, while mount, IPC and UTS namespaces are its own. The agent's processes
+           see the verifier's (their command lines) but cannot reach its files or memory
+           through /proc or ptrace: every root process of the verifier holds a capability
+           theirs lack (`VERIFIER_EXTRA_CAP`). They can signal it: a killed verifier writes no
+           reward block, a `verifier_error`, which the trainer scores 0. With `see_processes`
+           False (a verifier that drops to another user, who holds no capability: the agent's
+           root, with `CAP_SETUID`, could become that user and reach it) the container has a
+           process namespace of its own instead, and sees none of the agent's processes;
         3. `stdin` is put into that container as a file (mode 0600) before it starts, and the
            entrypoint makes it the command's stdin and deletes it; stdout and stderr are read
            from an attach made before the start, capped like `exec`'s. On timeout the container
@@ -104,12 +126,9 @@ class PrivateVerifier:
         What the verifier does not see: the contents of the sandbox's volumes (an image's
         `VOLUME`s; the backend itself mounts only the read-only bridge directory at
         /run/sandgym, which is left empty there) and of its tmpfs mounts (compose `tmpfs`: the
-        verifier's container gets them, empty), and
-        the agent's processes: a test that looks for them with `ps` or /proc finds nothing,
-        while a service they run is reachable through the shared network (localhost, abstract
-        unix sockets). Files the agent changed are all there (a commit holds the whole writable
-        layer). The programs the verifier runs (sh, bash, the tests' interpreters) come from
-        that snapshot too: an agent that replaces them still runs code as the verifier, as in
+        verifier's container gets them, empty). Files the agent changed are all there (a commit
+        holds the whole writable layer). The programs the verifier runs (sh, bash, the tests'
+        interpreters) come from that snapshot too: an agent that replaces them still runs code as the verifier, as in
         any design where the tests run in the agent's environment (tasks/private_verify.py).
 
         Cost: a commit (grows with the bytes the agent changed), a container start and two
@@ -119,8 +138,8 @@ class PrivateVerifier:
         the sandbox (commit 80-100 ms, create+start 125-140 ms, removals ~15 ms, minus the
         copy-in and read-back that path needed); after the agent wrote 50 MB and 2,000 files:
         +0.9 to +1.1 s (commit ~0.5 s, image removal 0.2-0.25 s). The runtime
-        must let a container join another's network namespace (runc does; gVisor's runsc
-        keeps the network inside its sandbox)."""
+        must let a container join another's network and process namespaces (runc does;
+        gVisor's runsc keeps both inside its sandbox)."""
         import docker.errors
 
         await self.container.raise_if_lost("private exec")
@@ -135,6 +154,9 @@ class PrivateVerifier:
             log_config={"type": "none"},  # output comes through the attach; none kept on disk
             **self.host,
         )
+        if see_processes:
+            host["pid_mode"] = f"container:{self.container.id}"
+            host["cap_add"] = [*host.get("cap_add", ()), VERIFIER_EXTRA_CAP]
         host.pop("storage_opt", None)  # the verifier writes little; its writes are discarded
         life = own_lifetime_settings()  # its own end, should its server die mid-run
         life_s = f"{int(-(-(timeout_s + life.grace_s) // 1))}" if life.enabled else ""

@@ -364,12 +364,15 @@ class LocalSandbox(ShellSandbox):
         timeout_s: float = 60.0,
         cwd: str | None = None,
         env: dict[str, str] | None = None,
+        see_processes: bool = True,
     ) -> ExecResult:
         """`cmd` in a mount namespace of its own (`unshare -m`, private propagation), as root
         of the sandbox *with* its capabilities, so it may mount tmpfs over the fixed mount
-        points of VERIFIER_MOUNTS. The agent's processes have no capabilities: they can
-        neither join that namespace nor reach its files through /proc/PID/root, and cannot
-        detach its mounts by removing or renaming the directories under them."""
+        points of VERIFIER_MOUNTS. It runs in the sandbox's process namespace, whatever
+        `see_processes` says. The agent's processes have no capabilities (not even to switch
+        users): they can neither join that namespace nor reach its files through
+        /proc/PID/root, and cannot detach its mounts by removing or renaming the directories
+        under them."""
         if not self.supports_private_exec:
             raise SandboxError(f"local sandbox {self.id} runs without bwrap: no private exec")
         argv = ["unshare", "-m", "--propagation", "private", *cmd]

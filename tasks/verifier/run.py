@@ -54,7 +54,8 @@ async def run_verifier(
     Where the sandbox has a private exec, tests and reward files live where nothing the agent
     left running can reach them (tasks/private_verify.py): local, the verifier's own mount
     namespace; docker, a container of its own started from a snapshot of the sandbox, sharing
-    only its network (`DockerSandbox.exec_private`). `stop_agent_processes` is then ignored.
+    its network and process namespaces (`DockerSandbox.exec_private`). `stop_agent_processes`
+    is then ignored.
     Elsewhere (e2b) they are shared with whatever the agent left running; `stop_agent_processes`
     then kills all of it first (every process but the sandbox's init), at the price of tasks
     whose tests need a service the agent started."""
@@ -157,6 +158,9 @@ async def _run_private_verifier(
         timeout_s=task.timeouts.verifier_timeout_s,
         cwd=setup.workdir,
         env=env,
+        # tests that drop to another user hold no capability: kept apart from the agent's
+        # processes, which could become that user (sandboxes.base.Sandbox.exec_private)
+        see_processes=task.verifier_user in (None, "root", "0"),
     )
     output = res.stdout
     if res.timed_out:

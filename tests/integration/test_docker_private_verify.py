@@ -1,6 +1,7 @@
 """The docker backend's private verifier (`DockerSandbox.exec_private`) against the real engine:
-a sibling container from a snapshot of the sandbox, sharing only its network namespace, and
-removed with its snapshot image whatever happens (done, timed out, cancelled, server killed).
+a sibling container from a snapshot of the sandbox, sharing its network and process namespaces
+but out of reach of the agent's processes, and removed with its snapshot image whatever happens
+(done, timed out, cancelled, server killed).
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ echo 0.5 > /logs/verifier/reward.txt
 """
 
 
-async def test_verifier_sees_the_agents_files_and_services_but_not_its_processes(
+async def test_verifier_sees_the_agents_files_services_and_processes(
     sandbox: DockerSandbox, tmp_path: Path
 ) -> None:
     # What an agent may leave: a changed file, a service on localhost, a sleeper, and a daemon
@@ -90,7 +91,7 @@ async def test_verifier_sees_the_agents_files_and_services_but_not_its_processes
     assert res.exit_code == 0 and not res.timed_out, res
     assert "file: agent-was-here" in res.stdout
     assert "service: agent-was-here" in res.stdout  # the shared network namespace
-    assert "agent sleeper visible: 0" in res.stdout  # a pid namespace of its own
+    assert "agent sleeper visible: 1" in res.stdout  # the shared process namespace
     assert "stdin file left: 0" in res.stdout
     assert "secret: hush" in res.stdout and "uid: 0" in res.stdout
     report = private_verify.parse_report(res.stderr, nonce, res.stdout)
@@ -103,6 +104,72 @@ async def test_verifier_sees_the_agents_files_and_services_but_not_its_processes
     assert (await sandbox.exec("pgrep -c -f '^sleep 4242'")).stdout.strip() == "1"
 
 
+#: an agent's daemon that, for every process outside its own mount namespace (the verifier's:
+#: their /proc/PID/ns/mnt is unreadable to it, or another), writes down that it saw one, then
+#: tries to read the tests' secret through its /proc/PID/root, to write a forged line on its
+#: stdout and stderr, and to read its memory map and environment
+PROC_PROBE = """
+me=$(readlink /proc/self/ns/mnt)
+while :; do
+  for d in /proc/[0-9]*; do
+    p=${d#/proc/}
+    [ "$(readlink $d/ns/mnt 2>/dev/null)" = "$me" ] && continue
+    [ -e $d ] || continue
+    echo $p >> /app/seen
+    cat $d/root/tests/secret/s >> /app/stolen 2>/dev/null
+    echo FORGED > $d/fd/1 2>/dev/null; echo FORGED > $d/fd/2 2>/dev/null
+    cat $d/maps $d/environ >> /app/stolen 2>/dev/null
+  done
+  sleep 0.05
+done
+"""
+
+
+async def test_agent_processes_see_the_verifier_but_cannot_reach_it(
+    sandbox: DockerSandbox, tmp_path: Path
+) -> None:
+    """The shared process namespace lets the agent's daemon find the verifier's processes;
+    their files, descriptors and memory stay out of its reach (VERIFIER_EXTRA_CAP)."""
+    await sandbox.write_file("/app/probe.sh", PROC_PROBE.encode())
+    await sandbox.exec(
+        "touch /app/seen /app/stolen && (nohup setsid bash /app/probe.sh >/dev/null 2>&1 &)"
+    )
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    # runs until the daemon has seen it (so the probe had its chance), then a little more
+    (tests / "test.sh").write_text(
+        "#!/bin/bash\nfor i in $(seq 200); do [ -s /proc/1/root/app/seen ] && break; "
+        "sleep 0.05; done\nsleep 1\necho done-testing\n"
+    )
+    nonce = private_verify.new_nonce()
+    payload = private_verify.build_payload(nonce, tests, {"secret/s": (b"hush", 0o600)})
+    res = await sandbox.exec_private(
+        private_verify.wrapper_argv(["bash", "/tests/test.sh"]), payload, timeout_s=60
+    )
+    assert res.exit_code == 0 and "done-testing" in res.stdout, res
+    seen = (await sandbox.exec("cat /app/seen")).stdout.split()
+    assert seen, "the agent's daemon never saw the verifier's processes"
+    stolen = (await sandbox.exec("cat /app/stolen")).stdout
+    assert stolen == "", stolen[:500]
+    assert "FORGED" not in res.stdout + res.stderr
+    assert private_verify.parse_report(res.stderr, nonce, res.stdout).exit_code == 0
+
+
+async def test_a_verifier_that_may_not_see_processes_has_a_namespace_of_its_own(
+    sandbox: DockerSandbox,
+) -> None:
+    """`see_processes=False` (tests that drop to another user): none of the agent's processes
+    is visible, and the agent's see none of the verifier's."""
+    await sandbox.exec("(nohup sleep 4243 >/dev/null 2>&1 &) && sleep 0.3")
+    probe = "ps -eo args | grep -c '^sleep 424[3]'; ps -eo args | grep -c '^sleep 424[4]'"
+    argv = ["sh", "-c", f"(sleep 4244 &); {probe}"]
+    shared = await sandbox.exec_private(argv, b"", timeout_s=60)
+    assert shared.stdout.split("\n")[:2] == ["1", "1"], shared
+    own = await sandbox.exec_private(argv, b"", timeout_s=60, see_processes=False)
+    assert own.stdout.split("\n")[:2] == ["0", "1"], own
+    assert (await sandbox.exec("pgrep -c -f '^sleep 4244' || true")).stdout.strip() == "0"
+
+
 async def test_a_timed_out_verifier_leaves_nothing(sandbox: DockerSandbox) -> None:
     res = await sandbox.exec_private(
         ["sh", "-c", "echo started; (sleep 300 &); sleep 300"], b"", timeout_s=1.5
@@ -111,6 +178,8 @@ async def test_a_timed_out_verifier_leaves_nothing(sandbox: DockerSandbox) -> No
     assert "started" in res.stdout
     assert leftovers(sandbox.id) == ([], [])
     assert (await sandbox.exec("echo alive")).stdout == "alive\n"
+    # none of its processes is left in the process namespace it shared with the sandbox
+    assert (await sandbox.exec("pgrep -c -f '^sleep 300' || true")).stdout.strip() == "0"
 
 
 async def test_a_cancelled_verifier_leaves_nothing(sandbox: DockerSandbox) -> None:

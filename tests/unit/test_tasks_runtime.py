@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sandboxes import ExecResult, SandboxSpec
+from sandboxes import ExecResult, SandboxCapabilities, SandboxSpec
 from sandboxes.null import NullBackend, NullSandbox
 from tasks import (
     TaskUnsupportedError,
@@ -285,3 +285,36 @@ async def test_oracle_missing_is_unsupported() -> None:
     sb = await NullBackend().create(sandbox_spec_for(task))
     with pytest.raises(TaskUnsupportedError, match="no oracle"):
         await run_oracle(task, sb, await prepare_episode(task, sb, 0))
+
+
+class _PrivateExecSeen(Exception):
+    """Raised by `PrivateRecordingSandbox.exec_private` once it has recorded its arguments."""
+
+
+class PrivateRecordingSandbox(NullSandbox):
+    """A null sandbox with a private exec that records whether the verifier may see the agent's
+    processes, then stops the verify."""
+
+    capabilities = SandboxCapabilities(runs_real_commands=False, private_exec=True)
+
+    def __init__(self, spec: SandboxSpec) -> None:
+        super().__init__(spec, NullBackend())
+        self.see_processes: list[bool] = []
+
+    async def exec_private(  # type: ignore[override]
+        self, cmd, stdin, timeout_s=60.0, cwd=None, env=None, see_processes=True
+    ) -> ExecResult:
+        self.see_processes.append(see_processes)
+        raise _PrivateExecSeen
+
+
+async def test_the_private_verifier_sees_the_agents_processes_only_as_root() -> None:
+    """Tests running as root may see the agent's processes; tests that drop to another user
+    (who holds no capability, and whom the agent's root could become) are kept apart."""
+    task = load_task_dir(FIXTURES / "harbor-image")
+    for user, expected in (("root", True), ("0", True), ("nobody", False), ("1000", False)):
+        sb = PrivateRecordingSandbox(sandbox_spec_for(task))
+        setup = await prepare_episode(task, sb, seed=0)
+        with pytest.raises(_PrivateExecSeen):
+            await run_verifier(task.model_copy(update={"verifier_user": user}), sb, setup)
+        assert sb.see_processes == [expected], user
