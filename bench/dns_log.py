@@ -20,6 +20,8 @@ for the sandbox as it would not elsewhere: none was seen in the runs this was wr
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import json
 import logging
 import socket
 import struct
@@ -93,21 +95,32 @@ def host_resolver(resolv_conf: Path = Path("/etc/resolv.conf")) -> str:
 
 
 def bridge_gateway(docker_cli: str = "docker") -> str:
-    """The docker engine's default bridge gateway address (where containers reach the host)."""
+    """The docker engine's default bridge gateway address (where containers reach the host):
+    the bridge network's IPAM gateway, or, where the engine records none (Debian's docker.io
+    20.10 on a fresh data root lists only the subnet), the subnet's first host address, which
+    is the one the engine gives its bridge then."""
     r = subprocess.run(
-        [docker_cli, "network", "inspect", "bridge", "-f", "{{(index .IPAM.Config 0).Gateway}}"],
+        [docker_cli, "network", "inspect", "bridge", "-f", "{{json .IPAM.Config}}"],
         capture_output=True,
         text=True,
         check=False,
         timeout=30,
     )
-    addr = r.stdout.strip()
-    if r.returncode != 0 or not addr:
-        raise RuntimeError(
-            f"the engine's bridge gateway: expected an address from `docker network inspect "
-            f"bridge`, found exit {r.returncode}: {(r.stderr or r.stdout).strip()[:200]}"
-        )
-    return addr
+    try:
+        configs = json.loads(r.stdout) if r.returncode == 0 else None
+    except json.JSONDecodeError:
+        configs = None
+    for cfg in configs or ():
+        if cfg.get("Gateway"):
+            return str(cfg["Gateway"])
+        if cfg.get("Subnet"):
+            net = ipaddress.ip_network(cfg["Subnet"], strict=False)
+            if net.version == 4 and net.num_addresses > 2:
+                return str(net.network_address + 1)
+    raise RuntimeError(
+        f"the engine's bridge gateway: expected an IPv4 gateway or subnet from `docker network "
+        f"inspect bridge`, found exit {r.returncode}: {(r.stderr or r.stdout).strip()[:200]}"
+    )
 
 
 class _Protocol(asyncio.DatagramProtocol):

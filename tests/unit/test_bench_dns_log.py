@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from bench.compat_outcome import decide, dns_evidence
-from bench.dns_log import DnsLog, Lookup, parse_question, reply_summary
+from bench.dns_log import DnsLog, Lookup, bridge_gateway, parse_question, reply_summary
 
 
 def _query(name: str, qtype: int = 1) -> bytes:
@@ -141,3 +141,29 @@ def test_dns_log_is_refused_where_its_lookups_could_not_be_told_apart(
     err = capsys.readouterr().err
     assert "expected --backend docker and --concurrency 1" in err
     assert "found --backend null --concurrency 2" in err
+
+
+@pytest.mark.parametrize(
+    ("ipam", "expected"),
+    [
+        ('[{"Subnet":"172.17.0.0/16","Gateway":"172.17.0.1"}]', "172.17.0.1"),
+        ('[{"Subnet":"10.9.0.0/24","Gateway":"10.9.0.254"}]', "10.9.0.254"),
+        # Debian's docker.io 20.10 on a fresh data root records the subnet alone
+        ('[{"Subnet":"172.18.0.0/16"}]', "172.18.0.1"),
+    ],
+)
+def test_bridge_gateway_reads_the_gateway_or_the_subnets_first_host(
+    tmp_path: Path, ipam: str, expected: str
+) -> None:
+    cli = tmp_path / "docker"
+    cli.write_text(f"#!/bin/sh\necho '{ipam}'\n")
+    cli.chmod(0o755)
+    assert bridge_gateway(str(cli)) == expected
+
+
+def test_bridge_gateway_without_an_address_says_what_it_found(tmp_path: Path) -> None:
+    cli = tmp_path / "docker"
+    cli.write_text("#!/bin/sh\necho '[]'\n")
+    cli.chmod(0o755)
+    with pytest.raises(RuntimeError, match="expected an IPv4 gateway or subnet"):
+        bridge_gateway(str(cli))
