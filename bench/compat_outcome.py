@@ -391,44 +391,6 @@ def bit_rot(entry: Mapping[str, Any]) -> str | None:
 _LOCAL_NAME_RE = re.compile(r"^[^.]+$|\.(local|localdomain|internal|lan|home\.arpa)$")
 
 
-#: a test's own line (pytest shows a failing test's source) that looks for running processes
-_PROCESS_LOOKUP_RE = re.compile(
-    r"""\bpgrep\b|psutil\.process_iter|\bpidof\b|["']ps["'],|\bps (?:aux|-e|-ef)\b"""
-)
-
-
-#: a test's process lookup whose tool the image lacks (`FileNotFoundError: ... 'pgrep'`)
-_NO_TOOL_RE = re.compile(r"No such file or directory: '(pgrep|pidof|ps)'")
-
-
-def agent_processes_unseen(entry: Mapping[str, Any]) -> str | None:
-    """The oracle fell short and its verifier's output shows a test looking for running
-    processes (`pgrep`, `psutil.process_iter`, `ps aux`...): the action sentence, or None.
-    sandgym's private verifier runs in a container of its own that shares only the sandbox's
-    network (docs/verification.md), so a process the agent (or the oracle) left running is
-    not there to be found, while Terminal-Bench's and Harbor's harnesses run the tests in the
-    agent's container. A failure in sandgym, by design: it stays in the reachable figures."""
-    if not _episode_failed(entry, "oracle"):
-        return None
-    unseen = (
-        "sandgym's private verifier does not see the agent's processes (a container of its own "
-        "sharing only the network: docs/verification.md), while Terminal-Bench's and Harbor's "
-        "harnesses run the tests in the agent's container"
-    )
-    lines = _lines(entry.get("oracle_verifier_output"))
-    for line in lines:
-        m = _NO_TOOL_RE.search(line)
-        if m:
-            return (
-                f"its tests run `{m.group(1)}` to look for the agent's processes, and the image "
-                f"has no `{m.group(1)}` here (`{line.strip()[:120]}`); with it, {unseen}"
-            )
-    for line in lines:
-        if _PROCESS_LOOKUP_RE.search(line):
-            return f"its tests look for the agent's processes (`{line.strip()[:120]}`): {unseen}"
-    return None
-
-
 def _episode_failed(entry: Mapping[str, Any], episode: str) -> bool:
     """The oracle (`oracle`) or no-op (`noop`) episode of a line fell short: an error of that
     phase, or (oracle) a reward below 1.0."""
@@ -520,9 +482,6 @@ def decide(entry: Mapping[str, Any], reasons: list[str]) -> Outcome:
         rot = bit_rot(entry)
         if rot is not None:
             return Outcome(category="failing", reason=first, action=rot)
-        unseen = agent_processes_unseen(entry)
-        if unseen is not None:
-            return Outcome(category="failing", reason=first, action=unseen)
     return Outcome(category="failing", reason=first, action=failing_action(entry, first))
 
 
