@@ -387,8 +387,12 @@ def bit_rot(entry: Mapping[str, Any]) -> str | None:
     )
 
 
-#: a host a sandbox might look up that is no internet host (a single label, a local domain)
-_LOCAL_NAME_RE = re.compile(r"^[^.]+$|\.(local|localdomain|internal|lan|home\.arpa)$")
+#: a name a sandbox might look up that is no internet host: a single label, a local domain, or
+#: a service name (`_http._tcp.deb.debian.org`: apt asks for SRV records first, and a mirror
+#: without them is still reached by its address)
+_LOCAL_NAME_RE = re.compile(
+    r"^[^.]+$|\.(local|localdomain|internal|lan|home\.arpa)$|(^|\.)_[^.]*\."
+)
 
 
 def _episode_failed(entry: Mapping[str, Any], episode: str) -> bool:
@@ -421,8 +425,10 @@ def dns_evidence(entry: Mapping[str, Any]) -> Evidence | None:
     """Run-time evidence from a `--dns-log` line (bench/dns_log.py): in an episode that fell
     short, the sandbox looked up a host that got no address here (`dns_unanswered`), and that
     episode's recorded output has a line reporting a failed lookup or fetch. The host is the one
-    that line names where it names one of them, else the first one looked up. None otherwise
-    (a lookup with no failure in the output, or a failure with no unanswered lookup)."""
+    that line names where it names one of them, else the first one looked up that the task's
+    files fetch (`referenced_unreachable_hosts`), else the first one looked up. Service names
+    (`_http._tcp.…`) and local names are no hosts. None otherwise (a lookup with no failure in
+    the output, or a failure with no unanswered lookup)."""
     looked_up = entry.get("dns_unanswered") or {}
     for episode in ("oracle", "noop"):
         names = [n for n in looked_up.get(episode) or () if not _LOCAL_NAME_RE.search(n)]
@@ -432,7 +438,12 @@ def dns_evidence(entry: Mapping[str, Any]) -> Evidence | None:
         if not failures:
             continue
         named = [(n, ln) for ln in failures for n in names if n in ln.lower()]
-        host, line = named[0] if named else (names[0], failures[0])
+        # no failure line names one: a looked-up host the task's own files fetch comes first
+        refs = {
+            h for hosts in (entry.get("referenced_unreachable_hosts") or {}).values() for h in hosts
+        }
+        fetched = [n for n in names if n in refs]
+        host, line = named[0] if named else ((fetched or names)[0], failures[0])
         return Evidence(
             needs=host,
             phase="oracle" if episode == "oracle" else "verifier",

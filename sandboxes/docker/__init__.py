@@ -38,10 +38,11 @@ Docker resolves the bind source on the *host*, so the same directory must be mou
 server's container at the same path (`- /tmp/sandgym-bridge:/tmp/sandgym-bridge`).
 
 Verifier: `exec_private` runs it in a sibling container started from a snapshot of the sandbox
-(`docker commit` into `sandgym/verifier-snapshot:<name>`), with the same confinement and only the
-sandbox's network namespace shared, so nothing the agent left running can reach the tests or the
-reward files while its services stay reachable on localhost; container and image are removed
-after every verify (see `DockerSandbox.exec_private` for what a snapshot lacks, and the cost).
+(`docker commit` into `sandgym/verifier-snapshot:<name>`), with the same confinement plus
+`CAP_SYS_PTRACE`, sharing the sandbox's network and process namespaces: the tests reach the
+services the agent left on localhost and see its processes, while nothing the agent left running
+can reach the tests' files, output or memory (it lacks that capability); container and image are
+removed after every verify (see `PrivateVerifier.run` for what a snapshot lacks, and the cost).
 
 Groups: a spec with `services` (a compose file's other services) runs them beside the sandbox
 on a private network of their own, the sandbox's container joined to it in every phase

@@ -121,6 +121,24 @@ def test_either_half_alone_or_another_episode_is_no_evidence() -> None:
     assert ev is not None and (ev.needs, ev.phase) == ("api.example.net", "verifier")
 
 
+def test_service_names_are_no_hosts_and_a_host_the_task_fetches_comes_first() -> None:
+    """apt asks for `_http._tcp.<mirror>` SRV records first and reaches a mirror without them by
+    its address: such a name is never the host a task needs. With no failure line naming a
+    host, one the task's own files fetch is named before the first looked up."""
+    srv = "_http._tcp.deb.debian.org"
+    only_srv = _line(dns_unanswered={"oracle": [srv]})
+    assert dns_evidence(only_srv) is None
+    both = _line(
+        dns_unanswered={"oracle": [srv, "example.net", "github.com"]},
+        referenced_unreachable_hosts={"tests/test_outputs.py": ["github.com"]},
+    )
+    ev = dns_evidence(both)
+    assert ev is not None and ev.needs == "github.com", ev
+    unreferenced = _line(dns_unanswered={"oracle": [srv, "example.net", "github.com"]})
+    ev = dns_evidence(unreferenced)
+    assert ev is not None and ev.needs == "example.net", ev
+
+
 def test_dns_log_is_refused_where_its_lookups_could_not_be_told_apart(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
