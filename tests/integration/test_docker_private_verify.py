@@ -53,6 +53,15 @@ def leftovers(sandbox_id: str) -> tuple[list[str], list[str]]:
     return ids("ps", "-a"), ids("images")
 
 
+def _payload(tmp_path: Path, test_sh: str) -> tuple[str, bytes]:
+    """(nonce, stdin) for the private verifier: /tests/test.sh and the secret `s` = hush."""
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "test.sh").write_text(test_sh)
+    nonce = private_verify.new_nonce()
+    return nonce, private_verify.build_payload(nonce, tests, {"secret/s": (b"hush", 0o600)})
+
+
 TEST_SH = """#!/bin/bash
 echo "file: $(cat /app/changed.txt)"
 echo "service: $(python3 -c 'import urllib.request as u; print(u.urlopen("http://127.0.0.1:8123/changed.txt", timeout=5).read().decode().strip())')"
@@ -77,11 +86,7 @@ async def test_verifier_sees_the_agents_files_services_and_processes(
         'echo "echo 1 > /logs/verifier/reward.txt" > /tests/test.sh; sleep 0.01; done\' '
         ">/dev/null 2>&1 &) && sleep 0.5"
     )
-    tests = tmp_path / "tests"
-    tests.mkdir()
-    (tests / "test.sh").write_text(TEST_SH)
-    nonce = private_verify.new_nonce()
-    payload = private_verify.build_payload(nonce, tests, {"secret/s": (b"hush", 0o600)})
+    nonce, payload = _payload(tmp_path, TEST_SH)
     res = await sandbox.exec_private(
         private_verify.wrapper_argv(["bash", "/tests/test.sh"]),
         payload,
@@ -134,15 +139,12 @@ async def test_agent_processes_see_the_verifier_but_cannot_reach_it(
     await sandbox.exec(
         "touch /app/seen /app/stolen && (nohup setsid bash /app/probe.sh >/dev/null 2>&1 &)"
     )
-    tests = tmp_path / "tests"
-    tests.mkdir()
     # runs until the daemon has seen it (so the probe had its chance), then a little more
-    (tests / "test.sh").write_text(
+    nonce, payload = _payload(
+        tmp_path,
         "#!/bin/bash\nfor i in $(seq 200); do [ -s /proc/1/root/app/seen ] && break; "
-        "sleep 0.05; done\nsleep 1\necho done-testing\n"
+        "sleep 0.05; done\nsleep 1\necho done-testing\n",
     )
-    nonce = private_verify.new_nonce()
-    payload = private_verify.build_payload(nonce, tests, {"secret/s": (b"hush", 0o600)})
     res = await sandbox.exec_private(
         private_verify.wrapper_argv(["bash", "/tests/test.sh"]), payload, timeout_s=60
     )
