@@ -173,7 +173,8 @@ async def test_daemon_racing_the_reward_file_gains_nothing(
     tamper_server: BackgroundServer, daemon: str
 ) -> None:
     """Local: the verifier's private mount namespace; docker: its own container from a
-    snapshot of the sandbox (DockerSandbox.exec_private). The daemon reaches neither."""
+    snapshot of the sandbox (DockerSandbox.exec_private), in the sandbox's process namespace but
+    holding a capability the daemon lacks. The daemon reaches neither."""
     rewards = [await submit_after(tamper_server.url, [daemon, "sleep 0.3"]) for _ in range(3)]
     assert all(r in (0.0, "verifier_error") for r in rewards), rewards
     # the same daemon beside an honest solution: the verifier still sees the real answer
