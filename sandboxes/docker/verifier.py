@@ -128,8 +128,9 @@ class PrivateVerifier:
         /run/sandgym, which is left empty there) and of its tmpfs mounts (compose `tmpfs`: the
         verifier's container gets them, empty). Files the agent changed are all there (a commit
         holds the whole writable layer). The programs the verifier runs (sh, bash, the tests'
-        interpreters) come from that snapshot too: an agent that replaces them still runs code as the verifier, as in
-        any design where the tests run in the agent's environment (tasks/private_verify.py).
+        interpreters) come from that snapshot too: an agent that replaces them still runs code
+        as the verifier, as in any design where the tests run in the agent's environment
+        (tasks/private_verify.py).
 
         Cost: a commit (grows with the bytes the agent changed), a container start and two
         removals; the verifier's container counts against its own limits, beside the sandbox's.
