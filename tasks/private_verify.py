@@ -15,7 +15,8 @@ for, or a loop that keeps writing `1` into /logs/verifier/reward.txt). When the 
 
 On the docker backend the wrapper runs instead in a container of its own, started from a
 snapshot of the sandbox (`DockerSandbox.exec_private`), sharing the sandbox's network and
-process namespaces but not its files, so step 2 needs no mounts; the backend sets `SANDGYM_VERIFIER_OWN_CONTAINER=1`
+process namespaces but not its files, so step 2 needs no mounts; the backend sets
+`SANDGYM_VERIFIER_OWN_CONTAINER=1`
 (`OWN_CONTAINER_ENV`, from sandboxes/private_exec.py: the task layer names no backend) and the
 wrapper just replaces /tests and /logs/verifier by fresh, empty directories.
 
@@ -23,9 +24,9 @@ A process the agent started sees its own, empty /tests and /logs/verifier: what 
 is never read. It sees the verifier's processes (the tests may look for the agent's), but lacks
 a capability they hold (local: it holds none; docker: not `CAP_SYS_PTRACE`), so it can neither
 join the verifier's namespace nor reach the verifier's files, descriptors or memory through
-/proc/PID; killing the verifier gives no reward block, hence a verifier error. What this does not stop: code of the agent's that the tests run
-themselves (it runs as the verifier), and, on backends without a private exec (e2b), anything
-at all; see tasks/runtime.py.
+/proc/PID; killing the verifier gives no reward block, hence a verifier error. What this does
+not stop: code of the agent's that the tests run themselves (it runs as the verifier), and, on
+backends without a private exec (e2b), anything at all; see tasks/runtime.py.
 """
 
 from __future__ import annotations

@@ -91,11 +91,12 @@ async def run_verifier(
             f"{env['PYTEST_ADDOPTS']} {opt}" if env.get("PYTEST_ADDOPTS") else opt
         )
     argv = ["bash", script]
-    if task.verifier_user not in (None, "root", "0"):
+    as_root = task.verifier_user in (None, "root", "0")
+    if not as_root:
         user = task.verifier_user
         argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *argv]
     if sandbox.supports_private_exec:
-        return await _run_private_verifier(task, sandbox, setup, argv, env, start)
+        return await _run_private_verifier(task, sandbox, setup, argv, env, start, as_root)
     # No private exec on this backend (e2b): tests go into the shared file system and the
     # script runs next to whatever the agent left running (see tasks/private_verify.py).
     if stop_agent_processes:
@@ -143,6 +144,7 @@ async def _run_private_verifier(
     argv: list[str],
     env: dict[str, str],
     start: float,
+    as_root: bool,
 ) -> VerifierResult:
     """The test script in the sandbox's private verifier namespace (tasks/private_verify.py)."""
     v = task.verifier
@@ -160,7 +162,7 @@ async def _run_private_verifier(
         env=env,
         # tests that drop to another user hold no capability: kept apart from the agent's
         # processes, which could become that user (sandboxes.base.Sandbox.exec_private)
-        see_processes=task.verifier_user in (None, "root", "0"),
+        see_processes=as_root,
     )
     output = res.stdout
     if res.timed_out:
