@@ -111,20 +111,30 @@ async def test_verifier_sees_the_agents_files_services_and_processes(
 
 
 #: an agent's daemon that, for every process outside its own mount namespace (the verifier's:
-#: their /proc/PID/ns/mnt is unreadable to it, or another), writes down that it saw one, then
-#: tries to read the tests' secret through its /proc/PID/root, to write a forged line on its
-#: stdout and stderr, and to read its memory map and environment
-PROC_PROBE = """
+#: their /proc/PID/ns/mnt is unreadable to it, or another), writes down that it saw one and its
+#: cgroup (/app/seen), then tries to read the tests' secret through its /proc/PID/root, to write
+#: a forged line on its stdout and stderr, and to read its memory map and environment; for
+#: whatever it read it writes down whose it was (/app/read: pid, cgroup, command line, bytes),
+#: beside the daemon's own cgroup (/app/own-cgroup: the sandbox container's)
+PROC_PROBE = r"""
 me=$(readlink /proc/self/ns/mnt)
+own=$(tr '\n' ' ' < /proc/self/cgroup)
+echo "$own" > /app/own-cgroup
 while :; do
   for d in /proc/[0-9]*; do
     p=${d#/proc/}
     [ "$(readlink $d/ns/mnt 2>/dev/null)" = "$me" ] && continue
     [ -e $d ] || continue
-    echo $p >> /app/seen
+    cg=$(tr '\n' ' ' < $d/cgroup 2>/dev/null)
+    cmd=$(tr '\0\t\n' '   ' < $d/cmdline 2>/dev/null)
+    printf '%s\t%s\n' "$p" "$cg" >> /app/seen
     cat $d/root/tests/secret/s >> /app/stolen 2>/dev/null
     echo FORGED > $d/fd/1 2>/dev/null; echo FORGED > $d/fd/2 2>/dev/null
-    cat $d/maps $d/environ >> /app/stolen 2>/dev/null
+    cat $d/maps $d/environ > /app/got 2>/dev/null
+    if [ -s /app/got ]; then
+      printf '%s\t%s\t%s\t%s\n' "$p" "$cg" "$cmd" "$(wc -c < /app/got)" >> /app/read
+      cat /app/got >> /app/stolen
+    fi
   done
   sleep 0.05
 done
@@ -135,10 +145,18 @@ async def test_agent_processes_see_the_verifier_but_cannot_reach_it(
     sandbox: DockerSandbox, tmp_path: Path
 ) -> None:
     """The shared process namespace lets the agent's daemon find the verifier's processes;
-    their files, descriptors and memory stay out of its reach (VERIFIER_EXTRA_CAP)."""
+    their files, descriptors and memory stay out of its reach (VERIFIER_EXTRA_CAP).
+
+    What the daemon may read is a process of the sandbox's own: a `docker exec` of the sandbox
+    while runc's init (`runc:[2:INIT]`, not dumpable: its ns/mnt unreadable, so taken for
+    foreign) becomes the command (`bash -c ...`, dumpable again), seen under load with a
+    diagnostic copy of this probe; a bash's maps without environment when that command ended
+    between the two reads. So each read is checked by its owner's cgroup, not by its contents
+    alone."""
     await sandbox.write_file("/app/probe.sh", PROC_PROBE.encode())
     await sandbox.exec(
-        "touch /app/seen /app/stolen && (nohup setsid bash /app/probe.sh >/dev/null 2>&1 &)"
+        "touch /app/seen /app/read /app/stolen && "
+        "(nohup setsid bash /app/probe.sh >/dev/null 2>&1 &)"
     )
     # runs until the daemon has seen it (so the probe had its chance), then a little more
     nonce, payload = _payload(
@@ -150,13 +168,29 @@ async def test_agent_processes_see_the_verifier_but_cannot_reach_it(
         private_verify.wrapper_argv(["bash", "/tests/test.sh"]), payload, timeout_s=60
     )
     assert res.exit_code == 0 and "done-testing" in res.stdout, res
-    seen = (await sandbox.exec("cat /app/seen")).stdout.split()
-    assert seen, "the agent's daemon never saw the verifier's processes"
-    stolen = (await sandbox.exec("cat /app/stolen | tr -d '\\0'")).stdout
-    # nothing of the verifier's: its secret, or its environment (the container's variable).
-    # What the daemon may read of a process of its own, caught between leaving its namespace
-    # and exiting, is no verifier's (seen once under load: a bash's maps, no environment)
-    assert "hush" not in stolen and OWN_CONTAINER_ENV not in stolen, stolen[:500]
+    # read by copy, not by exec: no process of the sandbox starts meanwhile for the daemon to
+    # read, nor a stdout for it to write FORGED on
+    own = (await sandbox.read_file("/app/own-cgroup")).decode().strip()
+    assert own, "the daemon did not write down its own cgroup"
+
+    def records(text: str) -> list[list[str]]:
+        return [line.split("\t") for line in text.splitlines() if line]
+
+    seen = records((await sandbox.read_file("/app/seen")).decode(errors="replace"))
+    assert any(r[1].strip() != own for r in seen if len(r) > 1), (
+        f"the agent's daemon never saw a process outside its container (the verifier's): {seen}"
+    )
+    read = records((await sandbox.read_file("/app/read")).decode(errors="replace"))
+    foreign = [r for r in read if len(r) != 4 or r[1].strip() != own]
+    # (pid, cgroup's last line, command line, bytes read) of each: the verifier's, when its
+    # capability is gone (the wrapper's sh, the tests' bash, their sleep)
+    assert not foreign, (
+        f"the daemon read processes outside the sandbox (its cgroup: {own.split()[-1]}): "
+        + repr([(r[0], (r[1].split() or [""])[-1], *(x[:100] for x in r[2:])) for r in foreign])
+    )
+    stolen = (await sandbox.read_file("/app/stolen")).replace(b"\0", b"\n").decode(errors="replace")
+    # nothing of the verifier's either by contents: its secret, its environment
+    assert "hush" not in stolen and OWN_CONTAINER_ENV not in stolen, (read, stolen[:500])
     assert "FORGED" not in res.stdout + res.stderr
     assert private_verify.parse_report(res.stderr, nonce, res.stdout).exit_code == 0
 
