@@ -134,6 +134,9 @@ REASONS: dict[str, str] = {
     "test_timeout": "a Terminal-Bench 1 task's tests did not finish within its "
     "max_test_timeout_sec: its harness scores that trial unresolved, so the episode scored 0 "
     "(for the oracle, a failure; recorded as <phase>_verifier_reason)",
+    "parse_error": "a Terminal-Bench 1 task's tests reported no result (pytest missing, or "
+    "the test script stopped before it ran): its harness scores that trial unresolved "
+    "(FailureMode.PARSE_ERROR), so the episode scored 0 (recorded as <phase>_verifier_reason)",
     "verifier_tool_missing": "the verifier calls a program its image lacks or cannot install "
     "there (e.g. a grader baked into a base image that had to be substituted, or one needing a "
     "newer Python than the stand-in's)",
@@ -455,8 +458,12 @@ def verdict(entry: Mapping[str, Any]) -> list[str]:
             reasons.append("noop_nonzero")
         oracle = entry.get("oracle_reward")
         if oracle is not None and oracle != 1.0:
-            if entry.get("oracle_verifier_reason") == "test_timeout":
-                reasons.append("test_timeout")
+            why = entry.get("oracle_verifier_reason")
+            if why in ("test_timeout", "parse_error"):
+                reasons.append(why)
+                said = verifier_output_reason(str(entry.get("oracle_verifier_output") or ""))
+                if why == "parse_error" and said is not None:
+                    reasons.append(said)  # what the tests' own output says stopped them
             reasons.append("oracle_below_one")
     failing = [r for r in reasons if r not in ("oracle_not_shipped", "noop_nonzero")]
     if failing and reachable_host_failed(entry):

@@ -436,10 +436,11 @@ class StepInfo(_Info):
     verifier_s: float | None = _volatile("seconds the submit took (verifier included)")
     verifier_duration_s: float | None = _volatile("seconds the verifier itself ran")
     verifier_output: str | None = Field(None, description="the tail of the verifier's output")
-    verifier_reason: Literal["test_timeout"] | None = Field(
+    verifier_reason: Literal["test_timeout", "parse_error"] | None = Field(
         None,
         description="a scored submit whose reward is not the tests' own verdict: `test_timeout` "
-        "(a Terminal-Bench 1 task's tests ran past max_test_timeout_sec: unresolved, 0)",
+        "(a Terminal-Bench 1 task's tests ran past max_test_timeout_sec: unresolved, 0) or "
+        "`parse_error` (its tests reported no result: unresolved, 0)",
     )
     from_pool: bool | None = _volatile("the sandbox came ready from the warm pool")
     truncation: Literal["max_steps", "time_limit"] | None = Field(

@@ -185,6 +185,11 @@ class TaskCheck(BaseModel):
                     "oracle: the tests did not finish within the task's max_test_timeout_sec "
                     f"(test_timeout: unresolved, as Terminal-Bench 1 scores it), reward {oracle}"
                 )
+            if self.oracle is not None and self.oracle.verifier_reason == "parse_error":
+                return (
+                    "oracle: the tests reported no result (parse_error: unresolved, as "
+                    f"Terminal-Bench 1 scores it), reward {oracle}"
+                )
             code = self.oracle.solution_exit_code if self.oracle is not None else None
             if code not in (None, 0):
                 return f"oracle: the solution exited {code} and the verifier gave it {oracle}"

@@ -51,10 +51,11 @@ class EpisodeSetup(BaseModel):
     verify: VerifyMode = Field("shared", description="how the episode is verified")
 
 
-#: why a verifier run's reward is not the tests' own verdict: `test_timeout` (a Terminal-Bench 1
-#: task's tests ran past `max_test_timeout_sec`; its harness scores that trial unresolved, so the
-#: episode scores 0: tasks.verifier.run)
-VerifierReason = Literal["test_timeout"]
+#: why a verifier run's reward is not the tests' own verdict, each scored as Terminal-Bench 1's
+#: harness scores the trial (unresolved, so the episode scores 0: tasks.verifier.run):
+#: `test_timeout` (the tests ran past `max_test_timeout_sec`) and `parse_error` (they reported
+#: no result at all)
+VerifierReason = Literal["test_timeout", "parse_error"]
 
 
 class VerifierResult(BaseModel):

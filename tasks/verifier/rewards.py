@@ -39,6 +39,8 @@ from tasks.models import AnswerSpec
 
 PASS_STATUSES = {"PASSED", "XFAIL"}
 FAIL_STATUSES = {"FAILED", "ERROR", "XPASS"}
+#: what Terminal-Bench 1's harness counts as passed (`PytestTestStatus.to_test_status`)
+TBENCH_PASS_STATUSES = PASS_STATUSES | {"SKIPPED"}
 
 
 def _finite(value: float, where: str, output: str) -> float:
@@ -151,20 +153,21 @@ def base_test_name(node: str) -> str:
     return node.partition("[")[0].split("::")[-1]
 
 
-def parse_pytest_results(output: str) -> dict[str, str]:
-    """Test name -> status, from pytest's `short test summary info` (or `-v` lines)."""
+def parse_pytest_results(output: str, skipped: bool = False) -> dict[str, str]:
+    """Test name -> status, from pytest's `short test summary info` (or `-v` lines). Skipped
+    tests are left out unless `skipped` (Terminal-Bench 1 counts them: `tbench_reward`)."""
     results: dict[str, str] = {}
     marker = "short test summary info"
     if marker in output:
         section = output.split(marker, 1)[1]
         for line in section.splitlines():
             m = _SUMMARY_LINE.match(line.strip())
-            if m and m.group(1) != "SKIPPED":
+            if m and (skipped or m.group(1) != "SKIPPED"):
                 results[_test_name(m.group(2))] = m.group(1)
     if not results:
         for line in output.splitlines():
             m = _VERBOSE_LINE.match(line.strip())
-            if m and m.group(2) != "SKIPPED":
+            if m and (skipped or m.group(2) != "SKIPPED"):
                 results[_test_name(m.group(1))] = m.group(2)
     return results
 
@@ -206,11 +209,13 @@ def parse_junit_xml(xml: str, output: str = "") -> dict[str, str]:
     return results
 
 
-def _pytest_results(output: str, junit: str | None) -> tuple[dict[str, str], dict[str, object]]:
+def _pytest_results(
+    output: str, junit: str | None, skipped: bool = False
+) -> tuple[dict[str, str], dict[str, object]]:
     """The results and how they were read (`result_source`: junit, or text as a fallback)."""
     if junit is not None:
         return parse_junit_xml(junit, output), {"result_source": "junit"}
-    return parse_pytest_results(output), {
+    return parse_pytest_results(output, skipped), {
         "result_source": "text",
         "result_warning": "no pytest JUnit report was written; scored from the printed "
         "summary, which code under test can forge",
@@ -227,21 +232,43 @@ def _exit_code_vetoes(passed: bool, exit_code: int | None, details: dict) -> boo
     return False
 
 
+def _mark_unexpected_passes(results: dict[str, str], output: str, details: dict) -> None:
+    """A non-strict xfail test that passed is a plain pass in pytest's JUnit report but `XPASS`
+    in its printed summary, which Terminal-Bench's parser counts as FAILED: a JUnit pass that the
+    summary lists as XPASS is marked XPASS. The summary is text that code under test could
+    print; it is read here only to lower a pass, never to raise one."""
+    xpassed = {name for name, st in parse_pytest_results(output).items() if st == "XPASS"}
+    marked = sorted(k for k, st in results.items() if st == "PASSED" and _test_name(k) in xpassed)
+    for key in marked:
+        results[key] = "XPASS"
+    if marked:
+        details["xpass_from_summary"] = marked
+
+
 def tbench_reward(
     output: str, junit: str | None = None, exit_code: int | None = None
 ) -> tuple[float, dict]:
-    """1.0 when every test pytest ran passed (and the script exited 0), else 0.0; no results is
-    a VerifierError. `junit` is pytest's JUnit report when one was written (see module doc)."""
-    results, details = _pytest_results(output, junit)
-    scored = {k: v for k, v in results.items() if v != "SKIPPED"}
-    if not scored:
+    """1.0 when every test pytest reported passed, was skipped or failed as expected (and the
+    script exited 0), else 0.0; no results at all is a VerifierError (cause `no_results`).
+    `junit` is pytest's JUnit report when one was written (see module doc).
+
+    Skipped tests count as passed, as in Terminal-Bench's own harness (terminal-bench 0.2.18,
+    `parsers/pytest_parser.py`: SKIPPED and XFAIL map to `UnitTestStatus.PASSED`, and
+    `Harness._is_resolved` wants every parsed test PASSED), so tests that all skip resolve the
+    trial there and score 1.0 here, and a non-strict xfail test that passed (XPASS) fails it
+    (`_mark_unexpected_passes`). A run with no results is what that harness calls
+    `FailureMode.PARSE_ERROR`; `tasks.verifier.run` scores it as the harness does."""
+    results, details = _pytest_results(output, junit, skipped=True)
+    if junit is not None:
+        _mark_unexpected_passes(results, output, details)
+    if not results:
         raise VerifierError(
             "no pytest results: expected a JUnit report, a 'short test summary info' "
             "section (pytest -rA) or verbose result lines",
             output,
             cause="no_results",
         )
-    passed = all(s in PASS_STATUSES for s in scored.values())
+    passed = all(s in TBENCH_PASS_STATUSES for s in results.values())
     if _exit_code_vetoes(passed, exit_code, details):
         passed = False
     return (1.0 if passed else 0.0), {"tests": results, **details}

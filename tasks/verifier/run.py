@@ -213,6 +213,25 @@ def _timed_out(task: TaskSpec, output: str, start: float) -> VerifierResult:
     )
 
 
+def _parse_error(
+    task: TaskSpec, output: str, exit_code: int | None, start: float
+) -> VerifierResult:
+    """A Terminal-Bench 1 task's tests that reported no result (pytest missing or not run, the
+    test script stopped before it): that benchmark's harness finds no `short test summary info`
+    in the pane, returns `FailureMode.PARSE_ERROR` from `_parse_results`, leaves the trial
+    unresolved, and counts it in the run's accuracy (terminal-bench 0.2.18, harness.py and
+    models.py). So it scores 0.0 here with `reason="parse_error"`, like `test_timeout`: the
+    agent can cause it (by removing pytest, say), so it is never an error to retry or mask."""
+    log.info("task %s: the tests reported no result: unresolved (parse_error), 0.0", task.id)
+    return VerifierResult(
+        reward=0.0,
+        output=output + "\n[sandgym: the tests reported no result (no pytest report): unresolved]",
+        duration_s=time.perf_counter() - start,
+        details={"tests": {}, "exit_code": exit_code},
+        reason="parse_error",
+    )
+
+
 def reward_range(task: TaskSpec) -> tuple[float, float]:
     """The rewards the task's verifier may give: [0, 1] unless `metadata.reward_range = [lo, hi]`."""
     declared = task.metadata.get("reward_range")
@@ -257,7 +276,12 @@ def _score(
         assert v.weights is not None
         reward, details = seta_reward(output, v.weights, junit, exit_code)
     else:
-        reward, details = tbench_reward(output, junit, exit_code)
+        try:
+            reward, details = tbench_reward(output, junit, exit_code)
+        except VerifierError as exc:
+            if exc.cause != "no_results":
+                raise
+            return _parse_error(task, output, exit_code, start)
     details["exit_code"] = exit_code
     return VerifierResult(
         reward=reward, output=output, duration_s=time.perf_counter() - start, details=details

@@ -108,3 +108,30 @@ async def test_terminal_bench_1_tests_past_their_limit_score_0_not_an_error(
     assert reasons == ["test_timeout", "oracle_below_one"]
     assert (outcome.category, outcome.reason) == ("failing", "test_timeout")
     assert not hc.infra_only({"reasons": reasons})
+
+
+async def test_terminal_bench_1_tests_that_report_nothing_score_0_not_an_error(
+    tmp_path: Path, local
+) -> None:
+    """A Terminal-Bench 1 task whose tests print no pytest result (its pytest is missing):
+    unresolved, as its harness scores it (PARSE_ERROR): 0.0 with the reason on each phase's
+    line, no error; the oracle's line is failing, and what stopped the tests is named."""
+    task_dir = tmp_path / "no-pytest"
+    shutil.copytree(FIXTURES / "tbench-modern", task_dir)
+    (task_dir / "run-tests.sh").write_text(
+        '#!/bin/bash\necho "$0: line 2: pytest: command not found"\nexit 127\n'
+    )
+    try:
+        check = await check_task(load_task_dir(task_dir), local, {}, 0)
+    finally:
+        await local.aclose()
+    assert check.phase_errors == []
+    assert check.oracle is not None and check.noop is not None
+    assert (check.oracle.reward, check.oracle.verifier_reason) == (0.0, "parse_error")
+    assert (check.noop.reward, check.noop.verifier_reason) == (0.0, "parse_error")
+    entry = check.to_entry(detail=True)  # the outputs, as the compat bench records them
+    assert entry["error"] is None
+    assert entry["shortfall"].startswith("oracle: the tests reported no result (parse_error")
+    reasons, outcome = hc.judge(entry)
+    assert reasons == ["parse_error", "verifier_tool_missing", "oracle_below_one"]
+    assert (outcome.category, outcome.reason) == ("failing", "parse_error")

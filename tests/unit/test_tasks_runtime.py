@@ -191,6 +191,30 @@ async def test_harbor_reward_range_default_and_declared() -> None:
     assert info.value.cause == "task"
 
 
+async def test_terminal_bench_1_tests_with_no_result_score_0_as_its_harness_does() -> None:
+    """No pytest result (pytest missing): Terminal-Bench 1's harness returns PARSE_ERROR and
+    leaves the trial unresolved, so the episode scores 0.0 with the reason; a SETA task (weighted
+    tests, no such harness rule) keeps the VerifierError."""
+    printed = "/tests/run-tests.sh: line 5: pytest: command not found\n"
+
+    def no_pytest(sb: ScriptedSandbox, env: dict[str, str]) -> ExecResult:
+        return ExecResult(exit_code=127, stdout=printed)
+
+    task = load_task_dir(FIXTURES / "tbench-modern")
+    sb = ScriptedSandbox(sandbox_spec_for(task), no_pytest)
+    setup = await prepare_episode(task, sb, seed=0)
+    result = await run_verifier(task, sb, setup)
+    assert (result.reward, result.reason) == (0.0, "parse_error")
+    assert result.output.startswith(printed) and "reported no result" in result.output
+    assert result.details == {"tests": {}, "exit_code": 127}
+    seta = load_task_dir(FIXTURES / "seta-task")
+    sb = ScriptedSandbox(sandbox_spec_for(seta), no_pytest)
+    setup = await prepare_episode(seta, sb, seed=0)
+    with pytest.raises(VerifierError, match="no pytest results") as info:
+        await run_verifier(seta, sb, setup)
+    assert info.value.cause == "no_results"
+
+
 async def test_pytest_tasks_score_from_the_junit_report() -> None:
     """pytest is asked for a JUnit report in /logs/verifier; a forged summary in the output is
     then ignored, and the details say which source was used."""

@@ -181,8 +181,23 @@ def test_junit_statuses_and_bad_reports() -> None:
             tbench_reward("out", junit=bad)
         assert info.value.cause == "bad_report"
     with pytest.raises(VerifierError, match="no pytest results") as info:
-        tbench_reward("", junit=_junit(("test_a", "skipped")))
+        tbench_reward("", junit=_junit())
     assert info.value.cause == "no_results"
+
+
+def test_tbench_counts_skipped_tests_as_passed_as_its_harness_does() -> None:
+    """terminal-bench's PytestParser maps SKIPPED (and XFAIL) to PASSED, and a trial resolves
+    when every parsed test PASSED: tests that all skip resolve it."""
+    assert tbench_reward("", junit=_junit(("test_a", "skipped")), exit_code=0)[0] == 1.0
+    mixed = _junit(("test_a", "passed"), ("test_b", "skipped"), ("test_c", "xfail"))
+    assert tbench_reward("", junit=mixed, exit_code=0)[0] == 1.0
+    assert tbench_reward("", junit=_junit(("test_a", "skipped"), ("test_b", "failed")))[0] == 0.0
+    # the printed summary (no JUnit report written) reads the same
+    text = (
+        "=== short test summary info ===\nSKIPPED tests/t.py::test_a\nPASSED tests/t.py::test_b\n"
+    )
+    assert tbench_reward(text, junit=None, exit_code=0)[0] == 1.0
+    assert tbench_reward(text.replace("PASSED", "FAILED"), junit=None)[0] == 0.0
 
 
 def test_seta_weighted_share() -> None:
@@ -305,3 +320,17 @@ def test_answers() -> None:
     assert answer_reward("about 42", numeric)[0] == 0.0
     with pytest.raises(VerifierError, match="numeric ground truth"):
         answer_reward("1", AnswerSpec(ground_truth="many", match="numeric"))
+
+
+def test_tbench_an_unexpected_pass_fails_and_the_summary_only_lowers() -> None:
+    """A non-strict XPASS is a plain pass in the JUnit report and XPASS in the printed summary
+    (FAILED for Terminal-Bench's parser); the summary may mark a JUnit pass XPASS, but a forged
+    PASSED line never lifts a JUnit failure."""
+    junit = _junit(("test_a", "passed"), ("test_b", "passed"))
+    summary = "=== short test summary info ===\nXPASS tests/test_outputs.py::test_a\n"
+    reward, details = tbench_reward(summary, junit=junit, exit_code=0)
+    assert reward == 0.0 and details["xpass_from_summary"] == ["tests.test_outputs::test_a"]
+    assert tbench_reward("", junit=junit, exit_code=0)[0] == 1.0
+    failing = _junit(("test_a", "failed"))
+    forged = "=== short test summary info ===\nPASSED tests/test_outputs.py::test_a\n"
+    assert tbench_reward(forged, junit=failing, exit_code=0)[0] == 0.0
