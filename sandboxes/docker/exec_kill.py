@@ -32,7 +32,7 @@ from sandboxes.docker.core import Container
 from sandboxes.docker.streams import _demux, _raw_socket
 from sandboxes.errors import SandboxError
 from sandboxes.paths import normalize_sandbox_path
-from sandboxes.spec import ExecResult, SandboxSpec
+from sandboxes.spec import ExecResult, SandboxSpec, is_root_user
 
 log = logging.getLogger(__name__)
 
@@ -289,7 +289,7 @@ class ContainerExec:
         The exec is retried: under a fork bomb it may not get a pid at the first try.
         """
         helper_asked = await self._ask_helper(marker)
-        root = user in (None, "", "root", "0")
+        root = is_root_user(user)
         for _attempt in range(30):
             try:
                 code, out = await self.raw_exec(

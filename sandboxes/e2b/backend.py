@@ -24,7 +24,7 @@ from sandboxes.errors import (
 )
 from sandboxes.labels import LABEL_MANAGED, should_reap
 from sandboxes.lifetime import first_deadline
-from sandboxes.spec import SandboxSpec
+from sandboxes.spec import SandboxSpec, is_root_user
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ class E2BBackend(SandboxBackend):
                 f"mkdir -p {shlex.quote(spec.workdir)} {made}"
                 + (f" && chmod 777 {made}" if made else "")
             )
-            if spec.user is not None and spec.user not in ("root", "0"):
+            if spec.user is not None and not is_root_user(spec.user):
                 await sb._raw_run(f"chown {shlex.quote(spec.user)} {shlex.quote(spec.workdir)}")
         except BaseException as exc:
             await asyncio.shield(sb.close())

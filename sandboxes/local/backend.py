@@ -24,7 +24,7 @@ from sandboxes.labels import LABEL_OWNER, should_reap
 from sandboxes.local.root import local_root, read_local_labels
 from sandboxes.local.sandbox import LocalSandbox
 from sandboxes.local.tree import _rmtree
-from sandboxes.spec import SandboxSpec
+from sandboxes.spec import SandboxSpec, is_root_user
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ class LocalBackend(SandboxBackend):
 
         self.check_network(spec)
         self.check_services(spec)
-        if spec.user not in (None, "root", "0"):
+        if not is_root_user(spec.user):
             log.debug("local backend: spec.user=%s: exec(user=...) uses setpriv", spec.user)
         sb = LocalSandbox(spec, self, "sg-" + uuid.uuid4().hex[:12])
         self.live.add(sb.id)

@@ -43,7 +43,7 @@ from sandboxes.local.tree import (
 from sandboxes.network import NetworkPolicy
 from sandboxes.paths import normalize_sandbox_path
 from sandboxes.shell import PtyShell
-from sandboxes.spec import ExecResult, PathChanges, SandboxSpec
+from sandboxes.spec import ExecResult, PathChanges, SandboxSpec, is_root_user
 from sandboxes.usage import SandboxUsage, tree_bytes
 
 if TYPE_CHECKING:
@@ -352,7 +352,7 @@ class LocalSandbox(ShellSandbox):
 
     async def exec(self, cmd, timeout_s=60.0, cwd=None, env=None, user=None) -> ExecResult:
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        switch = user not in (None, "root", "0")
+        switch = not is_root_user(user)
         if switch:  # setpriv needs the capabilities to switch; the new uid has none after it
             argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *argv]
         return await self._exec(argv, timeout_s, cwd, env, caps=switch)

@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping
 
 from sandboxes import Sandbox, SandboxBackend, SandboxError, SandboxFileNotFoundError
+from sandboxes.spec import is_root_user
 from tasks import private_verify
 from tasks.commands import run_checked
 from tasks.episode_models import EpisodeSetup, VerifierResult
@@ -91,7 +92,7 @@ async def run_verifier(
             f"{env['PYTEST_ADDOPTS']} {opt}" if env.get("PYTEST_ADDOPTS") else opt
         )
     argv = ["bash", script]
-    as_root = task.verifier_user in (None, "root", "0")
+    as_root = is_root_user(task.verifier_user)
     if not as_root:
         user = task.verifier_user
         argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *argv]
