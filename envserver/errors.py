@@ -102,9 +102,14 @@ def to_wire_error(exc: BaseException) -> WireError:
     task_code = _task_error_code(exc)
     if task_code is not None:
         return WireError(task_code, msg, False)
-    if isinstance(exc, sbx.NetworkPolicyUnsupportedError | sbx.SandboxGroupUnsupportedError):
-        # The task's network (or its services) cannot run on this backend: as final as an
-        # unknown id.
+    if isinstance(
+        exc,
+        sbx.NetworkPolicyUnsupportedError
+        | sbx.SandboxGroupUnsupportedError
+        | sbx.UserUnsupportedError,
+    ):
+        # The task's network (or its services, or its users) cannot run on this backend: as
+        # final as an unknown id.
         return WireError("unknown_task", msg, False)
     if isinstance(exc, PoolTimeoutError):
         return WireError("capacity", f"no sandbox available: {msg}", True)

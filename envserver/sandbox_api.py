@@ -112,7 +112,13 @@ def to_sandbox_error(exc: BaseException) -> ApiError:
         return ApiError("capacity", f"no sandbox available: {msg}", True)
     if isinstance(exc, PoolClosedError):
         return ApiError("internal", f"server shutting down: {msg}", True)
-    if isinstance(exc, EnvironmentInvalidError | TaskError | sbx.SandboxGroupUnsupportedError):
+    if isinstance(
+        exc,
+        EnvironmentInvalidError
+        | TaskError
+        | sbx.SandboxGroupUnsupportedError
+        | sbx.UserUnsupportedError,
+    ):
         return ApiError("environment_invalid", msg, False)
     if isinstance(exc, sbx.NetworkPolicyUnsupportedError):
         return ApiError("network_unsupported", msg, False)

@@ -19,6 +19,7 @@ from sandboxes.errors import (  # noqa: E402
     SandboxLostError,
     SandboxPathError,
     UnknownBackendError,
+    UserUnsupportedError,
 )
 from sandboxes.network import NetworkPolicy  # noqa: E402
 from sandboxes.paths import normalize_sandbox_path  # noqa: E402
@@ -39,6 +40,7 @@ __all__ = [
     "ExecResult",
     "NetworkPolicy",
     "NetworkPolicyUnsupportedError",
+    "UserUnsupportedError",
     "PoolClosedError",
     "PoolKeyFailingError",
     "PoolSettings",

@@ -66,6 +66,11 @@ class SandboxCapabilities(BaseModel):
     private_exec: bool = Field(
         default=False, description="`exec_private` works (the verifier apart from the agent)"
     )
+    other_users: bool = Field(
+        default=True,
+        description="commands may run as users other than root (`exec(user=...)`, a task's "
+        "agent or verifier user)",
+    )
 
 
 class Sandbox(abc.ABC):

@@ -92,6 +92,11 @@ class SandboxGroupUnsupportedError(SandboxError, ValueError):
     file's other services) and this backend cannot run them; the task is refused."""
 
 
+class UserUnsupportedError(SandboxError, ValueError):
+    """The backend cannot run commands as the user asked for (local: its user namespace maps
+    root alone); the task is refused rather than run as root."""
+
+
 class SandboxHealthcheckError(SandboxCreateError):
     """A healthcheck never passed (the sandbox's own, or a service's Docker health): the
     sandbox was not handed out. `output` holds the last attempt's output."""

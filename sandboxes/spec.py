@@ -28,16 +28,6 @@ from sandboxes.services import HealthcheckSpec, ServiceSpec, check_addresses, st
 FINGERPRINT_TTL_S = 2.0
 
 
-#: the user names that mean root: none given (the image's default, root in every image sandgym
-#: runs), an empty one (the engine's default too), and root by name or uid
-ROOT_USERS = (None, "", "root", "0")
-
-
-def is_root_user(user: str | None) -> bool:
-    """Whether a command or verifier `user` runs as root (no switch of user needed)."""
-    return user in ROOT_USERS
-
-
 class SandboxSpec(BaseModel):
     """What a sandbox must look like. Frozen; hashable through `fingerprint()`."""
 

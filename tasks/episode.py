@@ -10,7 +10,8 @@ import time
 import uuid
 from typing import Any
 
-from sandboxes import Sandbox, SandboxFileNotFoundError
+from sandboxes import Sandbox, SandboxFileNotFoundError, UserUnsupportedError
+from sandboxes.common.users import is_root_user
 from sandboxes.network import NetworkPolicy
 from tasks.desktop import start_task_desktop
 from tasks.dockerfile import apply_dockerfile
@@ -40,6 +41,13 @@ async def prepare_episode(
     asked for (the reset's or server's; `resolve_verify_mode`); `baseline`: record the changed
     paths so far, so that the tamper report names only the agent's (`mark_episode`)."""
     start = time.perf_counter()
+    users = [task.agent_user, task.verifier_user, *(s.agent_user for s in task.steps)]
+    others = [u for u in users if not is_root_user(u)]
+    if others and not sandbox.capabilities.other_users:  # refused before the agent's first act
+        raise UserUnsupportedError(
+            f"task {task.id}: runs commands as user {others[0]!r}, and its sandbox runs every "
+            "command as root (the local backend's user namespace maps uid 0 alone); use docker"
+        )
     mode = resolve_verify_mode(task, verify)
     seed = random.randrange(2**31) if seed is None else int(seed)
     warnings: list[str] = []

@@ -28,11 +28,12 @@ from sandboxes.common.kill import (
 )
 from sandboxes.common.output import CappedBuffer
 from sandboxes.common.tolerated import tolerate
+from sandboxes.common.users import is_root_user
 from sandboxes.docker.core import Container
 from sandboxes.docker.streams import _demux, _raw_socket
 from sandboxes.errors import SandboxError
 from sandboxes.paths import normalize_sandbox_path
-from sandboxes.spec import ExecResult, SandboxSpec, is_root_user
+from sandboxes.spec import ExecResult, SandboxSpec
 
 log = logging.getLogger(__name__)
 

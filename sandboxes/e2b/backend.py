@@ -15,6 +15,7 @@ from typing import Any
 from sandboxes.base import SandboxBackend
 from sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES
 from sandboxes.common.tolerated import tolerate
+from sandboxes.common.users import is_root_user
 from sandboxes.e2b.sandbox import E2BSandbox
 from sandboxes.errors import (
     BackendUnavailableError,
@@ -24,7 +25,7 @@ from sandboxes.errors import (
 )
 from sandboxes.labels import LABEL_MANAGED, should_reap
 from sandboxes.lifetime import first_deadline
-from sandboxes.spec import SandboxSpec, is_root_user
+from sandboxes.spec import SandboxSpec
 
 log = logging.getLogger(__name__)
 

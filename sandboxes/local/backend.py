@@ -15,16 +15,18 @@ from sandboxes import cgroups
 from sandboxes.base import SandboxBackend
 from sandboxes.common.files import remove_tree
 from sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES
+from sandboxes.common.users import is_root_user
 from sandboxes.errors import (
     BackendUnavailableError,
     NetworkPolicyUnsupportedError,
     SandboxError,
+    UserUnsupportedError,
 )
 from sandboxes.labels import LABEL_OWNER, should_reap
 from sandboxes.local.root import local_root, read_local_labels
-from sandboxes.local.sandbox import LocalSandbox
+from sandboxes.local.sandbox import LocalSandbox, local_user_refusal
 from sandboxes.local.tree import _rmtree
-from sandboxes.spec import SandboxSpec, is_root_user
+from sandboxes.spec import SandboxSpec
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +90,7 @@ class LocalBackend(SandboxBackend):
         self.check_network(spec)
         self.check_services(spec)
         if not is_root_user(spec.user):
-            log.debug("local backend: spec.user=%s: exec(user=...) uses setpriv", spec.user)
+            raise UserUnsupportedError(local_user_refusal(spec.user))
         sb = LocalSandbox(spec, self, "sg-" + uuid.uuid4().hex[:12])
         self.live.add(sb.id)
         try:

@@ -20,6 +20,7 @@ from sandboxes import cgroups
 from sandboxes.base import SandboxCapabilities
 from sandboxes.common.files import checked_upload
 from sandboxes.common.lazy_shell import ShellSandbox
+from sandboxes.common.users import is_root_user
 from sandboxes.egress import EgressProxy, proxy_env
 from sandboxes.errors import (
     SandboxCreateError,
@@ -27,6 +28,7 @@ from sandboxes.errors import (
     SandboxFileNotFoundError,
     SandboxLostError,
     SandboxPathError,
+    UserUnsupportedError,
 )
 from sandboxes.lifetime import first_deadline, write_deadline_file
 from sandboxes.local.changes import diff_manifest, path_fingerprint, read_links, tree_manifest
@@ -43,7 +45,7 @@ from sandboxes.local.tree import (
 from sandboxes.network import NetworkPolicy
 from sandboxes.paths import normalize_sandbox_path
 from sandboxes.shell import PtyShell
-from sandboxes.spec import ExecResult, PathChanges, SandboxSpec, is_root_user
+from sandboxes.spec import ExecResult, PathChanges, SandboxSpec
 from sandboxes.usage import SandboxUsage, tree_bytes
 
 if TYPE_CHECKING:
@@ -71,9 +73,18 @@ CHECKER_SCRIPT = (
 INIT_SCRIPT = 'echo ready; while :; do bash -c "$0" & wait $!; [ $? = 99 ] && exit 0; sleep 1; done'
 
 
+def local_user_refusal(user: object) -> str:
+    """Why the local backend refuses to run a command as `user` (not root)."""
+    return (
+        f"the local backend runs every command as root (its user namespace maps uid 0 alone); "
+        f"user {user!r} needs the docker backend"
+    )
+
+
 class LocalSandbox(ShellSandbox):
     backend_name = "local"
-    capabilities = SandboxCapabilities(lists_changes=True)  # + private exec under bwrap
+    #: + private exec under bwrap; root alone (bwrap's user namespace maps uid 0 only)
+    capabilities = SandboxCapabilities(lists_changes=True, other_users=False)
 
     def __init__(self, spec: SandboxSpec, backend: LocalBackend, sandbox_id: str) -> None:
         super().__init__(spec, sandbox_id)
@@ -352,10 +363,9 @@ class LocalSandbox(ShellSandbox):
 
     async def exec(self, cmd, timeout_s=60.0, cwd=None, env=None, user=None) -> ExecResult:
         argv = ["bash", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        switch = not is_root_user(user)
-        if switch:  # setpriv needs the capabilities to switch; the new uid has none after it
-            argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *argv]
-        return await self._exec(argv, timeout_s, cwd, env, caps=switch)
+        if not is_root_user(user):
+            raise UserUnsupportedError(local_user_refusal(user))
+        return await self._exec(argv, timeout_s, cwd, env, caps=False)
 
     async def exec_private(
         self,

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 
 from sandboxes import Sandbox, SandboxBackend, SandboxError, SandboxFileNotFoundError
-from sandboxes.spec import is_root_user
+from sandboxes.common.users import as_user_argv, is_root_user
 from tasks import private_verify
 from tasks.commands import run_checked
 from tasks.episode_models import EpisodeSetup, VerifierResult
@@ -95,7 +95,7 @@ async def run_verifier(
     as_root = is_root_user(task.verifier_user)
     if not as_root:
         user = task.verifier_user
-        argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *argv]
+        argv = as_user_argv(user, argv)
     if sandbox.supports_private_exec:
         return await _run_private_verifier(task, sandbox, setup, argv, env, start, as_root)
     # No private exec on this backend (e2b): tests go into the shared file system and the

@@ -20,6 +20,7 @@ from sandboxes import (
     SandboxFileNotFoundError,
     SandboxPathError,
     SandboxSpec,
+    UserUnsupportedError,
     get_backend,
 )
 from tests.netprobe import Banner, default_gateway
@@ -282,3 +283,24 @@ async def test_close_twice_and_exec_after_close(sandbox_factory):
         await sb.exec("true")
     with pytest.raises(SandboxClosedError):
         await sb.run("true")
+
+
+async def test_exec_as_another_user_takes_that_users_primary_group_or_is_refused(
+    sandbox_factory,
+):
+    """`exec(user=...)` runs as that user with the primary group its entry names, as `docker
+    exec -u` does (nobody's group is nogroup on Debian). The local backend maps root alone in
+    its user namespace: there it is refused by name, at exec and at create, never run as root."""
+    sb = await sandbox_factory()
+    for user in ("nobody", "65534"):
+        if sandbox_factory.backend_name == "local":
+            with pytest.raises(UserUnsupportedError, match="needs the docker backend"):
+                await sb.exec("id -un", user=user)
+            continue
+        res = await sb.exec("id -un; id -gn; id -G", user=user)
+        assert (res.exit_code, res.stdout) == (0, "nobody\nnogroup\n65534\n"), (user, res)
+    assert (await sb.exec("id -un")).stdout == "root\n"
+    assert sb.capabilities.other_users is (sandbox_factory.backend_name != "local")
+    if sandbox_factory.backend_name == "local":
+        with pytest.raises(UserUnsupportedError, match="'nobody'"):
+            await sandbox_factory(user="nobody")

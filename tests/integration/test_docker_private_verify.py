@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from sandboxes.common.users import as_user_argv
 from sandboxes.docker import LABEL_VERIFIER_OF, DockerBackend, DockerSandbox
 from sandboxes.private_exec import OWN_CONTAINER_ENV
 from sandboxes.spec import SandboxSpec
@@ -291,3 +292,12 @@ async def test_kill_agent_processes_leaves_the_sandbox_working(sandbox: DockerSa
     await sandbox.kill_agent_processes()
     assert (await sandbox.exec("pgrep -c -f '^sleep 4343'")).stdout.strip() == "0"
     assert (await sandbox.exec("echo alive")).stdout == "alive\n"
+
+
+async def test_a_verifier_user_runs_with_that_users_primary_group(sandbox: DockerSandbox) -> None:
+    """A task's non-root `verifier_user` (tasks.verifier.run wraps the tests in `as_user_argv`):
+    its uid and the primary group its entry names, no supplementary group, no capability."""
+    probe = ["sh", "-c", "id -un; id -gn; id -G; grep CapEff /proc/self/status"]
+    res = await sandbox.exec_private(as_user_argv("nobody", probe), b"", see_processes=False)
+    assert res.exit_code == 0, res
+    assert res.stdout.splitlines() == ["nobody", "nogroup", "65534", "CapEff:\t0000000000000000"]

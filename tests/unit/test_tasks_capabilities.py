@@ -80,17 +80,21 @@ def test_each_backend_declares_what_the_task_layer_asks() -> None:
     from sandboxes.e2b import E2BSandbox
     from sandboxes.local import LocalSandbox
 
-    def caps(builds: bool, real: bool, changes: bool, private: bool) -> SandboxCapabilities:
+    def caps(
+        builds: bool, real: bool, changes: bool, private: bool, users: bool = True
+    ) -> SandboxCapabilities:
         return SandboxCapabilities(
             builds_images=builds,
             runs_real_commands=real,
             lists_changes=changes,
             private_exec=private,
+            other_users=users,
         )
 
     assert DockerSandbox.capabilities == caps(True, True, True, True)
-    # a local sandbox has private exec once it runs under bwrap (set when it starts)
-    assert LocalSandbox.capabilities == caps(False, True, True, False)
+    # a local sandbox has private exec once it runs under bwrap (set when it starts); its user
+    # namespace maps root alone
+    assert LocalSandbox.capabilities == caps(False, True, True, False, users=False)
     assert E2BSandbox.capabilities == caps(False, True, False, False)
     assert NullSandbox.capabilities == caps(False, False, False, False)
 

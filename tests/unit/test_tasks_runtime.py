@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sandboxes import ExecResult, SandboxCapabilities, SandboxSpec
+from sandboxes import ExecResult, SandboxCapabilities, SandboxSpec, UserUnsupportedError
 from sandboxes.null import NullBackend, NullSandbox
 from tasks import (
     TaskUnsupportedError,
@@ -342,3 +342,24 @@ async def test_the_private_verifier_sees_the_agents_processes_only_as_root() -> 
         with pytest.raises(_PrivateExecSeen):
             await run_verifier(task.model_copy(update={"verifier_user": user}), sb, setup)
         assert sb.see_processes == [expected], user
+
+
+class RootOnlySandbox(ScriptedSandbox):
+    """A sandbox that runs commands as root alone (as the local backend's)."""
+
+    capabilities = SandboxCapabilities(other_users=False)
+
+
+async def test_a_task_with_another_user_is_refused_by_a_root_only_sandbox() -> None:
+    """A verifier (or agent) user other than root on a sandbox that runs everything as root is
+    refused at the episode's start, by name, before the agent acts: never run as root."""
+    task = load_task_dir(FIXTURES / "harbor-image")
+    for field in ("verifier_user", "agent_user"):
+        other = task.model_copy(update={field: "nobody"})
+        sb = RootOnlySandbox(sandbox_spec_for(task), lambda sb, env: ExecResult(exit_code=0))
+        with pytest.raises(UserUnsupportedError, match="'nobody'.*use docker"):
+            await prepare_episode(other, sb, seed=0)
+        assert sb.commands == [], field
+    await prepare_episode(task, RootOnlySandbox(sandbox_spec_for(task), lambda *a: None), seed=0)
+    sb = ScriptedSandbox(sandbox_spec_for(task), lambda sb, env: ExecResult(exit_code=0))
+    await prepare_episode(task.model_copy(update={"verifier_user": "nobody"}), sb, seed=0)
