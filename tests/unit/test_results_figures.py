@@ -74,7 +74,8 @@ ABUSES = {
 def harbor_row(doc: str, i: int) -> str:
     """A row of the results page's compatibility table: set i's absolute figure (clean of the tasks
     run, beside the published oracle figure; "N of M run" says how much of the set that is),
-    its reachable figure, and its table."""
+    its reachable figure, how many of the reachable tasks ship a solution (the others are clean
+    on the no-op half alone: no oracle could run), and its table."""
     d = f"datasets/{i}"
     sm = f"{d}/summary"
 
@@ -85,13 +86,15 @@ def harbor_row(doc: str, i: int) -> str:
     pub = at(doc, f"{d}/published_oracle/share")
     table = [at(doc, f"{sm}/table/{k}") for k in ("failing", "unreachable_host")]
     table += [at(doc, f"{sm}/table/{k}") for k in ("stand_in_limit", "dataset_incomplete")]
-    return "| {} | {} of {} run | {} | {} | {} | {} | {} | {} | {} |".format(
+    return "| {} | {} of {} run | {} | {} | {} | {} of {} | {} | {} | {} | {} |".format(
         at(doc, f"{d}/name"),
         at(doc, f"{d}/tasks_run"),
         at(doc, f"{d}/tasks_selected"),
         frac(f"{sm}/absolute_clean"),
         "none found" if pub is None else f"{100 * pub:.0f} %",
         frac(f"{sm}/reachable/clean"),
+        at(doc, f"{sm}/reachable/oracle_one_noop_zero/of"),
+        at(doc, f"{sm}/reachable/tasks"),
         *table,
     )
 
