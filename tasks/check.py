@@ -109,9 +109,10 @@ class PhaseCheck(BaseModel):
     failed_tests: list[str] | None = Field(
         None,
         description="the tests the verifier read as failed (FAILED, ERROR, XPASS), sorted, from "
-        "its per-test results (`VerifierResult.details['tests']`: Terminal-Bench 1, SETA; last "
-        "step's); None where it gives a reward alone (a Harbor reward file) or no reward; the "
-        "JSON line's `<phase>_failed_tests`",
+        "its per-test results (`VerifierResult.details['tests']`: Terminal-Bench 1 and SETA from "
+        "pytest's JUnit report; Harbor from the CTRF report its tests write, naming only; last "
+        "step's); None where it gives a reward alone (a Harbor reward file and no CTRF report) or "
+        "no reward; the JSON line's `<phase>_failed_tests`",
     )
     error: CheckError | None = Field(None, description="what ended the episode, if anything")
     close_error: CheckError | None = Field(None, description="closing its sandbox failed")

@@ -11,7 +11,9 @@ for, or a loop that keeps writing `1` into /logs/verifier/reward.txt). When the 
    runs the test script there, its stderr merged into its stdout;
 3. after the script the wrapper prints, on its own stderr, a block framed by the nonce with the
    reward files (and pytest's JUnit report, `JUNIT_FILE`, which the runtime asks pytest to write
-   there for Terminal-Bench and SETA tasks) base64-encoded, read from its private /logs/verifier.
+   there for Terminal-Bench and SETA tasks, and the CTRF report Harbor's test scripts write,
+   `CTRF_FILE`, read only to name failing tests) base64-encoded, read from its private
+   /logs/verifier.
 
 On the docker backend the wrapper runs instead in a container of its own, started from a
 snapshot of the sandbox (`DockerSandbox.exec_private`), sharing the sandbox's network and
@@ -50,9 +52,17 @@ NO_PAYLOAD, SETUP_FAILED = 97, 98
 MAX_REWARD_FILE_BYTES = 1_000_000
 #: pytest's JUnit report, written by pytest itself into the private /logs/verifier
 JUNIT_FILE = "sandgym-pytest-junit.xml"
-REPORTED_FILES = ("reward.txt", "reward.json", JUNIT_FILE)
+#: the files that score, reported up to MAX_REWARD_FILE_BYTES each
+SCORED_FILES = ("reward.txt", "reward.json", JUNIT_FILE)
+#: the CTRF report Harbor's test scripts write (`pytest --ctrf /logs/verifier/ctrf.json`); it
+#: names failing tests and never scores (tasks/verifier/ctrf.py), so it is reported only when
+#: it is at most CTRF_MAX_BYTES: a larger one (long tracebacks) is left out whole, never cut
+#: into invalid JSON or allowed to push the report past the backend's stderr cap
+CTRF_FILE = "ctrf.json"
+CTRF_MAX_BYTES = 256 * 1024
+REPORTED_FILES = (*SCORED_FILES, CTRF_FILE)
 
-#: the wrapper (the backend's variable, `OWN_CONTAINER_ENV`, is filled in below)
+#: the wrapper (its @NAME@s, the backend's variable and the reported files, are filled in below)
 WRAPPER = r"""
 IFS= read -r nonce || { echo "sandgym: expected a nonce line on stdin, got nothing" >&2; exit 97; }
 if [ "${@OWN_CONTAINER_ENV@:-}" = 1 ]; then
@@ -69,15 +79,27 @@ exec 3>&2 2>&1
 rc=$?
 {
   printf '\n%s begin\n' "$nonce"
-  for f in reward.txt reward.json sandgym-pytest-junit.xml; do
+  for f in @SCORED_FILES@; do
     if [ -f "/logs/verifier/$f" ]; then
-      printf '%s ' "$f"; head -c 1000000 "/logs/verifier/$f" | base64 -w0; printf '\n'
+      printf '%s ' "$f"; head -c @MAX_BYTES@ "/logs/verifier/$f" | base64 -w0; printf '\n'
     fi
   done
+  f=/logs/verifier/@CTRF_FILE@
+  if [ -f "$f" ] && [ "$(($(wc -c < "$f")))" -le @CTRF_MAX_BYTES@ ]; then
+    printf '%s ' @CTRF_FILE@; base64 -w0 < "$f"; printf '\n'
+  fi
   printf '%s end %s\n' "$nonce" "$rc"
 } >&3
 exit "$rc"
-""".replace("@OWN_CONTAINER_ENV@", OWN_CONTAINER_ENV)
+"""
+for _name, _value in {
+    "OWN_CONTAINER_ENV": OWN_CONTAINER_ENV,
+    "SCORED_FILES": " ".join(SCORED_FILES),
+    "MAX_BYTES": str(MAX_REWARD_FILE_BYTES),
+    "CTRF_FILE": CTRF_FILE,
+    "CTRF_MAX_BYTES": str(CTRF_MAX_BYTES),
+}.items():
+    WRAPPER = WRAPPER.replace(f"@{_name}@", _value)
 
 
 @dataclass

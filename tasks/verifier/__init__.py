@@ -4,7 +4,8 @@
   them, and reads what they leave; `reward_range` is a task's declared reward range;
 - `separate`: Harbor's separate verifier, in a sandbox of its own holding the agent's artifacts;
 - `rewards`: the pure rules that turn that text into a reward (Harbor reward files, pytest
-  reports for Terminal-Bench and SETA, answers for LLM-in-Sandbox).
+  reports for Terminal-Bench and SETA, answers for LLM-in-Sandbox);
+- `ctrf`: a Harbor task's CTRF test report, read to name the tests that failed (never to score).
 
 The protocol of the private verifier namespace itself is `tasks.private_verify`.
 """

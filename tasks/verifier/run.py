@@ -21,6 +21,7 @@ from tasks.models import TaskSpec
 from tasks.paths import SECRET_DIR, TESTS_DIR, VERIFIER_LOGS
 from tasks.sandbox_spec import resolve_env_templates
 from tasks.steps import step_view
+from tasks.verifier.ctrf import ctrf_tests
 from tasks.verifier.rewards import (
     DEFAULT_REWARD_RANGE,
     answer_reward,
@@ -129,13 +130,14 @@ async def run_verifier(
     output = res.stdout + (("\n" + res.stderr) if res.stderr else "")
     if res.timed_out:
         return _timed_out(task, output, start)
-    txt = js = junit = None
+    txt = js = junit = ctrf = None
     if v.kind == "harbor":
         txt = await _read_optional(sandbox, f"{VERIFIER_LOGS}/reward.txt")
         js = await _read_optional(sandbox, f"{VERIFIER_LOGS}/reward.json")
+        ctrf = await _read_optional(sandbox, f"{VERIFIER_LOGS}/{private_verify.CTRF_FILE}")
     else:
         junit = await _read_optional(sandbox, f"{VERIFIER_LOGS}/{private_verify.JUNIT_FILE}")
-    return _score(task, output, res.exit_code, txt, js, start, junit)
+    return _score(task, output, res.exit_code, txt, js, start, junit, ctrf)
 
 
 async def _run_private_verifier(
@@ -184,6 +186,7 @@ async def _run_private_verifier(
         report.files.get("reward.json"),
         start,
         report.files.get(private_verify.JUNIT_FILE),
+        report.files.get(private_verify.CTRF_FILE),
     )
 
 
@@ -262,7 +265,11 @@ def _score(
     js: str | None,
     start: float,
     junit: str | None = None,
+    ctrf: str | None = None,
 ) -> VerifierResult:
+    """The reward from what the verifier left. A Harbor task's CTRF report (`ctrf`), where its
+    tests wrote one, adds per-test results to the details (`tests`, `tests_source: "ctrf"`)
+    for naming failing tests; the reward file alone scores."""
     v = task.verifier
     if v.kind == "harbor":
         if txt is None and js is None and exit_code not in (None, 0):
@@ -273,6 +280,9 @@ def _score(
                 cause="no_reward",
             )
         reward, details = reward_from_files(txt, js, output, reward_range(task))
+        tests = ctrf_tests(ctrf)
+        if tests is not None:
+            details["tests"], details["tests_source"] = tests, "ctrf"
     elif v.kind == "seta":
         assert v.weights is not None
         reward, details = seta_reward(output, v.weights, junit, exit_code)

@@ -1,10 +1,12 @@
 """`sandgym tasks check` carries each error's cause from where it was raised to the reader that
 classifies it (bench/harbor_compat.py), on the local backend (bubblewrap): a task that ships no
 solution, and a verifier that runs past its timeout, each end to end through `check_task`, its
-typed `CheckError`, its JSON line and `verdict`; the contract's joined `error` text unchanged."""
+typed `CheckError`, its JSON line and `verdict`; the contract's joined `error` text unchanged.
+Failing tests are named from the verifier's per-test results (JUnit; Harbor's CTRF report)."""
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 from pathlib import Path
 
@@ -158,3 +160,79 @@ async def test_an_oracle_short_of_its_tests_names_the_tests_that_failed(
     reasons, outcome = hc.judge(entry)
     assert (outcome.category, outcome.reason) == ("failing", "oracle_below_one")
     assert outcome.action == entry["shortfall"]
+
+
+#: a Harbor test script as Terminal-Bench 2.0 writes them (pytest with the CTRF plugin, then the
+#: reward file from pytest's exit code). Terminal-Bench 2.0 gets pytest 8.4.1 and the plugin from
+#: uvx; here the released packages this checkout's dev extras installed (pytest, the plugin,
+#: which needs pytest >= 7.3, and pytest's own dependencies) go in on PYTHONPATH from /tests:
+#: the local sandbox's python3 has only Debian's older pytest
+HARBOR_CTRF_TEST_SH = """#!/bin/bash
+mkdir -p /logs/verifier
+PYTHONPATH=/tests/vendor python3 -m pytest -p ctrf.main --ctrf /logs/verifier/ctrf.json \\
+  /tests/test_outputs.py -rA
+if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; else echo 0 > /logs/verifier/reward.txt; fi
+"""
+
+HARBOR_CTRF_TESTS = """from pathlib import Path
+
+def test_reversed():
+    assert Path("/app/out/reversed.txt").read_text().split() == ["gamma", "beta", "alpha"]
+
+def test_broken():
+    assert 4 in "four"
+"""
+
+
+#: pytest-json-ctrf (`ctrf`, a dev dependency), pytest and what pytest imports
+VENDORED = ("ctrf", "pytest", "_pytest", "pluggy", "iniconfig", "packaging")
+
+
+def _harbor_ctrf_task(tmp_path: Path, name: str, test_sh: str) -> Path:
+    """harbor-legacy with TB2-style tests: test_reversed (the oracle passes it) and test_broken
+    (nothing passes it), reported by pytest-json-ctrf to /logs/verifier/ctrf.json."""
+    task_dir = tmp_path / name
+    shutil.copytree(FIXTURES / "harbor-legacy", task_dir)
+    tests = task_dir / "tests"
+    (tests / "test.sh").write_text(test_sh)
+    (tests / "test_outputs.py").write_text(HARBOR_CTRF_TESTS)
+    for package in VENDORED:
+        spec = importlib.util.find_spec(package)
+        assert spec is not None and spec.submodule_search_locations, f"{package} not installed"
+        shutil.copytree(spec.submodule_search_locations[0], tests / "vendor" / package)
+    return task_dir
+
+
+async def test_a_harbor_oracle_short_of_its_tests_names_them_from_its_ctrf_report(
+    tmp_path: Path, local
+) -> None:
+    """A Harbor task whose tests fail for the oracle: its reward file scores 0, and the failing
+    tests are named from the CTRF report its tests wrote (carried out of the private verifier
+    namespace), on the line and in the shortfall."""
+    check = await _check(_harbor_ctrf_task(tmp_path, "harbor-ctrf", HARBOR_CTRF_TEST_SH), local)
+    assert check.phase_errors == []
+    assert check.oracle is not None and check.noop is not None
+    assert (check.oracle.reward, check.noop.reward) == (0.0, 0.0)
+    broken = "test_outputs.py::test_broken"  # pytest's node id, as the plugin writes it
+    assert check.oracle.failed_tests == [broken]
+    assert check.noop.failed_tests == [broken, "test_outputs.py::test_reversed"]
+    entry = check.to_entry(detail=True)
+    assert entry["oracle_failed_tests"] == [broken]
+    assert entry["shortfall"] == (
+        f"oracle: the solution ran but the verifier gave it 0.0, not 1.0; failing tests: {broken}"
+    )
+
+
+async def test_a_harbor_ctrf_report_names_tests_but_never_scores(tmp_path: Path, local) -> None:
+    """The reward file alone scores a Harbor task: a script that writes 1 whatever pytest says
+    gets 1.0, though its CTRF report names a failing test."""
+    always_one = HARBOR_CTRF_TEST_SH.replace(
+        "if [ $? -eq 0 ]; then echo 1 > /logs/verifier/reward.txt; "
+        "else echo 0 > /logs/verifier/reward.txt; fi",
+        "echo 1 > /logs/verifier/reward.txt",
+    )
+    assert always_one != HARBOR_CTRF_TEST_SH
+    check = await _check(_harbor_ctrf_task(tmp_path, "harbor-ctrf-one", always_one), local)
+    assert check.oracle is not None and check.noop is not None
+    assert (check.oracle.reward, check.noop.reward) == (1.0, 1.0)
+    assert check.oracle.failed_tests == ["test_outputs.py::test_broken"]
