@@ -14,7 +14,7 @@ exec .venv/bin/sandgym bench harbor_compat \
   --tasks-dir "$SETS/tb2" --source-name terminal-bench-2.0 \
   --source-repo yujianll/skill-usage --source-commit f9f89fadc42150d0b3de9dfa8ff31da31607ca89 \
   --source-path terminal-bench-2 \
-  --source-note "all 89 Terminal-Bench 2.0 task directories of the public copy (3 of its files are absent from the stored copy: see absent_files)" \
+  --source-note "all 89 Terminal-Bench 2.0 task directories of the public copy (4 of its files, in 3 tasks, are absent from the stored copy: see absent_files)" \
   --source-sample "" --source-absent "$absent" \
   --tasks-dir "$SETS/termigen" --source-name termigen \
   --source-repo zjysteven/terminal-bench-env --source-commit aaad6aeff9b58ab7504a7d239f01f8b11c7174ef \
