@@ -1,0 +1,282 @@
+"""Terminal-Bench 1's own harness beside sandgym's run of the same tasks (bench only).
+
+`bench/tb1_own_harness.sh` runs the released harness (terminal-bench's `tb run`, oracle and nop
+agents) on the Terminal-Bench 1 tasks, on the same local stand-in images and with the same
+substitutions as sandgym's committed run (`bench/results/harbor_compat_tb1.json`). This module
+does the two steps around it:
+
+- `prepare`: the task copies the harness runs, made by the substitution layer sandgym's run
+  uses (`bench.substitutions.prepare_task_copy`), with the substitutions made in each;
+- `report`: reads the harness's own `results.json` of each run (one trial per task and agent)
+  and puts each task's verdict beside sandgym's line for it: resolved or not, the harness's
+  failure mode and the tests its parser saw fail, and whether the two agree. A task agrees
+  when the harness resolved the oracle trial exactly where sandgym scored the oracle 1.0, and
+  the nop trial exactly where sandgym scored the no-op 1.0 (where both ran).
+
+Nothing here re-classifies sandgym's lines: the committed categories and figures stay what
+their runs recorded; the comparison is its own document (`bench/results/tb1_own_harness.json`,
+the harness's trials beside it in `tb1_own_harness.raw.jsonl`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+TB_VERSION = "0.2.18"
+#: what the harness's runner needs beyond the package, and where it comes from
+RUNNER_TOOLS = {
+    "terminal-bench": f"{TB_VERSION}, from the Python package index",
+    "docker compose": "2.26.1-4, Debian trixie's docker-compose package",
+    "docker buildx": "0.13.1+ds1-3, Debian trixie's docker-buildx package",
+    "python": "Debian trixie's CPython 3.13, sandgym/standin:python-3.13 (the harness needs >= 3.12)",
+}
+
+#: the fields of each trial of the harness's results.json kept in the raw file (its task text,
+#: `instruction`, and token counts of an agent with no model are left out)
+RAW_FIELDS = (
+    "task_id",
+    "trial_name",
+    "is_resolved",
+    "failure_mode",
+    "parser_results",
+    "trial_started_at",
+    "trial_ended_at",
+    "agent_started_at",
+    "agent_ended_at",
+    "test_started_at",
+    "test_ended_at",
+)
+
+
+class HarnessTrial(BaseModel):
+    """One trial of Terminal-Bench's harness, as its results.json records it."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    task_id: str
+    is_resolved: bool | None = None
+    failure_mode: str = "unset"
+    parser_results: dict[str, str] | None = None
+
+    @property
+    def failed_tests(self) -> list[str]:
+        return sorted(k for k, v in (self.parser_results or {}).items() if v != "passed")
+
+
+class TaskComparison(BaseModel):
+    """One task: sandgym's line and the harness's trials, side by side."""
+
+    task_id: str
+    substitutions: list[str]
+    sandgym_substitutions: list[str]
+    sandgym_category: str
+    sandgym_oracle_reward: float | None
+    sandgym_noop_reward: float | None
+    harness_oracle_resolved: bool | None
+    harness_oracle_failure_mode: str | None
+    harness_oracle_failed_tests: list[str] | None
+    harness_nop_resolved: bool | None
+    harness_nop_failure_mode: str | None
+    agree_oracle: bool | None
+    agree_nop: bool | None
+
+
+class HarnessReportError(ValueError):
+    """A harness run or sandgym document that cannot be read as expected."""
+
+
+def read_run(run_dir: Path) -> tuple[str, list[HarnessTrial]]:
+    """The agent name and trials of one `tb run` output directory."""
+    meta_path, results_path = run_dir / "run_metadata.json", run_dir / "results.json"
+    for p in (meta_path, results_path):
+        if not p.is_file():
+            raise HarnessReportError(f"{run_dir}: expected the harness's {p.name}, found none")
+    agent = json.loads(meta_path.read_text(encoding="utf-8")).get("agent_name")
+    if agent not in ("oracle", "nop"):
+        raise HarnessReportError(f"{meta_path}: expected agent_name oracle or nop, got {agent!r}")
+    raw = json.loads(results_path.read_text(encoding="utf-8")).get("results")
+    if not isinstance(raw, list):
+        raise HarnessReportError(f"{results_path}: expected a list under 'results'")
+    return agent, [HarnessTrial.model_validate(r) for r in raw]
+
+
+def _agree(reward: float | None, resolved: bool | None) -> bool | None:
+    if reward is None or resolved is None:
+        return None
+    return (reward == 1.0) == resolved
+
+
+def compare(
+    sandgym_tasks: list[dict[str, Any]],
+    trials: dict[str, dict[str, HarnessTrial]],
+    substitutions: dict[str, list[dict[str, str]]] | None = None,
+) -> list[TaskComparison]:
+    """One comparison per task the harness ran (`trials`: agent -> task_id -> trial;
+    `substitutions`: what `prepare` made in each task's copy)."""
+    by_id = {t["task_id"]: t for t in sandgym_tasks}
+    ran = sorted(set().union(*(set(v) for v in trials.values())) if trials else set())
+    out: list[TaskComparison] = []
+    for task_id in ran:
+        line = by_id.get(task_id)
+        if line is None:
+            raise HarnessReportError(
+                f"{task_id}: the harness ran it, sandgym's document has no line"
+            )
+        oracle = trials.get("oracle", {}).get(task_id)
+        nop = trials.get("nop", {}).get(task_id)
+        o_res = bool(oracle.is_resolved) if oracle is not None else None
+        n_res = bool(nop.is_resolved) if nop is not None else None
+        out.append(
+            TaskComparison(
+                task_id=task_id,
+                substitutions=[r["name"] for r in (substitutions or {}).get(task_id, [])],
+                sandgym_substitutions=[r["name"] for r in line.get("substitutions", [])],
+                sandgym_category=line["outcome"]["category"],
+                sandgym_oracle_reward=line.get("oracle_reward"),
+                sandgym_noop_reward=line.get("noop_reward"),
+                harness_oracle_resolved=o_res,
+                harness_oracle_failure_mode=oracle.failure_mode if oracle else None,
+                harness_oracle_failed_tests=oracle.failed_tests if oracle else None,
+                harness_nop_resolved=n_res,
+                harness_nop_failure_mode=nop.failure_mode if nop else None,
+                agree_oracle=_agree(line.get("oracle_reward"), o_res),
+                agree_nop=_agree(line.get("noop_reward"), n_res),
+            )
+        )
+    return out
+
+
+def _count(rows: list[TaskComparison], field: str, value: object = True) -> dict[str, int]:
+    have = [r for r in rows if getattr(r, field) is not None]
+    return {"count": sum(1 for r in have if getattr(r, field) == value), "of": len(have)}
+
+
+def summarize(rows: list[TaskComparison]) -> dict[str, Any]:
+    return {
+        "tasks": len(rows),
+        "harness_oracle_resolved": _count(rows, "harness_oracle_resolved"),
+        "harness_nop_resolved": _count(rows, "harness_nop_resolved"),
+        "sandgym_oracle_one": {
+            "count": sum(1 for r in rows if r.sandgym_oracle_reward == 1.0),
+            "of": len(rows),
+        },
+        "agree_oracle": _count(rows, "agree_oracle"),
+        "agree_nop": _count(rows, "agree_nop"),
+        "disagreements": [
+            r.task_id for r in rows if r.agree_oracle is False or r.agree_nop is False
+        ],
+    }
+
+
+def report(
+    runs: list[Path], sandgym_doc: Path, out: Path, substitutions: Path | None = None
+) -> dict[str, Any]:
+    """Write the comparison document (`out`) and the harness's trials beside it (`.raw.jsonl`);
+    `substitutions`: the file `prepare` wrote."""
+    doc = json.loads(sandgym_doc.read_text(encoding="utf-8"))
+    sets = [d for d in doc.get("datasets", []) if d.get("name") == "terminal-bench-1"]
+    if len(sets) != 1:
+        raise HarnessReportError(f"{sandgym_doc}: expected one terminal-bench-1 dataset")
+    trials: dict[str, dict[str, HarnessTrial]] = {}
+    raw_lines: list[str] = []
+    run_records = []
+    for run_dir in runs:
+        agent, got = read_run(run_dir)
+        meta = json.loads((run_dir / "run_metadata.json").read_text(encoding="utf-8"))
+        run_records.append(
+            {
+                "run_id": meta.get("run_id"),
+                "agent": agent,
+                "start_time": meta.get("start_time"),
+                "end_time": meta.get("end_time"),
+                "n_concurrent_trials": meta.get("n_concurrent_trials"),
+                "task_ids": meta.get("task_ids"),
+            }
+        )
+        for t in got:
+            if t.task_id in trials.setdefault(agent, {}):
+                raise HarnessReportError(f"{t.task_id}: two {agent} trials; keep one run per task")
+            trials[agent][t.task_id] = t
+        raw = json.loads((run_dir / "results.json").read_text(encoding="utf-8"))["results"]
+        for r in raw:  # its fields as the harness wrote them; the task's own text stays out
+            kept = {k: r.get(k) for k in RAW_FIELDS}
+            raw_lines.append(json.dumps({"run_id": meta.get("run_id"), "agent": agent, **kept}))
+    subst = json.loads(substitutions.read_text(encoding="utf-8")) if substitutions else {}
+    rows = compare(sets[0]["tasks"], trials, subst)
+    result = {
+        "bench": "tb1_own_harness",
+        "harness": RUNNER_TOOLS,
+        "sandgym_document": str(sandgym_doc),
+        "source": sets[0]["source"],
+        "runs": run_records,
+        "summary": summarize(rows),
+        "tasks": [r.model_dump() for r in rows],
+        "code_commit": _git_commit(),
+        "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    out.with_suffix(".raw.jsonl").write_text("".join(x + "\n" for x in raw_lines), encoding="utf-8")
+    return result
+
+
+def _git_commit() -> str:
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True)
+        return head + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "not recorded"
+
+
+def prepare(tasks_dir: Path, out: Path, work_dir: Path, task_ids: list[str]) -> dict[str, Any]:
+    """Copy each task to `out/<task>` with sandgym's substitutions; returns them per task."""
+    from bench.substitutions import DEBIAN_CPYTHON, debian_cpython_debs, prepare_task_copy
+
+    cpython = {v: debian_cpython_debs(v, work_dir) for v in DEBIAN_CPYTHON}
+    made: dict[str, Any] = {}
+    for task_id in task_ids:
+        src = tasks_dir / task_id
+        if not (src / "task.yaml").is_file():
+            raise HarnessReportError(f"{src}: expected a Terminal-Bench 1 task (task.yaml)")
+        made[task_id] = prepare_task_copy(src, out / task_id, cpython)
+    (work_dir / "substitutions.json").write_text(
+        json.dumps(made, indent=1) + "\n", encoding="utf-8"
+    )
+    return made
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.tb1_own_harness", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pp = sub.add_parser("prepare", help="the substituted task copies the harness runs")
+    pp.add_argument("--tasks-dir", type=Path, required=True)
+    pp.add_argument("--out", type=Path, required=True)
+    pp.add_argument("--work-dir", type=Path, required=True)
+    pp.add_argument("task_ids", nargs="+")
+    pr = sub.add_parser("report", help="compare the harness's runs with sandgym's document")
+    pr.add_argument("--runs", type=Path, nargs="+", required=True)
+    pr.add_argument("--sandgym", type=Path, default=Path("bench/results/harbor_compat_tb1.json"))
+    pr.add_argument("--out", type=Path, default=Path("bench/results/tb1_own_harness.json"))
+    pr.add_argument("--substitutions", type=Path, help="the substitutions.json prepare wrote")
+    a = p.parse_args(argv)
+    if a.cmd == "prepare":
+        a.out.mkdir(parents=True, exist_ok=True)
+        made = prepare(a.tasks_dir, a.out, a.work_dir, a.task_ids)
+        print(json.dumps({k: [r["name"] for r in v] for k, v in made.items()}))
+    else:
+        print(json.dumps(report(a.runs, a.sandgym, a.out, a.substitutions)["summary"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

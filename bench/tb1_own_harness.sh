@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Terminal-Bench 1's own harness on the tasks of bench/results/harbor_compat_tb1.json, for a
+# task-by-task comparison with sandgym's run (bench/results/tb1_own_harness.json):
+#   TB1=/tmp/tb1 bash bench/tb1_own_harness.sh oracle TASK ...   (then: nop TASK ...)
+#   .venv/bin/python -m bench.tb1_own_harness report --runs "$WORK/runs" ...
+# What runs, and on what:
+# - the released harness: terminal-bench 0.2.18 from the package index (`tb run`, its oracle or
+#   nop agent, its test parser, its limits: max_test_timeout_sec x 1.0), installed into a venv
+#   under $WORK and run in a container of the local stand-in `sandgym/standin:python-3.13`
+#   (python:3.13-slim: Debian trixie's CPython 3.13; the harness needs >= 3.12, this host has
+#   3.11), driving this host's engine through its socket and the host's docker CLI;
+# - `docker compose` v2 and buildx, which the harness calls and which Debian bookworm does not
+#   package: Debian trixie's docker-compose 2.26.1-4 and docker-buildx 0.13.1+ds1-3, unpacked
+#   from Debian's mirror into $WORK/docker/cli-plugins (DOCKER_CONFIG for this run only), so
+#   the tasks build with BuildKit, as the harness builds them;
+# - the tasks: copies with the same substitutions sandgym's run made (`prepare`), on the same
+#   local stand-in images (ghcr.io/laude-institute/t-bench/... by name).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+agent="${1:?usage: tb1_own_harness.sh oracle|nop TASK ...}"; shift
+TB1="${TB1:?set TB1 to the folder holding the 94 task directories}"
+WORK="${WORK:-/tmp/tbpeer}"
+TB_VERSION=0.2.18
+RUNNER_IMAGE="${RUNNER_IMAGE:-sandgym/standin:python-3.13}"
+mirror=http://deb.debian.org/debian/pool/main/d
+mkdir -p "$WORK/docker/cli-plugins" "$WORK/runs" "$WORK/debs"
+for deb in docker-compose/docker-compose_2.26.1-4_amd64.deb \
+           docker-buildx/docker-buildx_0.13.1+ds1-3_amd64.deb; do
+  f="$WORK/debs/$(basename "$deb")"
+  [ -s "$f" ] || curl -fsSL -o "$f" "$mirror/$deb"
+  tmp=$(mktemp -d); dpkg-deb -x "$f" "$tmp"
+  cp "$tmp"/usr/libexec/docker/cli-plugins/* "$WORK/docker/cli-plugins/"; rm -rf "$tmp"
+done
+.venv/bin/python -m bench.tb1_own_harness prepare --tasks-dir "$TB1" --out "$WORK/tasks" \
+  --work-dir "$WORK/subst" "$@"
+ids=(); for t in "$@"; do ids+=(--task-id "$t"); done
+run_id="$agent-$(date -u +%Y%m%d-%H%M%S)"  # compose wants lower case
+docker run --rm --network host \
+  -v /var/run/docker.sock:/var/run/docker.sock -v /usr/bin/docker:/usr/bin/docker:ro \
+  -v "$WORK:$WORK" -w "$WORK" -e DOCKER_CONFIG="$WORK/docker" -e HOME="$WORK/home" -e LITELLM_LOCAL_MODEL_COST_MAP=True \
+  "$RUNNER_IMAGE" bash -euc "
+    [ -x $WORK/venv/bin/tb ] || { python3 -m venv $WORK/venv &&
+      $WORK/venv/bin/pip install -q terminal-bench==$TB_VERSION; }
+    $WORK/venv/bin/tb run --dataset-path $WORK/tasks --agent $agent ${ids[*]} \
+      --n-concurrent 1 --output-path $WORK/runs --run-id $run_id --no-upload-results \
+      --no-livestream
+  "
+echo "$WORK/runs/$run_id"

@@ -1,0 +1,188 @@
+"""Terminal-Bench 1's own harness beside sandgym's run (bench/tb1_own_harness.py): the task
+copies it runs carry sandgym's substitutions, its results.json is read as the harness writes it,
+and a task agrees only where both sides gave the same verdict."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import tb1_own_harness as m
+
+
+def sandgym_line(
+    task_id: str, oracle: float | None, noop: float | None, cat: str = "clean"
+) -> dict:
+    return {
+        "task_id": task_id,
+        "oracle_reward": oracle,
+        "noop_reward": noop,
+        "outcome": {"category": cat},
+    }
+
+
+def trial(task_id: str, resolved: bool | None, mode: str = "none", tests: dict | None = None):
+    return m.HarnessTrial(
+        task_id=task_id, is_resolved=resolved, failure_mode=mode, parser_results=tests
+    )
+
+
+def test_agreement_is_the_same_verdict_on_both_sides() -> None:
+    lines = [
+        sandgym_line("both-pass", 1.0, 0.0),
+        sandgym_line("sandgym-only", 1.0, 0.0),
+        sandgym_line("harness-only", 0.0, 0.0, "failing"),
+        sandgym_line("both-fail", 0.0, 0.0, "failing"),
+    ]
+    trials = {
+        "oracle": {
+            "both-pass": trial("both-pass", True),
+            "sandgym-only": trial("sandgym-only", False, tests={"t::a": "failed"}),
+            "harness-only": trial("harness-only", True),
+            "both-fail": trial("both-fail", None, "test_timeout"),
+        },
+        "nop": {"both-pass": trial("both-pass", False)},
+    }
+    rows = {r.task_id: r for r in m.compare(lines, trials, {"both-pass": [{"name": "x"}]})}
+    assert [
+        rows[t].agree_oracle for t in ("both-pass", "sandgym-only", "harness-only", "both-fail")
+    ] == [
+        True,
+        False,
+        False,
+        True,
+    ]
+    assert rows["both-pass"].agree_nop is True and rows["both-pass"].substitutions == ["x"]
+    assert rows["sandgym-only"].agree_nop is None  # no nop trial: no verdict, not agreement
+    assert rows["sandgym-only"].harness_oracle_failed_tests == ["t::a"]
+    assert rows["both-fail"].harness_oracle_resolved is False
+    assert rows["both-fail"].harness_oracle_failure_mode == "test_timeout"
+    s = m.summarize(list(rows.values()))
+    assert s["agree_oracle"] == {"count": 2, "of": 4}
+    assert s["agree_nop"] == {"count": 1, "of": 1}
+    assert s["harness_oracle_resolved"] == {"count": 2, "of": 4}
+    assert s["sandgym_oracle_one"] == {"count": 2, "of": 4}
+    assert s["disagreements"] == ["harness-only", "sandgym-only"]
+
+
+def test_a_nop_the_harness_resolves_disagrees_with_a_noop_of_zero() -> None:
+    rows = m.compare([sandgym_line("t", 1.0, 0.0)], {"nop": {"t": trial("t", True)}})
+    assert rows[0].agree_nop is False and rows[0].agree_oracle is None
+
+
+def test_a_task_sandgym_did_not_run_is_an_error() -> None:
+    with pytest.raises(m.HarnessReportError, match="no line"):
+        m.compare([], {"oracle": {"t": trial("t", True)}})
+
+
+def write_run(d: Path, agent: str, results: list[dict]) -> Path:
+    d.mkdir(parents=True)
+    (d / "run_metadata.json").write_text(
+        json.dumps({"run_id": d.name, "agent_name": agent, "n_concurrent_trials": 1})
+    )
+    (d / "results.json").write_text(json.dumps({"id": "x", "results": results, "accuracy": 0.5}))
+    return d
+
+
+def tb_trial(task_id: str, resolved: bool | None, parser: dict | None) -> dict:
+    """A trial as terminal-bench 0.2.18's TrialResults dumps it (harness/models.py)."""
+    return {
+        "id": "00000000-0000-4000-8000-000000000000",
+        "trial_name": f"{task_id}.1-of-1.run",
+        "task_id": task_id,
+        "instruction": "the task's own text",
+        "is_resolved": resolved,
+        "failure_mode": "none" if resolved is not None else "unknown_agent_error",
+        "parser_results": parser,
+        "recording_path": None,
+        "total_input_tokens": None,
+        "total_output_tokens": None,
+        "trial_started_at": "2026-12-04T18:00:00+00:00",
+        "trial_ended_at": "2026-12-04T18:01:00+00:00",
+        "agent_started_at": None,
+        "agent_ended_at": None,
+        "test_started_at": None,
+        "test_ended_at": None,
+    }
+
+
+def test_report_writes_the_comparison_and_the_raw_trials(tmp_path: Path) -> None:
+    doc = tmp_path / "tb1.json"
+    doc.write_text(
+        json.dumps(
+            {
+                "datasets": [
+                    {
+                        "name": "terminal-bench-1",
+                        "source": {"repo": "r", "commit": "c"},
+                        "tasks": [
+                            sandgym_line("a", 1.0, 0.0),
+                            sandgym_line("b", 0.0, 0.0, "failing"),
+                        ],
+                    }
+                ]
+            }
+        )
+    )
+    o = write_run(
+        tmp_path / "runs" / "oracle-1",
+        "oracle",
+        [tb_trial("a", True, {"test_x": "passed"}), tb_trial("b", False, {"test_y": "failed"})],
+    )
+    n = write_run(tmp_path / "runs" / "nop-1", "nop", [tb_trial("a", None, None)])
+    out = tmp_path / "cmp.json"
+    result = m.report([o, n], doc, out)
+    written = json.loads(out.read_text())
+    assert written["summary"] == result["summary"]
+    assert written["summary"]["agree_oracle"] == {"count": 2, "of": 2}
+    assert written["summary"]["agree_nop"] == {"count": 1, "of": 1}  # unresolved nop: 0.0
+    assert [r["agent"] for r in written["runs"]] == ["oracle", "nop"]
+    raw = [json.loads(x) for x in out.with_suffix(".raw.jsonl").read_text().splitlines()]
+    assert [(r["agent"], r["task_id"]) for r in raw] == [
+        ("oracle", "a"),
+        ("oracle", "b"),
+        ("nop", "a"),
+    ]
+    assert all("instruction" not in r for r in raw) and raw[1]["parser_results"] == {
+        "test_y": "failed"
+    }
+
+
+def test_two_trials_of_one_task_and_agent_are_refused(tmp_path: Path) -> None:
+    doc = tmp_path / "tb1.json"
+    doc.write_text(
+        json.dumps({"datasets": [{"name": "terminal-bench-1", "source": {}, "tasks": []}]})
+    )
+    a = write_run(tmp_path / "r1", "oracle", [tb_trial("a", True, {})])
+    b = write_run(tmp_path / "r2", "oracle", [tb_trial("a", False, {})])
+    with pytest.raises(m.HarnessReportError, match="two oracle trials"):
+        m.report([a, b], doc, tmp_path / "o.json")
+
+
+def test_unreadable_runs_are_named(tmp_path: Path) -> None:
+    with pytest.raises(m.HarnessReportError, match="run_metadata.json"):
+        m.read_run(tmp_path)
+    d = write_run(tmp_path / "x", "terminus", [])
+    with pytest.raises(m.HarnessReportError, match="oracle or nop"):
+        m.read_run(d)
+
+
+def test_prepare_makes_sandgyms_substitutions_in_the_copy(tmp_path: Path, monkeypatch) -> None:
+    import bench.substitutions as subst
+
+    monkeypatch.setattr(subst, "debian_cpython_debs", lambda ver, cache: None)
+    task = tmp_path / "set" / "t"
+    (task / "tests").mkdir(parents=True)
+    (task / "task.yaml").write_text("instruction: x\n")
+    (task / "tests" / "setup-uv-pytest.sh").write_text(
+        "#!/bin/bash\ncurl -LsSf https://astral.sh/uv/0.7.13/install.sh | sh\n"
+    )
+    made = m.prepare(tmp_path / "set", tmp_path / "out", tmp_path, ["t"])
+    assert [r["name"] for r in made["t"]] == ["uv-installer-from-pypi"]
+    copied = (tmp_path / "out" / "t" / "tests" / "setup-uv-pytest.sh").read_text()
+    assert "astral.sh/uv/0.7.13/install.sh | sh" not in copied
+    assert json.loads((tmp_path / "substitutions.json").read_text()) == made
+    with pytest.raises(m.HarnessReportError, match="task.yaml"):
+        m.prepare(tmp_path / "set", tmp_path / "out", tmp_path, ["missing"])
