@@ -239,19 +239,21 @@ def _git_commit() -> str:
 
 
 def prepare(tasks_dir: Path, out: Path, work_dir: Path, task_ids: list[str]) -> dict[str, Any]:
-    """Copy each task to `out/<task>` with sandgym's substitutions; returns them per task."""
+    """Copy each task to `out/<task>` with sandgym's substitutions; returns them per task (and
+    keeps them, with those of earlier calls, in `work_dir/substitutions.json`)."""
     from bench.substitutions import DEBIAN_CPYTHON, debian_cpython_debs, prepare_task_copy
 
     cpython = {v: debian_cpython_debs(v, work_dir) for v in DEBIAN_CPYTHON}
+    record = work_dir / "substitutions.json"  # kept across calls: one file for every task made
     made: dict[str, Any] = {}
+    if record.is_file():
+        made = json.loads(record.read_text(encoding="utf-8"))
     for task_id in task_ids:
         src = tasks_dir / task_id
         if not (src / "task.yaml").is_file():
             raise HarnessReportError(f"{src}: expected a Terminal-Bench 1 task (task.yaml)")
         made[task_id] = prepare_task_copy(src, out / task_id, cpython)
-    (work_dir / "substitutions.json").write_text(
-        json.dumps(made, indent=1) + "\n", encoding="utf-8"
-    )
+    record.write_text(json.dumps(made, indent=1) + "\n", encoding="utf-8")
     return made
 
 

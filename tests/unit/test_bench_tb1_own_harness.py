@@ -184,5 +184,9 @@ def test_prepare_makes_sandgyms_substitutions_in_the_copy(tmp_path: Path, monkey
     copied = (tmp_path / "out" / "t" / "tests" / "setup-uv-pytest.sh").read_text()
     assert "astral.sh/uv/0.7.13/install.sh | sh" not in copied
     assert json.loads((tmp_path / "substitutions.json").read_text()) == made
+    (tmp_path / "set" / "u").mkdir()
+    (tmp_path / "set" / "u" / "task.yaml").write_text("instruction: y\n")
+    m.prepare(tmp_path / "set", tmp_path / "out", tmp_path, ["u"])  # a later call keeps "t"
+    assert json.loads((tmp_path / "substitutions.json").read_text()) == {**made, "u": []}
     with pytest.raises(m.HarnessReportError, match="task.yaml"):
         m.prepare(tmp_path / "set", tmp_path / "out", tmp_path, ["missing"])
