@@ -11,7 +11,9 @@ does the two steps around it:
   and puts each task's verdict beside sandgym's line for it: resolved or not, the harness's
   failure mode and the tests its parser saw fail, and whether the two agree. A task agrees
   when the harness resolved the oracle trial exactly where sandgym scored the oracle 1.0, and
-  the nop trial exactly where sandgym scored the no-op 1.0 (where both ran).
+  the nop trial exactly where sandgym scored the no-op 1.0 (where both gave a verdict: a trial
+  the harness stopped before its tests, e.g. a build it could not make, has none and is
+  listed in `harness_no_verdict`).
 
 Nothing here re-classifies sandgym's lines: the committed categories and figures stay what
 their runs recorded; the comparison is its own document (`bench/results/tb1_own_harness.json`,
@@ -132,8 +134,10 @@ def compare(
             )
         oracle = trials.get("oracle", {}).get(task_id)
         nop = trials.get("nop", {}).get(task_id)
-        o_res = bool(oracle.is_resolved) if oracle is not None else None
-        n_res = bool(nop.is_resolved) if nop is not None else None
+        # None: no trial, or the harness stopped before its tests (its own `is_resolved` stays
+        # None then, failure mode `unknown_agent_error`): no verdict to agree with
+        o_res = oracle.is_resolved if oracle is not None else None
+        n_res = nop.is_resolved if nop is not None else None
         out.append(
             TaskComparison(
                 task_id=task_id,
@@ -170,6 +174,15 @@ def summarize(rows: list[TaskComparison]) -> dict[str, Any]:
         },
         "agree_oracle": _count(rows, "agree_oracle"),
         "agree_nop": _count(rows, "agree_nop"),
+        "harness_no_verdict": {
+            agent: [
+                r.task_id
+                for r in rows
+                if getattr(r, f"harness_{agent}_failure_mode") is not None
+                and getattr(r, f"harness_{agent}_resolved") is None
+            ]
+            for agent in ("oracle", "nop")
+        },
         "disagreements": [
             r.task_id for r in rows if r.agree_oracle is False or r.agree_nop is False
         ],

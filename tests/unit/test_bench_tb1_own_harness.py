@@ -41,7 +41,7 @@ def test_agreement_is_the_same_verdict_on_both_sides() -> None:
             "both-pass": trial("both-pass", True),
             "sandgym-only": trial("sandgym-only", False, tests={"t::a": "failed"}),
             "harness-only": trial("harness-only", True),
-            "both-fail": trial("both-fail", None, "test_timeout"),
+            "both-fail": trial("both-fail", False, "test_timeout"),
         },
         "nop": {"both-pass": trial("both-pass", False)},
     }
@@ -57,7 +57,7 @@ def test_agreement_is_the_same_verdict_on_both_sides() -> None:
     assert rows["both-pass"].agree_nop is True and rows["both-pass"].substitutions == ["x"]
     assert rows["sandgym-only"].agree_nop is None  # no nop trial: no verdict, not agreement
     assert rows["sandgym-only"].harness_oracle_failed_tests == ["t::a"]
-    assert rows["both-fail"].harness_oracle_resolved is False
+    assert rows["both-fail"].harness_oracle_resolved is False  # a test timeout: unresolved
     assert rows["both-fail"].harness_oracle_failure_mode == "test_timeout"
     s = m.summarize(list(rows.values()))
     assert s["agree_oracle"] == {"count": 2, "of": 4}
@@ -65,6 +65,19 @@ def test_agreement_is_the_same_verdict_on_both_sides() -> None:
     assert s["harness_oracle_resolved"] == {"count": 2, "of": 4}
     assert s["sandgym_oracle_one"] == {"count": 2, "of": 4}
     assert s["disagreements"] == ["harness-only", "sandgym-only"]
+    assert s["harness_no_verdict"] == {"oracle": [], "nop": []}
+
+
+def test_a_trial_the_harness_stopped_before_its_tests_is_no_verdict() -> None:
+    """Its harness keeps `is_resolved` None when a trial fails before the tests (a build it
+    could not make: `unknown_agent_error`); that is no verdict on the task to agree with."""
+    row = m.compare(
+        [sandgym_line("t", 1.0, 0.0)], {"oracle": {"t": trial("t", None, "unknown_agent_error")}}
+    )[0]
+    assert row.agree_oracle is None and row.harness_oracle_resolved is None
+    s = m.summarize([row])
+    assert s["harness_no_verdict"] == {"oracle": ["t"], "nop": []}
+    assert s["harness_oracle_resolved"] == {"count": 0, "of": 0} and s["disagreements"] == []
 
 
 def test_a_nop_the_harness_resolves_disagrees_with_a_noop_of_zero() -> None:
@@ -131,7 +144,7 @@ def test_report_writes_the_comparison_and_the_raw_trials(tmp_path: Path) -> None
         "oracle",
         [tb_trial("a", True, {"test_x": "passed"}), tb_trial("b", False, {"test_y": "failed"})],
     )
-    n = write_run(tmp_path / "runs" / "nop-1", "nop", [tb_trial("a", None, None)])
+    n = write_run(tmp_path / "runs" / "nop-1", "nop", [tb_trial("a", False, {"test_x": "failed"})])
     out = tmp_path / "cmp.json"
     result = m.report([o, n], doc, out)
     written = json.loads(out.read_text())
