@@ -13,7 +13,8 @@ does the two steps around it:
   when the harness resolved the oracle trial exactly where sandgym scored the oracle 1.0, and
   the nop trial exactly where sandgym scored the no-op 1.0 (where both gave a verdict: a trial
   the harness stopped before its tests, e.g. a build it could not make, has none and is
-  listed in `harness_no_verdict`).
+  listed in `harness_no_verdict`; such a trial may be run again in a later run, whose
+  verdict then stands, both trials staying in the raw file).
 
 Nothing here re-classifies sandgym's lines: the committed categories and figures stay what
 their runs recorded; the comparison is its own document (`bench/results/tb1_own_harness.json`,
@@ -215,8 +216,18 @@ def report(
             }
         )
         for t in got:
-            if t.task_id in trials.setdefault(agent, {}):
-                raise HarnessReportError(f"{t.task_id}: two {agent} trials; keep one run per task")
+            earlier = trials.setdefault(agent, {}).get(t.task_id)
+            if earlier is not None:
+                had, has = earlier.is_resolved is not None, t.is_resolved is not None
+                if had or not has:
+                    what = {
+                        (True, True): "two trials with a verdict",
+                        (True, False): "a trial without a verdict after one with a verdict",
+                        (False, False): "two trials without a verdict",
+                    }[(had, has)]
+                    raise HarnessReportError(f"{t.task_id}: {agent}: {what}; keep one")
+            # a trial with no verdict (stopped before its tests) may be run again: the later
+            # trial's verdict stands, and both stay in the raw file
             trials[agent][t.task_id] = t
         raw = json.loads((run_dir / "results.json").read_text(encoding="utf-8"))["results"]
         for r in raw:  # its fields as the harness wrote them; the task's own text stays out

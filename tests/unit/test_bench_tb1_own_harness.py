@@ -170,8 +170,29 @@ def test_two_trials_of_one_task_and_agent_are_refused(tmp_path: Path) -> None:
     )
     a = write_run(tmp_path / "r1", "oracle", [tb_trial("a", True, {})])
     b = write_run(tmp_path / "r2", "oracle", [tb_trial("a", False, {})])
-    with pytest.raises(m.HarnessReportError, match="two oracle trials"):
+    with pytest.raises(m.HarnessReportError, match="oracle: two trials with a verdict"):
         m.report([a, b], doc, tmp_path / "o.json")
+
+
+def test_a_trial_without_a_verdict_may_be_run_again(tmp_path: Path) -> None:
+    doc = tmp_path / "tb1.json"
+    tasks = [sandgym_line("a", 1.0, 0.0)]
+    doc.write_text(
+        json.dumps({"datasets": [{"name": "terminal-bench-1", "source": {}, "tasks": tasks}]})
+    )
+    first = write_run(tmp_path / "r1", "nop", [tb_trial("a", None, None)])
+    again = write_run(tmp_path / "r2", "nop", [tb_trial("a", False, {"t": "failed"})])
+    out = tmp_path / "o.json"
+    result = m.report([first, again], doc, out)
+    assert result["tasks"][0]["harness_nop_resolved"] is False
+    assert result["summary"]["harness_no_verdict"]["nop"] == []
+    assert len(out.with_suffix(".raw.jsonl").read_text().splitlines()) == 2  # both kept
+    with pytest.raises(m.HarnessReportError, match="with a verdict"):  # never a verdict twice
+        m.report([first, again, again], doc, out)
+    with pytest.raises(m.HarnessReportError, match="without a verdict after one with"):
+        m.report([again, first], doc, out)  # a verdict is never replaced by none
+    with pytest.raises(m.HarnessReportError, match="two trials without a verdict"):
+        m.report([first, first], doc, out)
 
 
 def test_unreadable_runs_are_named(tmp_path: Path) -> None:
