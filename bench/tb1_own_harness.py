@@ -70,6 +70,16 @@ class HarnessTrial(BaseModel):
     parser_results: dict[str, str] | None = None
 
     @property
+    def verdict(self) -> bool | None:
+        """Resolved or not, as the harness's accuracy counts the trial; None where it stopped
+        before its tests ran (`unknown_agent_error`: no verdict). A test timeout or test output
+        its parser cannot read is unresolved: the harness leaves `is_resolved` None for those
+        (it returns before scoring) and counts them unresolved."""
+        if self.is_resolved is not None:
+            return self.is_resolved
+        return False if self.failure_mode in ("test_timeout", "parse_error") else None
+
+    @property
     def failed_tests(self) -> list[str]:
         return sorted(k for k, v in (self.parser_results or {}).items() if v != "passed")
 
@@ -135,10 +145,9 @@ def compare(
             )
         oracle = trials.get("oracle", {}).get(task_id)
         nop = trials.get("nop", {}).get(task_id)
-        # None: no trial, or the harness stopped before its tests (its own `is_resolved` stays
-        # None then, failure mode `unknown_agent_error`): no verdict to agree with
-        o_res = oracle.is_resolved if oracle is not None else None
-        n_res = nop.is_resolved if nop is not None else None
+        # None: no trial, or the harness stopped before its tests (`HarnessTrial.verdict`)
+        o_res = oracle.verdict if oracle is not None else None
+        n_res = nop.verdict if nop is not None else None
         out.append(
             TaskComparison(
                 task_id=task_id,
@@ -218,7 +227,7 @@ def report(
         for t in got:
             earlier = trials.setdefault(agent, {}).get(t.task_id)
             if earlier is not None:
-                had, has = earlier.is_resolved is not None, t.is_resolved is not None
+                had, has = earlier.verdict is not None, t.verdict is not None
                 if had or not has:
                     what = {
                         (True, True): "two trials with a verdict",

@@ -41,7 +41,7 @@ def test_agreement_is_the_same_verdict_on_both_sides() -> None:
             "both-pass": trial("both-pass", True),
             "sandgym-only": trial("sandgym-only", False, tests={"t::a": "failed"}),
             "harness-only": trial("harness-only", True),
-            "both-fail": trial("both-fail", False, "test_timeout"),
+            "both-fail": trial("both-fail", None, "test_timeout"),
         },
         "nop": {"both-pass": trial("both-pass", False)},
     }
@@ -57,7 +57,8 @@ def test_agreement_is_the_same_verdict_on_both_sides() -> None:
     assert rows["both-pass"].agree_nop is True and rows["both-pass"].substitutions == ["x"]
     assert rows["sandgym-only"].agree_nop is None  # no nop trial: no verdict, not agreement
     assert rows["sandgym-only"].harness_oracle_failed_tests == ["t::a"]
-    assert rows["both-fail"].harness_oracle_resolved is False  # a test timeout: unresolved
+    # a test timeout: the harness leaves is_resolved None and counts the trial unresolved
+    assert rows["both-fail"].harness_oracle_resolved is False
     assert rows["both-fail"].harness_oracle_failure_mode == "test_timeout"
     s = m.summarize(list(rows.values()))
     assert s["agree_oracle"] == {"count": 2, "of": 4}
