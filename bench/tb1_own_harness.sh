@@ -15,6 +15,8 @@
 #   the tasks build with BuildKit, as the harness builds them;
 # - the tasks: copies with the same substitutions sandgym's run made (`prepare`), on the same
 #   local stand-in images (ghcr.io/laude-institute/t-bench/... by name).
+# A trial the harness stopped before its tests (no verdict) may be run again by naming its task
+# in a later run; `report --runs` takes the runs in order (bench/tb1_own_harness.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 agent="${1:?usage: tb1_own_harness.sh oracle|nop TASK ...}"; shift
@@ -33,6 +35,11 @@ for deb in docker-compose/docker-compose_2.26.1-4_amd64.deb \
 done
 .venv/bin/python -m bench.tb1_own_harness prepare --tasks-dir "$TB1" --out "$WORK/tasks" \
   --work-dir "$WORK/subst" "$@"
+# The harness ends each trial with `docker compose down --rmi all`, which untags the images its
+# services ran, a stand-in's public name too (postgres:15, jpillora/dnsmasq): tag them again
+# before the run (a later trial needs them) and after it (sandgym's runs do).
+retag() { .venv/bin/python -m sandboxes.images_cli build --no-progress >/dev/null; }
+retag
 ids=(); for t in "$@"; do ids+=(--task-id "$t"); done
 run_id="$agent-$(date -u +%Y%m%d-%H%M%S)"  # compose wants lower case
 docker run --rm --network host \
@@ -45,4 +52,5 @@ docker run --rm --network host \
       --n-concurrent 1 --output-path $WORK/runs --run-id $run_id --no-upload-results \
       --no-livestream
   "
+retag
 echo "$WORK/runs/$run_id"
