@@ -108,6 +108,10 @@ WRITERS: dict[str, tuple[str, ...]] = {
     # the first attempt of the same run, before the uv-installer's unzip fix: docs/sandbox-api.md
     "harbor_provider_first_attempt.json": HARBOR_PROVIDER_WRITERS,
     # the earlier catalog side by side (each side built its own image): docs/sandbox-api.md
+    # bench/tb1_own_harness.sh: Terminal-Bench 1's own harness beside harbor_compat_tb1.json
+    # (`source` is that document's, written by bench/harbor_compat.py)
+    "tb1_own_harness.json": ("bench/tb1_own_harness.py", "bench/harbor_compat.py"),
+    "tb1_own_harness.raw.jsonl": ("bench/tb1_own_harness.py",),
     "harbor_provider_catalog.json": (
         "bench/harbor_provider.py",
         "bench/harbor_provider_summary.py",
@@ -209,6 +213,8 @@ DATA_MAPS: dict[str, tuple[str, ...]] = {
     ),
     "harbor_provider.json": HARBOR_PROVIDER_MAPS,
     "harbor_provider_first_attempt.json": HARBOR_PROVIDER_MAPS,
+    "tb1_own_harness.json": ("harness",),
+    "tb1_own_harness.raw.jsonl": ("parser_results",),
 }
 
 #: results that are not JSON -> the module that writes them

@@ -225,3 +225,26 @@ def test_prepare_makes_sandgyms_substitutions_in_the_copy(tmp_path: Path, monkey
     assert json.loads((tmp_path / "substitutions.json").read_text()) == {**made, "u": []}
     with pytest.raises(m.HarnessReportError, match="task.yaml"):
         m.prepare(tmp_path / "set", tmp_path / "out", tmp_path, ["missing"])
+
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+
+
+def test_the_committed_comparison_is_its_raw_trials_beside_the_committed_tb1_record() -> None:
+    """bench/results/tb1_own_harness.json is what `report` makes of the harness's trials kept
+    beside it and of the committed Terminal-Bench 1 record: a figure edited by hand, or a TB1
+    line re-run without making the comparison again, fails here."""
+    doc = json.loads((RESULTS / "tb1_own_harness.json").read_text(encoding="utf-8"))
+    raw = (RESULTS / "tb1_own_harness.raw.jsonl").read_text(encoding="utf-8").splitlines()
+    trials: dict[str, dict[str, m.HarnessTrial]] = {}
+    for line in raw:
+        r = json.loads(line)
+        trials.setdefault(r["agent"], {})[r["task_id"]] = m.HarnessTrial.model_validate(r)
+    assert "oracle" in trials  # the nop agent's run may be absent (docs/harbor_compat.md)
+    tb1 = json.loads((RESULTS / "harbor_compat_tb1.json").read_text(encoding="utf-8"))
+    (tasks,) = [d["tasks"] for d in tb1["datasets"] if d["name"] == "terminal-bench-1"]
+    subst = {t["task_id"]: [{"name": n} for n in t["substitutions"]] for t in doc["tasks"]}
+    rows = m.compare(tasks, trials, subst)
+    assert [r.model_dump() for r in rows] == doc["tasks"]
+    assert m.summarize(rows) == doc["summary"]
+    assert doc["source"] == tb1["datasets"][0]["source"]

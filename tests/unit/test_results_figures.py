@@ -292,6 +292,19 @@ FIGURES: list[tuple[str, Callable[[], str]]] = [
     *[(f"harbor {i}", lambda i=i: harbor_row(HC, i)) for i in range(2)],
     ("harbor terminal-bench-1", lambda: harbor_row("harbor_compat_tb1.json", 0)),
     (
+        "terminal-bench-1 under its own harness",
+        lambda: (
+            "its oracle resolves {} of the {} tasks it could build, and its verdict is sandgym's "
+            "on {} of {} (oracle) and {} of {} (nop)".format(
+                *(
+                    at("tb1_own_harness.json", f"summary/{k}/{part}")
+                    for k in ("harness_oracle_resolved", "agree_oracle", "agree_nop")
+                    for part in ("count", "of")
+                )
+            )
+        ),
+    ),
+    (
         "server SIGKILL",
         lambda: (
             f"0 orphans left {at(RE, 'faults/sigkill_restart/restart_to_zero_orphans_s'):.2f} "
