@@ -42,8 +42,9 @@ RUNNER_TOOLS = {
     "python": "Debian trixie's CPython 3.13, sandgym/standin:python-3.13 (the harness needs >= 3.12)",
 }
 
-#: the fields of each trial of the harness's results.json kept in the raw file (its task text,
-#: `instruction`, and token counts of an agent with no model are left out)
+#: the fields of each trial of the harness's results.json kept in the raw file (left out: the
+#: task's own text `instruction`, the trial's id and recording path, and token counts, which an
+#: agent with no model leaves empty)
 RAW_FIELDS = (
     "task_id",
     "trial_name",
