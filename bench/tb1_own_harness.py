@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
+import shlex
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
+
+from bench.report import save_json, start_run
 
 TB_VERSION = "0.2.18"
 #: what the harness's runner needs beyond the package, and where it comes from
@@ -107,19 +108,21 @@ class HarnessReportError(ValueError):
     """A harness run or sandgym document that cannot be read as expected."""
 
 
-def read_run(run_dir: Path) -> tuple[str, list[HarnessTrial]]:
-    """The agent name and trials of one `tb run` output directory."""
+def read_run(run_dir: Path) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
+    """The agent name, run metadata and trials (as the harness wrote them) of one `tb run`
+    output directory."""
     meta_path, results_path = run_dir / "run_metadata.json", run_dir / "results.json"
     for p in (meta_path, results_path):
         if not p.is_file():
             raise HarnessReportError(f"{run_dir}: expected the harness's {p.name}, found none")
-    agent = json.loads(meta_path.read_text(encoding="utf-8")).get("agent_name")
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    agent = meta.get("agent_name")
     if agent not in ("oracle", "nop"):
         raise HarnessReportError(f"{meta_path}: expected agent_name oracle or nop, got {agent!r}")
     raw = json.loads(results_path.read_text(encoding="utf-8")).get("results")
     if not isinstance(raw, list):
         raise HarnessReportError(f"{results_path}: expected a list under 'results'")
-    return agent, [HarnessTrial.model_validate(r) for r in raw]
+    return agent, meta, raw
 
 
 def _agree(reward: float | None, resolved: bool | None) -> bool | None:
@@ -213,8 +216,7 @@ def report(
     raw_lines: list[str] = []
     run_records = []
     for run_dir in runs:
-        agent, got = read_run(run_dir)
-        meta = json.loads((run_dir / "run_metadata.json").read_text(encoding="utf-8"))
+        agent, meta, raw = read_run(run_dir)
         run_records.append(
             {
                 "run_id": meta.get("run_id"),
@@ -225,7 +227,7 @@ def report(
                 "task_ids": meta.get("task_ids"),
             }
         )
-        for t in got:
+        for t in (HarnessTrial.model_validate(r) for r in raw):
             earlier = trials.setdefault(agent, {}).get(t.task_id)
             if earlier is not None:
                 had, has = earlier.verdict is not None, t.verdict is not None
@@ -239,7 +241,6 @@ def report(
             # a trial with no verdict (stopped before its tests) may be run again: the later
             # trial's verdict stands, and both stay in the raw file
             trials[agent][t.task_id] = t
-        raw = json.loads((run_dir / "results.json").read_text(encoding="utf-8"))["results"]
         for r in raw:  # its fields as the harness wrote them; the task's own text stays out
             kept = {k: r.get(k) for k in RAW_FIELDS}
             raw_lines.append(json.dumps({"run_id": meta.get("run_id"), "agent": agent, **kept}))
@@ -253,23 +254,10 @@ def report(
         "runs": run_records,
         "summary": summarize(rows),
         "tasks": [r.model_dump() for r in rows],
-        "code_commit": _git_commit(),
-        "written_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    save_json(result, out)  # stamps `provenance`: command, commit, dirty, times
     out.with_suffix(".raw.jsonl").write_text("".join(x + "\n" for x in raw_lines), encoding="utf-8")
     return result
-
-
-def _git_commit() -> str:
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True)
-        return head + ("-dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "not recorded"
 
 
 def prepare(tasks_dir: Path, out: Path, work_dir: Path, task_ids: list[str]) -> dict[str, Any]:
@@ -310,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
         made = prepare(a.tasks_dir, a.out, a.work_dir, a.task_ids)
         print(json.dumps({k: [r["name"] for r in v] for k, v in made.items()}))
     else:
+        args = sys.argv[1:] if argv is None else argv
+        start_run("python -m bench.tb1_own_harness " + shlex.join(args))
         print(json.dumps(report(a.runs, a.sandgym, a.out, a.substitutions)["summary"], indent=2))
     return 0
 
