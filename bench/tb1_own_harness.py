@@ -14,7 +14,9 @@ does the two steps around it:
   the nop trial exactly where sandgym scored the no-op 1.0 (where both gave a verdict: a trial
   the harness stopped before its tests, e.g. a build it could not make, has none and is
   listed in `harness_no_verdict`; such a trial may be run again in a later run, whose
-  verdict then stands, both trials staying in the raw file).
+  verdict then stands, both trials staying in the raw file). Each task is also clean or not on
+  each side, as the set's absolute figure counts it: sandgym's category `clean`, and the
+  harness's oracle resolved with its nop unresolved (a trial with no verdict is not clean).
 
 Nothing here re-classifies sandgym's lines: the committed categories and figures stay what
 their runs recorded; the comparison is its own document (`bench/results/tb1_own_harness.json`,
@@ -102,6 +104,17 @@ class TaskComparison(BaseModel):
     harness_nop_failure_mode: str | None
     agree_oracle: bool | None
     agree_nop: bool | None
+    sandgym_clean: bool
+    harness_clean: bool | None
+
+
+def harness_clean(oracle: bool | None, nop: bool | None) -> bool | None:
+    """Clean under the harness: its oracle resolved the task and its nop did not. Not clean
+    where the oracle was not resolved (or had no verdict), whatever the nop did; None (not
+    known) only where the oracle resolved it and the nop has no verdict."""
+    if oracle is not True:
+        return False
+    return None if nop is None else not nop
 
 
 class HarnessReportError(ValueError):
@@ -123,6 +136,22 @@ def read_run(run_dir: Path) -> tuple[str, dict[str, Any], list[dict[str, Any]]]:
     if not isinstance(raw, list):
         raise HarnessReportError(f"{results_path}: expected a list under 'results'")
     return agent, meta, raw
+
+
+def read_engine(run_dir: Path) -> dict[str, str] | None:
+    """The engine a run's trials ran on, as the script recorded it beside the harness's files
+    (`engine.json`: `docker version`'s Server part): component name -> version; None where
+    the run has no such record (runs made before the script wrote it)."""
+    path = run_dir / "engine.json"
+    if not path.is_file():
+        return None
+    try:
+        server = json.loads(path.read_text(encoding="utf-8"))
+        return {str(c["Name"]): str(c["Version"]) for c in server["Components"]}
+    except (ValueError, KeyError, TypeError) as e:
+        raise HarnessReportError(
+            f"{path}: expected docker version's Server part (Components: Name, Version): {e!r}"
+        ) from e
 
 
 def _agree(reward: float | None, resolved: bool | None) -> bool | None:
@@ -167,6 +196,8 @@ def compare(
                 harness_nop_failure_mode=nop.failure_mode if nop else None,
                 agree_oracle=_agree(line.get("oracle_reward"), o_res),
                 agree_nop=_agree(line.get("noop_reward"), n_res),
+                sandgym_clean=line["outcome"]["category"] == "clean",
+                harness_clean=harness_clean(o_res, n_res),
             )
         )
     return out
@@ -177,9 +208,47 @@ def _count(rows: list[TaskComparison], field: str, value: object = True) -> dict
     return {"count": sum(1 for r in have if getattr(r, field) == value), "of": len(have)}
 
 
-def summarize(rows: list[TaskComparison]) -> dict[str, Any]:
+def _outcomes(rows: list[TaskComparison], agent: str) -> dict[str, int]:
+    verdicts = [getattr(r, f"harness_{agent}_resolved") for r in rows]
+    ran = [getattr(r, f"harness_{agent}_failure_mode") is not None for r in rows]
     return {
+        "resolved": sum(1 for v in verdicts if v is True),
+        "unresolved": sum(1 for v in verdicts if v is False),
+        "no_verdict": sum(1 for v, r in zip(verdicts, ran, strict=True) if v is None and r),
+        "not_run": sum(1 for r in ran if not r),
+    }
+
+
+def summarize(rows: list[TaskComparison], set_size: int) -> dict[str, Any]:
+    """The figures of `rows` (the tasks the harness ran) in a set of `set_size` tasks: the
+    absolute figure of each side counts clean tasks of the whole set."""
+    by_category: dict[str, list[TaskComparison]] = {}
+    for r in rows:
+        by_category.setdefault(r.sandgym_category, []).append(r)
+    return {
+        "set_tasks": set_size,
         "tasks": len(rows),
+        "absolute": {
+            "sandgym_clean": {"count": sum(r.sandgym_clean for r in rows), "of": set_size},
+            "harness_clean": {
+                "count": sum(1 for r in rows if r.harness_clean is True),
+                "of": set_size,
+            },
+            "harness_clean_unknown": [r.task_id for r in rows if r.harness_clean is None],
+            "clean_disagreements": [
+                r.task_id
+                for r in rows
+                if r.harness_clean is not None and r.harness_clean != r.sandgym_clean
+            ],
+        },
+        "by_sandgym_category": {
+            cat: {
+                "tasks": len(rs),
+                "oracle": _outcomes(rs, "oracle"),
+                "nop": _outcomes(rs, "nop"),
+            }
+            for cat, rs in sorted(by_category.items())
+        },
         "harness_oracle_resolved": _count(rows, "harness_oracle_resolved"),
         "harness_nop_resolved": _count(rows, "harness_nop_resolved"),
         "sandgym_oracle_one": {
@@ -225,6 +294,7 @@ def report(
                 "end_time": meta.get("end_time"),
                 "n_concurrent_trials": meta.get("n_concurrent_trials"),
                 "task_ids": meta.get("task_ids"),
+                "engine": read_engine(run_dir),
             }
         )
         for t in (HarnessTrial.model_validate(r) for r in raw):
@@ -246,13 +316,14 @@ def report(
             raw_lines.append(json.dumps({"run_id": meta.get("run_id"), "agent": agent, **kept}))
     subst = json.loads(substitutions.read_text(encoding="utf-8")) if substitutions else {}
     rows = compare(sets[0]["tasks"], trials, subst)
+    set_size = len(sets[0]["tasks"])
     result = {
         "bench": "tb1_own_harness",
         "harness": RUNNER_TOOLS,
         "sandgym_document": str(sandgym_doc),
         "source": sets[0]["source"],
         "runs": run_records,
-        "summary": summarize(rows),
+        "summary": summarize(rows, set_size),
         "tasks": [r.model_dump() for r in rows],
     }
     save_json(result, out)  # stamps `provenance`: command, commit, dirty, times

@@ -60,7 +60,7 @@ def test_agreement_is_the_same_verdict_on_both_sides() -> None:
     # a test timeout: the harness leaves is_resolved None and counts the trial unresolved
     assert rows["both-fail"].harness_oracle_resolved is False
     assert rows["both-fail"].harness_oracle_failure_mode == "test_timeout"
-    s = m.summarize(list(rows.values()))
+    s = m.summarize(list(rows.values()), 4)
     assert s["agree_oracle"] == {"count": 2, "of": 4}
     assert s["agree_nop"] == {"count": 1, "of": 1}
     assert s["harness_oracle_resolved"] == {"count": 2, "of": 4}
@@ -76,9 +76,60 @@ def test_a_trial_the_harness_stopped_before_its_tests_is_no_verdict() -> None:
         [sandgym_line("t", 1.0, 0.0)], {"oracle": {"t": trial("t", None, "unknown_agent_error")}}
     )[0]
     assert row.agree_oracle is None and row.harness_oracle_resolved is None
-    s = m.summarize([row])
+    s = m.summarize([row], 1)
     assert s["harness_no_verdict"] == {"oracle": ["t"], "nop": []}
     assert s["harness_oracle_resolved"] == {"count": 0, "of": 0} and s["disagreements"] == []
+
+
+def test_the_absolute_figure_counts_clean_tasks_of_the_whole_set_on_each_side() -> None:
+    """Clean under the harness is oracle resolved and nop not; a task the harness could not
+    build, or whose oracle failed, is not clean; the denominator is the whole set, tasks the
+    harness did not run included."""
+    lines = [
+        sandgym_line("clean", 1.0, 0.0),
+        sandgym_line("nop-passes", 1.0, 1.0, "failing"),
+        sandgym_line("unbuilt", None, None, "unreachable_host"),
+        sandgym_line("harness-builds-it", None, None, "unreachable_host"),
+        sandgym_line("no-nop-yet", 1.0, 0.0),
+        sandgym_line("not-run", 1.0, 0.0),
+    ]
+    trials = {
+        "oracle": {
+            "clean": trial("clean", True),
+            "nop-passes": trial("nop-passes", True),
+            "unbuilt": trial("unbuilt", None, "unknown_agent_error"),
+            "harness-builds-it": trial("harness-builds-it", True),
+            "no-nop-yet": trial("no-nop-yet", True),
+        },
+        "nop": {
+            "clean": trial("clean", False),
+            "nop-passes": trial("nop-passes", True),
+            "unbuilt": trial("unbuilt", None, "unknown_agent_error"),
+            "harness-builds-it": trial("harness-builds-it", False),
+        },
+    }
+    rows = {r.task_id: r for r in m.compare(lines, trials)}
+    assert [rows[t].harness_clean for t in sorted(rows)] == [True, True, None, False, False]
+    assert [rows[t].sandgym_clean for t in sorted(rows)] == [True, False, True, False, False]
+    s = m.summarize(list(rows.values()), len(lines))
+    assert s["set_tasks"] == 6 and s["tasks"] == 5
+    assert s["absolute"] == {
+        "sandgym_clean": {"count": 2, "of": 6},
+        "harness_clean": {"count": 2, "of": 6},
+        "harness_clean_unknown": ["no-nop-yet"],
+        "clean_disagreements": ["harness-builds-it"],
+    }
+    assert s["by_sandgym_category"]["unreachable_host"] == {
+        "tasks": 2,
+        "oracle": {"resolved": 1, "unresolved": 0, "no_verdict": 1, "not_run": 0},
+        "nop": {"resolved": 0, "unresolved": 1, "no_verdict": 1, "not_run": 0},
+    }
+    assert s["by_sandgym_category"]["clean"]["nop"] == {
+        "resolved": 0,
+        "unresolved": 1,
+        "no_verdict": 0,
+        "not_run": 1,
+    }
 
 
 def test_a_nop_the_harness_resolves_disagrees_with_a_noop_of_zero() -> None:
@@ -196,6 +247,27 @@ def test_a_trial_without_a_verdict_may_be_run_again(tmp_path: Path) -> None:
         m.report([first, first], doc, out)
 
 
+def test_each_run_keeps_the_engine_it_ran_on(tmp_path: Path) -> None:
+    doc = tmp_path / "tb1.json"
+    doc.write_text(
+        json.dumps({"datasets": [{"name": "terminal-bench-1", "source": {}, "tasks": []}]})
+    )
+    old = write_run(tmp_path / "r1", "oracle", [])
+    new = write_run(tmp_path / "r2", "nop", [])
+    server = {
+        "Components": [
+            {"Name": "Engine", "Version": "26.1.5+dfsg1", "Details": {}},
+            {"Name": "runc", "Version": "1.1.5+ds1"},
+        ]
+    }
+    (new / "engine.json").write_text(json.dumps(server))
+    runs = m.report([old, new], doc, tmp_path / "o.json")["runs"]
+    assert [r["engine"] for r in runs] == [None, {"Engine": "26.1.5+dfsg1", "runc": "1.1.5+ds1"}]
+    (new / "engine.json").write_text(json.dumps({"Version": "26"}))
+    with pytest.raises(m.HarnessReportError, match="engine.json: expected docker version"):
+        m.report([old, new], doc, tmp_path / "o.json")
+
+
 def test_unreadable_runs_are_named(tmp_path: Path) -> None:
     with pytest.raises(m.HarnessReportError, match="run_metadata.json"):
         m.read_run(tmp_path)
@@ -246,5 +318,5 @@ def test_the_committed_comparison_is_its_raw_trials_beside_the_committed_tb1_rec
     subst = {t["task_id"]: [{"name": n} for n in t["substitutions"]] for t in doc["tasks"]}
     rows = m.compare(tasks, trials, subst)
     assert [r.model_dump() for r in rows] == doc["tasks"]
-    assert m.summarize(rows) == doc["summary"]
+    assert m.summarize(rows, len(tasks)) == doc["summary"]
     assert doc["source"] == tb1["datasets"][0]["source"]
