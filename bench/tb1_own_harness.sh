@@ -17,6 +17,9 @@
 #   local stand-in images (ghcr.io/laude-institute/t-bench/... by name).
 # A trial the harness stopped before its tests (no verdict) may be run again by naming its task
 # in a later run; `report --runs` takes the runs in order (bench/tb1_own_harness.py).
+# DOCKER_SOCK: the engine the harness drives (default: this host's, /var/run/docker.sock); a
+# second engine's socket runs the trials there (the runner container itself, the re-tagging
+# and the stand-ins stay on this host's engine; load the images a task needs into the second).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 agent="${1:?usage: tb1_own_harness.sh oracle|nop TASK ...}"; shift
@@ -24,6 +27,7 @@ TB1="${TB1:?set TB1 to the folder holding the 94 task directories}"
 WORK="${WORK:-/tmp/tbpeer}"
 TB_VERSION=0.2.18
 RUNNER_IMAGE="${RUNNER_IMAGE:-sandgym/standin:python-3.13}"
+DOCKER_SOCK="${DOCKER_SOCK:-/var/run/docker.sock}"
 mirror=http://deb.debian.org/debian/pool/main/d
 mkdir -p "$WORK/docker/cli-plugins" "$WORK/runs" "$WORK/debs"
 for deb in docker-compose/docker-compose_2.26.1-4_amd64.deb \
@@ -43,7 +47,7 @@ retag
 ids=(); for t in "$@"; do ids+=(--task-id "$t"); done
 run_id="$agent-$(date -u +%Y%m%d-%H%M%S)"  # compose wants lower case
 docker run --rm --network host \
-  -v /var/run/docker.sock:/var/run/docker.sock -v /usr/bin/docker:/usr/bin/docker:ro \
+  -v "$DOCKER_SOCK":/var/run/docker.sock -v /usr/bin/docker:/usr/bin/docker:ro \
   -v "$WORK:$WORK" -w "$WORK" -e DOCKER_CONFIG="$WORK/docker" -e HOME="$WORK/home" -e LITELLM_LOCAL_MODEL_COST_MAP=True \
   "$RUNNER_IMAGE" bash -euc "
     [ -x $WORK/venv/bin/tb ] || { python3 -m venv $WORK/venv &&
@@ -53,4 +57,6 @@ docker run --rm --network host \
       --no-livestream
   "
 retag
+# the engine the trials ran on, beside the harness's own files (the report keeps it per run)
+docker -H "unix://$DOCKER_SOCK" version --format '{{json .Server}}' >"$WORK/runs/$run_id/engine.json"
 echo "$WORK/runs/$run_id"
