@@ -219,6 +219,22 @@ def _outcomes(rows: list[TaskComparison], agent: str) -> dict[str, int]:
     }
 
 
+def _no_verdict_sides(rows: list[TaskComparison]) -> dict[str, Any]:
+    """Oracle trials with no verdict on each side: sandgym's oracle reward None (its line
+    stopped before the tests: no build, no start), the harness's trial run with no verdict."""
+    sandgym = {r.task_id for r in rows if r.sandgym_oracle_reward is None}
+    harness = {
+        r.task_id
+        for r in rows
+        if r.harness_oracle_failure_mode is not None and r.harness_oracle_resolved is None
+    }
+    return {
+        "both": len(sandgym & harness),
+        "sandgym_only": sorted(sandgym - harness),
+        "harness_only": sorted(harness - sandgym),
+    }
+
+
 def summarize(rows: list[TaskComparison], set_size: int) -> dict[str, Any]:
     """The figures of `rows` (the tasks the harness ran) in a set of `set_size` tasks: the
     absolute figure of each side counts clean tasks of the whole set."""
@@ -269,6 +285,8 @@ def summarize(rows: list[TaskComparison], set_size: int) -> dict[str, Any]:
         "disagreements": [
             r.task_id for r in rows if r.agree_oracle is False or r.agree_nop is False
         ],
+        # the oracle trials neither side could score (no build, no start): the same tasks?
+        "oracle_no_verdict": _no_verdict_sides(rows),
     }
 
 

@@ -124,6 +124,12 @@ def test_the_absolute_figure_counts_clean_tasks_of_the_whole_set_on_each_side() 
         "oracle": {"resolved": 1, "unresolved": 0, "no_verdict": 1, "not_run": 0},
         "nop": {"resolved": 0, "unresolved": 1, "no_verdict": 1, "not_run": 0},
     }
+    # "unbuilt" stopped before its tests on both sides; "harness-builds-it" on sandgym's only
+    assert s["oracle_no_verdict"] == {
+        "both": 1,
+        "sandgym_only": ["harness-builds-it"],
+        "harness_only": [],
+    }
     assert s["by_sandgym_category"]["clean"]["nop"] == {
         "resolved": 0,
         "unresolved": 1,
