@@ -213,7 +213,7 @@ DATA_MAPS: dict[str, tuple[str, ...]] = {
     ),
     "harbor_provider.json": HARBOR_PROVIDER_MAPS,
     "harbor_provider_first_attempt.json": HARBOR_PROVIDER_MAPS,
-    "tb1_own_harness.json": ("harness",),
+    "tb1_own_harness.json": ("harness", "runs/[]/engine"),  # engine: docker version components
     "tb1_own_harness.raw.jsonl": ("parser_results",),
 }
 
