@@ -235,9 +235,11 @@ def _no_verdict_sides(rows: list[TaskComparison]) -> dict[str, Any]:
     }
 
 
-def summarize(rows: list[TaskComparison], set_size: int) -> dict[str, Any]:
-    """The figures of `rows` (the tasks the harness ran) in a set of `set_size` tasks: the
-    absolute figure of each side counts clean tasks of the whole set."""
+def summarize(rows: list[TaskComparison], sandgym_tasks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The figures of `rows` (the tasks the harness ran) in sandgym's set (`sandgym_tasks`, its
+    lines): the absolute figure of each side counts clean tasks of the whole set; a task the
+    harness did not run is not clean under it, and keeps its category on sandgym's side."""
+    set_size = len(sandgym_tasks)
     by_category: dict[str, list[TaskComparison]] = {}
     for r in rows:
         by_category.setdefault(r.sandgym_category, []).append(r)
@@ -245,7 +247,10 @@ def summarize(rows: list[TaskComparison], set_size: int) -> dict[str, Any]:
         "set_tasks": set_size,
         "tasks": len(rows),
         "absolute": {
-            "sandgym_clean": {"count": sum(r.sandgym_clean for r in rows), "of": set_size},
+            "sandgym_clean": {
+                "count": sum(1 for t in sandgym_tasks if t["outcome"]["category"] == "clean"),
+                "of": set_size,
+            },
             "harness_clean": {
                 "count": sum(1 for r in rows if r.harness_clean is True),
                 "of": set_size,
@@ -334,14 +339,13 @@ def report(
             raw_lines.append(json.dumps({"run_id": meta.get("run_id"), "agent": agent, **kept}))
     subst = json.loads(substitutions.read_text(encoding="utf-8")) if substitutions else {}
     rows = compare(sets[0]["tasks"], trials, subst)
-    set_size = len(sets[0]["tasks"])
     result = {
         "bench": "tb1_own_harness",
         "harness": RUNNER_TOOLS,
         "sandgym_document": str(sandgym_doc),
         "source": sets[0]["source"],
         "runs": run_records,
-        "summary": summarize(rows, set_size),
+        "summary": summarize(rows, sets[0]["tasks"]),
         "tasks": [r.model_dump() for r in rows],
     }
     save_json(result, out)  # stamps `provenance`: command, commit, dirty, times

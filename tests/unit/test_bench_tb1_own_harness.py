@@ -60,7 +60,7 @@ def test_agreement_is_the_same_verdict_on_both_sides() -> None:
     # a test timeout: the harness leaves is_resolved None and counts the trial unresolved
     assert rows["both-fail"].harness_oracle_resolved is False
     assert rows["both-fail"].harness_oracle_failure_mode == "test_timeout"
-    s = m.summarize(list(rows.values()), 4)
+    s = m.summarize(list(rows.values()), lines)
     assert s["agree_oracle"] == {"count": 2, "of": 4}
     assert s["agree_nop"] == {"count": 1, "of": 1}
     assert s["harness_oracle_resolved"] == {"count": 2, "of": 4}
@@ -76,7 +76,7 @@ def test_a_trial_the_harness_stopped_before_its_tests_is_no_verdict() -> None:
         [sandgym_line("t", 1.0, 0.0)], {"oracle": {"t": trial("t", None, "unknown_agent_error")}}
     )[0]
     assert row.agree_oracle is None and row.harness_oracle_resolved is None
-    s = m.summarize([row], 1)
+    s = m.summarize([row], [sandgym_line("t", 1.0, 0.0)])
     assert s["harness_no_verdict"] == {"oracle": ["t"], "nop": []}
     assert s["harness_oracle_resolved"] == {"count": 0, "of": 0} and s["disagreements"] == []
 
@@ -84,7 +84,7 @@ def test_a_trial_the_harness_stopped_before_its_tests_is_no_verdict() -> None:
 def test_the_absolute_figure_counts_clean_tasks_of_the_whole_set_on_each_side() -> None:
     """Clean under the harness is oracle resolved and nop not; a task the harness could not
     build, or whose oracle failed, is not clean; the denominator is the whole set, tasks the
-    harness did not run included."""
+    harness did not run included (not clean under it, their own category on sandgym's side)."""
     lines = [
         sandgym_line("clean", 1.0, 0.0),
         sandgym_line("nop-passes", 1.0, 1.0, "failing"),
@@ -111,10 +111,10 @@ def test_the_absolute_figure_counts_clean_tasks_of_the_whole_set_on_each_side() 
     rows = {r.task_id: r for r in m.compare(lines, trials)}
     assert [rows[t].harness_clean for t in sorted(rows)] == [True, True, None, False, False]
     assert [rows[t].sandgym_clean for t in sorted(rows)] == [True, False, True, False, False]
-    s = m.summarize(list(rows.values()), len(lines))
+    s = m.summarize(list(rows.values()), lines)
     assert s["set_tasks"] == 6 and s["tasks"] == 5
     assert s["absolute"] == {
-        "sandgym_clean": {"count": 2, "of": 6},
+        "sandgym_clean": {"count": 3, "of": 6},  # "not-run" is clean on sandgym's side
         "harness_clean": {"count": 2, "of": 6},
         "harness_clean_unknown": ["no-nop-yet"],
         "clean_disagreements": ["harness-builds-it"],
@@ -324,5 +324,5 @@ def test_the_committed_comparison_is_its_raw_trials_beside_the_committed_tb1_rec
     subst = {t["task_id"]: [{"name": n} for n in t["substitutions"]] for t in doc["tasks"]}
     rows = m.compare(tasks, trials, subst)
     assert [r.model_dump() for r in rows] == doc["tasks"]
-    assert m.summarize(rows, len(tasks)) == doc["summary"]
+    assert m.summarize(rows, tasks) == doc["summary"]
     assert doc["source"] == tb1["datasets"][0]["source"]
