@@ -208,14 +208,23 @@ def _count(rows: list[TaskComparison], field: str, value: object = True) -> dict
     return {"count": sum(1 for r in have if getattr(r, field) == value), "of": len(have)}
 
 
+def _stopped(rows: list[TaskComparison], agent: str) -> list[str]:
+    """The tasks whose `agent` trial ran and has no verdict (stopped before its tests)."""
+    return [
+        r.task_id
+        for r in rows
+        if getattr(r, f"harness_{agent}_failure_mode") is not None
+        and getattr(r, f"harness_{agent}_resolved") is None
+    ]
+
+
 def _outcomes(rows: list[TaskComparison], agent: str) -> dict[str, int]:
     verdicts = [getattr(r, f"harness_{agent}_resolved") for r in rows]
-    ran = [getattr(r, f"harness_{agent}_failure_mode") is not None for r in rows]
     return {
         "resolved": sum(1 for v in verdicts if v is True),
         "unresolved": sum(1 for v in verdicts if v is False),
-        "no_verdict": sum(1 for v, r in zip(verdicts, ran, strict=True) if v is None and r),
-        "not_run": sum(1 for r in ran if not r),
+        "no_verdict": len(_stopped(rows, agent)),
+        "not_run": sum(1 for r in rows if getattr(r, f"harness_{agent}_failure_mode") is None),
     }
 
 
@@ -223,11 +232,7 @@ def _no_verdict_sides(rows: list[TaskComparison]) -> dict[str, Any]:
     """Oracle trials with no verdict on each side: sandgym's oracle reward None (its line
     stopped before the tests: no build, no start), the harness's trial run with no verdict."""
     sandgym = {r.task_id for r in rows if r.sandgym_oracle_reward is None}
-    harness = {
-        r.task_id
-        for r in rows
-        if r.harness_oracle_failure_mode is not None and r.harness_oracle_resolved is None
-    }
+    harness = set(_stopped(rows, "oracle"))
     return {
         "both": len(sandgym & harness),
         "sandgym_only": sorted(sandgym - harness),
@@ -278,15 +283,7 @@ def summarize(rows: list[TaskComparison], sandgym_tasks: list[dict[str, Any]]) -
         },
         "agree_oracle": _count(rows, "agree_oracle"),
         "agree_nop": _count(rows, "agree_nop"),
-        "harness_no_verdict": {
-            agent: [
-                r.task_id
-                for r in rows
-                if getattr(r, f"harness_{agent}_failure_mode") is not None
-                and getattr(r, f"harness_{agent}_resolved") is None
-            ]
-            for agent in ("oracle", "nop")
-        },
+        "harness_no_verdict": {agent: _stopped(rows, agent) for agent in ("oracle", "nop")},
         "disagreements": [
             r.task_id for r in rows if r.agree_oracle is False or r.agree_nop is False
         ],
