@@ -5,10 +5,11 @@
 #   .venv/bin/python -m bench.tb1_own_harness report --runs "$WORK/runs" ...
 # What runs, and on what:
 # - the released harness: terminal-bench 0.2.18 from the package index (`tb run`, its oracle or
-#   nop agent, its test parser, its limits: max_test_timeout_sec x 1.0), installed into a venv
-#   under $WORK and run in a container of the local stand-in `sandgym/standin:python-3.13`
-#   (python:3.13-slim: Debian trixie's CPython 3.13; the harness needs >= 3.12, this host has
-#   3.11), driving this host's engine through its socket and the host's docker CLI;
+#   nop agent, its test parser, its limits: max_test_timeout_sec x 1.0), run in a container of
+#   images/terminal-bench-harness (`sandgym/terminal-bench-harness:0.2.18`, built here when the
+#   engine lacks it: the package installed on the python:3.13-slim stand-in, Debian trixie's
+#   CPython 3.13; the harness needs >= 3.12, this host has 3.11; the same image the parser
+#   parity test runs), driving this host's engine through its socket and the host's docker CLI;
 # - `docker compose` v2 and buildx, which the harness calls and which Debian bookworm does not
 #   package: Debian trixie's docker-compose 2.26.1-4 and docker-buildx 0.13.1+ds1-3, unpacked
 #   from Debian's mirror into $WORK/docker/cli-plugins (DOCKER_CONFIG for this run only), so
@@ -26,7 +27,7 @@ agent="${1:?usage: tb1_own_harness.sh oracle|nop TASK ...}"; shift
 TB1="${TB1:?set TB1 to the folder holding the 94 task directories}"
 WORK="${WORK:-/tmp/tbpeer}"
 TB_VERSION=0.2.18
-RUNNER_IMAGE="${RUNNER_IMAGE:-sandgym/standin:python-3.13}"
+RUNNER_IMAGE="${RUNNER_IMAGE:-sandgym/terminal-bench-harness:$TB_VERSION}"
 DOCKER_SOCK="${DOCKER_SOCK:-/var/run/docker.sock}"
 mirror=http://deb.debian.org/debian/pool/main/d
 mkdir -p "$WORK/docker/cli-plugins" "$WORK/runs" "$WORK/debs"
@@ -44,15 +45,16 @@ done
 # before the run (a later trial needs them) and after it (sandgym's runs do).
 retag() { .venv/bin/python -m sandboxes.images_cli build --no-progress >/dev/null; }
 retag
+docker image inspect "$RUNNER_IMAGE" >/dev/null 2>&1 ||
+  DOCKER_BUILDKIT=0 docker build -q -t "$RUNNER_IMAGE" images/terminal-bench-harness >/dev/null
 ids=(); for t in "$@"; do ids+=(--task-id "$t"); done
 run_id="$agent-$(date -u +%Y%m%d-%H%M%S)"  # compose wants lower case
 docker run --rm --network host \
   -v "$DOCKER_SOCK":/var/run/docker.sock -v /usr/bin/docker:/usr/bin/docker:ro \
   -v "$WORK:$WORK" -w "$WORK" -e DOCKER_CONFIG="$WORK/docker" -e HOME="$WORK/home" -e LITELLM_LOCAL_MODEL_COST_MAP=True \
   "$RUNNER_IMAGE" bash -euc "
-    [ -x $WORK/venv/bin/tb ] || { python3 -m venv $WORK/venv &&
-      $WORK/venv/bin/pip install -q terminal-bench==$TB_VERSION; }
-    $WORK/venv/bin/tb run --dataset-path $WORK/tasks --agent $agent ${ids[*]} \
+    test \"\$(python3 -c 'import importlib.metadata as m; print(m.version(\"terminal-bench\"))')\" = $TB_VERSION
+    tb run --dataset-path $WORK/tasks --agent $agent ${ids[*]} \
       --n-concurrent 1 --output-path $WORK/runs --run-id $run_id --no-upload-results \
       --no-livestream
   "
