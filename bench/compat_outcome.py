@@ -395,9 +395,15 @@ _LOCAL_NAME_RE = re.compile(
 )
 
 
+#: the phase of a `dns_unanswered` key (the no-op episode fails in its verifier)
+_DNS_PHASE: dict[str, Phase] = {"build": "build", "oracle": "oracle", "noop": "verifier"}
+
+
 def _episode_failed(entry: Mapping[str, Any], episode: str) -> bool:
-    """The oracle (`oracle`) or no-op (`noop`) episode of a line fell short: an error of that
-    phase, or (oracle) a reward below 1.0."""
+    """The image build (`build`: it failed), or the oracle (`oracle`) or no-op (`noop`)
+    episode of a line fell short: an error of that phase, or (oracle) a reward below 1.0."""
+    if episode == "build":
+        return bool(entry.get("build_error")) and not entry.get("env_builds")
     errs = [CheckError.model_validate(pe) for pe in entry.get("phase_errors") or ()]
     if any(e.phase.split(" ")[0] == episode for e in errs):
         return True
@@ -406,8 +412,10 @@ def _episode_failed(entry: Mapping[str, Any], episode: str) -> bool:
 
 
 def _episode_lines(entry: Mapping[str, Any], episode: str) -> list[str]:
-    """Every recorded output line of one episode: the solution's and the verifier's, and the
-    messages of that phase's errors."""
+    """Every recorded output line of one episode: the build's, or the solution's and the
+    verifier's, and the messages of that phase's errors."""
+    if episode == "build":
+        return _lines(entry.get("build_error"))
     keys = (
         ("oracle_output", "oracle_network_lines", "oracle_verifier_output")
         if episode == "oracle"
@@ -422,15 +430,16 @@ def _episode_lines(entry: Mapping[str, Any], episode: str) -> list[str]:
 
 
 def dns_evidence(entry: Mapping[str, Any]) -> Evidence | None:
-    """Run-time evidence from a `--dns-log` line (bench/dns_log.py): in an episode that fell
-    short, the sandbox looked up a host that got no address here (`dns_unanswered`), and that
-    episode's recorded output has a line reporting a failed lookup or fetch. The host is the one
+    """Run-time evidence from a `--dns-log` line (bench/dns_log.py): in a build that failed or
+    an episode that fell short, the build or the sandbox looked up a host that got no address
+    here (`dns_unanswered`), and that phase's recorded output has a line reporting a failed
+    lookup or fetch. The host is the one
     that line names where it names one of them, else the first one looked up that the task's
     files fetch (`referenced_unreachable_hosts`), else the first one looked up. Service names
     (`_http._tcp.…`) and local names are no hosts. None otherwise (a lookup with no failure in
     the output, or a failure with no unanswered lookup)."""
     looked_up = entry.get("dns_unanswered") or {}
-    for episode in ("oracle", "noop"):
+    for episode in ("build", "oracle", "noop"):
         names = [n for n in looked_up.get(episode) or () if not _LOCAL_NAME_RE.search(n)]
         if not names or not _episode_failed(entry, episode):
             continue
@@ -444,10 +453,11 @@ def dns_evidence(entry: Mapping[str, Any]) -> Evidence | None:
         }
         fetched = [n for n in names if n in refs]
         host, line = named[0] if named else ((fetched or names)[0], failures[0])
+        what = "image build" if episode == "build" else f"{episode} episode"
         return Evidence(
             needs=host,
-            phase="oracle" if episode == "oracle" else "verifier",
-            file=f"the DNS log of the {episode} episode: {host} looked up, no address here",
+            phase=_DNS_PHASE[episode],
+            file=f"the DNS log of the {what}: {host} looked up, no address here",
             output_line=line.strip()[:300],
         )
     return None

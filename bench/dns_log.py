@@ -9,7 +9,9 @@ gives its sandboxes this address as their DNS server (`SandboxSpec.dns`; on a co
 network the engine's embedded DNS forwards outside names to it), so the answers they get are the
 ones they would get without it; only the record is new. `mark(phase)` starts a phase; `unanswered()`
 gives, per phase, the names looked up there that got no address in any reply (NXDOMAIN, a
-refusal, a failure, an empty answer or no reply), in the order first asked.
+refusal, a failure, an empty answer or no reply), in the order first asked. What the task's
+image build and its compose services look up reaches the same log from bench/dns_sniff.py (its
+`sources`), which reads the engine's bridges.
 
 That is run-time evidence of what a phase tried to reach, not a guess from the task's text: a
 name resolved through /etc/hosts or a compose service name never reaches it. Replies too large
@@ -28,7 +30,7 @@ import struct
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
@@ -123,6 +125,16 @@ def bridge_gateway(docker_cli: str = "docker") -> str:
     )
 
 
+class LookupSource(Protocol):
+    """Something else that records lookups into a DnsLog's `lookups`."""
+
+    def flush(self) -> None:
+        """Add what it has seen so far to the log."""
+
+    def close(self) -> None:
+        """Stop recording."""
+
+
 class _Protocol(asyncio.DatagramProtocol):
     def __init__(self, owner: DnsLog) -> None:
         self.owner = owner
@@ -143,6 +155,9 @@ class DnsLog:
         self.listen, self.upstream, self.port = listen, upstream, port
         self.lookups: list[Lookup] = []
         self.phase: str | None = None
+        #: other sources of lookups, flushed into `lookups` before it is read or reset and
+        #: closed with the log (bench/dns_sniff.py: the builds' and services' lookups)
+        self.sources: list[LookupSource] = []
         self._transport: asyncio.DatagramTransport | None = None
         self._pending: set[asyncio.Future[None]] = set()
 
@@ -155,6 +170,8 @@ class DnsLog:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        for src in self.sources:
+            src.close()
         if self._transport is not None:
             self._transport.close()
         for task in list(self._pending):
@@ -164,9 +181,17 @@ class DnsLog:
         """Lookups from now on belong to `phase` (None: to no phase)."""
         self.phase = phase
 
+    def reset(self) -> None:
+        """Forget every lookup seen so far (a new attempt starts)."""
+        for src in self.sources:
+            src.flush()
+        self.lookups.clear()
+
     def unanswered(self, phases: list[str]) -> dict[str, list[str]]:
         """Per phase, the names looked up there that got no address in any reply, in the order
         first asked (phases with none are left out)."""
+        for src in self.sources:
+            src.flush()
         out: dict[str, list[str]] = {}
         for phase in phases:
             seen = [lk for lk in self.lookups if lk.phase == phase]

@@ -918,6 +918,9 @@ async def _check_one(
         entry["attempts"] = attempt + 1
         entry.update(build_error=None, error=None, oracle_reward=None, noop_reward=None)
         remaining = timeout_s - (time.perf_counter() - start)
+        if dns is not None:  # this attempt's lookups only; the build's come first
+            dns.reset()
+            dns.mark("build")
         try:
             if image_for is not None:
                 t0 = time.perf_counter()
@@ -945,8 +948,6 @@ async def _check_one(
                 entry["build_s"] = round(time.perf_counter() - t0, 1)
             entry["env_builds"] = True
             remaining = timeout_s - (time.perf_counter() - start)
-            if dns is not None:
-                dns.lookups.clear()  # this attempt's lookups only
             try:
                 check = await asyncio.wait_for(
                     check_task(
@@ -965,11 +966,6 @@ async def _check_one(
                     task_id=task.id,
                     noop=PhaseCheck(phase="noop", error=CheckError.of("noop", exc)),
                 )
-            finally:
-                if dns is not None:  # what each episode looked up and got no address for
-                    dns.mark(None)
-                    entry["dns_log"] = True
-                    entry["dns_unanswered"] = dns.unanswered(["oracle", "noop"])
             res = check.to_entry(detail=True)
             if check.oracle is not None and check.oracle.solution_ran:
                 # the whole output's failed connections: its tail often lacks them
@@ -989,6 +985,10 @@ async def _check_one(
             await _wait_for_engine()
             continue
         break
+    if dns is not None:  # what the last attempt's build and episodes looked up, unanswered
+        dns.mark(None)
+        entry["dns_log"] = True
+        entry["dns_unanswered"] = dns.unanswered(["build", "oracle", "noop"])
     entry["duration_s"] = round(time.perf_counter() - start, 1)
     # decided now, from what this run saw, and never again (the report reads it as recorded)
     entry["reasons"], outcome = judge(entry)
@@ -1383,6 +1383,7 @@ async def _start_dns_log(args: argparse.Namespace, backend: Any) -> tuple[Any, D
     """The logging DNS forwarder on the engine's bridge gateway, and the backend that hands it
     to every sandbox (bench/dns_log.py)."""
     from bench.dns_log import DnsLoggedBackend, bridge_gateway, host_resolver
+    from bench.dns_sniff import BridgeSniffer
 
     if args.backend != "docker" or args.concurrency != 1:
         await backend.aclose()
@@ -1392,6 +1393,8 @@ async def _start_dns_log(args: argparse.Namespace, backend: Any) -> tuple[Any, D
         )
     gateway = await asyncio.to_thread(bridge_gateway)
     dns = await DnsLog(gateway, host_resolver()).__aenter__()
+    sniffer = BridgeSniffer(dns).__enter__()  # the builds' and compose services' lookups
+    dns.sources.append(sniffer)
     return DnsLoggedBackend(backend, gateway), dns
 
 

@@ -3,10 +3,14 @@ fetches from a host that has no address (an `.invalid` name: none anywhere) thro
 whose error names no host. Checked with the logging DNS forwarder (bench/dns_log.py) on the
 engine's bridge gateway, the line records the lookup and is put outside the reachable figures
 with that host as evidence; the same check without it stays `failing` (the output names no host).
-Names that resolve (pypi.org) are not recorded. Needs root (it listens on port 53)."""
+Names that resolve (pypi.org) are not recorded. The same holds for a task whose image build
+fetches such a host from a script in its context: the build's lookup is read off the engine's
+bridge (bench/dns_sniff.py), which `--dns-log` starts beside the forwarder. Needs root (it
+listens on port 53 and opens packet sockets)."""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -23,6 +27,7 @@ if not engine_answers():
     pytest.skip("no Docker engine answers", allow_module_level=True)
 
 HOST = "sandgym-dns-log-test.invalid"
+BUILD_HOST = "sandgym-dns-sniff-build.invalid"
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -72,4 +77,44 @@ async def test_a_lookup_seen_at_run_time_is_the_evidence(tmp_path: Path, backend
 
     plain = await hc._check_one(task, backend, {}, 300.0, 0)
     assert "dns_unanswered" not in plain
+    assert plain["outcome"]["category"] == "failing"  # urllib's error names no host
+
+
+def _task_fetching_in_its_build(root: Path) -> Path:
+    t = root / "fetches-weights-in-build"
+    for d in ("environment", "tests", "solution"):
+        (t / d).mkdir(parents=True)
+    (t / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 60.0\n')
+    (t / "instruction.md").write_text("Use the weights.\n")
+    # the host is in a script of the build context, so no failing output line names it
+    (t / "environment" / "fetch.py").write_text(
+        f"import urllib.request as u\nu.urlopen('https://{BUILD_HOST}/weights.bin')\n"
+    )
+    (t / "environment" / "Dockerfile").write_text(
+        "FROM sandgym/terminal\nCOPY fetch.py /fetch.py\nRUN python3 /fetch.py\nWORKDIR /app\n"
+    )
+    (t / "solution" / "solve.sh").write_text("#!/bin/bash\ntouch /app/done\n")
+    (t / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nmkdir -p /logs/verifier\n"
+        "if [ -e /app/done ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n"
+    )
+    return t
+
+
+async def test_a_lookup_the_build_made_is_read_off_the_bridge(tmp_path: Path, backend) -> None:
+    task = load_task_dir(_task_fetching_in_its_build(tmp_path))
+    args = argparse.Namespace(backend="docker", concurrency=1)
+    logged_backend, dns = await hc._start_dns_log(args, backend)
+    try:
+        logged = await hc._check_one(task, logged_backend, {}, 300.0, 0, dns=dns)
+    finally:
+        await dns.__aexit__(None, None, None)
+    assert logged["env_builds"] is False
+    assert BUILD_HOST in logged["dns_unanswered"]["build"]
+    assert logged["outcome"]["category"] == "unreachable_host"
+    assert logged["outcome"]["evidence"]["needs"] == BUILD_HOST
+    assert logged["outcome"]["evidence"]["phase"] == "build"
+
+    plain = await hc._check_one(task, backend, {}, 300.0, 0)
+    assert plain["env_builds"] is False
     assert plain["outcome"]["category"] == "failing"  # urllib's error names no host
