@@ -197,7 +197,10 @@ _FETCH_RE = re.compile(r"\b(wget|curl|git clone)\b[^|;&]*https?://(?!deb\.debian
 _PYVER_RE = re.compile(r"does not satisfy Python|Requires-Python|requires a different python")
 _ENGINE_RE = re.compile(
     r"failed to create endpoint|could not find bridge|no such network interface|"
-    r"Cannot connect to the Docker daemon"
+    r"Cannot connect to the Docker daemon|"
+    # the engine's own image store lost a layer image a build step was committed on (an image
+    # removed under a concurrent build that shared its cached steps: --prune-images)
+    r"failed to get digest sha256:[0-9a-f]+: open \S*/imagedb/content/"
 )
 _INFRA_RE = re.compile(
     r"ProtocolError|ConnectionError|SandboxLostError|BackendUnavailableError|"

@@ -492,6 +492,13 @@ def test_engine_failures_are_infra_and_run_again_on_resume(tmp_path: Path) -> No
         "bridge docker0: route ip+net: no such network interface"
     )
     assert hc.classify_build_error(err) == "infra"
+    store = (  # a step's layer image removed under the build (seen at concurrency 2, pruning)
+        "SandboxCreateError: building t/environment/Dockerfile failed: failed to get digest "
+        "sha256:80c18be1: open /var/lib/sandgym-docker/image/btrfs/imagedb/content/sha256/"
+        "80c18be1: no such file or directory\n--- build log tail ---\nSetting up gcc (4:14.2.0-1)"
+    )
+    assert hc.classify_build_error(store) == "infra"
+    assert hc.classify_build_error(store.replace("imagedb", "layerdb")) == "build_other"
     old = _entry(
         task_id="t1",
         dataset="A",
