@@ -22,7 +22,9 @@ timeout, a loader error, no oracle shipped. The figures:
 `--json` prints one JSON document; `--out PATH` also writes it (committed figures:
 `bench/results/harbor_compat.json`). `--prune-images` removes each `sandgym/ctx:*` image this
 run built as soon as its task is done (only those that did not exist before it, found by the
-tasks' own context hashes), so a long run does not fill the disk.
+tasks' own context hashes), so a long run does not fill the disk; a removal waits until no other
+task's image is building (bench/build_gate.py), since the engine's builder shares step images
+between builds.
 
 Several datasets, one run: each `--tasks-dir` is one dataset, named by `--source-name` and
 described by `--source-repo/-commit/-path/-note` (recorded in the report; the tasks themselves
@@ -88,6 +90,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.build_gate import BuildGate
 from bench.compat_outcome import (
     CATEGORIES,
     CATEGORY_REASON,
@@ -884,8 +887,16 @@ async def _check_one(
     retries: int,
     item: Item | None = None,
     dns: DnsLog | None = None,
+    gate: BuildGate | None = None,
 ) -> dict[str, Any]:
     from sandboxes import SandboxCreateError
+
+    async def build_image() -> None:
+        if gate is None:
+            await image_for(spec)
+            return
+        async with gate.build():  # no image removal (--prune-images) while it builds
+            await image_for(spec)
 
     entry: dict[str, Any] = {
         "task_id": task.id,
@@ -928,7 +939,7 @@ async def _check_one(
             if image_for is not None:
                 t0 = time.perf_counter()
                 try:
-                    await asyncio.wait_for(image_for(spec), remaining)
+                    await asyncio.wait_for(build_image(), remaining)
                 except TimeoutError:
                     raise
                 except Exception as exc:  # e.g. the engine restarted under a streaming build
@@ -1310,6 +1321,7 @@ async def run_compat(args: argparse.Namespace) -> dict[str, Any]:
     pruned = 0
     start = time.perf_counter()
     sem = asyncio.Semaphore(max(1, args.concurrency))
+    gate = BuildGate() if args.prune_images else None
     from bench.report import provenance
 
     prov = provenance()
@@ -1333,17 +1345,20 @@ async def run_compat(args: argparse.Namespace) -> dict[str, Any]:
             return
         async with sem:
             limit = task_limit_s(it.task, args.task_timeout_s)
-            more = {"dns": dns} if dns is not None else {}
+            more: dict[str, Any] = {"dns": dns} if dns is not None else {}
+            if gate is not None:
+                more["gate"] = gate
             e = await _check_one(it.task, backend, image_map, limit, args.infra_retries, it, **more)
-            if args.prune_images:
+            if gate is not None:
                 tag = _ctx_tag(it.task, image_map)
                 if tag and tag not in before:
-                    rc = await asyncio.to_thread(
-                        subprocess.run,
-                        ["docker", "image", "rm", "-f", tag],
-                        capture_output=True,
-                        check=False,
-                    )
+                    async with gate.removal():  # never under a build that may share its steps
+                        rc = await asyncio.to_thread(
+                            subprocess.run,
+                            ["docker", "image", "rm", "-f", tag],
+                            capture_output=True,
+                            check=False,
+                        )
                     pruned += rc.returncode == 0
         log.info(
             "[%d/%d] %s/%s: build=%s oracle=%s noop=%s reasons=%s subst=%s (%.0f s)",
