@@ -345,3 +345,23 @@ def test_a_hand_added_field_is_caught() -> None:
         "backends/*/notes",
         "provenance_by_hand",
     ]
+
+
+@pytest.mark.parametrize("name", ["harbor_compat.json", "harbor_compat_tb1.json"])
+def test_every_counted_compat_line_was_decided_at_run_time_from_a_clean_tree(name: str) -> None:
+    """Issue 32: a task leaves (or stays in) a figure only by what its own run decided. Every task
+    the committed compatibility record counts carries the `outcome` its run wrote, and names the
+    commit that ran it, neither unrecorded nor a tree with uncommitted changes."""
+    doc = json.loads((RESULTS / name).read_text(encoding="utf-8"))
+    tasks = [t for s in doc["datasets"] for t in s["tasks"]]
+    assert len(tasks) == sum(s["tasks_selected"] for s in doc["datasets"]) > 0
+    undecided = sorted(t["task_id"] for t in tasks if not (t.get("outcome") or {}).get("category"))
+    assert undecided == [], f"{name}: lines without a run-time outcome: {undecided}"
+    unstamped = sorted(
+        f"{t['task_id']} ({t.get('code_commit')})"
+        for t in tasks
+        if not re.fullmatch(r"[0-9a-f]{40}", str(t.get("code_commit")))
+    )
+    assert unstamped == [], f"{name}: lines not run from a clean, named commit: {unstamped}"
+    assert sum(doc["entries_by_commit"].values()) == len(tasks)
+    assert all(re.fullmatch(r"[0-9a-f]{40}", c) for c in doc["entries_by_commit"])
