@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import platform
@@ -892,10 +893,8 @@ async def _check_one(
     from sandboxes import SandboxCreateError
 
     async def build_image() -> None:
-        if gate is None:
-            await image_for(spec)
-            return
-        async with gate.build():  # no image removal (--prune-images) while it builds
+        # no image removal (--prune-images) while it builds
+        async with gate.build() if gate is not None else contextlib.nullcontext():
             await image_for(spec)
 
     entry: dict[str, Any] = {

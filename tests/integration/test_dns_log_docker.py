@@ -41,23 +41,36 @@ async def backend() -> AsyncIterator[object]:
         yield b
 
 
-def _task(root: Path) -> Path:
-    t = root / "fetches-get-pip"
+def _write_task(
+    root: Path, name: str, instruction: str, solve: str, environment: dict[str, str]
+) -> Path:
+    """A Harbor task directory whose test rewards /app/done; `environment` holds the files of
+    its build context (its Dockerfile among them)."""
+    t = root / name
     for d in ("environment", "tests", "solution"):
         (t / d).mkdir(parents=True)
     (t / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 60.0\n')
-    (t / "instruction.md").write_text("Install pip.\n")
-    (t / "environment" / "Dockerfile").write_text("FROM sandgym/terminal\nWORKDIR /app\n")
-    (t / "solution" / "solve.sh").write_text(
-        "#!/bin/bash\ngetent hosts pypi.org\n"
-        f"python3 -c \"import urllib.request as u; u.urlopen('https://{HOST}/get-pip.py')\" "
-        "&& touch /app/done\n"
-    )
+    (t / "instruction.md").write_text(instruction)
+    for file, text in environment.items():
+        (t / "environment" / file).write_text(text)
+    (t / "solution" / "solve.sh").write_text(solve)
     (t / "tests" / "test.sh").write_text(
         "#!/bin/bash\nmkdir -p /logs/verifier\n"
         "if [ -e /app/done ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n"
     )
     return t
+
+
+def _task(root: Path) -> Path:
+    return _write_task(
+        root,
+        "fetches-get-pip",
+        "Install pip.\n",
+        "#!/bin/bash\ngetent hosts pypi.org\n"
+        f"python3 -c \"import urllib.request as u; u.urlopen('https://{HOST}/get-pip.py')\" "
+        "&& touch /app/done\n",
+        {"Dockerfile": "FROM sandgym/terminal\nWORKDIR /app\n"},
+    )
 
 
 async def test_a_lookup_seen_at_run_time_is_the_evidence(tmp_path: Path, backend) -> None:
@@ -81,24 +94,20 @@ async def test_a_lookup_seen_at_run_time_is_the_evidence(tmp_path: Path, backend
 
 
 def _task_fetching_in_its_build(root: Path) -> Path:
-    t = root / "fetches-weights-in-build"
-    for d in ("environment", "tests", "solution"):
-        (t / d).mkdir(parents=True)
-    (t / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 60.0\n')
-    (t / "instruction.md").write_text("Use the weights.\n")
     # the host is in a script of the build context, so no failing output line names it
-    (t / "environment" / "fetch.py").write_text(
-        f"import urllib.request as u\nu.urlopen('https://{BUILD_HOST}/weights.bin')\n"
+    return _write_task(
+        root,
+        "fetches-weights-in-build",
+        "Use the weights.\n",
+        "#!/bin/bash\ntouch /app/done\n",
+        {
+            "fetch.py": f"import urllib.request as u\nu.urlopen('https://{BUILD_HOST}/weights.bin')\n",
+            "Dockerfile": (
+                "FROM sandgym/terminal\nCOPY fetch.py /fetch.py\nRUN python3 /fetch.py\n"
+                "WORKDIR /app\n"
+            ),
+        },
     )
-    (t / "environment" / "Dockerfile").write_text(
-        "FROM sandgym/terminal\nCOPY fetch.py /fetch.py\nRUN python3 /fetch.py\nWORKDIR /app\n"
-    )
-    (t / "solution" / "solve.sh").write_text("#!/bin/bash\ntouch /app/done\n")
-    (t / "tests" / "test.sh").write_text(
-        "#!/bin/bash\nmkdir -p /logs/verifier\n"
-        "if [ -e /app/done ]; then echo 1; else echo 0; fi > /logs/verifier/reward.txt\n"
-    )
-    return t
 
 
 async def test_a_lookup_the_build_made_is_read_off_the_bridge(tmp_path: Path, backend) -> None:
