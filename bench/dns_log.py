@@ -181,17 +181,19 @@ class DnsLog:
         """Lookups from now on belong to `phase` (None: to no phase)."""
         self.phase = phase
 
-    def reset(self) -> None:
-        """Forget every lookup seen so far (a new attempt starts)."""
+    def _flush_sources(self) -> None:
         for src in self.sources:
             src.flush()
+
+    def reset(self) -> None:
+        """Forget every lookup seen so far (a new attempt starts)."""
+        self._flush_sources()
         self.lookups.clear()
 
     def unanswered(self, phases: list[str]) -> dict[str, list[str]]:
         """Per phase, the names looked up there that got no address in any reply, in the order
         first asked (phases with none are left out)."""
-        for src in self.sources:
-            src.flush()
+        self._flush_sources()
         out: dict[str, list[str]] = {}
         for phase in phases:
             seen = [lk for lk in self.lookups if lk.phase == phase]

@@ -1017,6 +1017,18 @@ def infra_only(entry: Mapping[str, Any]) -> bool:
     return bool(reasons) and all(r == "infra" for r in reasons)
 
 
+def drop_infra_only(
+    entries: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], set[tuple[Any, Any]]]:
+    """`entries` without the lines whose check failed only in the sandbox layer (they say
+    nothing about their task), and the (dataset, task_id) of the tasks left with no line at
+    all, which a resumed run therefore runs again; a task with another line keeps that one."""
+    kept = [e for e in entries if not infra_only(e)]
+    have = {(e.get("dataset"), e.get("task_id")) for e in kept}
+    again = {(e.get("dataset"), e.get("task_id")) for e in entries if infra_only(e)} - have
+    return kept, again
+
+
 def load_error_entry(item: Item) -> dict[str, Any]:
     return {
         "dataset": item.dataset,
@@ -1230,10 +1242,12 @@ def _prepare(args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[list[
     if args.resume:
         # a task whose check failed only in the sandbox layer (engine restarted, bridge gone)
         # says nothing about the task: run it again
-        again = [e for e in earlier if infra_only(e)]
+        earlier, again = drop_infra_only(earlier)
         if again:
-            log.info("resuming: %d task(s) that failed only in the engine run again", len(again))
-            earlier = [e for e in earlier if not infra_only(e)]
+            log.info(
+                "resuming: %d task(s) whose every line failed only in the engine run again",
+                len(again),
+            )
         rerun = set(args.rerun)
         if rerun:
             earlier = [

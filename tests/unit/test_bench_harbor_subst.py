@@ -522,6 +522,17 @@ def test_engine_failures_are_infra_and_run_again_on_resume(tmp_path: Path) -> No
     assert [e["task_id"] for e in earlier] == ["t2"]  # t1 runs again
 
 
+def test_resume_counts_only_the_tasks_left_with_no_line_as_run_again() -> None:
+    """A task whose engine-failed line was superseded by a later run keeps that later line and
+    is not among those a resumed run runs again (the count its log line gives)."""
+    lost = _entry(task_id="t1", dataset="A", reasons=["infra"])
+    superseded = _entry(task_id="t2", dataset="A", reasons=["infra"])
+    later = _entry(task_id="t2", dataset="A", reasons=[])
+    kept, again = hc.drop_infra_only([lost, superseded, later])
+    assert [(e["task_id"], e["reasons"]) for e in kept] == [("t2", [])]
+    assert again == {("A", "t1")}
+
+
 def test_a_reachable_host_that_did_not_answer_is_infra() -> None:
     lost = _entry(
         oracle_reward=0.0,
