@@ -927,6 +927,11 @@ async def _check_one(
         entry["outcome"] = outcome.model_dump()
         return entry
     image_for = getattr(backend, "image_for", None)
+    if image_for is not None and entry["base_image"]:
+        # the local image the task's FROM names here, as it is when the task starts: a stand-in
+        # rebuilt later (a new recipe, a new engine) is another image, and the line says which
+        base = entry["base_image"]
+        entry["base_image_local"] = (await asyncio.to_thread(_stand_ins, [base], image_map))[base]
     for attempt in range(retries + 1):
         entry["attempts"] = attempt + 1
         entry.update(build_error=None, error=None, oracle_reward=None, noop_reward=None)
@@ -1082,16 +1087,21 @@ def _ctx_tag(task: TaskSpec, image_map: dict[str, str]) -> str | None:
 
 def _stand_ins(bases: list[str], image_map: dict[str, str]) -> dict[str, Any]:
     """Which local image stands in for each public base image (id, and the suite it was
-    bootstrapped from, where its labels say), or null where none is present."""
+    bootstrapped from, where its labels say), or null where none is present: per line
+    (`base_image_local`, when its task starts) and per document (`stand_in_images`)."""
     out: dict[str, Any] = {}
     for b in sorted(set(bases)):
         name = image_map.get(b, b)
-        r = subprocess.run(
-            ["docker", "image", "inspect", name, "--format", "{{.Id}} {{json .Config.Labels}}"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        try:
+            r = subprocess.run(
+                ["docker", "image", "inspect", name, "--format", "{{.Id}} {{json .Config.Labels}}"],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+        except FileNotFoundError:  # no docker CLI on this host: nothing to name
+            out[b] = None
+            continue
         if r.returncode != 0:
             out[b] = None
             continue

@@ -60,7 +60,8 @@ DESKTOP_IMAGE="${SANDGYM_DESKTOP_IMAGE:-sandgym/desktop:latest}"
 CA_BUNDLE="${SANDGYM_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 # Bumped when the base recipe changes, so an engine that keeps its images rebuilds the base.
 # 2: apt's defaults left as Debian's (1 turned recommends off globally); host CA files kept.
-BASE_VERSION=2
+# 3: the SUITE-security suite in apt's sources, as the official debian images have it.
+BASE_VERSION=3
 
 log() { echo "[bootstrap $(date +%H:%M:%S)] $*" >&2; }
 
@@ -82,6 +83,19 @@ find_mirror() {
         m="$(awk '$1 == "deb" && $0 !~ /security/ { for (i = 2; i <= NF; i++) if ($i ~ /^https?:/) { print $i; exit } }' /etc/apt/sources.list)"
     fi
     echo "${m:-http://deb.debian.org/debian}"
+}
+
+# The security archive apt itself uses on this host (the official images list it beside the
+# mirror: a package's security update is there until the next point release folds it in).
+find_security_mirror() {
+    local m=""
+    if [ -r /etc/apt/sources.list.d/debian.sources ]; then
+        m="$(awk '/^URIs:/ { for (i = 2; i <= NF; i++) if ($i ~ /security/) { print $i; exit } }' /etc/apt/sources.list.d/debian.sources)"
+    fi
+    if [ -z "$m" ] && [ -r /etc/apt/sources.list ]; then
+        m="$(awk '$1 == "deb" && $0 ~ /security/ { for (i = 2; i <= NF; i++) if ($i ~ /^https?:/) { print $i; exit } }' /etc/apt/sources.list)"
+    fi
+    echo "${m:-http://deb.debian.org/debian-security}"
 }
 
 build_base() {
@@ -112,10 +126,12 @@ build_base() {
         install -m 0644 /usr/local/share/ca-certificates/*.crt "$rootfs/usr/local/share/ca-certificates/"
     fi
     printf '[global]\ncert = /etc/ssl/certs/ca-certificates.crt\n' >"$rootfs/etc/pip.conf"
-    # Same mirror as the host, so `apt-get` in docker build hits a reachable mirror.
+    # Same mirror as the host, so `apt-get` in docker build hits a reachable mirror; the
+    # suites of the official image (release, -updates, -security).
     cat >"$rootfs/etc/apt/sources.list" <<EOF
 deb $mirror $SUITE main
 deb $mirror $SUITE-updates main
+deb $(find_security_mirror) $SUITE-security main
 EOF
     # Small images, as Debian's own -slim images: no docs, no man pages. apt's defaults stay
     # Debian's (recommends on): `apt-get install -y gcc` brings libc6-dev, as on the official images.

@@ -333,9 +333,18 @@ DNSMASQ_RUN = (
     "EXPOSE 53/udp",
 )
 
-_TRIXIE = "Debian 13 (trixie) minbase made with debootstrap, plus the host's CA bundle"
-_BOOKWORM = "Debian 12 (bookworm) minbase made with debootstrap, plus the host's CA bundle"
-_BULLSEYE = "Debian 11 (bullseye) minbase made with debootstrap, plus the host's CA bundle"
+_TRIXIE = (
+    "Debian 13 (trixie) minbase made with debootstrap (apt sources: trixie, trixie-updates, "
+    "trixie-security), plus the host's CA bundle"
+)
+_BOOKWORM = (
+    "Debian 12 (bookworm) minbase made with debootstrap (apt sources: bookworm, bookworm-updates, "
+    "bookworm-security), plus the host's CA bundle"
+)
+_BULLSEYE = (
+    "Debian 11 (bullseye) minbase made with debootstrap (apt sources: bullseye, bullseye-updates, "
+    "bullseye-security), plus the host's CA bundle"
+)
 _NOT_UBUNTU = (
     "; NOT Ubuntu (no Ubuntu mirror is reachable): the nearest Debian release, so "
     "Ubuntu-only packages and versions pinned to Ubuntu's fail"

@@ -231,6 +231,32 @@ def test_bullseye_standin_installs_from_the_mirror() -> None:
     assert lines[0].startswith("11.") and lines[-1].startswith("GNU Wget 1.21"), out
 
 
+DEBIAN_BASES = [
+    ("debian:bookworm-slim", "bookworm"),
+    ("debian:trixie-slim", "trixie"),
+    ("debian:bullseye-slim", "bullseye"),
+]
+
+
+@pytest.mark.parametrize(("alias", "codename"), DEBIAN_BASES, ids=[c for _, c in DEBIAN_BASES])
+def test_debian_standin_takes_security_updates_as_the_official_image(
+    alias: str, codename: str
+) -> None:
+    """apt on a Debian stand-in reads the release's -security suite beside the release and its
+    -updates, as the official image's sources do: a package's security update (there until the
+    next point release) is what `apt-get install` takes, as it would there."""
+    s = im.standin_for(alias)
+    assert s is not None
+    out = sh(
+        image_for(s),
+        "apt-get update -qq >/dev/null 2>&1; apt-cache policy | grep -o ' [a-z]*[-a-z]*/main'"
+        " | sort -u",
+        network=True,
+    )
+    suites = {line.strip().removesuffix("/main") for line in out.splitlines()}
+    assert suites == {codename, f"{codename}-updates", f"{codename}-security"}, out
+
+
 def test_gcc_from_apt_compiles_stdio_on_ubuntu_standin() -> None:
     """`apt-get install -y gcc` brings libc6-dev (recommends on, as on the real image), so a C
     file that includes stdio.h compiles and runs (the one slow test: ~30-60 s)."""

@@ -91,6 +91,33 @@ async def test_check_one_builds_the_image_inside_the_gate() -> None:
     assert gate.building == 0 and entry["env_builds"] is False  # and left it
 
 
+async def test_check_one_records_the_local_base_image_its_task_started_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each line names the local image its FROM resolved to when the task started (a stand-in
+    rebuilt later by a new recipe is another image)."""
+    seen: list[tuple[list[str], dict[str, str]]] = []
+
+    def stand_ins(bases: list[str], image_map: dict[str, str]) -> dict[str, Any]:
+        seen.append((bases, image_map))
+        return {b: {"local_image": b, "id": "sha256:0123456789ab"} for b in bases}
+
+    monkeypatch.setattr(hc, "_stand_ins", stand_ins)
+
+    class Backend:
+        async def image_for(self, spec: Any) -> str:
+            raise RuntimeError("stop after the build")
+
+    from tasks.loaders import load_task_dir
+
+    task = load_task_dir(FIXTURES / "harbor-legacy")
+    base = hc._base_image(task)
+    assert base
+    entry = await hc._check_one(task, Backend(), {"x": "y"}, 60.0, 0)
+    assert seen == [([base], {"x": "y"})]
+    assert entry["base_image_local"] == {"local_image": base, "id": "sha256:0123456789ab"}
+
+
 async def test_a_pruned_image_is_removed_only_when_no_other_build_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
