@@ -103,6 +103,7 @@ from bench.compat_outcome import (
     recorded_category,
 )
 from bench.dns_log import DnsLog
+from bench.host_load import HostLoad
 from bench.report import save_json
 from tasks.check import CheckError, PhaseCheck, TaskCheck, check_task, setup_error_check
 from tasks.errors import TaskError
@@ -918,6 +919,7 @@ async def _check_one(
             referenced_unreachable_hosts=item.refs,
         )
     start = time.perf_counter()
+    load = HostLoad()
     try:
         spec = sandbox_spec_for(task, image_map)
     except TaskError as exc:  # reported like check_task reports it
@@ -1008,6 +1010,7 @@ async def _check_one(
         entry["dns_log"] = True
         entry["dns_unanswered"] = dns.unanswered(["build", "oracle", "noop"])
     entry["duration_s"] = round(time.perf_counter() - start, 1)
+    entry["host_load"] = load.finish()
     # decided now, from what this run saw, and never again (the report reads it as recorded)
     entry["reasons"], outcome = judge(entry)
     entry["outcome"] = outcome.model_dump()
