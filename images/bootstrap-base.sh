@@ -73,29 +73,19 @@ built_on_current() { [ "$(image_label "$1" sandgym.built-from)" = "$(image_id "$
 
 docker info >/dev/null 2>&1 || { echo "bootstrap-base.sh: no Docker engine answers (docker info failed); start dockerd first" >&2; exit 1; }
 
-# The mirror apt itself uses on this host: deb822 sources first, then the classic list.
-find_mirror() {
-    local m=""
+# An archive apt itself uses on this host, deb822 sources first, then the classic list:
+# `apt_uri 0 DEFAULT` the mirror, `apt_uri 1 DEFAULT` the security archive (the official images
+# list it beside the mirror: a package's security update is there until the next point release
+# folds it in). DEFAULT where the host's sources name none.
+apt_uri() {
+    local security="$1" m=""
     if [ -r /etc/apt/sources.list.d/debian.sources ]; then
-        m="$(awk '/^URIs:/ { for (i = 2; i <= NF; i++) if ($i !~ /security/) { print $i; exit } }' /etc/apt/sources.list.d/debian.sources)"
+        m="$(awk -v sec="$security" '/^URIs:/ { for (i = 2; i <= NF; i++) if (($i ~ /security/) == sec) { print $i; exit } }' /etc/apt/sources.list.d/debian.sources)"
     fi
     if [ -z "$m" ] && [ -r /etc/apt/sources.list ]; then
-        m="$(awk '$1 == "deb" && $0 !~ /security/ { for (i = 2; i <= NF; i++) if ($i ~ /^https?:/) { print $i; exit } }' /etc/apt/sources.list)"
+        m="$(awk -v sec="$security" '$1 == "deb" && ($0 ~ /security/) == sec { for (i = 2; i <= NF; i++) if ($i ~ /^https?:/) { print $i; exit } }' /etc/apt/sources.list)"
     fi
-    echo "${m:-http://deb.debian.org/debian}"
-}
-
-# The security archive apt itself uses on this host (the official images list it beside the
-# mirror: a package's security update is there until the next point release folds it in).
-find_security_mirror() {
-    local m=""
-    if [ -r /etc/apt/sources.list.d/debian.sources ]; then
-        m="$(awk '/^URIs:/ { for (i = 2; i <= NF; i++) if ($i ~ /security/) { print $i; exit } }' /etc/apt/sources.list.d/debian.sources)"
-    fi
-    if [ -z "$m" ] && [ -r /etc/apt/sources.list ]; then
-        m="$(awk '$1 == "deb" && $0 ~ /security/ { for (i = 2; i <= NF; i++) if ($i ~ /^https?:/) { print $i; exit } }' /etc/apt/sources.list)"
-    fi
-    echo "${m:-http://deb.debian.org/debian-security}"
+    echo "${m:-$2}"
 }
 
 build_base() {
@@ -109,7 +99,7 @@ build_base() {
     command -v debootstrap >/dev/null || { echo "bootstrap-base.sh: debootstrap is not installed (apt-get install -y debootstrap)" >&2; exit 1; }
     [ -r "$CA_BUNDLE" ] || { echo "bootstrap-base.sh: CA bundle $CA_BUNDLE not readable" >&2; exit 1; }
     local mirror rootfs t0 dlog
-    mirror="$(find_mirror)"
+    mirror="$(apt_uri 0 http://deb.debian.org/debian)"
     rootfs="$(mktemp -d /tmp/sandgym-rootfs.XXXXXX)"
     dlog="/tmp/sandgym-debootstrap-$SUITE.log"
     # debootstrap leaves mounts (proc, sys) behind when it dies half-way; umount before rm.
@@ -131,7 +121,7 @@ build_base() {
     cat >"$rootfs/etc/apt/sources.list" <<EOF
 deb $mirror $SUITE main
 deb $mirror $SUITE-updates main
-deb $(find_security_mirror) $SUITE-security main
+deb $(apt_uri 1 http://deb.debian.org/debian-security) $SUITE-security main
 EOF
     # Small images, as Debian's own -slim images: no docs, no man pages. apt's defaults stay
     # Debian's (recommends on): `apt-get install -y gcc` brings libc6-dev, as on the official images.
