@@ -333,18 +333,17 @@ DNSMASQ_RUN = (
     "EXPOSE 53/udp",
 )
 
-_TRIXIE = (
-    "Debian 13 (trixie) minbase made with debootstrap (apt sources: trixie, trixie-updates, "
-    "trixie-security), plus the host's CA bundle"
-)
-_BOOKWORM = (
-    "Debian 12 (bookworm) minbase made with debootstrap (apt sources: bookworm, bookworm-updates, "
-    "bookworm-security), plus the host's CA bundle"
-)
-_BULLSEYE = (
-    "Debian 11 (bullseye) minbase made with debootstrap (apt sources: bullseye, bullseye-updates, "
-    "bullseye-security), plus the host's CA bundle"
-)
+
+def _minbase(number: int, codename: str) -> str:
+    return (
+        f"Debian {number} ({codename}) minbase made with debootstrap (apt sources: {codename}, "
+        f"{codename}-updates, {codename}-security), plus the host's CA bundle"
+    )
+
+
+_TRIXIE = _minbase(13, "trixie")
+_BOOKWORM = _minbase(12, "bookworm")
+_BULLSEYE = _minbase(11, "bullseye")
 _NOT_UBUNTU = (
     "; NOT Ubuntu (no Ubuntu mirror is reachable): the nearest Debian release, so "
     "Ubuntu-only packages and versions pinned to Ubuntu's fail"
