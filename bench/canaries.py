@@ -583,7 +583,7 @@ def run(args: argparse.Namespace) -> int:
         root = write_fixture_tasks(Path(tmp))
         for b in backends:
             rows += asyncio.run(run_backend(b, root, techs, args.concurrency))
-    doc = {
+    doc: dict[str, Any] = {
         "bench": "canaries",
         "provenance": provenance(),
         "modes": list(MODES),

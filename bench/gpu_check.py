@@ -71,7 +71,7 @@ def generate(args: argparse.Namespace) -> dict[str, Any]:
     shapes = SMALL_SHAPES if args.small else SHAPES
     cfg = LlamaConfig(**CONFIGS[shapes], max_position_embeddings=8192)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg).to(device=device, dtype=dtype)
+    model = LlamaForCausalLM(cfg).to(device=device, dtype=dtype)  # type: ignore[call-arg]  # transformers' decorator typing
     engine = HFEngine(model, eos_token_ids=[], pad_token_id=0, device=args.device,
                       max_batch_size=args.batch)  # fmt: skip
     gen = torch.Generator().manual_seed(1)

@@ -893,7 +893,7 @@ async def _check_one(
 ) -> dict[str, Any]:
     from sandboxes import SandboxCreateError
 
-    async def build_image() -> None:
+    async def build_image(image_for: Callable[[Any], Any]) -> None:
         # no image removal (--prune-images) while it builds
         async with gate.build() if gate is not None else contextlib.nullcontext():
             await image_for(spec)
@@ -945,7 +945,7 @@ async def _check_one(
             if image_for is not None:
                 t0 = time.perf_counter()
                 try:
-                    await asyncio.wait_for(build_image(), remaining)
+                    await asyncio.wait_for(build_image(image_for), remaining)
                 except TimeoutError:
                     raise
                 except Exception as exc:  # e.g. the engine restarted under a streaming build

@@ -489,8 +489,9 @@ async def _abuse_backend(
             a["abuse_s"] += time.perf_counter() - t0
             stop.set()
             lat, err = await run
-            if _pct(lat, 99) and _pct(quiet, 99):
-                a["ratios"].append(round(_pct(lat, 99) / _pct(quiet, 99), 2))
+            p99_abuse, p99_quiet = _pct(lat, 99), _pct(quiet, 99)
+            if p99_abuse and p99_quiet:
+                a["ratios"].append(round(p99_abuse / p99_quiet, 2))
             a["quiet"] += quiet
             a["quiet_err"] += quiet_err
             a["lat"] += lat

@@ -410,7 +410,7 @@ def evaluation_record(
         ]
     )
     out["by_operation"] = by_operation(_read_jsonl(run_dir / "sampled_episodes.jsonl"))
-    after = {}
+    after: dict[str, Any] = {}
     for t in heldout_tasks:
         for k, v in (
             sampled.get("after", {}).get(t, {}).get("successes_by_commands") or {}

@@ -149,7 +149,8 @@ class SandgymAgentLoop(AgentLoopBase):
             runtime = merged.token_ids
             if new_lp is not None:
                 logprobs = new_lp
-            text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+            # verl annotates the attribute as the AutoTokenizer class; it holds a tokenizer
+            text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)  # type: ignore[attr-defined]
             parsed = parse_action(text)
             last_turn = turns >= self.max_turns or len(mask) >= self.response_length
             t1 = time.perf_counter()

@@ -6,8 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --docker --train --e2b
 echo "== ruff" >&2
-.venv/bin/ruff check sandboxes tasks envserver trainer bench sandgym_cli tests
-echo "== mypy (core packages)" >&2
-.venv/bin/mypy sandboxes tasks envserver sandgym_cli
+.venv/bin/ruff check sandboxes tasks envserver trainer integrations bench sandgym_cli tests
+echo "== mypy (every package)" >&2
+.venv/bin/mypy sandboxes tasks envserver trainer integrations bench sandgym_cli
 echo "== pytest" >&2
 .venv/bin/pytest -q -rs "$@"

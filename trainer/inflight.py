@@ -48,7 +48,9 @@ BUSY_POLL_S = 0.5
 def episode_key(episode: Episode | dict[str, Any]) -> str:
     """The file name an episode is kept under: the same from the worker's `Episode` and from
     the trainer's copy or record of it (task, seed, group, start time)."""
-    get = episode.get if isinstance(episode, dict) else lambda k: getattr(episode, k)
+    get: Callable[[str], Any] = (
+        episode.get if isinstance(episode, dict) else lambda k: getattr(episode, k)
+    )
     ident = f"{get('task_id')}|{get('seed')}|{get('group_id')}|{float(get('started_at'))!r}"
     return hashlib.sha1(ident.encode()).hexdigest()[:24]
 

@@ -29,7 +29,7 @@ def lora_config(rank: int, alpha: float, dropout: float, target_modules: list[st
         ) from exc
     return LoraConfig(
         r=rank,
-        lora_alpha=alpha,
+        lora_alpha=alpha,  # type: ignore[arg-type]  # peft annotates int; it only divides it by r
         lora_dropout=dropout,
         target_modules=list(target_modules),
         bias="none",

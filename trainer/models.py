@@ -134,7 +134,7 @@ def load_model(settings: ModelSettings, dtype: Any = None) -> Any:
         model = AutoModelForCausalLM.from_pretrained(smollm2_dir(settings.cache_dir), dtype=dtype)
         # the converted config still names the GGUF quantizer, which would make save_pretrained
         # (checkpoints) refuse; the weights are plain dequantised tensors
-        model.hf_quantizer = None
+        model.hf_quantizer = None  # type: ignore[assignment]  # transformers types the attribute without None
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
         return model

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -49,7 +50,7 @@ def roles_of(group: list[Episode]) -> list[str]:
 
 def role_advantages(
     groups: list[list[Episode]],
-    roles: dict[str, str],
+    roles: Mapping[str, str],
     default_estimator: str,
     *,
     std_normalize: bool = True,
@@ -90,7 +91,7 @@ def role_advantages(
 
 def role_samples(
     groups: list[list[Episode]],
-    roles: dict[str, str],
+    roles: Mapping[str, str],
     default_estimator: str,
     *,
     std_normalize: bool = True,

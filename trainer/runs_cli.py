@@ -70,7 +70,9 @@ def _add(total: dict[str, Any], cost: dict[str, Any]) -> None:
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Sums per group, per update and for the run (see the module docstring)."""
-    run, by_update, by_group = _zero(), defaultdict(_zero), defaultdict(_zero)
+    run = _zero()
+    by_update: dict[int, dict[str, Any]] = defaultdict(_zero)
+    by_group: dict[str, dict[str, Any]] = defaultdict(_zero)
     backend_s: dict[str, float] = defaultdict(float)
     for rec in records:
         cost = rec.get("cost") or {}

@@ -153,7 +153,7 @@ def load_sharded(model: Any, optimizer: Any, path: str) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=path)
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
@@ -181,7 +181,7 @@ def load_sharded_model(
 
     rank = dist.get_rank()
     full = load_full() if rank == 0 else None
-    box = [(full.config, next(full.parameters()).dtype) if full is not None else None]
+    box: list[Any] = [(full.config, next(full.parameters()).dtype) if full is not None else None]
     dist.broadcast_object_list(box, src=0)
     config, dtype = box[0]
     with torch.device("meta"):

@@ -698,7 +698,8 @@ class Trainer:
             from trainer.gateway.records import drop_abandoned_calls
 
             drop_abandoned_calls(self.run_dir / "gateway")  # their harness calls likewise
-        if getattr(self, "fleet", None) is not None:
-            self.fleet.stop()  # drained: their sandboxes are removed
+        fleet = getattr(self, "fleet", None)
+        if fleet is not None:
+            fleet.stop()  # drained: their sandboxes are removed
         if hasattr(self, "learners"):
             self.learners.shutdown()
