@@ -23,6 +23,7 @@ BENCHES: dict[str, str] = {
     "openai_llamacpp": "bench.openai_llamacpp",
     "vllm_cpu_push": "bench.vllm_cpu_push",
     "canaries": "bench.canaries",
+    "compat_replication": "bench.compat_replication",
 }
 
 
