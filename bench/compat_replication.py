@@ -69,8 +69,10 @@ def _headline(dataset: dict[str, Any]) -> dict[str, Any]:
     summary = dataset.get("summary") or {}
     reachable = summary.get("reachable") or {}
     head = {k: summary.get(k) for k in _HEADLINE}
-    head["reachable"] = {"tasks": reachable.get("tasks")}
-    head["reachable"].update({k: reachable.get(k) for k in _REACHABLE})
+    head["reachable"] = {
+        "tasks": reachable.get("tasks"),
+        **{k: reachable.get(k) for k in _REACHABLE},
+    }
     return head
 
 
