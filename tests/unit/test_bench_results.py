@@ -67,6 +67,27 @@ WRITERS: dict[str, tuple[str, ...]] = {
         "bench/substitutions.py",
         "tasks/cli.py",
     ),
+    # a second full run of Terminal-Bench 2.0 (docs/harbor_compat.md, "A second run"), and
+    # `sandgym bench compat_replication` of it beside the committed record
+    "harbor_compat_tb2_replication.json": (
+        "bench/harbor_compat.py",
+        "bench/compat_outcome.py",
+        "bench/substitutions.py",
+        "tasks/cli.py",
+        "bench/report.py",
+    ),
+    "harbor_compat_tb2_replication.jsonl": (
+        "bench/harbor_compat.py",
+        "bench/compat_outcome.py",
+        "bench/substitutions.py",
+        "tasks/cli.py",
+    ),
+    "compat_replication_tb2.json": (
+        "bench/compat_replication.py",
+        "bench/harbor_compat.py",
+        "bench/compat_outcome.py",
+        "bench/report.py",
+    ),
     # `sandgym tasks check --jsonl` on the multi-step tasks (see the README's Harbor section)
     "harbor_multistep_check.jsonl": ("tasks/cli.py",),
     "harness_eval.json": ("bench/harness_eval.py", "trainer/eval_cli.py"),
@@ -152,6 +173,24 @@ DATA_MAPS: dict[str, tuple[str, ...]] = {
         "entries_by_commit",
     ),
     "harbor_compat.jsonl": ("absent_files", "referenced_unreachable_hosts"),
+    "harbor_compat_tb2_replication.json": (
+        "image_map",
+        "stand_in_images",
+        "substitution_table",
+        "reasons",
+        "reason_meanings",
+        "category_meanings",
+        "datasets/[]/absent_files",
+        "tasks/[]/absent_files",
+        "tasks/[]/referenced_unreachable_hosts",
+        "entries_by_commit",
+    ),
+    "harbor_compat_tb2_replication.jsonl": ("absent_files", "referenced_unreachable_hosts"),
+    "compat_replication_tb2.json": (
+        "summary/transitions",
+        "first/entries_by_commit",
+        "second/entries_by_commit",
+    ),
     "harbor_compat_tb1.json": (
         "image_map",
         "stand_in_images",
