@@ -5,8 +5,9 @@ Each document is read as written (its `datasets[].tasks[]` entries, the outcome 
 recorded); nothing is re-judged here. For every task in both documents the result has each side's
 category, reason, rewards, duration, commit, concurrency and host load, and whether the category
 is the same; the summary counts the tasks with the same category, lists those that changed (with
-each side's category), the tasks only one side has, and each side's headline figures as its own
-document states them (absolute and reachable).
+each side's category), the tasks only one side has, how many of each side's lines each commit
+checked, and each side's headline figures as its own document states them (absolute and
+reachable).
 
     sandgym bench compat_replication --first bench/results/harbor_compat.json \\
         --second bench/results/harbor_compat_tb2_replication.json \\
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,15 @@ def _headline(dataset: dict[str, Any]) -> dict[str, Any]:
     return head
 
 
+def _by_commit(lines: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """How many of a dataset's lines each commit checked (`code_commit`)."""
+    counts: dict[str, int] = {}
+    for line in lines:
+        key = line.get("code_commit") or "not recorded"
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
 def compare(first: dict[str, Any], second: dict[str, Any], name: str) -> dict[str, Any]:
     """The per-task rows and the summary of dataset `name` in two harbor_compat documents."""
     a = {t["task_id"]: t for t in dataset_of(first, name, "first")["tasks"]}
@@ -117,6 +128,10 @@ def compare(first: dict[str, Any], second: dict[str, Any], name: str) -> dict[st
             "transitions": transitions,
             "only_in_first": sorted(a.keys() - b.keys()),
             "only_in_second": sorted(b.keys() - a.keys()),
+            "lines_by_commit": {
+                "first": _by_commit(a.values()),
+                "second": _by_commit(b.values()),
+            },
             "first": _headline(dataset_of(first, name, "first")),
             "second": _headline(dataset_of(second, name, "second")),
         },
@@ -132,7 +147,6 @@ def _documented(doc: dict[str, Any]) -> dict[str, Any]:
         "written_at": prov.get("written_at"),
         "concurrency": doc.get("concurrency"),
         "complete": doc.get("complete"),
-        "entries_by_commit": doc.get("entries_by_commit"),
     }
 
 

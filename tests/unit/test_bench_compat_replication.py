@@ -45,7 +45,7 @@ def document(name: str, tasks: list[dict[str, Any]], clean: int) -> dict[str, An
 FIRST = document(
     "tb",
     [
-        line("a", "clean", "clean", host_load={"busy": 0.4}),
+        line("a", "clean", "clean", host_load={"busy": 0.4}, code_commit="c1"),
         line("b", "failing", "oracle_below_one", duration_s=176.0),
         line("c", "unreachable_host", "needs_unreachable_host"),
         line("gone", "clean", "clean"),
@@ -72,6 +72,10 @@ def test_counts_the_tasks_whose_category_held_and_names_those_that_changed() -> 
     assert s["changed"] == [{"task_id": "b", "first": "failing", "second": "clean"}]
     assert s["transitions"] == {"failing -> clean": 1}
     assert s["only_in_first"] == ["gone"] and s["only_in_second"] == ["new"]
+    assert s["lines_by_commit"] == {
+        "first": {"c1": 1, "not recorded": 3},
+        "second": {"not recorded": 4},
+    }
 
 
 def test_each_row_keeps_both_lines_as_recorded() -> None:

@@ -188,8 +188,8 @@ DATA_MAPS: dict[str, tuple[str, ...]] = {
     "harbor_compat_tb2_replication.jsonl": ("absent_files", "referenced_unreachable_hosts"),
     "compat_replication_tb2.json": (
         "summary/transitions",
-        "first/entries_by_commit",
-        "second/entries_by_commit",
+        "summary/lines_by_commit/first",
+        "summary/lines_by_commit/second",
     ),
     "harbor_compat_tb1.json": (
         "image_map",
