@@ -2,12 +2,12 @@
 task set, task by task, to show how far one run's verdicts hold when the set is run again.
 
 Each document is read as written (its `datasets[].tasks[]` entries, the outcome each line's run
-recorded); nothing is re-judged here. For every task in both documents the result has each side's
-category, reason, rewards, duration, commit, concurrency and host load, and whether the category
-is the same; the summary counts the tasks with the same category, lists those that changed (with
-each side's category), the tasks only one side has, how many of each side's lines each commit
-checked, and each side's headline figures as its own document states them (absolute and
-reachable).
+recorded); nothing is re-judged here. For every task in both documents the result has each
+side's category, reason, action, rewards, duration, commit, concurrency and host load, and
+whether the category is the same; the summary counts the tasks with the same category (and
+with the same reason), lists those that changed (with each side's category), the tasks only one
+side has, how many of each side's lines each commit checked, and each side's headline figures
+as its own document states them (absolute and reachable).
 
     sandgym bench compat_replication --first bench/results/harbor_compat.json \\
         --second bench/results/harbor_compat_tb2_replication.json \\
@@ -62,7 +62,7 @@ def dataset_of(doc: dict[str, Any], name: str, label: str) -> dict[str, Any]:
 
 def _side(line: dict[str, Any]) -> dict[str, Any]:
     outcome = line.get("outcome") or {}
-    row = {"category": outcome.get("category"), "reason": outcome.get("reason")}
+    row = {k: outcome.get(k) for k in ("category", "reason", "action")}
     row.update({k: line.get(k) for k in _LINE_FIELDS})
     return row
 
@@ -111,6 +111,7 @@ def compare(first: dict[str, Any], second: dict[str, Any], name: str) -> dict[st
         for r in rows
         if not r["same_category"]
     ]
+    same_reason = sum(r["first"]["reason"] == r["second"]["reason"] for r in rows)
     transitions: dict[str, int] = {}
     for c in changed:
         key = f"{c['first']} -> {c['second']}"
@@ -124,6 +125,7 @@ def compare(first: dict[str, Any], second: dict[str, Any], name: str) -> dict[st
                 "of": len(rows),
                 "share": round((len(rows) - len(changed)) / len(rows), 3) if rows else None,
             },
+            "same_reason": {"count": same_reason, "of": len(rows)},
             "changed": changed,
             "transitions": transitions,
             "only_in_first": sorted(a.keys() - b.keys()),

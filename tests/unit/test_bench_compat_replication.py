@@ -69,6 +69,7 @@ def test_counts_the_tasks_whose_category_held_and_names_those_that_changed() -> 
     s = out["summary"]
     assert s["compared"] == 3
     assert s["same_category"] == {"count": 2, "of": 3, "share": 0.667}
+    assert s["same_reason"] == {"count": 2, "of": 3}
     assert s["changed"] == [{"task_id": "b", "first": "failing", "second": "clean"}]
     assert s["transitions"] == {"failing -> clean": 1}
     assert s["only_in_first"] == ["gone"] and s["only_in_second"] == ["new"]
