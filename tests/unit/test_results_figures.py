@@ -78,6 +78,32 @@ def tb1_harness_sentence() -> str:
     )
 
 
+def tb2_replication_sentence() -> str:
+    """docs/results.md's sentence on the second full Terminal-Bench 2.0 run beside the record
+    (bench/compat_replication.py's comparison): how many tasks kept their category and reason,
+    which changed and how, and the second run's own figures."""
+    sm = at("compat_replication_tb2.json", "summary")
+    changed = ", ".join(
+        f"{c['task_id']} ({c['first']} in the record, {c['second']} in the second run)"
+        for c in sm["changed"]
+    )
+    second = sm["second"]
+    return (
+        "it gives {}/{} tasks the category the record gives them ({}/{} the same reason); "
+        "changed: {}. Its own figures: {}/{} clean of all tasks, {}/{} of the reachable".format(
+            sm["same_category"]["count"],
+            sm["same_category"]["of"],
+            sm["same_reason"]["count"],
+            sm["same_reason"]["of"],
+            changed or "none",
+            second["absolute_clean"]["count"],
+            second["absolute_clean"]["of"],
+            second["reachable"]["clean"]["count"],
+            second["reachable"]["clean"]["of"],
+        )
+    )
+
+
 def demo_row(group: str, task: str) -> str:
     """A row of the training demo's table (docs/training.md): before, after and the seed-level
     difference with its interval, as the page writes them."""
@@ -321,6 +347,7 @@ FIGURES: list[tuple[str, Callable[[], str]]] = [
     *[(f"harbor {i}", lambda i=i: harbor_row(HC, i)) for i in range(2)],
     ("harbor terminal-bench-1", lambda: harbor_row("harbor_compat_tb1.json", 0)),
     ("terminal-bench-1 under its own harness", tb1_harness_sentence),
+    ("terminal-bench-2.0 second full run", tb2_replication_sentence),
     (
         "server SIGKILL",
         lambda: (
