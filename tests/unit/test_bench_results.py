@@ -155,6 +155,20 @@ HARBOR_PROVIDER_MAPS: tuple[str, ...] = (
     "targets/by_set",
 )
 
+#: the data maps of a one-set harbor_compat document (Terminal-Bench 1's, the second TB2 run)
+COMPAT_DOC_MAPS: tuple[str, ...] = (
+    "image_map",
+    "stand_in_images",
+    "substitution_table",
+    "reasons",
+    "reason_meanings",
+    "category_meanings",
+    "datasets/[]/absent_files",
+    "tasks/[]/absent_files",
+    "tasks/[]/referenced_unreachable_hosts",
+    "entries_by_commit",
+)
+
 #: key paths (`*`: any key of a data map, `[]`: any list item) of the maps whose keys are data
 DATA_MAPS: dict[str, tuple[str, ...]] = {
     "canaries.json": ("summary",),
@@ -173,36 +187,14 @@ DATA_MAPS: dict[str, tuple[str, ...]] = {
         "entries_by_commit",
     ),
     "harbor_compat.jsonl": ("absent_files", "referenced_unreachable_hosts"),
-    "harbor_compat_tb2_replication.json": (
-        "image_map",
-        "stand_in_images",
-        "substitution_table",
-        "reasons",
-        "reason_meanings",
-        "category_meanings",
-        "datasets/[]/absent_files",
-        "tasks/[]/absent_files",
-        "tasks/[]/referenced_unreachable_hosts",
-        "entries_by_commit",
-    ),
+    "harbor_compat_tb2_replication.json": COMPAT_DOC_MAPS,
     "harbor_compat_tb2_replication.jsonl": ("absent_files", "referenced_unreachable_hosts"),
     "compat_replication_tb2.json": (
         "summary/transitions",
         "summary/lines_by_commit/first",
         "summary/lines_by_commit/second",
     ),
-    "harbor_compat_tb1.json": (
-        "image_map",
-        "stand_in_images",
-        "substitution_table",
-        "reasons",
-        "reason_meanings",
-        "category_meanings",
-        "datasets/[]/absent_files",
-        "tasks/[]/absent_files",
-        "tasks/[]/referenced_unreachable_hosts",
-        "entries_by_commit",
-    ),
+    "harbor_compat_tb1.json": COMPAT_DOC_MAPS,
     "harbor_compat_tb1.jsonl": ("absent_files", "referenced_unreachable_hosts"),
     "harbor_multistep_check.jsonl": (),
     "harness_eval.json": (),
