@@ -1,12 +1,19 @@
 """`ImageStore`: the docker backend's images. They come by name (default
 `sandgym/terminal:latest`) or are built from `spec.build_context` once per content hash
 (`sandgym/ctx:<hash16>`, reused while it exists; concurrent creates of one context share one
-build); group snapshots are removed here too."""
+build); group snapshots are removed here too.
+
+A failed build leaves nothing behind: the engine's legacy builder commits each step as an image,
+and when a later step fails, the last committed one stays as an untagged image (gigabytes, for a
+step that installed torch) that no prune of tagged images reaches. The store removes it, with
+the step images only it used, once no other build of the store is running (a running build may
+have just taken it as its cache)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from pathlib import Path
 
 from sandboxes.docker.client import DockerEngine
@@ -17,6 +24,9 @@ from sandboxes.spec import SandboxSpec
 
 log = logging.getLogger(__name__)
 
+#: the legacy builder's line for a step's committed (or cached) image: ` ---> 0123456789ab`
+_STEP_IMAGE_RE = re.compile(r"^ ---> ([0-9a-f]{12,64})\s*$", re.MULTILINE)
+
 
 class ImageStore:
     """Images by name or built once per content hash, on one engine."""
@@ -26,6 +36,9 @@ class ImageStore:
         self.default_image = default_image
         self.builds = 0  # how many images this store built (the rest were cache hits)
         self._build_locks: dict[str, asyncio.Lock] = {}
+        self._building = 0  # builds of this store running now
+        self._failed_leftovers: list[str] = []  # step images failed builds left, to remove
+        self.leftovers_removed: list[str] = []  # image ids removed so (newest last)
 
     async def exists(self, ref: str) -> bool:
         import docker.errors
@@ -88,7 +101,14 @@ class ImageStore:
         async with lock:
             if await self.exists(tag):
                 return tag
-            await asyncio.to_thread(self._build, ctx, spec.dockerfile, tag)
+            self._building += 1
+            try:
+                await asyncio.to_thread(self._build, ctx, spec.dockerfile, tag)
+            finally:
+                self._building -= 1
+                if self._building == 0 and self._failed_leftovers:
+                    leftovers, self._failed_leftovers = self._failed_leftovers, []
+                    await asyncio.to_thread(self._remove_leftovers, leftovers)
             self.builds += 1
         return tag
 
@@ -97,6 +117,7 @@ class ImageStore:
         api = self.engine.api
         tail: list[str] = []
         error: str | None = None
+        step_image: str | None = None
         for item in api.build(
             path=str(ctx),
             dockerfile=dockerfile,
@@ -108,14 +129,37 @@ class ImageStore:
         ):
             if "stream" in item:
                 tail = (tail + [item["stream"]])[-30:]
+                step_image = ([step_image] + _STEP_IMAGE_RE.findall(item["stream"]))[-1]
             if "error" in item:
                 error = item["error"]
         if error is not None:
+            if step_image is not None:
+                self._failed_leftovers.append(step_image)
             log_tail = "".join(tail).strip()
             raise SandboxCreateError(
                 f"building {ctx}/{dockerfile} failed: {error.strip()}\n--- build log tail ---\n{log_tail}",
                 cause="build",
             )
+
+    def _remove_leftovers(self, image_ids: list[str]) -> None:
+        """(Thread) Remove the last step image each failed build left, and its untagged parents
+        nothing else uses (the engine's own pruning). An image with a name (a `FROM` base that
+        failed at the next step, a step some tagged image builds on) or one a container or
+        another image uses is kept: the engine refuses, and that refusal is expected."""
+        import docker.errors
+
+        api = self.engine.api
+        for image_id in image_ids:
+            try:
+                info = api.inspect_image(image_id)
+                if info.get("RepoTags") or info.get("RepoDigests"):
+                    continue
+                api.remove_image(info["Id"], noprune=False)
+                self.leftovers_removed.append(info["Id"])
+            except docker.errors.ImageNotFound:
+                pass
+            except docker.errors.APIError as exc:  # in use, or has child images: kept
+                log.debug("failed build's step image %s kept: %s", image_id, exc)
 
     async def prune_context_images(self) -> tuple[list[str], list[tuple[str, str]]]:
         """Remove the `sandgym/ctx:*` images (built from task build contexts) that no

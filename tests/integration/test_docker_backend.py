@@ -7,11 +7,13 @@ images/bootstrap-base.sh (idempotent; about 100 s the first time).
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
 import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -220,6 +222,90 @@ async def test_broken_build_and_missing_image_are_create_errors(backend, tmp_pat
     with pytest.raises(SandboxCreateError, match="not present") as missing:
         await backend.create(SandboxSpec(image="sandgym/no-such-image:nope"))
     assert missing.value.cause == "create"
+
+
+def all_image_ids() -> set[str]:
+    out = subprocess.run(
+        ["docker", "image", "ls", "-a", "-q", "--no-trunc"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return set(out.split())
+
+
+async def test_a_failed_build_leaves_no_step_image(backend, tmp_path: Path) -> None:
+    # the step before the failing one is committed as an image; it must not stay behind
+    ctx = tmp_path / "steps"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(
+        f"FROM sandgym/terminal:latest\nRUN echo {os.urandom(6).hex()} > /nonce\nRUN exit 3\n"
+    )
+    before = all_image_ids()
+    with pytest.raises(SandboxCreateError, match="build"):
+        await backend.images.image_for(SandboxSpec(build_context=ctx))
+    assert len(backend.images.leftovers_removed) == 1  # the `RUN echo` step's image
+    assert all_image_ids() - before == set()
+    # failing at the first step after FROM: the base image is named, so it is kept
+    first = tmp_path / "first"
+    first.mkdir()
+    (first / "Dockerfile").write_text("FROM sandgym/terminal:latest\nRUN exit 3\n")
+    with pytest.raises(SandboxCreateError, match="build"):
+        await backend.images.image_for(SandboxSpec(build_context=first))
+    assert await backend.images.exists("sandgym/terminal:latest")
+    assert len(backend.images.leftovers_removed) == 1
+
+
+async def test_a_failed_builds_step_image_waits_for_the_running_build(
+    backend, tmp_path: Path
+) -> None:
+    # A build still running may have taken the failed build's step image as its cache, so the
+    # image goes only when no build of the store runs. The running one here waits in its
+    # `ADD <url>` (the engine fetches it) until this test's server answers.
+    asked, answer = threading.Event(), threading.Event()
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.set()
+            answer.wait(120)
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b"fetched\n")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    slow, failing = tmp_path / "slow", tmp_path / "failing"
+    slow.mkdir()
+    failing.mkdir()
+    (slow / "Dockerfile").write_text(
+        "FROM sandgym/terminal:latest\n"
+        f"ADD http://127.0.0.1:{server.server_address[1]}/{os.urandom(6).hex()} /fetched\n"
+    )
+    (failing / "Dockerfile").write_text(
+        f"FROM sandgym/terminal:latest\nRUN echo {os.urandom(6).hex()} > /nonce\nRUN exit 3\n"
+    )
+    store = backend.images
+    slow_spec = SandboxSpec(build_context=slow)
+    before = all_image_ids()
+    running = asyncio.create_task(store.image_for(slow_spec))
+    try:
+        assert await asyncio.to_thread(asked.wait, 120)  # the slow build is inside its ADD
+        with pytest.raises(SandboxCreateError, match="build"):
+            await store.image_for(SandboxSpec(build_context=failing))
+        left = all_image_ids() - before
+        assert len(left) == 1  # kept while the other build runs
+        answer.set()
+        tag = await running
+        assert store.leftovers_removed == sorted(left)  # removed once that build ended
+        assert left & all_image_ids() == set()
+    finally:
+        answer.set()
+        server.shutdown()
+        if not running.done():
+            await running
+        await docker_cli("rmi", "-f", f"sandgym/ctx:{slow_spec.context_hash()[:16]}")
+    assert tag.startswith("sandgym/ctx:")
 
 
 async def test_files_roundtrip_and_traversal(backend, tmp_path: Path) -> None:

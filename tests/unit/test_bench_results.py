@@ -34,60 +34,39 @@ HARBOR_PROVIDER_WRITERS: tuple[str, ...] = (
     "bench/report.py",
 )
 
+#: a harbor_compat document: each task's entry is `sandgym tasks check`'s (tasks/cli.py), with
+#: the bench's fields added; its lines (.jsonl) are the same entries without the report
+COMPAT_DOC_WRITERS: tuple[str, ...] = (
+    "bench/harbor_compat.py",
+    "bench/compat_outcome.py",
+    "bench/substitutions.py",
+    "tasks/cli.py",
+    "bench/report.py",
+)
+COMPAT_LINES_WRITERS: tuple[str, ...] = COMPAT_DOC_WRITERS[:-1]
+#: `sandgym bench compat_replication`: two harbor_compat documents compared task by task
+COMPAT_REPLICATION_WRITERS: tuple[str, ...] = (
+    "bench/compat_replication.py",
+    "bench/harbor_compat.py",
+    "bench/compat_outcome.py",
+    "bench/report.py",
+)
+
 #: results file -> the modules whose code writes its fields
 WRITERS: dict[str, tuple[str, ...]] = {
     "group.json": ("bench/group.py", "bench/report.py"),
     # `sandgym bench group --parts first`: the first and second command after a pool hit
     "group_first_command.json": ("bench/group.py", "bench/report.py"),
-    # each task's entry is `sandgym tasks check`'s (tasks/cli.py), with the bench's fields added
-    "harbor_compat.json": (
-        "bench/harbor_compat.py",
-        "bench/compat_outcome.py",
-        "bench/substitutions.py",
-        "tasks/cli.py",
-        "bench/report.py",
-    ),
-    "harbor_compat.jsonl": (
-        "bench/harbor_compat.py",
-        "bench/compat_outcome.py",
-        "bench/substitutions.py",
-        "tasks/cli.py",
-    ),
+    "harbor_compat.json": COMPAT_DOC_WRITERS,
+    "harbor_compat.jsonl": COMPAT_LINES_WRITERS,
     # `bench/harbor_compat_tb1_run.sh`: the same bench over Terminal-Bench 1, a record of its own
-    "harbor_compat_tb1.json": (
-        "bench/harbor_compat.py",
-        "bench/compat_outcome.py",
-        "bench/substitutions.py",
-        "tasks/cli.py",
-        "bench/report.py",
-    ),
-    "harbor_compat_tb1.jsonl": (
-        "bench/harbor_compat.py",
-        "bench/compat_outcome.py",
-        "bench/substitutions.py",
-        "tasks/cli.py",
-    ),
+    "harbor_compat_tb1.json": COMPAT_DOC_WRITERS,
+    "harbor_compat_tb1.jsonl": COMPAT_LINES_WRITERS,
     # a second full run of Terminal-Bench 2.0 (docs/harbor_compat.md, "A second run"), and
     # `sandgym bench compat_replication` of it beside the committed record
-    "harbor_compat_tb2_replication.json": (
-        "bench/harbor_compat.py",
-        "bench/compat_outcome.py",
-        "bench/substitutions.py",
-        "tasks/cli.py",
-        "bench/report.py",
-    ),
-    "harbor_compat_tb2_replication.jsonl": (
-        "bench/harbor_compat.py",
-        "bench/compat_outcome.py",
-        "bench/substitutions.py",
-        "tasks/cli.py",
-    ),
-    "compat_replication_tb2.json": (
-        "bench/compat_replication.py",
-        "bench/harbor_compat.py",
-        "bench/compat_outcome.py",
-        "bench/report.py",
-    ),
+    "harbor_compat_tb2_replication.json": COMPAT_DOC_WRITERS,
+    "harbor_compat_tb2_replication.jsonl": COMPAT_LINES_WRITERS,
+    "compat_replication_tb2.json": COMPAT_REPLICATION_WRITERS,
     # `sandgym tasks check --jsonl` on the multi-step tasks (see the README's Harbor section)
     "harbor_multistep_check.jsonl": ("tasks/cli.py",),
     "harness_eval.json": ("bench/harness_eval.py", "trainer/eval_cli.py"),
@@ -168,6 +147,13 @@ COMPAT_DOC_MAPS: tuple[str, ...] = (
     "tasks/[]/referenced_unreachable_hosts",
     "entries_by_commit",
 )
+#: the data maps of a harbor_compat line, and of a compat_replication document
+COMPAT_LINE_MAPS: tuple[str, ...] = ("absent_files", "referenced_unreachable_hosts")
+REPLICATION_MAPS: tuple[str, ...] = (
+    "summary/transitions",
+    "summary/lines_by_commit/first",
+    "summary/lines_by_commit/second",
+)
 
 #: key paths (`*`: any key of a data map, `[]`: any list item) of the maps whose keys are data
 DATA_MAPS: dict[str, tuple[str, ...]] = {
@@ -186,16 +172,12 @@ DATA_MAPS: dict[str, tuple[str, ...]] = {
         "summary/by_dataset",
         "entries_by_commit",
     ),
-    "harbor_compat.jsonl": ("absent_files", "referenced_unreachable_hosts"),
+    "harbor_compat.jsonl": COMPAT_LINE_MAPS,
     "harbor_compat_tb2_replication.json": COMPAT_DOC_MAPS,
-    "harbor_compat_tb2_replication.jsonl": ("absent_files", "referenced_unreachable_hosts"),
-    "compat_replication_tb2.json": (
-        "summary/transitions",
-        "summary/lines_by_commit/first",
-        "summary/lines_by_commit/second",
-    ),
+    "harbor_compat_tb2_replication.jsonl": COMPAT_LINE_MAPS,
+    "compat_replication_tb2.json": REPLICATION_MAPS,
     "harbor_compat_tb1.json": COMPAT_DOC_MAPS,
-    "harbor_compat_tb1.jsonl": ("absent_files", "referenced_unreachable_hosts"),
+    "harbor_compat_tb1.jsonl": COMPAT_LINE_MAPS,
     "harbor_multistep_check.jsonl": (),
     "harness_eval.json": (),
     "harness_eval.episodes.jsonl": (),
