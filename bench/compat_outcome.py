@@ -477,7 +477,7 @@ def decide(entry: Mapping[str, Any], reasons: list[str]) -> Outcome:
             reason="dataset_incomplete",
             action=f"bring the files the public copy lacks ({files}) from the task's source",
         )
-    if first not in ("infra", "task_timeout", "loader_error"):
+    if first not in ("infra", "task_timeout", "loader_error", "disk_full"):
         ev = stand_in_evidence(entry)
         if ev is not None:
             return Outcome(
@@ -508,13 +508,29 @@ def decide(entry: Mapping[str, Any], reasons: list[str]) -> Outcome:
 
 def failing_action(entry: Mapping[str, Any], reason: str) -> str:
     """One sentence for a failure in sandgym, from the line's typed fields."""
+    if reason == "disk_full":
+        return (
+            "a write found no space (No space left on device): free space on the engine's disk "
+            "(or raise the task's storage limit) and run the task again"
+        )
     shortfall = entry.get("shortfall")
     if isinstance(shortfall, str) and shortfall:
         return shortfall
     if reason.startswith("build_"):
-        tail = [ln for ln in _lines(entry.get("build_error")) if ln.strip()][-1:]
-        return f"the image does not build ({reason}): {tail[0][:200] if tail else '?'}"
+        return f"the image does not build ({reason}): {build_error_line(entry)[:200]}"
     return f"{reason}: see the task's recorded outputs"
+
+
+def build_error_line(entry: Mapping[str, Any]) -> str:
+    """The line of a failed build's log that says what failed: the last one naming an error,
+    else the last line (the engine's own `Removing intermediate container` lines say nothing)."""
+    lines = [
+        ln.strip()
+        for ln in _lines(entry.get("build_error"))
+        if ln.strip() and not ln.strip().startswith("Removing intermediate container")
+    ]
+    errors = [ln for ln in lines if re.search(r"error|returned a non-zero code", ln, re.I)]
+    return (errors or lines or ["?"])[-1]
 
 
 #: what a line recorded before `outcome` existed says, by its own recorded reasons

@@ -134,6 +134,9 @@ REASONS: dict[str, str] = {
     "needs_unreachable_host (archive.ubuntu.com) instead",
     "build_timeout": "the image did not build within the per-task timeout",
     "build_other": "the build failed for another reason (see the task's build_error)",
+    "disk_full": "a write ran out of space (`No space left on device`) in the build or in an "
+    "episode's verifier: the engine's disk was full or the task's storage limit was reached, so "
+    "the phase measured nothing about the task; counted as failing, never excluded",
     "verifier_network": "the verifier failed while fetching something from the network",
     "verifier_timeout": "the verifier did not finish within its timeout_sec",
     "test_timeout": "a Terminal-Bench 1 task's tests did not finish within its "
@@ -207,6 +210,8 @@ _ENGINE_RE = re.compile(
     # removed under a concurrent build that shared its cached steps: --prune-images)
     r"failed to get digest sha256:[0-9a-f]+: open \S*/imagedb/content/"
 )
+#: what a tool prints when a write finds no space (errno 28: pip's OSError, uv's os error)
+_DISK_FULL_RE = re.compile(r"No space left on device|\[Errno 28\]|\(os error 28\)")
 _INFRA_RE = re.compile(
     r"ProtocolError|ConnectionError|SandboxLostError|BackendUnavailableError|"
     r"Connection aborted|IncompleteRead|no Docker engine answers|failed to create endpoint|"
@@ -349,6 +354,8 @@ def classify_build_error(text: str) -> str:
     """The reason of a failed image build, from the build error and its log tail."""
     if _ENGINE_RE.search(text):
         return "infra"  # the engine could not run a build step at all (e.g. its bridge is gone)
+    if _DISK_FULL_RE.search(text):
+        return "disk_full"
     if _BASE_RE.search(text):
         return "base_image_unavailable"
     if _APT_MISSING_RE.search(text):
@@ -464,9 +471,18 @@ def verdict(entry: Mapping[str, Any]) -> list[str]:
         noop = entry.get("noop_reward")
         if noop is not None and noop != 0.0:
             reasons.append("noop_nonzero")
+        if _DISK_FULL_RE.search(str(entry.get("noop_verifier_output") or "")):
+            # the no-op's tests never judged it: a test script that writes 0 whenever its runner
+            # fails scored the no-op 0.0 for want of space, which says nothing about the task
+            reasons.append("disk_full")
         oracle = entry.get("oracle_reward")
         if oracle is not None and oracle != 1.0:
             why = entry.get("oracle_verifier_reason")
+            out = str(entry.get("oracle_output") or "") + str(
+                entry.get("oracle_verifier_output") or ""
+            )
+            if _DISK_FULL_RE.search(out) and "disk_full" not in reasons:
+                reasons.append("disk_full")
             if why in ("test_timeout", "parse_error"):
                 reasons.append(why)
                 said = verifier_output_reason(str(entry.get("oracle_verifier_output") or ""))

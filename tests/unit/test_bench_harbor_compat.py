@@ -303,3 +303,53 @@ def test_a_copy_from_image_the_builder_could_not_pull_is_the_evidence_not_the_ba
         {"base_image": "python:3.10-slim", "build_error": from_line}, "base_image_unavailable"
     )
     assert ev is not None and "the base image python:3.10-slim" in ev.needs
+
+
+#: the two space failures this machine's runs met: pip's in a build, uv's in a verifier
+PIP_NO_SPACE = (
+    "Installing collected packages: nvidia-cusparselt-cu13, mpmath, torch, torchvision\n"
+    "\x1b[91mERROR: Could not install packages due to an OSError: [Errno 28] No space left on "
+    "device\n\x1b[0m\nRemoving intermediate container 1867a44bd34e\n"
+)
+UV_NO_SPACE = (
+    "  × Failed to download `nvidia-nccl-cu12==2.26.2`\n  ╰─▶ failed to write to file\n"
+    "      `/root/.cache/uv/.tmphtFBhZ/nvidia/nccl/lib/libnccl.so.2`: No space left\n"
+    "      on device (os error 28)\n"
+)
+
+
+def test_a_full_disk_is_its_own_reason_and_never_a_clean_verdict() -> None:
+    from bench.compat_outcome import build_error_line
+
+    text = "SandboxCreateError: building ctx/Dockerfile failed: ...\n" + PIP_NO_SPACE
+    assert hc.classify_build_error(text) == "disk_full"
+    built = {
+        "task_id": "b",
+        "oracle_shipped": False,
+        "env_builds": False,
+        "build_error": text,
+        "build_reason": hc.classify_build_error(text),
+    }
+    reasons, outcome = hc.judge(built)
+    assert (outcome.category, outcome.reason) == ("failing", "disk_full")
+    assert "No space left on device" in outcome.action and reasons == ["disk_full"]
+    # another build failure names the error line, not the engine's last word
+    other = {
+        "build_error": "Step 3/3 : RUN make\nmake: *** [all] Error 2\nmake: Leaving directory "
+        "'/src'\nRemoving intermediate container 1867a44bd34e\n"
+    }
+    assert build_error_line(other) == "make: *** [all] Error 2"
+    # a no-op scored 0.0 by a test script that writes 0 when its runner fails for want of
+    # space was never judged: not clean
+    verifier = {
+        "task_id": "v",
+        "oracle_shipped": True,
+        "env_builds": True,
+        "oracle_reward": 1.0,
+        "noop_reward": 0.0,
+        "noop_verifier_output": UV_NO_SPACE,
+        "error": None,
+    }
+    reasons, outcome = hc.judge(verifier)
+    assert reasons == ["disk_full"] and outcome.category == "failing"
+    assert hc.judge({**verifier, "noop_verifier_output": "1 failed"})[1].category == "clean"
