@@ -62,11 +62,13 @@ WRITERS: dict[str, tuple[str, ...]] = {
     # `bench/harbor_compat_tb1_run.sh`: the same bench over Terminal-Bench 1, a record of its own
     "harbor_compat_tb1.json": COMPAT_DOC_WRITERS,
     "harbor_compat_tb1.jsonl": COMPAT_LINES_WRITERS,
-    # a second full run of Terminal-Bench 2.0 (docs/harbor_compat.md, "A second run"), and
-    # `sandgym bench compat_replication` of it beside the committed record
+    # second full runs of Terminal-Bench 2.0 and TermiGen (docs/harbor_compat.md, "A second
+    # full run"), and `sandgym bench compat_replication` of each beside the committed record
     "harbor_compat_tb2_replication.json": COMPAT_DOC_WRITERS,
     "harbor_compat_tb2_replication.jsonl": COMPAT_LINES_WRITERS,
     "compat_replication_tb2.json": COMPAT_REPLICATION_WRITERS,
+    "harbor_compat_termigen_replication.json": COMPAT_DOC_WRITERS,
+    "harbor_compat_termigen_replication.jsonl": COMPAT_LINES_WRITERS,
     # `sandgym tasks check --jsonl` on the multi-step tasks (see the README's Harbor section)
     "harbor_multistep_check.jsonl": ("tasks/cli.py",),
     "harness_eval.json": ("bench/harness_eval.py", "trainer/eval_cli.py"),
@@ -176,6 +178,8 @@ DATA_MAPS: dict[str, tuple[str, ...]] = {
     "harbor_compat_tb2_replication.json": COMPAT_DOC_MAPS,
     "harbor_compat_tb2_replication.jsonl": COMPAT_LINE_MAPS,
     "compat_replication_tb2.json": REPLICATION_MAPS,
+    "harbor_compat_termigen_replication.json": COMPAT_DOC_MAPS,
+    "harbor_compat_termigen_replication.jsonl": COMPAT_LINE_MAPS,
     "harbor_compat_tb1.json": COMPAT_DOC_MAPS,
     "harbor_compat_tb1.jsonl": COMPAT_LINE_MAPS,
     "harbor_multistep_check.jsonl": (),
