@@ -69,6 +69,7 @@ WRITERS: dict[str, tuple[str, ...]] = {
     "compat_replication_tb2.json": COMPAT_REPLICATION_WRITERS,
     "harbor_compat_termigen_replication.json": COMPAT_DOC_WRITERS,
     "harbor_compat_termigen_replication.jsonl": COMPAT_LINES_WRITERS,
+    "compat_replication_termigen.json": COMPAT_REPLICATION_WRITERS,
     # `sandgym tasks check --jsonl` on the multi-step tasks (see the README's Harbor section)
     "harbor_multistep_check.jsonl": ("tasks/cli.py",),
     "harness_eval.json": ("bench/harness_eval.py", "trainer/eval_cli.py"),
@@ -180,6 +181,7 @@ DATA_MAPS: dict[str, tuple[str, ...]] = {
     "compat_replication_tb2.json": REPLICATION_MAPS,
     "harbor_compat_termigen_replication.json": COMPAT_DOC_MAPS,
     "harbor_compat_termigen_replication.jsonl": COMPAT_LINE_MAPS,
+    "compat_replication_termigen.json": REPLICATION_MAPS,
     "harbor_compat_tb1.json": COMPAT_DOC_MAPS,
     "harbor_compat_tb1.jsonl": COMPAT_LINE_MAPS,
     "harbor_multistep_check.jsonl": (),
