@@ -78,11 +78,11 @@ def tb1_harness_sentence() -> str:
     )
 
 
-def tb2_replication_sentence() -> str:
-    """docs/results.md's sentence on the second full Terminal-Bench 2.0 run beside the record
-    (bench/compat_replication.py's comparison): how many tasks kept their category and reason,
-    which changed and how, and the second run's own figures."""
-    sm = at("compat_replication_tb2.json", "summary")
+def replication_sentence(name: str) -> str:
+    """docs/results.md's sentence on a second full run of one set beside the record
+    (bench/compat_replication.py's comparison, `compat_replication_<name>.json`): how many tasks
+    kept their category and reason, which changed and how, and the second run's own figures."""
+    sm = at(f"compat_replication_{name}.json", "summary")
     changed = ", ".join(
         f"{c['task_id']} ({c['first']} in the record, {c['second']} in the second run)"
         for c in sm["changed"]
@@ -347,7 +347,8 @@ FIGURES: list[tuple[str, Callable[[], str]]] = [
     *[(f"harbor {i}", lambda i=i: harbor_row(HC, i)) for i in range(2)],
     ("harbor terminal-bench-1", lambda: harbor_row("harbor_compat_tb1.json", 0)),
     ("terminal-bench-1 under its own harness", tb1_harness_sentence),
-    ("terminal-bench-2.0 second full run", tb2_replication_sentence),
+    ("terminal-bench-2.0 second full run", lambda: replication_sentence("tb2")),
+    ("termigen second full run", lambda: replication_sentence("termigen")),
     (
         "server SIGKILL",
         lambda: (
