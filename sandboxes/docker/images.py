@@ -12,6 +12,7 @@ have just taken it as its cache)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import re
 from pathlib import Path
@@ -38,7 +39,8 @@ class ImageStore:
         self._build_locks: dict[str, asyncio.Lock] = {}
         self._building = 0  # builds of this store running now
         self._failed_leftovers: list[str] = []  # step images failed builds left, to remove
-        self.leftovers_removed: list[str] = []  # image ids removed so (newest last)
+        # the latest image ids removed so (newest last; bounded, for a server that runs for weeks)
+        self.leftovers_removed: collections.deque[str] = collections.deque(maxlen=64)
 
     async def exists(self, ref: str) -> bool:
         import docker.errors

@@ -297,7 +297,7 @@ async def test_a_failed_builds_step_image_waits_for_the_running_build(
         assert len(left) == 1  # kept while the other build runs
         answer.set()
         tag = await running
-        assert store.leftovers_removed == sorted(left)  # removed once that build ended
+        assert list(store.leftovers_removed) == sorted(left)  # removed once that build ended
         assert left & all_image_ids() == set()
     finally:
         answer.set()
