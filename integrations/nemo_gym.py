@@ -16,8 +16,8 @@ the HTTP client's. `ttl_s`, `ports` and `entrypoint` are not offered by the sand
 that asks for them is refused (`SandboxCreateError`), never silently ignored; idle sandboxes
 are freed by the server's idle timeout (`idle_timeout_s`).
 
-nemo-gym 0.5 to 0.7 require Python >= 3.13.14 (newer than any CPython here), so the package is
-never imported at module load: its types are imported where they are used.
+nemo-gym 0.5 to 0.7 require Python >= 3.13.14 (sandgym itself runs on 3.11 and up), so the
+package is never imported at module load: its types are imported where they are used.
 tests/e2e/test_integration_nemo_gym.py runs this provider through the released wheel's own
 `providers/base.py` and `providers/registry.py` (entry-point discovery, `create_provider`).
 """

@@ -171,10 +171,12 @@ if [ "$WANT_DOCKER" = 1 ]; then
   # harbor_provider` (bench/harbor_runner.py; ~1-2 min once, then cached by the engine).
   .venv/bin/python -c "from bench.harbor_runner import ensure_runner_image as e; e()" >&2
   # NeMo-Gym's released package (nemo-gym 0.7.0 declares Python >= 3.13.14; the newest CPython
-  # here is 3.13.5) in a container on the python:3.13 stand-in, for
-  # tests/e2e/test_integration_nemo_gym.py (images/nemo-gym-runner; ~5 min once, then cached).
-  docker image inspect sandgym/nemo-gym-runner:0.7.0 >/dev/null 2>&1 \
-    || DOCKER_BUILDKIT=0 docker build -q -t sandgym/nemo-gym-runner:0.7.0 images/nemo-gym-runner >&2
+  # packaged here is 3.13.5) in a container on CPython 3.13.15 built from Debian's pool copy of
+  # its source, for tests/e2e/test_integration_nemo_gym.py (images/nemo-gym-runner; ~4 min
+  # once on 2 cores, then cached).
+  nemo_runner=sandgym/nemo-gym-runner:0.7.0-cpython3.13.15
+  docker image inspect "$nemo_runner" >/dev/null 2>&1 \
+    || DOCKER_BUILDKIT=0 docker build -q -t "$nemo_runner" images/nemo-gym-runner >&2
   # btrfs engine: dockerd cannot delete a removed layer's qgroup ("Failed to delete btrfs
   # qgroup ... busy" in its log; the subvolume is not dropped yet). Clear what is left once the
   # subvolumes are dropped, here and in `sandgym reap` (why: sandboxes/qgroups.py).

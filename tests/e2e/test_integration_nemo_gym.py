@@ -1,17 +1,18 @@
 """NeMo-Gym's door (integrations/nemo_gym.py), with the released nemo-gym 0.7.0.
 
-nemo-gym 0.5 to 0.7 declare Requires-Python >= 3.13.14; this project runs on 3.11 and the newest
-CPython at hand is 3.13.5. Two tests:
+nemo-gym 0.5 to 0.7 declare Requires-Python >= 3.13.14; this project runs on 3.11, and the
+newest CPython packaged here is 3.13.5. Two tests:
 
 - On the host: the released wheel's own provider interface (`nemo_gym/sandbox/providers/
   base.py`) and registry (`registry.py`), loaded unmodified (only the three package `__init__`
   files, which import the rest of NeMo-Gym, are left empty); the provider is found through
   sandgym's installed entry point and drives a real sandbox of a local-backend server.
-- In a container (images/nemo-gym-runner: the whole package installed from the package index
-  on the python:3.13 stand-in, with only its Requires-Python declaration ignored): NeMo-Gym's
-  public sandbox API (`list_providers`, `get_provider_class`, `AsyncSandbox`, `Sandbox`) finds
-  the provider through the entry point of the sandgym wheel built from this checkout and drives
-  sandboxes of the same kind of server (tests/e2e/nemo_gym_released/drive_released.py).
+- In a container (images/nemo-gym-runner: the whole package installed from the package index,
+  nothing ignored, on CPython 3.13.15 built from source; the test checks that the interpreter
+  meets the installed package's own Requires-Python): NeMo-Gym's public sandbox API
+  (`list_providers`, `get_provider_class`, `AsyncSandbox`, `Sandbox`) finds the provider through
+  the entry point of the sandgym wheel built from this checkout and drives sandboxes of the
+  same kind of server (tests/e2e/nemo_gym_released/drive_released.py).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from typing import Any
 
 import httpx
 import pytest
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 from bench.harbor_runner import ensure_runner_image
 from envserver.runner import BackgroundServer
@@ -36,7 +39,7 @@ VERSION = "0.7.0"
 WHEEL = Path("~/.cache/sandgym/wheels").expanduser() / f"nemo_gym-{VERSION}-py3-none-any.whl"
 RELEASED = ("nemo_gym/sandbox/providers/base.py", "nemo_gym/sandbox/providers/registry.py")
 REPO = Path(__file__).resolve().parents[2]
-RUNNER_IMAGE = f"sandgym/nemo-gym-runner:{VERSION}"
+RUNNER_IMAGE = f"sandgym/nemo-gym-runner:{VERSION}-cpython3.13.15"
 RUNNER_CONTEXT = REPO / "images" / "nemo-gym-runner"
 DRIVER_DIR = Path(__file__).resolve().parent / "nemo_gym_released"
 
@@ -136,6 +139,10 @@ def test_released_nemo_gym_sandbox_api_drives_the_sandgym_provider(
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     seen = json.loads(proc.stdout.strip().splitlines()[-1])
 
+    # the released package on an interpreter that meets its own Requires-Python declaration
+    assert seen["nemo_gym_version"] == VERSION
+    assert seen["requires_python"], seen
+    assert Version(seen["python"]) in SpecifierSet(seen["requires_python"]), seen
     # found by NeMo-Gym's own registry, through the wheel's entry point
     assert "sandgym" in seen["providers"]
     assert seen["provider_class"] == "integrations.nemo_gym.SandgymProvider"

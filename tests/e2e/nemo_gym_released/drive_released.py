@@ -8,7 +8,9 @@ calls propagates (exit 1 with its traceback)."""
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import json
+import platform
 import sys
 import tempfile
 from pathlib import Path
@@ -78,6 +80,10 @@ def main() -> None:
     doc: dict[str, Any] = {
         "providers": list_providers(),
         "provider_class": f"{cls.__module__}.{cls.__qualname__}",
+        # the interpreter it runs on, and what the installed package declares it needs
+        "python": platform.python_version(),
+        "requires_python": importlib.metadata.metadata("nemo-gym")["Requires-Python"],
+        "nemo_gym_version": importlib.metadata.version("nemo-gym"),
     }
     config = {"sandgym": {"server_url": url}}
     with tempfile.TemporaryDirectory() as tmp:
