@@ -103,7 +103,7 @@ from bench.compat_outcome import (
     recorded_category,
 )
 from bench.dns_log import DnsLog
-from bench.host_load import HostLoad
+from bench.host_load import DiskSpace, HostLoad
 from bench.report import save_json
 from tasks.check import CheckError, PhaseCheck, TaskCheck, check_task, setup_error_check
 from tasks.errors import TaskError
@@ -906,6 +906,7 @@ async def _check_one(
     item: Item | None = None,
     dns: DnsLog | None = None,
     gate: BuildGate | None = None,
+    engine_root: Path | None = None,
 ) -> dict[str, Any]:
     from sandboxes import SandboxCreateError
 
@@ -936,6 +937,7 @@ async def _check_one(
         )
     start = time.perf_counter()
     load = HostLoad()
+    disk = DiskSpace(engine_root) if engine_root is not None else None
     try:
         spec = sandbox_spec_for(task, image_map)
     except TaskError as exc:  # reported like check_task reports it
@@ -1027,6 +1029,8 @@ async def _check_one(
         entry["dns_unanswered"] = dns.unanswered(["build", "oracle", "noop"])
     entry["duration_s"] = round(time.perf_counter() - start, 1)
     entry["host_load"] = load.finish()
+    if disk is not None:  # the engine's data root: its images, layers and containers
+        entry["engine_disk"] = disk.finish()
     # decided now, from what this run saw, and never again (the report reads it as recorded)
     entry["reasons"], outcome = judge(entry)
     entry["outcome"] = outcome.model_dump()
@@ -1364,6 +1368,7 @@ async def run_compat(args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     sem = asyncio.Semaphore(max(1, args.concurrency))
     gate = BuildGate() if args.prune_images else None
+    engine_root = await asyncio.to_thread(_engine_root, args.backend)
     from bench.report import provenance
 
     prov = provenance()
@@ -1390,6 +1395,8 @@ async def run_compat(args: argparse.Namespace) -> dict[str, Any]:
             more: dict[str, Any] = {"dns": dns} if dns is not None else {}
             if gate is not None:
                 more["gate"] = gate
+            if engine_root is not None:
+                more["engine_root"] = engine_root
             e = await _check_one(it.task, backend, image_map, limit, args.infra_retries, it, **more)
             if gate is not None:
                 tag = _ctx_tag(it.task, image_map)
@@ -1437,6 +1444,19 @@ async def run_compat(args: argparse.Namespace) -> dict[str, Any]:
 class DnsLogUnsupportedError(ValueError):
     """--dns-log asked for where its lookups could not be told apart by phase (more than one
     task at once) or given to the sandboxes (a backend other than docker)."""
+
+
+def _engine_root(backend: str) -> Path | None:
+    """The docker engine's data root (`docker info`'s DockerRootDir); None for another backend
+    or where the engine does not say."""
+    if backend != "docker":
+        return None
+    proc = subprocess.run(
+        ["docker", "info", "--format", "{{.DockerRootDir}}"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    root = proc.stdout.strip()
+    return Path(root) if proc.returncode == 0 and root.startswith("/") else None
 
 
 async def _start_dns_log(args: argparse.Namespace, backend: Any) -> tuple[Any, DnsLog]:

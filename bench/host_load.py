@@ -7,11 +7,16 @@ gives, over that span: the share of all CPUs' time that was busy (everything but
 iowait, the check's own sandboxes and builds included) and the share stolen by the hypervisor,
 the 1-minute load average at both ends, and the CPU count. Linux only; elsewhere, or where the
 files cannot be read, `finish()` gives None.
+
+`DiskSpace(path)` does the same for the free space of the filesystem that holds `path` (the
+engine's data root, for `engine_disk`): a build or a verifier that runs out of space there
+measures nothing about the task (reason `disk_full`), and the line then shows how full it was.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -65,3 +70,26 @@ class HostLoad:
             "steal_share": round(delta["steal"] / total, 3),
             "loadavg_1m": [self.load_start, read_loadavg_1m(self.loadavg)],
         }
+
+
+def _free_gb(path: Path) -> tuple[float, float] | None:
+    """(total, free) GiB of the filesystem holding `path`, or None where it cannot be read."""
+    try:
+        usage = shutil.disk_usage(path)
+    except OSError:
+        return None
+    return round(usage.total / 2**30, 1), round(usage.free / 2**30, 1)
+
+
+class DiskSpace:
+    """The free space of the filesystem holding `path`, from when it was made until `finish()`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.start = _free_gb(path)
+
+    def finish(self) -> dict[str, Any] | None:
+        end = _free_gb(self.path)
+        if self.start is None or end is None:
+            return None
+        return {"path": str(self.path), "total_gb": end[0], "free_gb": [self.start[1], end[1]]}

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from bench import harbor_compat as hc
-from bench.host_load import HostLoad
+from bench.host_load import DiskSpace, HostLoad
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tasks"
 
@@ -61,3 +61,31 @@ async def test_check_one_puts_the_host_load_on_its_line(monkeypatch: pytest.Monk
     entry = await hc._check_one(load_task_dir(FIXTURES / "harbor-legacy"), Backend(), {}, 60.0, 0)
     assert spans == ["start", "finish"]
     assert entry["host_load"] == {"busy_share": 0.5}
+
+
+def test_disk_space_is_read_at_start_and_finish(tmp_path: Path) -> None:
+    space = DiskSpace(tmp_path).finish()
+    assert space is not None and space["path"] == str(tmp_path)
+    assert space["total_gb"] > 0 and len(space["free_gb"]) == 2
+    assert 0 <= space["free_gb"][0] <= space["total_gb"]
+    assert DiskSpace(tmp_path / "absent").finish() is None
+
+
+async def test_check_one_puts_the_engine_disk_on_its_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hc, "_stand_ins", lambda bases, image_map: {b: None for b in bases})
+
+    class Backend:
+        async def image_for(self, spec: Any) -> str:
+            raise RuntimeError("stop after the build")
+
+    from tasks.loaders import load_task_dir
+
+    task = load_task_dir(FIXTURES / "harbor-legacy")
+    entry = await hc._check_one(task, Backend(), {}, 60.0, 0, engine_root=tmp_path)
+    assert entry["engine_disk"]["path"] == str(tmp_path)
+    assert entry["engine_disk"]["total_gb"] > 0
+    # another backend than docker has no engine root, and its lines no such field
+    assert hc._engine_root("null") is None
+    assert "engine_disk" not in await hc._check_one(task, Backend(), {}, 60.0, 0)
