@@ -145,9 +145,9 @@ class ImageStore:
 
     def _remove_leftovers(self, image_ids: list[str]) -> None:
         """(Thread) Remove the last step image each failed build left, and its untagged parents
-        nothing else uses (the engine's own pruning). An image with a name (a `FROM` base that
-        failed at the next step, a step some tagged image builds on) or one a container or
-        another image uses is kept: the engine refuses, and that refusal is expected."""
+        nothing else uses (the engine's own pruning). A named image (the `FROM` base of a build
+        that failed at its first step) is skipped; one a container or another image builds on
+        (a cached step of a tagged image) is kept because the engine refuses, as expected."""
         import docker.errors
 
         api = self.engine.api
