@@ -478,14 +478,13 @@ def verdict(entry: Mapping[str, Any]) -> list[str]:
         oracle = entry.get("oracle_reward")
         if oracle is not None and oracle != 1.0:
             why = entry.get("oracle_verifier_reason")
-            out = str(entry.get("oracle_output") or "") + str(
-                entry.get("oracle_verifier_output") or ""
-            )
+            tests_said = str(entry.get("oracle_verifier_output") or "")
+            out = str(entry.get("oracle_output") or "") + tests_said
             if _DISK_FULL_RE.search(out) and "disk_full" not in reasons:
                 reasons.append("disk_full")
             if why in ("test_timeout", "parse_error"):
                 reasons.append(why)
-                said = verifier_output_reason(str(entry.get("oracle_verifier_output") or ""))
+                said = verifier_output_reason(tests_said)
                 if why == "parse_error" and said is not None:
                     reasons.append(said)  # what the tests' own output says stopped them
             reasons.append("oracle_below_one")
