@@ -1447,15 +1447,15 @@ class DnsLogUnsupportedError(ValueError):
 
 def _engine_root(backend: str) -> Path | None:
     """The docker engine's data root (`docker info`'s DockerRootDir); None for another backend
-    or where the engine does not say."""
+    or where the engine does not say or does not answer."""
     if backend != "docker":
         return None
-    proc = subprocess.run(
-        ["docker", "info", "--format", "{{.DockerRootDir}}"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    root = proc.stdout.strip()
-    return Path(root) if proc.returncode == 0 and root.startswith("/") else None
+    from sandboxes.docker.engine_info import local_engine_info
+
+    try:
+        return local_engine_info(timeout_s=60).root
+    except Exception:  # no engine or no SDK: the line records no engine disk
+        return None
 
 
 async def _start_dns_log(args: argparse.Namespace, backend: Any) -> tuple[Any, DnsLog]:

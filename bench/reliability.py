@@ -766,16 +766,14 @@ def _loadavg() -> list[float]:
 
 def _docker_engine() -> dict[str, Any] | None:
     """The engine the Docker parts ran on: version, storage driver, quota label (setup.sh)."""
+    from sandboxes.docker.engine_info import local_engine_info
+
     try:
-        r = subprocess.run(
-            ["docker", "info", "--format", "{{json .}}"],
-            capture_output=True, text=True, timeout=30, check=True,
-        )  # fmt: skip
-        info = json.loads(r.stdout)
-    except (OSError, subprocess.SubprocessError, ValueError):
+        info = local_engine_info()
+    except Exception:  # no engine or no SDK: the section names none
         return None
-    labels = [str(x) for x in info.get("Labels") or [] if str(x).startswith("sandgym.")]
-    return {"server_version": info.get("ServerVersion"), "storage_driver": info.get("Driver"),
+    labels = [x for x in info.labels if x.startswith("sandgym.")]
+    return {"server_version": info.server_version, "storage_driver": info.driver,
             "labels": labels}  # fmt: skip
 
 

@@ -121,17 +121,9 @@ def clear_stale(root: str | Path, *, sync_timeout_s: float = SYNC_TIMEOUT_S) -> 
 def docker_btrfs_root() -> Path | None:
     """The local Docker engine's data root when its storage driver is btrfs and the root is
     on this machine's file system; None otherwise (another driver, a remote engine)."""
-    import docker  # the docker extra; only asked for here
+    from sandboxes.docker.engine_info import local_engine_info  # the docker extra
 
-    client = docker.from_env(timeout=30)
-    try:
-        info = client.info()
-    finally:
-        client.close()
-    root = Path(str(info.get("DockerRootDir") or ""))
-    if info.get("Driver") != "btrfs" or not (root / "btrfs" / "subvolumes").is_dir():
-        return None
-    return root
+    return local_engine_info().btrfs_root()
 
 
 def clear_docker_stale() -> str:

@@ -8,6 +8,7 @@ import logging
 
 from sandboxes.common.tolerated import tolerate
 from sandboxes.docker.client import DockerEngine
+from sandboxes.docker.engine_info import EngineInfo
 
 log = logging.getLogger(__name__)
 
@@ -33,15 +34,12 @@ class StorageQuota:
         the btrfs engine it makes."""
         if self._driver is None:
             try:
-                info = self.engine.api.info()
+                info = EngineInfo.from_info(self.engine.api.info())
             except Exception as exc:  # the create that follows reports an engine that is gone
                 tolerate("docker.storage_driver", exc, log)
                 return ""
-            for label in info.get("Labels") or []:
-                key, _, value = str(label).partition("=")
-                if key == "sandgym.storage-quota":
-                    self._label = value
-            self._driver = str(info.get("Driver") or "")
+            self._label = info.quota_mode
+            self._driver = info.driver
         return self._driver
 
     def counts_image(self) -> bool:
