@@ -7,7 +7,8 @@ A failed build leaves nothing behind: the engine's legacy builder commits each s
 and when a later step fails, the last committed one stays as an untagged image (gigabytes, for a
 step that installed torch) that no prune of tagged images reaches. The store removes it, with
 the step images only it used, once no other build of the store is running (a running build may
-have just taken it as its cache)."""
+have just taken it as its cache). A build counts as running until its thread ends, even when the
+create that waited for it gave up (a timeout cancels the wait, not the engine's build)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import asyncio
 import collections
 import logging
 import re
+import threading
 from pathlib import Path
 
 from sandboxes.docker.client import DockerEngine
@@ -37,8 +39,11 @@ class ImageStore:
         self.default_image = default_image
         self.builds = 0  # how many images this store built (the rest were cache hits)
         self._build_locks: dict[str, asyncio.Lock] = {}
-        self._building = 0  # builds of this store running now
-        self._failed_leftovers: list[str] = []  # step images failed builds left, to remove
+        # builds of this store whose threads are running now, and the step images failed builds
+        # left, to remove when none runs; both guarded by `_running` (worker threads only)
+        self._running = threading.Condition()
+        self._building = 0
+        self._failed_leftovers: list[str] = []
         # the latest image ids removed so (newest last; bounded, for a server that runs for weeks)
         self.leftovers_removed: collections.deque[str] = collections.deque(maxlen=64)
 
@@ -103,16 +108,32 @@ class ImageStore:
         async with lock:
             if await self.exists(tag):
                 return tag
-            self._building += 1
-            try:
-                await asyncio.to_thread(self._build, ctx, spec.dockerfile, tag)
-            finally:
-                self._building -= 1
-                if self._building == 0 and self._failed_leftovers:
-                    leftovers, self._failed_leftovers = self._failed_leftovers, []
-                    await asyncio.to_thread(self._remove_leftovers, leftovers)
+            await asyncio.to_thread(self._build_counted, ctx, spec.dockerfile, tag)
             self.builds += 1
         return tag
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """(Thread) Wait until no build of this store runs (builds whose waits were cancelled
+        included) and what failed builds left is removed; False if `timeout_s` passed first."""
+        with self._running:
+            return self._running.wait_for(lambda: self._building == 0, timeout_s)
+
+    def _build_counted(self, ctx: Path, dockerfile: str, tag: str) -> None:
+        """(Thread) `_build`, counted as running for as long as this thread builds. The last
+        build to end removes what failed builds left, holding the count, so no build starts
+        from a step image while it goes."""
+        with self._running:
+            self._building += 1
+        try:
+            self._build(ctx, dockerfile, tag)
+        finally:
+            with self._running:
+                self._building -= 1
+                if self._building == 0:
+                    leftovers, self._failed_leftovers = self._failed_leftovers, []
+                    if leftovers:
+                        self._remove_leftovers(leftovers)
+                    self._running.notify_all()
 
     def _build(self, ctx: Path, dockerfile: str, tag: str) -> None:
         """(Thread) docker build; the build log's tail goes into the error on failure."""
@@ -136,7 +157,8 @@ class ImageStore:
                 error = item["error"]
         if error is not None:
             if step_image is not None:
-                self._failed_leftovers.append(step_image)
+                with self._running:
+                    self._failed_leftovers.append(step_image)
             log_tail = "".join(tail).strip()
             raise SandboxCreateError(
                 f"building {ctx}/{dockerfile} failed: {error.strip()}\n--- build log tail ---\n{log_tail}",

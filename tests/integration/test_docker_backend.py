@@ -7,6 +7,7 @@ images/bootstrap-base.sh (idempotent; about 100 s the first time).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import http.server
 import json
 import logging
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -254,12 +255,11 @@ async def test_a_failed_build_leaves_no_step_image(backend, tmp_path: Path) -> N
     assert len(backend.images.leftovers_removed) == 1
 
 
-async def test_a_failed_builds_step_image_waits_for_the_running_build(
-    backend, tmp_path: Path
-) -> None:
-    # A build still running may have taken the failed build's step image as its cache, so the
-    # image goes only when no build of the store runs. The running one here waits in its
-    # `ADD <url>` (the engine fetches it) until this test's server answers.
+@contextlib.contextmanager
+def held_url() -> Iterator[tuple[str, threading.Event, threading.Event]]:
+    """A URL on this host whose GET is answered only once `answer` is set (`asked` is set when
+    it is asked): a build's `ADD <url>` (the engine fetches it) waits there, so a test orders
+    events without sleeping."""
     asked, answer = threading.Event(), threading.Event()
 
     class Slow(http.server.BaseHTTPRequestHandler):
@@ -275,37 +275,81 @@ async def test_a_failed_builds_step_image_waits_for_the_running_build(
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    slow, failing = tmp_path / "slow", tmp_path / "failing"
-    slow.mkdir()
-    failing.mkdir()
-    (slow / "Dockerfile").write_text(
-        "FROM sandgym/terminal:latest\n"
-        f"ADD http://127.0.0.1:{server.server_address[1]}/{os.urandom(6).hex()} /fetched\n"
-    )
-    (failing / "Dockerfile").write_text(
-        f"FROM sandgym/terminal:latest\nRUN echo {os.urandom(6).hex()} > /nonce\nRUN exit 3\n"
-    )
-    store = backend.images
-    slow_spec = SandboxSpec(build_context=slow)
-    before = all_image_ids()
-    running = asyncio.create_task(store.image_for(slow_spec))
     try:
-        assert await asyncio.to_thread(asked.wait, 120)  # the slow build is inside its ADD
-        with pytest.raises(SandboxCreateError, match="build"):
-            await store.image_for(SandboxSpec(build_context=failing))
-        left = all_image_ids() - before
-        assert len(left) == 1  # kept while the other build runs
-        answer.set()
-        tag = await running
-        assert list(store.leftovers_removed) == sorted(left)  # removed once that build ended
-        assert left & all_image_ids() == set()
+        yield f"http://127.0.0.1:{server.server_address[1]}/{os.urandom(6).hex()}", asked, answer
     finally:
         answer.set()
         server.shutdown()
-        if not running.done():
-            await running
-        await docker_cli("rmi", "-f", f"sandgym/ctx:{slow_spec.context_hash()[:16]}")
+
+
+def slow_and_failing(tmp_path: Path, url: str) -> tuple[SandboxSpec, SandboxSpec]:
+    """A build that waits in `ADD url`, and one that fails after a committed step."""
+    slow, failing = tmp_path / "slow", tmp_path / "failing"
+    slow.mkdir()
+    failing.mkdir()
+    (slow / "Dockerfile").write_text(f"FROM sandgym/terminal:latest\nADD {url} /fetched\n")
+    (failing / "Dockerfile").write_text(
+        f"FROM sandgym/terminal:latest\nRUN echo {os.urandom(6).hex()} > /nonce\nRUN exit 3\n"
+    )
+    return SandboxSpec(build_context=slow), SandboxSpec(build_context=failing)
+
+
+async def test_a_failed_builds_step_image_waits_for_the_running_build(
+    backend, tmp_path: Path
+) -> None:
+    # A build still running may have taken the failed build's step image as its cache, so the
+    # image goes only when no build of the store runs.
+    store = backend.images
+    with held_url() as (url, asked, answer):
+        slow_spec, failing_spec = slow_and_failing(tmp_path, url)
+        before = all_image_ids()
+        running = asyncio.create_task(store.image_for(slow_spec))
+        try:
+            assert await asyncio.to_thread(asked.wait, 120)  # the slow build is inside its ADD
+            with pytest.raises(SandboxCreateError, match="build"):
+                await store.image_for(failing_spec)
+            left = all_image_ids() - before
+            assert len(left) == 1  # kept while the other build runs
+            answer.set()
+            tag = await running
+            assert list(store.leftovers_removed) == sorted(left)  # removed once that build ended
+            assert left & all_image_ids() == set()
+        finally:
+            answer.set()
+            if not running.done():
+                await running
+            await docker_cli("rmi", "-f", f"sandgym/ctx:{slow_spec.context_hash()[:16]}")
     assert tag.startswith("sandgym/ctx:")
+
+
+async def test_a_build_whose_wait_was_cancelled_still_counts_as_running(
+    backend, tmp_path: Path
+) -> None:
+    # A create that times out cancels its wait for the build, not the engine's build, which goes
+    # on in its thread and may still take a failed build's step image as its cache: the image
+    # stays until that thread ends.
+    store = backend.images
+    with held_url() as (url, asked, answer):
+        slow_spec, failing_spec = slow_and_failing(tmp_path, url)
+        before = all_image_ids()
+        waiting = asyncio.create_task(store.image_for(slow_spec))
+        try:
+            assert await asyncio.to_thread(asked.wait, 120)  # the slow build is inside its ADD
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+            with pytest.raises(SandboxCreateError, match="build"):
+                await store.image_for(failing_spec)
+            left = all_image_ids() - before
+            assert len(left) == 1  # kept: the cancelled wait's build still runs
+            answer.set()
+            assert await asyncio.to_thread(store.wait_idle, 120)
+            assert list(store.leftovers_removed) == sorted(left)  # removed when its thread ended
+            assert left & all_image_ids() == set()
+        finally:
+            answer.set()
+            await asyncio.to_thread(store.wait_idle, 120)
+            await docker_cli("rmi", "-f", f"sandgym/ctx:{slow_spec.context_hash()[:16]}")
 
 
 async def test_files_roundtrip_and_traversal(backend, tmp_path: Path) -> None:
