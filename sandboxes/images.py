@@ -91,7 +91,7 @@ class StandIn:
     aliases: tuple[str, ...]  # the public names it stands in for
     really: str  # what it really is, in words (label sandgym.stand-in-from)
     run: tuple[str, ...] = ()  # Dockerfile lines after FROM
-    python: str | None = None  # "3.13": `python --version` must say so
+    python: str | None = None  # "3.13" or "3.13.15": `python --version` must say so (python_says)
 
     def dockerfile(self) -> str:
         return "\n".join([f"FROM {self.base}", *self.run]) + "\n"
@@ -106,6 +106,13 @@ class StandIn:
     def recipe(self) -> str:
         text = self.dockerfile() + json.dumps(self.labels(), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def python_says(line: str, version: str) -> bool:
+    """Whether `python --version`'s `line` names `version`: that release exactly ("3.13.15"),
+    or any release of that line ("3.13": 3.13.5 does, 3.130.1 does not)."""
+    said = line.strip().removeprefix("Python ")
+    return said == version or said.startswith(version + ".")
 
 
 @dataclass(frozen=True)
@@ -162,23 +169,37 @@ def _python_run(version: str) -> tuple[str, ...]:
 
 
 #: CPython sources the Debian mirror carries (python.org's signed release tarball, byte for byte:
-#: Debian's `.orig.tar.xz` of the release that ships it), so a python stand-in can be built on
-#: the Debian release its tag names even where that release packages another Python
+#: Debian's `.orig.tar.xz` of the release that ships it), by release, so a python stand-in can be
+#: built on the Debian release its tag names even where that release packages another Python.
+#: 3.13.5: trixie's python3.13. 3.13.15: sid's and forky's python3.13 3.13.15-1; its sha256 is
+#: the one Debian's signed index names (sid's InRelease, dated 2026-10-30 and signed by the
+#: archive key, lists Sources.xz's sha256, and Sources.xz lists this file's).
 PYTHON_SOURCES: dict[str, tuple[str, str]] = {
-    "3.13": (
+    "3.13.5": (
         "http://deb.debian.org/debian/pool/main/p/python3.13/python3.13_3.13.5.orig.tar.xz",
         "93e583f243454e6e9e4588ca2c2662206ad961659863277afcdb96801647d640",
+    ),
+    "3.13.15": (
+        "http://deb.debian.org/debian/pool/main/p/python3.13/python3.13_3.13.15.orig.tar.xz",
+        "1e66a7945a48390ee4c2a4268a0e4185884059a13c4aab6d148aa208deea4a76",
     ),
 }
 
 
-def _python_source_run(version: str) -> tuple[str, ...]:
-    """CPython `version` built from its release tarball into /usr/local, as the official
-    python:*-slim images are (their Dockerfile's steps: runtime packages, build dependencies
-    removed afterwards except the libraries the build links, shared libpython, ensurepip's pip,
-    the unversioned links), without the official build's profile-guided and link-time
-    optimisation (they cost the test suite's run under PGO, tens of minutes on two cores)."""
-    url, sha = PYTHON_SOURCES[version]
+def _python_source_run(release: str, usrmerge_diversions: bool = False) -> tuple[str, ...]:
+    """CPython `release` (a key of `PYTHON_SOURCES`, e.g. "3.13.5") built from its release
+    tarball into /usr/local, as the official python:*-slim images are (their Dockerfile's
+    steps: runtime packages, build dependencies removed afterwards except the libraries the
+    build links, shared libpython, ensurepip's pip, the unversioned links), without the
+    official build's profile-guided and link-time optimisation (they cost the test suite's run
+    under PGO, tens of minutes on two cores).
+
+    `usrmerge_diversions`: the base's libc6 diverts its pre-usrmerge paths (trixie on: `diversion
+    by libc6 from: /lib64/ld-linux-x86-64.so.2`), so `dpkg-query --search` also prints
+    `diversion by` lines, which name no package and are dropped before `apt-mark manual`."""
+    url, sha = PYTHON_SOURCES[release]
+    no_diversions = " | grep -v '^diversion by'" if usrmerge_diversions else ""
+    version = ".".join(release.split(".")[:2])  # python3.13, as the build names it
     build_deps = (
         "dpkg-dev gcc gnupg libbluetooth-dev libbz2-dev libc6-dev libdb-dev libffi-dev "
         "libgdbm-dev liblzma-dev libncursesw5-dev libreadline-dev libsqlite3-dev libssl-dev "
@@ -217,7 +238,7 @@ def _python_source_run(version: str) -> tuple[str, ...]:
         " find /usr/local -type f -executable -not -name '*tkinter*' -exec ldd '{}' ';'"
         ' | awk \'/=>/ { so = $(NF-1); if (index(so, "/usr/local/") == 1) { next };'
         ' gsub("^/(usr/)?", "", so); printf "*%s\\n", so }\''
-        " | sort -u | xargs -r dpkg-query --search | cut -d: -f1 | sort -u"
+        " | sort -u | xargs -r dpkg-query --search" + no_diversions + " | cut -d: -f1 | sort -u"
         " | xargs -r apt-mark manual;"
         " apt-get purge -y --auto-remove -o APT::AutoRemove::RecommendsImportant=false;"
         " rm -rf /var/lib/apt/lists/*;"
@@ -405,8 +426,18 @@ STANDINS: tuple[StandIn, ...] = (
         really=_BOOKWORM + ", with CPython 3.13.5 built from python.org's release tarball "
         "(Debian's pool copy) into /usr/local as the official image's Dockerfile does, "
         "without its PGO/LTO optimisation",
-        run=_python_source_run("3.13"),
+        run=_python_source_run("3.13.5"),
         python="3.13",
+    ),
+    StandIn(
+        image="sandgym/standin:python-3.13.15-trixie",
+        base=BASE_TRIXIE,
+        aliases=("python:3.13.15-slim-trixie",),
+        really=_TRIXIE + ", with CPython 3.13.15 built from python.org's release tarball "
+        "(Debian's pool copy) into /usr/local as the official image's Dockerfile does, "
+        "without its PGO/LTO optimisation",
+        run=_python_source_run("3.13.15", usrmerge_diversions=True),
+        python="3.13.15",
     ),
     StandIn(
         image="sandgym/standin:python-3.11",
@@ -771,10 +802,13 @@ class ImageEngine:
             remove=True,
             network_disabled=True,
         ).decode()
-        want = f"Python {standin.python}."
+        want = standin.python or ""
         lines = out.splitlines()
-        if len(lines) < 3 or not all(ln.startswith(want) for ln in lines[:2]):
-            raise BuildError(f"{standin.image}: expected {want}x, the image says {out!r}")
+        if len(lines) < 3 or not all(python_says(ln, want) for ln in lines[:2]):
+            raise BuildError(
+                f"{standin.image}: expected Python {standin.python} (`python --version`), "
+                f"the image says {out!r}"
+            )
 
     def tag(self, image: str, alias: str) -> None:
         repo, _, tag = alias.rpartition(":")

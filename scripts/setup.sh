@@ -164,17 +164,18 @@ if [ "$WANT_DOCKER" = 1 ]; then
     echo "setup: WARNING: SANDGYM_DOCKER_STORAGE=btrfs-quota, but a Docker engine already runs with storage driver '$driver'; it is left as it is (sandboxes get a per-file cap, no total disk quota). Stop that engine and re-run setup to switch (its images are then built again)." >&2
   fi
   # --desktop: sandgym/desktop:latest, the image of the desktop-* tasks (built once, ~3 min);
-  # then the stand-ins for public base images and their aliases (~6 min once; see README).
+  # then the stand-ins for public base images and their aliases (~10 min once: two of them build
+  # CPython from source; docs/sandboxes.md).
   .venv/bin/python -m sandboxes.images_cli build --desktop >&2
   # Harbor's own runner (harbor 0.26 needs Python >= 3.12; this host has 3.11) in a container on
   # the python:3.13 stand-in, for tests/e2e/test_harbor_provider.py and `sandgym bench
   # harbor_provider` (bench/harbor_runner.py; ~1-2 min once, then cached by the engine).
   .venv/bin/python -c "from bench.harbor_runner import ensure_runner_image as e; e()" >&2
   # NeMo-Gym's released package (nemo-gym 0.7.0 declares Python >= 3.13.14; the newest CPython
-  # packaged here is 3.13.5) in a container on CPython 3.13.15 built from Debian's pool copy of
-  # its source, for tests/e2e/test_integration_nemo_gym.py (images/nemo-gym-runner; ~4 min
-  # once on 2 cores, then cached).
-  nemo_runner=sandgym/nemo-gym-runner:0.7.0-cpython3.13.15
+  # packaged here is 3.13.5) in a container on the python:3.13.15-slim-trixie stand-in (CPython
+  # 3.13.15 built from Debian's pool copy of its source, made by the build above), for
+  # tests/e2e/test_integration_nemo_gym.py (images/nemo-gym-runner; ~1 min once, then cached).
+  nemo_runner=sandgym/nemo-gym-runner:0.7.0-python3.13.15-slim-trixie
   docker image inspect "$nemo_runner" >/dev/null 2>&1 \
     || DOCKER_BUILDKIT=0 docker build -q -t "$nemo_runner" images/nemo-gym-runner >&2
   # btrfs engine: dockerd cannot delete a removed layer's qgroup ("Failed to delete btrfs

@@ -8,7 +8,8 @@ newest CPython packaged here is 3.13.5. Two tests:
   files, which import the rest of NeMo-Gym, are left empty); the provider is found through
   sandgym's installed entry point and drives a real sandbox of a local-backend server.
 - In a container (images/nemo-gym-runner: the whole package installed from the package index,
-  nothing ignored, on CPython 3.13.15 built from source; the test checks that the interpreter
+  nothing ignored, on the python:3.13.15-slim-trixie stand-in, CPython 3.13.15 built from
+  source (sandboxes/images.py); the test checks that the interpreter
   meets the installed package's own Requires-Python): NeMo-Gym's public sandbox API
   (`list_providers`, `get_provider_class`, `AsyncSandbox`, `Sandbox`) finds the provider through
   the entry point of the sandgym wheel built from this checkout and drives sandboxes of the
@@ -39,7 +40,7 @@ VERSION = "0.7.0"
 WHEEL = Path("~/.cache/sandgym/wheels").expanduser() / f"nemo_gym-{VERSION}-py3-none-any.whl"
 RELEASED = ("nemo_gym/sandbox/providers/base.py", "nemo_gym/sandbox/providers/registry.py")
 REPO = Path(__file__).resolve().parents[2]
-RUNNER_IMAGE = f"sandgym/nemo-gym-runner:{VERSION}-cpython3.13.15"
+RUNNER_IMAGE = f"sandgym/nemo-gym-runner:{VERSION}-python3.13.15-slim-trixie"
 RUNNER_CONTEXT = REPO / "images" / "nemo-gym-runner"
 DRIVER_DIR = Path(__file__).resolve().parent / "nemo_gym_released"
 

@@ -32,7 +32,9 @@ def test_every_public_name_has_one_stand_in_and_none_is_also_unavailable() -> No
 def test_python_tags_promise_the_version_the_stand_in_has() -> None:
     for s in im.STANDINS:
         for a in s.aliases:
-            m = re.match(r"python:(\d+\.\d+)-", a) or re.search(r"t-bench/python-(\d+)-(\d+):", a)
+            m = re.match(r"python:(\d+\.\d+(?:\.\d+)?)-", a) or re.search(
+                r"t-bench/python-(\d+)-(\d+):", a
+            )
             if m is None:
                 continue
             version = m.group(1) if len(m.groups()) == 1 else f"{m.group(1)}.{m.group(2)}"
@@ -133,7 +135,7 @@ def test_bookworm_python_is_built_from_the_release_tarball_on_bookworm() -> None
     assert s is not None and s.base == im.BASE_BOOKWORM and s.python == "3.13"
     assert s is not im.standin_for("python:3.13-slim-trixie")
     df = s.dockerfile()
-    url, sha = im.PYTHON_SOURCES["3.13"]
+    url, sha = im.PYTHON_SOURCES["3.13.5"]
     assert url.startswith("http://deb.debian.org/") and url.endswith("3.13.5.orig.tar.xz")
     assert f'echo "{sha} *python.tar.xz" | sha256sum -c -' in df  # checked before it is used
     assert "--enable-shared --with-ensurepip" in df and "make install" in df
@@ -147,6 +149,59 @@ def test_bookworm_python_is_built_from_the_release_tarball_on_bookworm() -> None
     assert df.index("SuggestsImportant \"false\"") < df.index("apt-get purge")
     tb = next(x for x in im.STANDINS if x.image == "sandgym/standin:tbench-python-3-13")
     assert tb.base == s.image
+
+
+def test_a_python_release_tag_is_built_from_that_release() -> None:
+    """`python:3.13.15-slim-trixie` promises 3.13.15 exactly: its stand-in builds that release
+    from the tarball `PYTHON_SOURCES` pins, on trixie, and `check_python` holds it to it."""
+    s = im.standin_for("python:3.13.15-slim-trixie")
+    assert s is not None and s.base == im.BASE_TRIXIE and s.python == "3.13.15"
+    url, sha = im.PYTHON_SOURCES["3.13.15"]
+    assert url.endswith("/python3.13_3.13.15.orig.tar.xz")
+    df = s.dockerfile()
+    assert f"wget -q -O python.tar.xz {url};" in df
+    assert f'echo "{sha} *python.tar.xz" | sha256sum -c -' in df
+    assert "python3.13 --version" in df  # the build's own binary name: major.minor
+    # trixie's libc6 diverts /lib64/ld-linux-x86-64.so.2: dpkg-query's `diversion by` lines
+    # name no package and must not reach apt-mark
+    assert "dpkg-query --search | grep -v '^diversion by' | cut -d: -f1" in df
+    assert im.python_says("Python 3.13.15", "3.13.15")
+    assert not im.python_says("Python 3.13.5", "3.13.15")
+    assert not im.python_says("Python 3.13.150", "3.13.15")
+    assert im.python_says("Python 3.13.5", "3.13") and not im.python_says("Python 3.130.1", "3.13")
+
+
+class _Containers:
+    def __init__(self, out: str) -> None:
+        self.out = out
+
+    def run(self, image: str, cmd: list[str], **kw: Any) -> bytes:
+        return self.out.encode()
+
+
+def test_check_python_refuses_another_release_than_the_tag_names() -> None:
+    s = im.standin_for("python:3.13.15-slim-trixie")
+    assert s is not None
+    client = type("Client", (), {})()
+    client.containers = _Containers("Python 3.13.5\nPython 3.13.5\npip 25.1")
+    engine = im.ImageEngine(client)
+    with pytest.raises(im.BuildError, match="expected Python 3.13.15"):
+        engine.check_python(s)
+    client.containers = _Containers("Python 3.13.15\nPython 3.13.15\npip 25.2")
+    engine.check_python(s)
+
+
+def test_the_nemo_gym_runner_starts_from_the_stand_in_and_builds_no_python() -> None:
+    """The runner's CPython is the stand-in's (one source build in the repository): its FROM
+    names a stand-in whose release meets nemo-gym's Requires-Python (>= 3.13.14)."""
+    df = (REPO / "images" / "nemo-gym-runner" / "Dockerfile").read_text()
+    base = re.findall(r"^FROM (\S+)", df, re.M)
+    assert len(base) == 1
+    s = im.standin_for(base[0])
+    assert s is not None and s.python in im.PYTHON_SOURCES
+    assert "python.tar.xz" in s.dockerfile()
+    assert tuple(int(x) for x in s.python.split(".")) >= (3, 13, 14)
+    assert "./configure" not in df and "sha256sum" not in df
 
 
 def test_no_global_apt_recommends_switch_anywhere() -> None:
