@@ -294,11 +294,13 @@ def slow_and_failing(tmp_path: Path, url: str) -> tuple[SandboxSpec, SandboxSpec
     return SandboxSpec(build_context=slow), SandboxSpec(build_context=failing)
 
 
+@pytest.mark.parametrize("cancel_the_wait", [False, True], ids=["awaited", "wait-cancelled"])
 async def test_a_failed_builds_step_image_waits_for_the_running_build(
-    backend, tmp_path: Path
+    backend, tmp_path: Path, cancel_the_wait: bool
 ) -> None:
     # A build still running may have taken the failed build's step image as its cache, so the
-    # image goes only when no build of the store runs.
+    # image goes only when no build of the store runs. A create that times out cancels its wait
+    # for the build, not the engine's build, which goes on in its thread: it still counts.
     store = backend.images
     with held_url() as (url, asked, answer):
         slow_spec, failing_spec = slow_and_failing(tmp_path, url)
@@ -306,48 +308,24 @@ async def test_a_failed_builds_step_image_waits_for_the_running_build(
         running = asyncio.create_task(store.image_for(slow_spec))
         try:
             assert await asyncio.to_thread(asked.wait, 120)  # the slow build is inside its ADD
+            if cancel_the_wait:
+                running.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await running
             with pytest.raises(SandboxCreateError, match="build"):
                 await store.image_for(failing_spec)
             left = all_image_ids() - before
             assert len(left) == 1  # kept while the other build runs
             answer.set()
-            tag = await running
+            if cancel_the_wait:
+                assert await asyncio.to_thread(store.wait_idle, 120)
+            else:
+                assert (await running).startswith("sandgym/ctx:")
             assert list(store.leftovers_removed) == sorted(left)  # removed once that build ended
             assert left & all_image_ids() == set()
         finally:
             answer.set()
-            if not running.done():
-                await running
-            await docker_cli("rmi", "-f", f"sandgym/ctx:{slow_spec.context_hash()[:16]}")
-    assert tag.startswith("sandgym/ctx:")
-
-
-async def test_a_build_whose_wait_was_cancelled_still_counts_as_running(
-    backend, tmp_path: Path
-) -> None:
-    # A create that times out cancels its wait for the build, not the engine's build, which goes
-    # on in its thread and may still take a failed build's step image as its cache: the image
-    # stays until that thread ends.
-    store = backend.images
-    with held_url() as (url, asked, answer):
-        slow_spec, failing_spec = slow_and_failing(tmp_path, url)
-        before = all_image_ids()
-        waiting = asyncio.create_task(store.image_for(slow_spec))
-        try:
-            assert await asyncio.to_thread(asked.wait, 120)  # the slow build is inside its ADD
-            waiting.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await waiting
-            with pytest.raises(SandboxCreateError, match="build"):
-                await store.image_for(failing_spec)
-            left = all_image_ids() - before
-            assert len(left) == 1  # kept: the cancelled wait's build still runs
-            answer.set()
-            assert await asyncio.to_thread(store.wait_idle, 120)
-            assert list(store.leftovers_removed) == sorted(left)  # removed when its thread ended
-            assert left & all_image_ids() == set()
-        finally:
-            answer.set()
+            await asyncio.gather(running, return_exceptions=True)
             await asyncio.to_thread(store.wait_idle, 120)
             await docker_cli("rmi", "-f", f"sandgym/ctx:{slow_spec.context_hash()[:16]}")
 
