@@ -17,7 +17,6 @@ import json
 import os
 import platform
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -28,12 +27,6 @@ from bench.report import save_json, start_run
 REPO = Path(__file__).resolve().parents[1]
 # copy-file: the one family the base model sometimes solves (bench.train_probe: ~9/64 sampled)
 DEFAULT_TASKS = ["builtin/copy-file", "builtin/hello-file"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def judge_check(report: dict) -> dict:
@@ -91,30 +84,17 @@ def main() -> int:
     args = ap.parse_args()
     start_run(shlex.join(["python", "-m", "bench.harness_eval", *sys.argv[1:]]))
 
-    import httpx
+    from envserver.runner import ServerProcess
 
     load_at_start = [round(x, 2) for x in os.getloadavg()]
-    port = _free_port()
     # a loaded CPU can take minutes per generation batch: do not let the server end idle episodes
-    env = dict(os.environ, SANDGYM_IDLE_TIMEOUT_S="7200", SANDGYM_EPISODE_TIME_LIMIT_S="7200")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "sandgym_cli", "serve", "--backend", "local", "--port", str(port)],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    env = {"SANDGYM_IDLE_TIMEOUT_S": "7200", "SANDGYM_EPISODE_TIME_LIMIT_S": "7200"}
+    server = ServerProcess("local", env=env, startup_timeout_s=120)
     try:
-        for _ in range(200):
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.3)
         episodes = Path(args.out).with_suffix(".episodes.jsonl")
         episodes.unlink(missing_ok=True)
         cmd = [sys.executable, "-m", "sandgym_cli", "eval"]
-        cmd += ["--server-url", f"ws://127.0.0.1:{port}/v1/env", "--tasks", *args.tasks]
+        cmd += ["--server-url", server.url, "--tasks", *args.tasks]
         cmd += ["--agent", "llm", "--model", args.model, "--attempts", str(args.attempts)]
         cmd += ["--max-turns", str(args.max_turns), "--max-new-tokens", str(args.max_new_tokens)]
         # every episode at once: each turn is one batched generate call
@@ -128,8 +108,7 @@ def main() -> int:
             return proc.returncode
         report = json.loads(proc.stdout)
     finally:
-        server.terminate()
-        server.wait(timeout=30)
+        server.stop()
     commit = subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True
     ).stdout.strip()

@@ -34,7 +34,6 @@ import gzip
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -42,48 +41,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.train_probe import heldout_server
+
 REPO = Path(__file__).resolve().parents[1]
-#: the demo's own held-out family (`heldout-ops`): wordings no training family uses and one
-#: operation none asks (bench/tasks/heldout-ops; served beside the catalog)
-HELDOUT_TASKS = REPO / "bench" / "tasks"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start_server() -> tuple[subprocess.Popen[bytes], str]:
-    import httpx
-
-    port = _free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sandgym_cli",
-            "serve",
-            "--backend",
-            "local",
-            "--port",
-            str(port),
-            "--tasks",
-            str(HELDOUT_TASKS),
-        ],  # fmt: skip
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return proc, f"ws://127.0.0.1:{port}/v1/env"
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    proc.kill()
-    raise RuntimeError("sandgym serve did not answer /healthz within 120 s")
 
 
 def summarize(run_dir: Path, config: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -434,7 +394,8 @@ def run(args: argparse.Namespace) -> int:
         server = None
         url = args.server_url
         if url is None:
-            server, url = _start_server()
+            server = heldout_server()
+            url = server.url
         try:
             cfg = load_config(args.config, [f'env.server_urls=["{url}"]', *overrides])
             heldout_tasks = cfg.env.eval_task_ids or cfg.env.task_ids
@@ -473,8 +434,7 @@ def run(args: argparse.Namespace) -> int:
             (run_dir / "sampled_eval.json").write_text(json.dumps(sampled, indent=2))
         finally:
             if server is not None:
-                server.terminate()
-                server.wait(timeout=30)
+                server.stop()
     heldout_tasks = cfg.env.eval_task_ids or cfg.env.task_ids
     record = summarize(run_dir, cfg.model_dump(mode="json"))
     record.update(evaluation_record(run_dir, cfg, heldout_tasks, args.transfer_tasks))

@@ -20,7 +20,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from envserver.runner import ServerProcess
+
 REPO = Path(__file__).resolve().parents[1]
+#: the demo's own held-out family (`heldout-ops`): wordings no training family uses and one
+#: operation none asks (bench/tasks/heldout-ops; served beside the catalog)
+HELDOUT_TASKS = REPO / "bench" / "tasks"
+
+
+def heldout_server() -> ServerProcess:
+    """A local-backend `sandgym serve` of the catalog and the held-out family, once healthy."""
+    return ServerProcess("local", args=["--tasks", str(HELDOUT_TASKS)], startup_timeout_s=120)
 
 
 async def play_episodes(
@@ -108,8 +118,6 @@ async def _probe(args: argparse.Namespace, url: str) -> dict[str, Any]:
 
 
 def main() -> int:
-    from bench.train_demo import _start_server
-
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tasks", nargs="+", required=True)
     p.add_argument("--config", default=str(REPO / "trainer/configs/demo.yaml"))
@@ -121,13 +129,16 @@ def main() -> int:
     p.add_argument("--show", type=int, default=4, help="replies shown per task")
     p.add_argument("--server-url")
     args = p.parse_args()
-    server, url = (None, args.server_url) if args.server_url else _start_server()
+    server = None
+    url = args.server_url
+    if url is None:
+        server = heldout_server()
+        url = server.url
     try:
         result = asyncio.run(_probe(args, url))
     finally:
         if server is not None:
-            server.terminate()
-            server.wait(timeout=30)
+            server.stop()
     print(json.dumps(result, indent=1))
     return 0
 

@@ -92,7 +92,8 @@ def family_instructions(family_dir: Path, seeds: range, tmp_path: Path) -> list[
 
 def test_the_heldout_family_has_unseen_wordings_and_an_unseen_operation(tmp_path: Path) -> None:
     from bench.demo_stats import check_heldout_novel, wording_template
-    from bench.train_demo import HELDOUT_TASKS, operation
+    from bench.train_demo import operation
+    from bench.train_probe import HELDOUT_TASKS
 
     training = family_instructions(CATALOG_DIR / "path-ops", range(60), tmp_path)
     heldout = family_instructions(HELDOUT_TASKS / "heldout-ops", range(100_000, 100_040), tmp_path)
