@@ -190,7 +190,7 @@ class ServiceSpec(BaseModel):
     def fingerprint_data(self) -> dict[str, Any]:
         """What makes two services interchangeable: everything, with the build context's
         content hash in place of its path."""
-        from sandboxes.spec import hash_directory
+        from sandboxes.common.hashing import hash_directory
 
         exclude = {"build_context"} | ({"volumes"} if not self.volumes else set())
         if self.ipv4_address is None:

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# The build-context hash lives in sandboxes.common.hashing (services use it too); re-exported.
+from sandboxes.common.hashing import hash_directory as hash_directory
 
 # The output cap lives with the capped buffer (sandboxes.common.output); re-exported here.
 from sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES as DEFAULT_MAX_OUTPUT_BYTES
@@ -230,47 +232,6 @@ def _memo_of(spec: SandboxSpec) -> dict[str, tuple[float, str]]:
         entry = (weakref.ref(spec, forget), {})
         _FP_MEMO[key] = entry
     return entry[1]
-
-
-_HASH_CACHE: dict[tuple[str, tuple[tuple[str, int, int, int], ...]], str] = {}
-
-
-def hash_directory(root: Path) -> str:
-    """sha256 over the relative paths, modes and contents of every file below `root`.
-
-    Cached by a stat signature (paths, sizes, mtimes, modes), so a pool acquiring the same
-    build context for every episode reads the files once, not every time.
-    """
-    root = Path(root)
-    sig = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(filenames):
-            st = os.lstat(os.path.join(dirpath, name))
-            sig.append((os.path.join(dirpath, name), st.st_size, st.st_mtime_ns, st.st_mode))
-    key = (str(root.resolve()), tuple(sig))
-    cached = _HASH_CACHE.get(key)
-    if cached is None:
-        cached = _HASH_CACHE[key] = _hash_directory(root)
-        if len(_HASH_CACHE) > 4096:
-            _HASH_CACHE.pop(next(iter(_HASH_CACHE)))
-    return cached
-
-
-def _hash_directory(root: Path) -> str:
-    h = hashlib.sha256()
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(filenames):
-            p = Path(dirpath) / name
-            rel = p.relative_to(root).as_posix()
-            h.update(rel.encode() + b"\0")
-            if p.is_symlink():
-                h.update(b"L" + os.readlink(p).encode())
-                continue
-            h.update(oct(p.stat().st_mode & 0o777).encode())
-            h.update(p.read_bytes())
-    return h.hexdigest()
 
 
 class ExecResult(BaseModel):

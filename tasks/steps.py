@@ -62,7 +62,7 @@ def step_view(task: TaskSpec, setup: EpisodeSetup) -> TaskSpec:
 def _merged_tests(task_id: str, shared: Path | None, overlay: Path) -> Path:
     """A directory holding the task's tests/ with the step's tests/ copied over it, as Harbor
     uploads them; cached by content."""
-    from sandboxes.spec import hash_directory
+    from sandboxes.common.hashing import hash_directory
 
     key = (hash_directory(shared) if shared else "") + hash_directory(overlay)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]

@@ -64,7 +64,7 @@ def rewritten_context(task: TaskSpec, image_map: Mapping[str, str]) -> Path:
     context = env.build_context
     text = (context / env.dockerfile).read_text(encoding="utf-8")
     new_text = copy_destinations(rewrite_heredocs(map_images(text, image_map)), context)[0]
-    from sandboxes.spec import hash_directory
+    from sandboxes.common.hashing import hash_directory
 
     mounted = ""
     for i, (src, target) in enumerate(env.bind_mounts):
