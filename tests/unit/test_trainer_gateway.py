@@ -19,6 +19,7 @@ from trainer.gateway import (
     TokenAlignmentError,
     UnknownSessionError,
     calls_to_steps,
+    gateway_app,
 )
 from trainer.models import load_tokenizer
 
@@ -60,7 +61,7 @@ def tok() -> Any:
 
 
 def _client(gw: ModelGateway) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=gw.app()), base_url="http://gw")
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway_app(gw)), base_url="http://gw")
 
 
 async def test_tool_calls_history_and_exact_steps(tok: Any, tmp_path: Path) -> None:
@@ -210,7 +211,7 @@ async def test_the_official_openai_client_gets_tool_calls_and_streams(
     openai = pytest.importorskip("openai")
     engine = ScriptedEngine(tok, ["```bash\nls /app\n```", "Done, it holds a.txt."])
     gw = ModelGateway([engine], tok, CallStore(tmp_path / "o.db"))
-    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=gw.app()), base_url="http://gw")
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway_app(gw)), base_url="http://gw")
     client = openai.AsyncOpenAI(
         base_url="http://gw/sessions/sdk/v1", api_key="unused", http_client=http
     )

@@ -330,9 +330,3 @@ class ModelGateway:
             ]
             finish = "tool_calls"
         return message, finish
-
-    def app(self) -> Any:
-        """The FastAPI application (`trainer.gateway.server.gateway_app`)."""
-        from trainer.gateway.server import gateway_app
-
-        return gateway_app(self)

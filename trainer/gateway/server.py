@@ -102,7 +102,7 @@ class GatewayServer(LoopServer):
         return f"http://{self.host}:{self.port}"
 
     def make_app(self) -> Any:
-        return self.gateway.app()
+        return gateway_app(self.gateway)
 
     def start_error(self) -> Exception:
         return GatewayError("the gateway server stopped while starting")
