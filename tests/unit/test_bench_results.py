@@ -70,6 +70,11 @@ WRITERS: dict[str, tuple[str, ...]] = {
     "harbor_compat_termigen_replication.json": COMPAT_DOC_WRITERS,
     "harbor_compat_termigen_replication.jsonl": COMPAT_LINES_WRITERS,
     "compat_replication_termigen.json": COMPAT_REPLICATION_WRITERS,
+    "harbor_compat_tb1_replication.json": COMPAT_DOC_WRITERS,
+    "harbor_compat_tb1_replication.jsonl": COMPAT_LINES_WRITERS,
+    "compat_replication_tb1.json": COMPAT_REPLICATION_WRITERS,
+    # Terminal-Bench 1's password-recovery drawn again and again (docs/harbor_compat.md)
+    "password_recovery_draws.json": ("bench/password_recovery_draws.py", "bench/report.py"),
     # `sandgym tasks check --jsonl` on the multi-step tasks (see the README's Harbor section)
     "harbor_multistep_check.jsonl": ("tasks/cli.py",),
     "harness_eval.json": ("bench/harness_eval.py", "trainer/eval_cli.py"),
@@ -182,6 +187,10 @@ DATA_MAPS: dict[str, tuple[str, ...]] = {
     "harbor_compat_termigen_replication.json": COMPAT_DOC_MAPS,
     "harbor_compat_termigen_replication.jsonl": COMPAT_LINE_MAPS,
     "compat_replication_termigen.json": REPLICATION_MAPS,
+    "harbor_compat_tb1_replication.json": COMPAT_DOC_MAPS,
+    "harbor_compat_tb1_replication.jsonl": COMPAT_LINE_MAPS,
+    "compat_replication_tb1.json": REPLICATION_MAPS,
+    "password_recovery_draws.json": ("task_files_sha256",),
     "harbor_compat_tb1.json": COMPAT_DOC_MAPS,
     "harbor_compat_tb1.jsonl": COMPAT_LINE_MAPS,
     "harbor_multistep_check.jsonl": (),

@@ -349,6 +349,14 @@ FIGURES: list[tuple[str, Callable[[], str]]] = [
     ("terminal-bench-1 under its own harness", tb1_harness_sentence),
     ("terminal-bench-2.0 second full run", lambda: replication_sentence("tb2")),
     ("termigen second full run", lambda: replication_sentence("termigen")),
+    ("terminal-bench-1 second full run", lambda: replication_sentence("tb1")),
+    (
+        "password-recovery draws",
+        lambda: "its own setup.sh and solution.sh passed {} of {} draws".format(
+            at("password_recovery_draws.json", "oracle_passes"),
+            at("password_recovery_draws.json", "trials"),
+        ),
+    ),
     (
         "server SIGKILL",
         lambda: (
