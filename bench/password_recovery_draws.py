@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.report import save_json, start_run
+from sandboxes.images import LABEL_STANDIN_FROM, ImageEngine
 
 IMAGE = "ghcr.io/laude-institute/t-bench/ubuntu-24-04:20250624"
 PASSWORD = "8XDP5Q2RT9ZK7VB3BV4WW54"  # what the task's setup.sh writes and its test looks for
@@ -43,14 +44,6 @@ echo "$ok $nofile"
 """
 
 
-def _inspect(fmt: str) -> str:
-    out = subprocess.run(
-        ["docker", "image", "inspect", "-f", fmt, IMAGE],
-        capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
-    return out.stdout.strip()
-
-
 def draws(task: Path, trials: int) -> dict[str, Any]:
     """Run `trials` draws of `task` (its directory) and count the passes."""
     proc = subprocess.run(
@@ -62,6 +55,9 @@ def draws(task: Path, trials: int) -> dict[str, Any]:
     if proc.returncode != 0 or len(fields) != 2:
         raise RuntimeError(f"the trials failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
     passes, no_file = int(fields[0]), int(fields[1])
+    image = ImageEngine().info(IMAGE)
+    if image is None:
+        raise RuntimeError(f"{IMAGE} is gone from the engine after the trials ran on it")
     return {
         "bench": "password_recovery_draws",
         "task": "terminal-bench-1/password-recovery",
@@ -70,8 +66,8 @@ def draws(task: Path, trials: int) -> dict[str, Any]:
             for name in ("setup.sh", "solution.sh")
         },
         "image": IMAGE,
-        "image_id": _inspect("{{.Id}}"),
-        "image_stand_in_from": _inspect('{{index .Config.Labels "sandgym.stand-in-from"}}'),
+        "image_id": image.id,
+        "image_stand_in_from": image.labels.get(LABEL_STANDIN_FROM, ""),
         "trials": trials,
         "oracle_passes": passes,
         "oracle_pass_share": round(passes / trials, 3),
