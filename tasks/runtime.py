@@ -11,9 +11,11 @@ that do each job.
 |---|---|
 | the sandbox spec (image mapping, rewritten build contexts, env templates) | `tasks.sandbox_spec` |
 | a task's Dockerfile: parse, heredocs, image mapping, applying it without an image | `tasks.dockerfile` |
-| an episode's start, and what a `submit` does (`score_step`) | `tasks.episode` |
+| an episode's start (`prepare_episode`, `mark_episode`) | `tasks.episode_start` |
+| what a `submit` does (`score_step`) | `tasks.episode` |
 | multi-step tasks: the current step's view, its set-up, moving on | `tasks.steps` |
 | scoring: running the verifier (shared, private, separate) and parsing rewards | `tasks.verifier` |
+| which verify mode an episode gets, and running each (shared, pristine, refuse-tampered) | `tasks.verifier.choice`, `tasks.verifier.modes` |
 | the reference solution | `tasks.oracle` |
 | the models passed between them (`EpisodeSetup`, `VerifierResult`, `StepOutcome`) | `tasks.episode_models` |
 
@@ -23,8 +25,9 @@ files; RUN lines are skipped with a warning unless the spec opts in (`allow_run`
 """
 
 from tasks.dockerfile import task_dockerfile
-from tasks.episode import INSTRUCTION_FILE_ENV, mark_episode, prepare_episode, score_step
+from tasks.episode import score_step
 from tasks.episode_models import EpisodeSetup, StepOutcome, VerifierResult
+from tasks.episode_start import INSTRUCTION_FILE_ENV, mark_episode, prepare_episode
 from tasks.oracle import INSTRUCTION_ENV, run_oracle
 from tasks.paths import (
     ARTIFACTS_DIR,

@@ -5,7 +5,9 @@
 - `separate`: Harbor's separate verifier, in a sandbox of its own holding the agent's artifacts;
 - `rewards`: the pure rules that turn that text into a reward (Harbor reward files, pytest
   reports for Terminal-Bench and SETA, answers for LLM-in-Sandbox);
-- `ctrf`: a Harbor task's CTRF test report, read to name the tests that failed (never to score).
+- `ctrf`: a Harbor task's CTRF test report, read to name the tests that failed (never to score);
+- `choice`: which verify mode an episode gets (read at its start); `modes`: the tamper report,
+  then each mode (`shared`, `pristine`, `refuse-tampered`); `pristine`: that mode's fresh sandbox.
 
 The protocol of the private verifier namespace itself is `tasks.private_verify`.
 """

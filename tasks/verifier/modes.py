@@ -7,8 +7,8 @@
   run and the step scores the task's lowest reward (0 on the default range), with the reason.
 
 The mode comes from the reset (`options.verify`), else the server (`verify`), else the task
-(`metadata.verify` in task.toml), else `shared`: `resolve_verify_mode`. docs/verification.md
-says when each fits.
+(`metadata.verify` in task.toml), else `shared`: `resolve_verify_mode` (`tasks.verifier.choice`,
+re-exported here). docs/verification.md says when each fits.
 """
 
 from __future__ import annotations
@@ -18,31 +18,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from sandboxes import Sandbox, SandboxBackend
-from tasks.episode_models import VERIFY_MODES, EpisodeSetup, VerifierResult, VerifyMode
-from tasks.errors import TaskError, TaskUnsupportedError, VerifierError
+from tasks.episode_models import EpisodeSetup, VerifierResult
+from tasks.errors import VerifierError
 from tasks.models import TaskSpec
 from tasks.tamper import tamper_report
-from tasks.verifier.pristine import pristine_unsupported, pristine_verifier_sandbox
+from tasks.verifier.choice import resolve_verify_mode
+from tasks.verifier.pristine import pristine_verifier_sandbox
 from tasks.verifier.run import reward_range, run_verifier
 
-
-def resolve_verify_mode(task: TaskSpec, *requested: str | None) -> VerifyMode:
-    """The first mode given among `requested` (the reset's, the server's), else the task's
-    `metadata.verify`, else `shared`; a mode the task cannot use is a TaskUnsupportedError."""
-    declared = task.metadata.get("verify")
-    if declared is not None and declared not in VERIFY_MODES:
-        raise TaskError(
-            f"task {task.id}: metadata.verify must be one of {', '.join(VERIFY_MODES)}, "
-            f"found {declared!r}"
-        )
-    mode = next((m for m in requested if m is not None), declared or "shared")
-    if mode not in VERIFY_MODES:
-        raise TaskError(f"verify must be one of {', '.join(VERIFY_MODES)}, found {mode!r}")
-    if mode == "pristine":
-        why = pristine_unsupported(task)
-        if why is not None:
-            raise TaskUnsupportedError(f"task {task.id} cannot be verified pristine: {why}")
-    return mode  # type: ignore[return-value]
+__all__ = ["resolve_verify_mode", "verify_episode"]
 
 
 async def verify_episode(

@@ -32,21 +32,13 @@ from sandboxes.errors import ChangesUnsupportedError
 from sandboxes.lifetime import OwnLifetimes
 from sandboxes.spec import PathChanges
 from tasks.commands import run_checked
-from tasks.desktop import is_desktop_task
 from tasks.episode_models import EpisodeSetup
+from tasks.episode_start import prepare_episode
 from tasks.errors import TaskUnsupportedError
 from tasks.models import TaskSpec
 from tasks.sandbox_spec import sandbox_spec_for
 from tasks.tamper import classify, declared_outputs
-
-
-def pristine_unsupported(task: TaskSpec) -> str | None:
-    """Why `task` cannot be verified pristine, or None."""
-    if task.steps:
-        return "a multi-step task's state between steps is more than the agent's outputs"
-    if is_desktop_task(task.metadata):
-        return "a desktop task's state is its running programs"
-    return None
+from tasks.verifier.choice import pristine_unsupported
 
 
 def output_roots(task: TaskSpec, workdir: str) -> tuple[str, ...]:
@@ -122,8 +114,6 @@ async def pristine_verifier_sandbox(
 ) -> AsyncIterator[PristineVerifier]:
     """A fresh sandbox of the task's own spec, prepared for the episode's seed, with the agent's
     outputs copied in (see the module docstring); closed on exit, even when cancelled."""
-    from tasks.episode import prepare_episode  # episode imports the verifier
-
     why = pristine_unsupported(task)
     if why is not None:
         raise TaskUnsupportedError(f"task {task.id} cannot be verified pristine: {why}")
