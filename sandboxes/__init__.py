@@ -3,10 +3,8 @@
 Imports nothing else of sandgym. Vendor SDKs load lazily through `get_backend`.
 """
 
-__version__ = "0.1.0"
-
-from sandboxes.base import Sandbox, SandboxBackend, SandboxCapabilities  # noqa: E402
-from sandboxes.errors import (  # noqa: E402
+from sandboxes.base import Sandbox, SandboxBackend, SandboxCapabilities
+from sandboxes.errors import (
     BackendUnavailableError,
     CommandTimeoutError,
     NetworkPolicyUnsupportedError,
@@ -21,9 +19,9 @@ from sandboxes.errors import (  # noqa: E402
     UnknownBackendError,
     UserUnsupportedError,
 )
-from sandboxes.network import NetworkPolicy  # noqa: E402
-from sandboxes.paths import normalize_sandbox_path  # noqa: E402
-from sandboxes.pool import (  # noqa: E402
+from sandboxes.network import NetworkPolicy
+from sandboxes.paths import normalize_sandbox_path
+from sandboxes.pool import (
     PoolClosedError,
     PoolKeyFailingError,
     PoolSettings,
@@ -31,10 +29,12 @@ from sandboxes.pool import (  # noqa: E402
     PoolTimeoutError,
     SandboxPool,
 )
-from sandboxes.registry import backend_names, get_backend  # noqa: E402
-from sandboxes.spec import ExecResult, SandboxSpec, ShellResult  # noqa: E402
+from sandboxes.registry import backend_names, get_backend
+from sandboxes.spec import ExecResult, SandboxSpec, ShellResult
+from sandboxes.version import __version__
 
 __all__ = [
+    "__version__",
     "BackendUnavailableError",
     "CommandTimeoutError",
     "ExecResult",

@@ -27,6 +27,8 @@ from collections.abc import Iterable, Mapping, Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sandboxes.version import __version__
+
 if TYPE_CHECKING:
     from sandboxes.spec import SandboxSpec
 
@@ -45,8 +47,6 @@ def sandbox_labels(
 ) -> dict[str, str]:
     """The labels a sandbox of `spec` carries on backend `backend` for owner `owner_id`, whose
     lease runs `lease_s` from now (the spec's own labels first, ours over them)."""
-    from sandboxes import __version__
-
     labels = dict(spec.labels)
     labels.update(
         {

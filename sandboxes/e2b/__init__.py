@@ -40,11 +40,10 @@ shell's pty bridge).
 from sandboxes.e2b.backend import (
     DEFAULT_TEMPLATE,
     LABEL_SANDBOX_ID,
-    MAX_SANDBOX_TIMEOUT_S,
     E2BBackend,
     template_for_image,
 )
-from sandboxes.e2b.sandbox import E2BSandbox
+from sandboxes.e2b.sandbox import MAX_SANDBOX_TIMEOUT_S, E2BSandbox
 
 __all__ = [
     "DEFAULT_TEMPLATE",

@@ -16,7 +16,7 @@ from sandboxes.base import SandboxBackend
 from sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES
 from sandboxes.common.tolerated import tolerate
 from sandboxes.common.users import is_root_user
-from sandboxes.e2b.sandbox import E2BSandbox
+from sandboxes.e2b.sandbox import E2BSandbox, e2b_timeout_s
 from sandboxes.errors import (
     BackendUnavailableError,
     SandboxCreateError,
@@ -31,16 +31,6 @@ log = logging.getLogger(__name__)
 
 
 DEFAULT_TEMPLATE = "sandgym-terminal"
-#: E2B's longest sandbox lifetime (Pro tier); Hobby accounts are capped at 1 h by E2B itself.
-MAX_SANDBOX_TIMEOUT_S = 24 * 3600
-
-
-def e2b_timeout_s(life_s: float) -> int:
-    """E2B's `timeout` (whole seconds, 60 s to MAX_SANDBOX_TIMEOUT_S) for a sandbox that is to
-    live `life_s` more seconds."""
-    return int(max(60, min(-(-life_s // 1), MAX_SANDBOX_TIMEOUT_S)))
-
-
 #: Metadata key holding sandgym's own id of a sandbox: lets a cancelled create find its VM.
 LABEL_SANDBOX_ID = "sandgym.sandbox_id"
 _TEMPLATE_CHARS = re.compile(r"[^a-z0-9_-]+")

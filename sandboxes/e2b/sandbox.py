@@ -34,6 +34,15 @@ from sandboxes.spec import ExecResult, SandboxSpec
 if TYPE_CHECKING:
     from sandboxes.e2b.backend import E2BBackend
 
+#: E2B's longest sandbox lifetime (Pro tier); Hobby accounts are capped at 1 h by E2B itself.
+MAX_SANDBOX_TIMEOUT_S = 24 * 3600
+
+
+def e2b_timeout_s(life_s: float) -> int:
+    """E2B's `timeout` (whole seconds, 60 s to MAX_SANDBOX_TIMEOUT_S) for a sandbox that is to
+    live `life_s` more seconds."""
+    return int(max(60, min(-(-life_s // 1), MAX_SANDBOX_TIMEOUT_S)))
+
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +146,6 @@ class E2BSandbox(ShellSandbox):
 
     async def _write_deadline(self, deadline: float) -> None:
         """E2B's own timeout, counted from now: the provider kills the VM when it runs out."""
-        from sandboxes.e2b.backend import e2b_timeout_s
-
         timeout = e2b_timeout_s(deadline - time.time())
         await self._call(
             "set_timeout",
