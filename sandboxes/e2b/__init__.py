@@ -33,22 +33,25 @@ Lifetimes and reaping: each sandbox is created with an E2B timeout equal to the 
 `labels.should_reap` selects (lease expired, owner process dead, or, with
 `only_expired=False`, every one this backend's owner created).
 
-Layout: `backend` (`E2BBackend`, templates, reaping), `sandbox` (`E2BSandbox`), `pty` (the
-shell's pty bridge).
+Layout: `api` (`E2BApi`: the SDK, key, request timeout, error mapping and kill that the
+backend and its sandboxes share), `backend` (`E2BBackend`, templates, reaping), `sandbox`
+(`E2BSandbox`, which holds the api, not the backend), `pty` (the shell's pty bridge).
 """
 
+from sandboxes.e2b.api import MAX_SANDBOX_TIMEOUT_S, E2BApi
 from sandboxes.e2b.backend import (
     DEFAULT_TEMPLATE,
     LABEL_SANDBOX_ID,
     E2BBackend,
     template_for_image,
 )
-from sandboxes.e2b.sandbox import MAX_SANDBOX_TIMEOUT_S, E2BSandbox
+from sandboxes.e2b.sandbox import E2BSandbox
 
 __all__ = [
     "DEFAULT_TEMPLATE",
     "LABEL_SANDBOX_ID",
     "MAX_SANDBOX_TIMEOUT_S",
+    "E2BApi",
     "E2BBackend",
     "E2BSandbox",
     "template_for_image",

@@ -16,7 +16,8 @@ from sandboxes.base import SandboxBackend
 from sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES
 from sandboxes.common.tolerated import tolerate
 from sandboxes.common.users import is_root_user
-from sandboxes.e2b.sandbox import E2BSandbox, e2b_timeout_s
+from sandboxes.e2b.api import E2BApi, e2b_timeout_s
+from sandboxes.e2b.sandbox import E2BSandbox
 from sandboxes.errors import (
     BackendUnavailableError,
     SandboxCreateError,
@@ -78,45 +79,30 @@ class E2BBackend(SandboxBackend):
         sdk: Any = None,
     ) -> None:
         super().__init__(owner_id, lease_s)
-        self._api_key = api_key
+        self.api = E2BApi(api_key, request_timeout_s, sdk)
         self.default_template = (
             default_template or os.environ.get("SANDGYM_E2B_TEMPLATE") or DEFAULT_TEMPLATE
         )
         self.template_map = dict(template_map or {})
-        self.request_timeout_s = request_timeout_s
         self.create_timeout_s = create_timeout_s
         self.max_output_bytes = max_output_bytes
-        self._sdk = sdk
 
     # -- availability ------------------------------------------------------------------------
     @property
     def sdk(self) -> Any:
-        if self._sdk is None:
-            try:
-                import e2b
-            except ImportError as exc:
-                raise BackendUnavailableError(
-                    "the e2b backend needs the E2B SDK: pip install 'sandgym[e2b]'"
-                ) from exc
-            self._sdk = e2b
-        return self._sdk
+        return self.api.sdk
 
     @property
     def api_key(self) -> str:
-        key = self._api_key or os.environ.get("E2B_API_KEY", "")
-        if not key:
-            raise BackendUnavailableError(
-                "the e2b backend needs an E2B API key: expected E2B_API_KEY in the environment "
-                "(or api_key=...), found none; get one at https://e2b.dev/dashboard"
-            )
-        return key
+        return self.api.api_key
+
+    @property
+    def request_timeout_s(self) -> float:
+        return self.api.request_timeout_s
 
     async def ensure_available(self) -> None:
         """Raise BackendUnavailableError unless the SDK is installed and a key is set."""
-        _ = self.sdk, self.api_key
-
-    def _api(self) -> dict[str, Any]:
-        return {"api_key": self.api_key, "request_timeout": self.request_timeout_s}
+        _ = self.api.sdk, self.api.api_key
 
     # -- templates ---------------------------------------------------------------------------
     def template_for(self, spec: SandboxSpec) -> str:
@@ -140,7 +126,7 @@ class E2BBackend(SandboxBackend):
 
         self.check_network(spec)  # public or no-network, for the sandbox's whole life
         self.check_services(spec)
-        sdk, api = self.sdk, self._api()
+        sdk, api = self.api.sdk, self.api.auth()
         template = self.template_for(spec)
         sandbox_id = "sg-" + uuid.uuid4().hex[:12]
         metadata = await asyncio.to_thread(self.labels_for, spec)
@@ -173,7 +159,7 @@ class E2BBackend(SandboxBackend):
             raise
         except Exception as exc:
             raise self._create_error(template, exc) from exc
-        sb = E2BSandbox(spec, self, sbx, sandbox_id, template)
+        sb = E2BSandbox(spec, self.api, sbx, sandbox_id, template, self.max_output_bytes)
         sb.deadline = deadline
         try:
             made = " ".join(shlex.quote(d) for d in spec.make_dirs)
@@ -193,23 +179,9 @@ class E2BBackend(SandboxBackend):
         await ensure_healthy(sb)
         return sb
 
-    def _unavailable(self, exc: Exception) -> BackendUnavailableError | None:
-        """The BackendUnavailableError an SDK failure amounts to (refused key, E2B unreachable),
-        or None when the failure is about the request itself."""
-        import httpx
-
-        if isinstance(exc, self.sdk.AuthenticationException):
-            return BackendUnavailableError(f"e2b: the API key was refused: {exc}")
-        if isinstance(exc, httpx.TransportError):
-            return BackendUnavailableError(
-                f"e2b: the E2B API cannot be reached from here (expected a connection to "
-                f"{os.environ.get('E2B_DOMAIN', 'e2b.app')}): {exc}"
-            )
-        return None
-
     def _create_error(self, template: str, exc: Exception) -> SandboxError:
-        sdk = self.sdk
-        unavailable = self._unavailable(exc)
+        sdk = self.api.sdk
+        unavailable = self.api.unavailable(exc)
         if unavailable is not None:
             return unavailable
         if isinstance(exc, sdk.NotFoundException) or "not found" in str(exc).lower():
@@ -220,30 +192,18 @@ class E2BBackend(SandboxBackend):
             )
         return SandboxCreateError(f"e2b: creating a sandbox from {template!r} failed: {exc}")
 
-    async def _kill_sandbox(self, e2b_id: str, sbx: Any = None) -> bool:
-        """Kill one E2B sandbox by id; False when it was already gone. Never raises."""
-        try:
-            if sbx is not None:
-                coro = sbx.kill(request_timeout=self.request_timeout_s)
-            else:
-                coro = self.sdk.AsyncSandbox.kill(e2b_id, **self._api())
-            return bool(await asyncio.wait_for(coro, self.request_timeout_s + 5))
-        except Exception as exc:  # E2B ends it at its timeout; the reaper retries before
-            tolerate("e2b.kill", exc, log, logging.WARNING)
-            return False
-
     async def _kill_by_sandbox_id(self, sandbox_id: str) -> None:
         """Kill the VM a failed or cancelled create may have left (found by its metadata)."""
         try:
             for info in await self.list_managed({LABEL_SANDBOX_ID: sandbox_id}):
-                await self._kill_sandbox(info.sandbox_id)
+                await self.api.kill(info.sandbox_id)
         except Exception as exc:  # the create's own error is what the caller sees
             tolerate("e2b.kill_by_sandbox_id", exc, log, logging.WARNING)
 
     # -- reaping -----------------------------------------------------------------------------
     async def list_managed(self, extra: dict[str, str] | None = None) -> list[Any]:
         """Every E2B sandbox (running or paused) whose metadata says sandgym manages it."""
-        sdk, api = self.sdk, self._api()
+        sdk, api = self.api.sdk, self.api.auth()
         query = sdk.SandboxQuery(metadata={LABEL_MANAGED: "1", **(extra or {})})
         found: list[Any] = []
         try:
@@ -256,7 +216,7 @@ class E2BBackend(SandboxBackend):
                 f"e2b: listing sandboxes got no answer within {self.request_timeout_s:.0f} s"
             ) from exc
         except Exception as exc:
-            unavailable = self._unavailable(exc)
+            unavailable = self.api.unavailable(exc)
             if unavailable is not None:
                 raise unavailable from exc
             raise SandboxError(f"e2b: listing sandboxes failed: {exc}") from exc
@@ -279,7 +239,7 @@ class E2BBackend(SandboxBackend):
                 continue
             try:
                 await asyncio.wait_for(
-                    self.sdk.AsyncSandbox.kill(info.sandbox_id, **self._api()),
+                    self.api.sdk.AsyncSandbox.kill(info.sandbox_id, **self.api.auth()),
                     self.request_timeout_s + 5,
                 )
             except Exception as exc:

@@ -84,7 +84,7 @@ class _E2BPtyShell(PtyShell):
                     cwd=self._sb.spec.workdir,
                     envs=dict(self._sb.spec.env),
                     timeout=0,  # the pty lives as long as the episode
-                    request_timeout=self._sb._backend.request_timeout_s,
+                    request_timeout=self._sb.api.request_timeout_s,
                 ),
             )
         except BaseException:
@@ -124,7 +124,7 @@ class _E2BPtyShell(PtyShell):
                 await self._sb._call(
                     "write to the shell pty",
                     self._sb._sbx.pty.send_stdin(
-                        self.pty_pid, data, request_timeout=self._sb._backend.request_timeout_s
+                        self.pty_pid, data, request_timeout=self._sb.api.request_timeout_s
                     ),
                 )
             except SandboxError as exc:
@@ -153,10 +153,8 @@ class _E2BPtyShell(PtyShell):
         if handle is not None and pid is not None and not self._sb.closed:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(
-                    self._sb._sbx.pty.kill(
-                        pid, request_timeout=self._sb._backend.request_timeout_s
-                    ),
-                    self._sb._backend.request_timeout_s + 5,
+                    self._sb._sbx.pty.kill(pid, request_timeout=self._sb.api.request_timeout_s),
+                    self._sb.api.request_timeout_s + 5,
                 )
         if handle is not None:
             with contextlib.suppress(Exception):

@@ -13,13 +13,14 @@ import tarfile
 import time
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sandboxes.common.files import checked_upload
 from sandboxes.common.kill import EXEC_MARKER_ENV, kill_marked_bash_script
 from sandboxes.common.lazy_shell import ShellSandbox
-from sandboxes.common.output import CappedBuffer
+from sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES, CappedBuffer
 from sandboxes.common.tolerated import tolerate
+from sandboxes.e2b.api import E2BApi, e2b_timeout_s
 from sandboxes.e2b.pty import _E2BPtyShell
 from sandboxes.errors import (
     SandboxError,
@@ -31,19 +32,6 @@ from sandboxes.paths import normalize_sandbox_path
 from sandboxes.shell import PtyShell
 from sandboxes.spec import ExecResult, SandboxSpec
 
-if TYPE_CHECKING:
-    from sandboxes.e2b.backend import E2BBackend
-
-#: E2B's longest sandbox lifetime (Pro tier); Hobby accounts are capped at 1 h by E2B itself.
-MAX_SANDBOX_TIMEOUT_S = 24 * 3600
-
-
-def e2b_timeout_s(life_s: float) -> int:
-    """E2B's `timeout` (whole seconds, 60 s to MAX_SANDBOX_TIMEOUT_S) for a sandbox that is to
-    live `life_s` more seconds."""
-    return int(max(60, min(-(-life_s // 1), MAX_SANDBOX_TIMEOUT_S)))
-
-
 log = logging.getLogger(__name__)
 
 
@@ -53,15 +41,21 @@ class E2BSandbox(ShellSandbox):
     backend_name = "e2b"
 
     def __init__(
-        self, spec: SandboxSpec, backend: E2BBackend, sbx: Any, sandbox_id: str, template: str
+        self,
+        spec: SandboxSpec,
+        api: E2BApi,
+        sbx: Any,
+        sandbox_id: str,
+        template: str,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
     ) -> None:
         super().__init__(spec, sandbox_id)
-        self._backend = backend
-        self._sdk = backend.sdk
+        self.api = api
+        self._sdk = api.sdk
         self._sbx = sbx
         self.e2b_id: str = sbx.sandbox_id
         self.template = template
-        self.max_output_bytes = backend.max_output_bytes
+        self.max_output_bytes = max_output_bytes  # per stream, exec and shell
 
     # -- SDK calls and error mapping ---------------------------------------------------------
     def _user(self, user: str | None) -> str:
@@ -71,7 +65,7 @@ class E2BSandbox(ShellSandbox):
 
     async def _call(self, what: str, coro: Any, timeout_s: float | None = None) -> Any:
         """Await one SDK call under a timeout, mapping its failures to named errors."""
-        limit = self._backend.request_timeout_s + 5 if timeout_s is None else timeout_s
+        limit = self.api.request_timeout_s + 5 if timeout_s is None else timeout_s
         try:
             return await asyncio.wait_for(coro, limit)
         except TimeoutError as exc:
@@ -109,13 +103,13 @@ class E2BSandbox(ShellSandbox):
         BackendUnavailableError or SandboxError, never a guess that the VM still runs."""
         try:
             running = await asyncio.wait_for(
-                self._sbx.is_running(request_timeout=self._backend.request_timeout_s),
-                self._backend.request_timeout_s + 5,
+                self._sbx.is_running(request_timeout=self.api.request_timeout_s),
+                self.api.request_timeout_s + 5,
             )
         except self._sdk.SandboxNotRunningException:
             running = False
         except Exception as exc:
-            unavailable = self._backend._unavailable(exc)
+            unavailable = self.api.unavailable(exc)
             if unavailable is not None:
                 raise unavailable from exc
             raise SandboxError(
@@ -136,8 +130,8 @@ class E2BSandbox(ShellSandbox):
         try:
             return bool(
                 await asyncio.wait_for(
-                    self._sbx.is_running(request_timeout=self._backend.request_timeout_s),
-                    self._backend.request_timeout_s + 5,
+                    self._sbx.is_running(request_timeout=self.api.request_timeout_s),
+                    self.api.request_timeout_s + 5,
                 )
             )
         except Exception as exc:  # not usable as far as we can tell; the pool replaces it
@@ -149,7 +143,7 @@ class E2BSandbox(ShellSandbox):
         timeout = e2b_timeout_s(deadline - time.time())
         await self._call(
             "set_timeout",
-            self._sbx.set_timeout(timeout, request_timeout=self._backend.request_timeout_s),
+            self._sbx.set_timeout(timeout, request_timeout=self.api.request_timeout_s),
         )
 
     async def _destroy(self) -> None:
@@ -158,7 +152,7 @@ class E2BSandbox(ShellSandbox):
 
     async def _teardown(self) -> None:
         await self._close_shell()
-        await self._backend._kill_sandbox(self.e2b_id, self._sbx)
+        await self.api.kill(self.e2b_id, self._sbx)
 
     # -- exec --------------------------------------------------------------------------------
     async def exec(
@@ -189,7 +183,7 @@ class E2BSandbox(ShellSandbox):
                 on_stderr=err.add,
                 # The SDK's stream bound: a backstop only, our own timeout acts first.
                 timeout=timeout_s + 60,
-                request_timeout=self._backend.request_timeout_s,
+                request_timeout=self.api.request_timeout_s,
                 retain_output=False,
             ),
         )
@@ -228,7 +222,7 @@ class E2BSandbox(ShellSandbox):
         with contextlib.suppress(SandboxError):
             await self._raw_run(kill_marked_bash_script(marker), user=user)
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(handle.kill(), self._backend.request_timeout_s + 5)
+            await asyncio.wait_for(handle.kill(), self.api.request_timeout_s + 5)
         try:
             await asyncio.wait_for(asyncio.shield(waiter), 2.0)
         except (TimeoutError, Exception):
@@ -248,7 +242,7 @@ class E2BSandbox(ShellSandbox):
                     script,
                     user=user,
                     timeout=timeout_s,
-                    request_timeout=self._backend.request_timeout_s,
+                    request_timeout=self.api.request_timeout_s,
                 ),
                 timeout_s=timeout_s + 5,
             )
@@ -271,7 +265,7 @@ class E2BSandbox(ShellSandbox):
             kill_tree=self._kill_tree,
             count_children=self._count_children,
             max_output_bytes=self.max_output_bytes,
-            start_timeout_s=self._backend.request_timeout_s,
+            start_timeout_s=self.api.request_timeout_s,
         )
         await shell.start()
         return shell
@@ -297,9 +291,7 @@ class E2BSandbox(ShellSandbox):
         data = content.encode() if isinstance(content, str) else bytes(content)
         await self._call(
             f"write {p}",
-            self._sbx.files.write(
-                p, data, user="root", request_timeout=self._backend.request_timeout_s
-            ),
+            self._sbx.files.write(p, data, user="root", request_timeout=self.api.request_timeout_s),
         )
         await self._raw_run(f"chmod {mode:o} {shlex.quote(p)}")
 
@@ -310,7 +302,7 @@ class E2BSandbox(ShellSandbox):
             data = await self._call(
                 f"read {p}",
                 self._sbx.files.read(
-                    p, format="bytes", user="root", request_timeout=self._backend.request_timeout_s
+                    p, format="bytes", user="root", request_timeout=self.api.request_timeout_s
                 ),
             )
         except SandboxFileNotFoundError:
@@ -357,7 +349,7 @@ class E2BSandbox(ShellSandbox):
         await self._call(
             "upload an archive",
             self._sbx.files.write(
-                tmp, blob, user="root", request_timeout=self._backend.request_timeout_s
+                tmp, blob, user="root", request_timeout=self.api.request_timeout_s
             ),
         )
         q = shlex.quote(p)
