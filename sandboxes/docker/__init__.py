@@ -57,8 +57,10 @@ Verifier snapshot images go with their verifier containers, by the same labels. 
 holds the decision (`should_reap`), `sandboxes.reaper` the cross-backend `sandgym reap`.
 
 Layout, by composition around one engine connection: `client` (`DockerEngine`, the SDK client
-every part uses), `backend` (`DockerBackend`: create and the confinement; it holds the parts
-`images.ImageStore`, `quota.StorageQuota` and `reaping.DockerReaper`), `sandbox`
+every part uses), `backend` (`DockerBackend`: create; it holds the parts `images.ImageStore`,
+`quota.StorageQuota`, `confine.Confinement` (every container's host config) and
+`reaping.DockerReaper`, and hands a sandbox and its service group the engine and the parts they
+use, never itself), `sandbox`
 (`DockerSandbox`: network, shell, lifecycle; it holds the parts given one `core.Container`
 handle: `exec_kill.ContainerExec`, `files.ContainerFiles`, `changes.ContainerChanges` (a
 sandbox's changed files, applied to another: how a group's members copy member 0, unless the
@@ -73,8 +75,9 @@ from sandboxes.common.kill import (
     kill_marked_bash_script,
     kill_marked_script,
 )
-from sandboxes.docker.backend import CAP_ADD, DockerBackend
+from sandboxes.docker.backend import DockerBackend
 from sandboxes.docker.bridge import BRIDGE_SWEEP_GRACE_S
+from sandboxes.docker.confine import CAP_ADD, Confinement
 from sandboxes.docker.exec_kill import HELPER_DIR, HELPER_SCRIPT, MAIN_BOOT
 from sandboxes.docker.names import (
     BRIDGE_MOUNT,
@@ -94,6 +97,7 @@ __all__ = [
     "BRIDGE_MOUNT",
     "BRIDGE_SWEEP_GRACE_S",
     "CAP_ADD",
+    "Confinement",
     "CTX_REPO",
     "DEFAULT_BRIDGE_ROOT",
     "DEFAULT_IMAGE",

@@ -2,8 +2,9 @@
 `MAIN_INIT`, or Docker's for verifier and service containers; the reduced capabilities,
 `no-new-privileges`, the spec's limits), its bridge directory, network and services. The
 backend is composed around one engine connection (`client.DockerEngine`): its images
-(`images.ImageStore`), the storage quota (`quota.StorageQuota`) and reaping
-(`reaping.DockerReaper`) are parts it holds, each given that engine."""
+(`images.ImageStore`), the storage quota (`quota.StorageQuota`), the containers' host config
+(`confine.Confinement`) and reaping (`reaping.DockerReaper`) are parts it holds, each given that
+engine; a sandbox and its service group get the engine and the parts they use, not the backend."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from sandboxes.base import SandboxBackend
-from sandboxes.cgroups import CPU_PERIOD_US
 from sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES
 from sandboxes.common.tolerated import tolerate
 from sandboxes.docker.bridge import _make_bridge_dir, _remove_bridge_dir, resolve_bridge_root
 from sandboxes.docker.client import DockerEngine
+from sandboxes.docker.confine import Confinement
 from sandboxes.docker.exec_kill import HELPER_SCRIPT, MAIN_BOOT, MAIN_INIT
 from sandboxes.docker.group import DockerGroup, wait_docker_health
 from sandboxes.docker.images import ImageStore
@@ -33,24 +34,6 @@ from sandboxes.lifetime import first_deadline, write_deadline_file
 from sandboxes.spec import SandboxSpec
 
 log = logging.getLogger(__name__)
-
-
-#: What root inside the sandbox keeps: enough to own, chmod and chown its files, switch to an
-#: unprivileged user (apt's _apt, `su`-less `exec user=`), signal its processes, bind low ports.
-#: Dropped compared to Docker's default: NET_RAW (raw sockets), MKNOD, AUDIT_WRITE.
-CAP_ADD = [
-    "CHOWN",
-    "DAC_OVERRIDE",
-    "FOWNER",
-    "FSETID",
-    "SETUID",
-    "SETGID",
-    "SETPCAP",
-    "SETFCAP",
-    "KILL",
-    "NET_BIND_SERVICE",
-    "SYS_CHROOT",
-]
 
 
 class DockerBackend(SandboxBackend):
@@ -89,6 +72,8 @@ class DockerBackend(SandboxBackend):
         self.engine = DockerEngine(client_timeout_s)
         self.images = ImageStore(self.engine, default_image)
         self.quota = StorageQuota(self.engine)
+        #: the host config of every container of a sandbox, handed to its sandbox and group
+        self.confine = Confinement(runtime, self.quota)
         self.reaper = DockerReaper(self.engine, self.owner_id, self.bridge_root, self.images)
 
     # -- the protocol's members the parts answer ---------------------------------------------
@@ -137,63 +122,6 @@ class DockerBackend(SandboxBackend):
 
     # -- containers --------------------------------------------------------------------------
 
-    @staticmethod
-    def main_container_settings(spec: SandboxSpec, verifier: bool = False) -> dict[str, Any]:
-        """Host-config options of compose's that the spec gives the sandbox's own container:
-        `tmpfs` ({target: options}), `dns` and `extra_hosts`. A verifier's container
-        (`verifier=True`) gets the tmpfs mounts (empty: what the agent wrote there is not in the
-        snapshot) and shares the sandbox's network namespace, with its /etc/hosts and
-        /etc/resolv.conf, so it takes no dns or extra_hosts of its own (the engine refuses them
-        beside `network_mode=container:`)."""
-        out: dict[str, Any] = {}
-        if spec.tmpfs:
-            out["tmpfs"] = {target: opts for target, opts in spec.tmpfs}
-        if not verifier:
-            if spec.dns:
-                out["dns"] = list(spec.dns)
-            if spec.extra_hosts:
-                out["extra_hosts"] = {host: addr for host, addr in spec.extra_hosts}
-        return out
-
-    def confinement(
-        self, spec: SandboxSpec, image_mb: int = 0, docker_init: bool = True
-    ) -> dict[str, Any]:
-        """Host-config options every container of a sandbox gets (the sandbox's own and its
-        verifier's): Docker's init (unless `docker_init` is False: the sandbox's own container
-        has an init of its own, `MAIN_INIT`), the reduced capabilities, `no-new-privileges`,
-        and the spec's CPU, memory, pids and storage limits. `image_mb`: what the storage quota
-        must leave for the image's own files on top of `storage_mb` (`StorageQuota.image_mb`)."""
-        host: dict[str, Any] = dict(
-            init=docker_init,
-            cap_drop=["ALL"],
-            cap_add=CAP_ADD,
-            security_opt=["no-new-privileges"],
-        )
-        if spec.cpus:
-            # A 10 ms CFS period (Docker's --cpus uses 100 ms): see cgroups.CPU_PERIOD_US.
-            host["cpu_period"] = CPU_PERIOD_US
-            host["cpu_quota"] = int(spec.cpus * CPU_PERIOD_US)
-        if spec.memory_mb:
-            host["mem_limit"] = f"{spec.memory_mb}m"
-            host["memswap_limit"] = f"{spec.memory_mb}m"  # equal: no swap on top
-        if spec.pids_limit:
-            host["pids_limit"] = spec.pids_limit
-        if spec.storage_mb:
-            # A per-file size cap (RLIMIT_FSIZE, bytes; execs inherit it): the storage quota
-            # below works only on an engine that supports `--storage-opt size` (btrfs driver;
-            # overlay2 over xfs with pquota), and without it one `dd` could fill the host's
-            # disk. The cap holds on any filesystem; many files can still add up past
-            # storage_mb where the quota is unsupported.
-            import docker.types
-
-            size = spec.storage_mb * 2**20
-            host["ulimits"] = [docker.types.Ulimit(name="fsize", soft=size, hard=size)]
-        if self.runtime:
-            host["runtime"] = self.runtime
-        if spec.storage_mb and self.quota.supported is not False:
-            host["storage_opt"] = {"size": f"{spec.storage_mb + image_mb}M"}
-        return host
-
     def check_network(self, spec: SandboxSpec) -> None:
         """Every policy, and any switch between them: public is the engine's bridge network
         (attached and detached per phase), the others loopback only, an allowlist with its
@@ -217,7 +145,11 @@ class DockerBackend(SandboxBackend):
         if spec.storage_mb and self.quota.supported is not False:
             image_mb = await asyncio.to_thread(self.quota.image_mb, image)
         self.check_network(spec)
-        group = DockerGroup(self, spec, sandbox_id, labels) if spec.services else None
+        group = (
+            DockerGroup(self.engine, self.images, self.confine, spec, sandbox_id, labels)
+            if spec.services
+            else None
+        )
         host: dict[str, Any] = dict(
             # A sandbox that is public in some phase starts on the bridge and is disconnected
             # from it for its restricted phases (a container made with `none` can never join
@@ -227,8 +159,8 @@ class DockerBackend(SandboxBackend):
             if group is not None
             else ("bridge" if spec.ever_public else "none"),
             binds={str(bridge_dir): {"bind": BRIDGE_MOUNT, "mode": "ro"}},
-            **self.confinement(spec, image_mb, docker_init=False),
-            **self.main_container_settings(spec),
+            **self.confine.host(spec, image_mb, docker_init=False),
+            **self.confine.main_container(spec),
         )
         api = self.engine.api
         deadline = first_deadline()  # the pool's: a sandbox nobody will refresh gets none
@@ -323,9 +255,13 @@ class DockerBackend(SandboxBackend):
             )
         sb = DockerSandbox(
             spec,
-            self,
+            self.engine,
             container_id,
             sandbox_id,
+            confine=self.confine,
+            labels=lambda: self.labels_for(spec),
+            docker_cli=self.docker_cli,
+            max_output_bytes=self.max_output_bytes,
             bridge_dir=bridge_dir,
             group=group,
             on_bridge=spec.ever_public,

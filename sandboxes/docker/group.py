@@ -12,7 +12,7 @@ the sandbox's environment phase is public, attached just after it starts, so tha
 network is its first interface (`eth0`), as compose's network is.
 
 Images: each service's image is found by name in the local engine (no registry is used) or
-built from its build context through `DockerBackend.image_for`, the same content-addressed
+built from its build context through `ImageStore.image_for`, the same content-addressed
 cache (`sandgym/ctx:<hash>`) task images use.
 
 Addresses: the engine addresses the network, unless the spec fixes a `subnet` (compose
@@ -52,7 +52,9 @@ from sandboxes.spec import SandboxSpec
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from sandboxes.docker.backend import DockerBackend
+    from sandboxes.docker.client import DockerEngine
+    from sandboxes.docker.confine import Confinement
+    from sandboxes.docker.images import ImageStore
 
 log = logging.getLogger(__name__)
 
@@ -186,11 +188,21 @@ class DockerGroup:
     """The network and service containers of one sandbox (see the module docstring)."""
 
     def __init__(
-        self, backend: DockerBackend, spec: SandboxSpec, sandbox_id: str, labels: dict[str, str]
+        self,
+        engine: DockerEngine,
+        images: ImageStore,
+        confine: Confinement,
+        spec: SandboxSpec,
+        sandbox_id: str,
+        labels: dict[str, str],
     ) -> None:
+        """`images` builds or finds a service's image; `confine`: the host config its services'
+        containers get (the sandbox's own limits, but no storage bound)."""
         from sandboxes.docker.names import LABEL_BRIDGE_DIR
 
-        self.backend = backend
+        self.engine = engine
+        self.images = images
+        self.confine = confine
         self.spec = spec
         self.sandbox_id = sandbox_id
         self.labels = {k: v for k, v in labels.items() if k != LABEL_BRIDGE_DIR}
@@ -203,7 +215,7 @@ class DockerGroup:
 
     @property
     def _api(self) -> Any:
-        return self.backend.engine.api
+        return self.engine.api
 
     # -- the main container's part -------------------------------------------------------------
     def main_create_kwargs(self) -> dict[str, Any]:
@@ -263,7 +275,7 @@ class DockerGroup:
             image=svc.image or None, build_context=svc.build_context, dockerfile=svc.dockerfile
         )
         try:
-            return await self.backend.image_for(probe)
+            return await self.images.image_for(probe)
         except SandboxCreateError as exc:
             cause = exc.cause
             if svc.build_context is None and not await asyncio.to_thread(
@@ -336,7 +348,7 @@ class DockerGroup:
         host = api.create_host_config(
             network_mode=self.network,
             binds=run.binds or None,
-            **self.backend.confinement(limits),
+            **self.confine.host(limits),
         )
         endpoint = api.create_endpoint_config(
             aliases=[svc.name, *svc.aliases], ipv4_address=svc.ipv4_address

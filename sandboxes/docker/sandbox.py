@@ -10,13 +10,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandboxes.base import SandboxCapabilities
 from sandboxes.common.lazy_shell import ShellSandbox
+from sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES
 from sandboxes.docker.bridge import _remove_bridge_dir
 from sandboxes.docker.changes import ContainerChanges
+from sandboxes.docker.client import DockerEngine
+from sandboxes.docker.confine import Confinement
 from sandboxes.docker.core import Container
 from sandboxes.docker.exec_kill import ContainerExec
 from sandboxes.docker.files import ContainerFiles
@@ -29,7 +33,6 @@ from sandboxes.spec import ExecResult, FileChanges, PathChanges, SandboxSpec
 from sandboxes.usage import SandboxUsage
 
 if TYPE_CHECKING:
-    from sandboxes.docker.backend import DockerBackend
     from sandboxes.docker.group import DockerGroup
 
 
@@ -43,19 +46,25 @@ class DockerSandbox(ShellSandbox):
     def __init__(
         self,
         spec: SandboxSpec,
-        backend: DockerBackend,
+        engine: DockerEngine,
         container_id: str,
         sandbox_id: str,
         *,
+        confine: Confinement,
+        labels: Callable[[], dict[str, str]],
+        docker_cli: str = "docker",
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         bridge_dir: Path | None = None,
         group: DockerGroup | None = None,
         on_bridge: bool = False,
     ) -> None:
+        """`labels`: the labels its containers carry, made afresh for each (the lease's expiry
+        moves on); `confine`: the host config its verifier's container gets, as its own did."""
         super().__init__(spec, sandbox_id)
-        self.container = Container(backend.engine, container_id, self.id)
-        self.max_output_bytes = backend.max_output_bytes  # per stream, exec and shell
-        self._docker_cli = backend.docker_cli
-        self._labels = lambda: backend.labels_for(spec)
+        self.container = Container(engine, container_id, self.id)
+        self.max_output_bytes = max_output_bytes  # per stream, exec and shell
+        self._docker_cli = docker_cli
+        self._labels = labels
         self._bridge_dir = bridge_dir
         self._group = group  # the services beside it (docker.group)
         self._on_bridge = on_bridge  # attached to the engine's bridge network now
@@ -66,10 +75,7 @@ class DockerSandbox(ShellSandbox):
         self._verifier = PrivateVerifier(
             self.container,
             spec,
-            {
-                **backend.confinement(spec),
-                **backend.main_container_settings(spec, verifier=True),
-            },
+            {**confine.host(spec), **confine.main_container(spec, verifier=True)},
             self._labels,
             self.max_output_bytes,
         )

@@ -1,7 +1,8 @@
 """Compose's container settings on the docker backend, against the real engine: the main
 service's `tmpfs` (a size-capped tmpfs; the verifier's container gets it too, empty), `dns` and
 `extra_hosts` (the sandbox's resolv.conf and /etc/hosts, which the verifier's container shares),
-and a service's anonymous volume (`volumes: [/mnt/data1]`), removed with the group."""
+a service's anonymous volume (`volumes: [/mnt/data1]`), removed with the group, and a service's
+own confinement (the sandbox's capabilities and limits)."""
 
 from __future__ import annotations
 
@@ -102,6 +103,38 @@ async def test_tmpfs_dns_extra_hosts_and_anonymous_volumes(tmp_path: Path) -> No
         await b.aclose()
     gone = await asyncio.to_thread(docker_words, "volume", "ls", "-q", "--filter", f"name={volume}")
     assert volume is not None and gone == [], gone
+
+
+async def test_a_service_container_is_confined_as_the_sandbox_is() -> None:
+    """A service beside the sandbox runs under the same confinement as the sandbox's own
+    container (`docker.confine.Confinement`): all capabilities dropped but `CAP_ADD`,
+    `no-new-privileges`, and the spec's CPU, memory and pids limits."""
+    import json
+
+    from sandboxes.docker.confine import CAP_ADD
+
+    b = DockerBackend(owner_id="test-svc-confine-" + os.urandom(4).hex())
+    spec = SandboxSpec(
+        image=IMAGE,
+        cpus=1,
+        memory_mb=256,
+        pids_limit=128,
+        services=(ServiceSpec(name="store", image=IMAGE, command=("sleep", "infinity")),),
+    )
+    sb = await b.create(spec)
+    try:
+        words = await asyncio.to_thread(
+            docker_words, "inspect", "-f", "{{json .HostConfig}}", f"{sb.id}-store"
+        )
+        host = json.loads(words[0])
+    finally:
+        await sb.close()
+        await b.reap(only_expired=False)
+        await b.aclose()
+    assert (host["CapDrop"], host["CapAdd"]) == (["ALL"], CAP_ADD), host
+    assert "no-new-privileges" in host["SecurityOpt"], host["SecurityOpt"]
+    assert (host["Memory"], host["MemorySwap"], host["PidsLimit"]) == (256 * 2**20,) * 2 + (128,)
+    assert host["CpuQuota"] > 0 and host["CpuQuota"] == host["CpuPeriod"], host
 
 
 SUBNET = "10.213.7.0/24"  # unusual, so no network of the engine's own holds it

@@ -68,7 +68,14 @@ def _docker_sandbox(tmp_path: Path, api: FakeDockerAPI) -> Any:
 
     backend = DockerBackend(owner_id="test", bridge_root=str(tmp_path / "bridge"))
     backend.engine._client = _Client(api)  # what `engine.client()` hands out once connected
-    return DockerSandbox(SandboxSpec(), backend, "c0ffee", "sg-000000000000")
+    return DockerSandbox(
+        SandboxSpec(),
+        backend.engine,
+        "c0ffee",
+        "sg-000000000000",
+        confine=backend.confine,
+        labels=dict,
+    )
 
 
 async def test_docker_exec_reads_exit_status_from_the_engine(tmp_path: Path) -> None:

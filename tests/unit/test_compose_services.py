@@ -503,7 +503,7 @@ def test_tbench_tmpfs_dns_extra_hosts_reach_the_sandbox_spec(tmp_path: Path) -> 
     """extract-safely and oom mount a tmpfs on the client, broken-networking gives it a DNS
     server and /etc/hosts lines: loaded, carried to the SandboxSpec, and turned into the docker
     host config (the verifier's container: the tmpfs only, it shares the sandbox's network)."""
-    from sandboxes.docker import DockerBackend
+    from sandboxes.docker.confine import Confinement
 
     compose = TB1_COMPOSE.replace("        depends_on: [server]\n", MAIN_SETTINGS)
     task = load_task_dir(tb1_task(tmp_path, compose))
@@ -513,12 +513,12 @@ def test_tbench_tmpfs_dns_extra_hosts_reach_the_sandbox_spec(tmp_path: Path) -> 
     assert env.extra_hosts == (("example.com", "131.25.18.2"), ("v6.example", "::1"))
     spec = sandbox_spec_for(task)
     assert (spec.tmpfs, spec.dns, spec.extra_hosts) == (env.tmpfs, env.dns, env.extra_hosts)
-    assert DockerBackend.main_container_settings(spec) == {
+    assert Confinement.main_container(spec) == {
         "tmpfs": {"/root": "size=100M,mode=755", "/scratch": ""},
         "dns": ["192.0.2.1"],
         "extra_hosts": {"example.com": "131.25.18.2", "v6.example": "::1"},
     }
-    assert DockerBackend.main_container_settings(spec, verifier=True) == {
+    assert Confinement.main_container(spec, verifier=True) == {
         "tmpfs": {"/root": "size=100M,mode=755", "/scratch": ""}
     }
     # they change what sandbox is made, so they change the fingerprint; without them the
