@@ -23,7 +23,7 @@ from sandboxes.errors import (
     UserUnsupportedError,
 )
 from sandboxes.labels import LABEL_OWNER, should_reap
-from sandboxes.local.root import local_root, read_local_labels
+from sandboxes.local.root import local_root, read_local_labels, snapshot_path
 from sandboxes.local.sandbox import LocalSandbox, local_user_refusal
 from sandboxes.local.tree import _rmtree
 from sandboxes.spec import SandboxSpec
@@ -91,7 +91,16 @@ class LocalBackend(SandboxBackend):
         self.check_services(spec)
         if not is_root_user(spec.user):
             raise UserUnsupportedError(local_user_refusal(spec.user))
-        sb = LocalSandbox(spec, self, "sg-" + uuid.uuid4().hex[:12])
+        sb = LocalSandbox(
+            spec,
+            "sg-" + uuid.uuid4().hex[:12],
+            root=self.root,
+            labels=lambda: self.labels_for(spec),
+            live=self.live,
+            use_bwrap=self.use_bwrap,
+            use_cgroups=self.use_cgroups,
+            max_output_bytes=self.max_output_bytes,
+        )
         self.live.add(sb.id)
         try:
             await sb._start()
@@ -140,9 +149,7 @@ class LocalBackend(SandboxBackend):
         self.live.discard(sandbox_id)
 
     def snapshot_dir(self, snapshot: str) -> Path:
-        if not snapshot.startswith("snap-") or "/" in snapshot or ".." in snapshot:
-            raise SandboxError(f"expected a local snapshot id snap-..., got {snapshot!r}")
-        return self.root / snapshot
+        return snapshot_path(self.root, snapshot)
 
     async def remove_snapshot(self, snapshot: str) -> None:
         await asyncio.to_thread(_rmtree, self.snapshot_dir(snapshot))

@@ -8,6 +8,8 @@ import json
 import os
 from pathlib import Path
 
+from sandboxes.errors import SandboxError
+
 #: Where the local backend keeps one directory per sandbox (each with a `labels.json`):
 #: in memory when the machine has a usable /dev/shm, else on disk.
 MEMORY_LOCAL_ROOT = "/dev/shm/sandgym-local"
@@ -47,3 +49,11 @@ def read_local_labels(sandbox_dir: Path) -> dict[str, str] | None:
     if not isinstance(data, dict):
         return None
     return {str(k): str(v) for k, v in data.items()}
+
+
+def snapshot_path(root: Path, snapshot: str) -> Path:
+    """Where the local snapshot `snapshot` (`snap-<hex>`, made by `LocalSandbox.snapshot`) lives
+    under `root`; any other name is a SandboxError (it could name a path outside the root)."""
+    if not snapshot.startswith("snap-") or "/" in snapshot or ".." in snapshot:
+        raise SandboxError(f"expected a local snapshot id snap-..., got {snapshot!r}")
+    return root / snapshot

@@ -13,13 +13,14 @@ import shutil
 import signal
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from sandboxes import cgroups
 from sandboxes.base import SandboxCapabilities
 from sandboxes.common.files import checked_upload
 from sandboxes.common.lazy_shell import ShellSandbox
+from sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES
 from sandboxes.common.users import is_root_user
 from sandboxes.egress import EgressProxy, proxy_env
 from sandboxes.errors import (
@@ -32,6 +33,7 @@ from sandboxes.errors import (
 )
 from sandboxes.lifetime import first_deadline, write_deadline_file
 from sandboxes.local.changes import diff_manifest, path_fingerprint, read_links, tree_manifest
+from sandboxes.local.root import snapshot_path
 from sandboxes.local.streams import _Capture, _feed, _read_all
 from sandboxes.local.tree import (
     PRIVATE_DIRS,
@@ -47,9 +49,6 @@ from sandboxes.paths import normalize_sandbox_path
 from sandboxes.shell import PtyShell
 from sandboxes.spec import ExecResult, PathChanges, SandboxSpec
 from sandboxes.usage import SandboxUsage, tree_bytes
-
-if TYPE_CHECKING:
-    from sandboxes.local.backend import LocalBackend
 
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -86,10 +85,29 @@ class LocalSandbox(ShellSandbox):
     #: + private exec under bwrap; root alone (bwrap's user namespace maps uid 0 only)
     capabilities = SandboxCapabilities(lists_changes=True, other_users=False)
 
-    def __init__(self, spec: SandboxSpec, backend: LocalBackend, sandbox_id: str) -> None:
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        sandbox_id: str,
+        *,
+        root: Path,
+        labels: Callable[[], dict[str, str]],
+        live: set[str],
+        use_bwrap: bool,
+        use_cgroups: bool,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> None:
+        """Made by `LocalBackend.create`, which hands it what it uses: the backend's `root`
+        (its tree goes under it), its `labels` (made afresh for each write: the lease moves
+        on), the set of `live` sandbox ids (closing removes its own), whether bubblewrap
+        isolates and cgroups limit it, and the output cap per stream."""
         super().__init__(spec, sandbox_id)
-        self.backend = backend
-        self.dir = backend.root / sandbox_id
+        self.root = root
+        self._labels = labels
+        self._live = live
+        self.use_bwrap, self.use_cgroups = use_bwrap, use_cgroups
+        self.max_output_bytes = max_output_bytes
+        self.dir = root / sandbox_id
         self.fs = self.dir / "fs"
         self.cg: cgroups.CgroupSet | None = None
         self.init_proc: asyncio.subprocess.Process | None = None
@@ -109,14 +127,13 @@ class LocalSandbox(ShellSandbox):
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def _start(self) -> None:
-        b = self.backend
         await asyncio.to_thread(self._make_tree)
-        if b.use_cgroups:
+        if self.use_cgroups:
             self.cg = cgroups.CgroupSet(self.id)
             await asyncio.to_thread(
                 self.cg.create, self.spec.memory_mb, self.spec.pids_limit, self.spec.cpus
             )
-        if not b.use_bwrap:
+        if not self.use_bwrap:
             return
         info_r, info_w = os.pipe()
         argv = self._join_prefix() + self._bwrap_argv(info_fd=info_w)
@@ -159,7 +176,7 @@ class LocalSandbox(ShellSandbox):
         # Labels first: a reaper (another server starting up) skips a directory without them,
         # so a tree being created here is never taken for an orphan.
         self.dir.mkdir(parents=True)
-        (self.dir / "labels.json").write_text(json.dumps(self.backend.labels_for(self.spec)))
+        (self.dir / "labels.json").write_text(json.dumps(self._labels()))
         deadline = first_deadline()  # the pool's: a sandbox nobody will refresh gets none
         if deadline is not None:
             write_deadline_file(self.dir / "life", deadline)
@@ -167,7 +184,7 @@ class LocalSandbox(ShellSandbox):
         else:
             (self.dir / "life").mkdir()
         if self.spec.snapshot is not None:  # a copy of a prepared sandbox's tree
-            src = self.backend.snapshot_dir(self.spec.snapshot) / "fs"
+            src = snapshot_path(self.root, self.spec.snapshot) / "fs"
             if not src.is_dir():
                 raise SandboxCreateError(f"local snapshot {self.spec.snapshot!r} does not exist")
             _copy_tree(src, self.fs)
@@ -273,11 +290,11 @@ class LocalSandbox(ShellSandbox):
         FIFOs) under the backend's root, labelled like it."""
         await self._check_live()
         snap = "snap-" + uuid.uuid4().hex[:12]
-        dest = self.backend.snapshot_dir(snap)
+        dest = snapshot_path(self.root, snap)
 
         def copy() -> None:
             dest.mkdir(parents=True)
-            labels = {**self.backend.labels_for(self.spec), "sandgym.snapshot_of": self.id}
+            labels = {**self._labels(), "sandgym.snapshot_of": self.id}
             (dest / "labels.json").write_text(json.dumps(labels))
             _copy_tree(self.fs, dest / "fs")
 
@@ -321,7 +338,7 @@ class LocalSandbox(ShellSandbox):
         if self.cg is not None:
             await asyncio.to_thread(self.cg.remove)
         await asyncio.to_thread(_rmtree, self.dir)
-        self.backend.live.discard(self.id)
+        self._live.discard(self.id)
 
     async def is_alive(self) -> bool:
         if self._closed or not self.fs.is_dir():
@@ -416,7 +433,7 @@ class LocalSandbox(ShellSandbox):
         feeder = None
         if stdin is not None:
             feeder = asyncio.ensure_future(_feed(proc.stdin, stdin))
-        limit = self.backend.max_output_bytes
+        limit = self.max_output_bytes
         out, err = _Capture(proc.stdout, limit), _Capture(proc.stderr, limit)
         timed_out = False
         try:
@@ -459,7 +476,7 @@ class LocalSandbox(ShellSandbox):
             env={"PATH": os.environ.get("PATH", DEFAULT_PATH)},
             kill_tree=self._kill_tree,
             count_children=self._count_children,
-            max_output_bytes=self.backend.max_output_bytes,
+            max_output_bytes=self.max_output_bytes,
         )
         await shell.start()
         return shell
