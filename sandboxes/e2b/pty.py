@@ -9,15 +9,14 @@ import asyncio
 import contextlib
 import logging
 import socket
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pyte
 
+from sandboxes.e2b.api import E2BApi
 from sandboxes.errors import SandboxError
 from sandboxes.shell import PtyShell
-
-if TYPE_CHECKING:
-    from sandboxes.e2b.sandbox import E2BSandbox
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +50,25 @@ class _E2BPtyShell(PtyShell):
     other end. Only spawning and closing differ from the pexpect transport.
     """
 
-    def __init__(self, sandbox: E2BSandbox, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        sbx: Any,
+        api: E2BApi,
+        call: Callable[[str, Any], Awaitable[Any]],
+        *,
+        user: str,
+        cwd: str,
+        envs: dict[str, str],
+        sandbox_closed: Callable[[], bool],
+        **kwargs: Any,
+    ) -> None:
+        """`sbx`: the SDK's sandbox handle; `call`: the sandbox's wrapper for one SDK call
+        (its timeout and error mapping); `user`, `cwd`, `envs`: the shell's; `sandbox_closed`:
+        whether the sandbox is closed (then its pty is gone with it)."""
         super().__init__([], **kwargs)
-        self._sb = sandbox
+        self._sbx, self._api, self._call = sbx, api, call
+        self._user, self._cwd, self._envs = user, cwd, envs
+        self._sandbox_closed = sandbox_closed
         self._handle: Any = None
         self._ours: socket.socket | None = None
         self._theirs: socket.socket | None = None
@@ -62,7 +77,7 @@ class _E2BPtyShell(PtyShell):
         self.pty_running = False
 
     async def start(self) -> None:
-        sdk = self._sb._sdk
+        sdk = self._api.sdk
         ours, theirs = socket.socketpair()
         ours.setblocking(False)
         theirs.setblocking(False)
@@ -75,16 +90,16 @@ class _E2BPtyShell(PtyShell):
                 await loop.sock_sendall(ours, bytes(data))
 
         try:
-            self._handle = await self._sb._call(
+            self._handle = await self._call(
                 "start the shell pty",
-                self._sb._sbx.pty.create(
+                self._sbx.pty.create(
                     size=sdk.PtySize(rows=self.rows, cols=self.cols),
                     on_data=on_data,
-                    user=self._sb._user(None),
-                    cwd=self._sb.spec.workdir,
-                    envs=dict(self._sb.spec.env),
+                    user=self._user,
+                    cwd=self._cwd,
+                    envs=dict(self._envs),
                     timeout=0,  # the pty lives as long as the episode
-                    request_timeout=self._sb.api.request_timeout_s,
+                    request_timeout=self._api.request_timeout_s,
                 ),
             )
         except BaseException:
@@ -121,10 +136,10 @@ class _E2BPtyShell(PtyShell):
             if not data:
                 return
             try:
-                await self._sb._call(
+                await self._call(
                     "write to the shell pty",
-                    self._sb._sbx.pty.send_stdin(
-                        self.pty_pid, data, request_timeout=self._sb.api.request_timeout_s
+                    self._sbx.pty.send_stdin(
+                        self.pty_pid, data, request_timeout=self._api.request_timeout_s
                     ),
                 )
             except SandboxError as exc:
@@ -150,11 +165,11 @@ class _E2BPtyShell(PtyShell):
         handle, self._handle = self._handle, None
         pid, self.pty_pid = self.pty_pid, None
         self.pty_running = False
-        if handle is not None and pid is not None and not self._sb.closed:
+        if handle is not None and pid is not None and not self._sandbox_closed():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(
-                    self._sb._sbx.pty.kill(pid, request_timeout=self._sb.api.request_timeout_s),
-                    self._sb.api.request_timeout_s + 5,
+                    self._sbx.pty.kill(pid, request_timeout=self._api.request_timeout_s),
+                    self._api.request_timeout_s + 5,
                 )
         if handle is not None:
             with contextlib.suppress(Exception):

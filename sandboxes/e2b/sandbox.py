@@ -261,7 +261,13 @@ class E2BSandbox(ShellSandbox):
 
     async def _start_shell(self) -> PtyShell:
         shell = _E2BPtyShell(
-            self,
+            self._sbx,
+            self.api,
+            self._call,
+            user=self._user(None),
+            cwd=self.spec.workdir,
+            envs=dict(self.spec.env),
+            sandbox_closed=lambda: self.closed,
             kill_tree=self._kill_tree,
             count_children=self._count_children,
             max_output_bytes=self.max_output_bytes,

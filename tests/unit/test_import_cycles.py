@@ -9,9 +9,8 @@ is not counted: a package that gathers its submodules is not a cycle. Imports un
 `if TYPE_CHECKING:` never run: the run-time test leaves them out; the stricter test holds the
 modules to the rule that not even a type annotation goes back up (envserver's app and its
 sessions once named each other that way; tasks' episode start and its pristine verifier
-once imported each other lazily). One typing-only pair is allowed, by name
-(`TYPING_ONLY_ALLOWED`): the e2b sandbox's pty bridge names the sandbox it serves (it drives
-the sandbox's own SDK calls); a backend's sandbox names no backend, nor a group its backend.
+once imported each other lazily; each backend's sandbox and its backend, and e2b's pty bridge
+and its sandbox, once named each other in annotations).
 """
 
 from __future__ import annotations
@@ -24,8 +23,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGES = ("sandboxes", "tasks", "envserver", "trainer", "integrations", "sandgym_cli", "bench")
-#: (importer, imported) under `if TYPE_CHECKING:` that the stricter rule lets close a loop
-TYPING_ONLY_ALLOWED = {("sandboxes.e2b.pty", "sandboxes.e2b.sandbox")}
 
 
 def _is_type_checking(node: ast.If) -> bool:
@@ -138,9 +135,6 @@ def test_the_graph_is_read() -> None:
     assert "tasks.verifier" in tasks["tasks.check"]
     # the version now comes from its own module, not from the package that imports labels
     assert "sandboxes.version" in import_graph("sandboxes", False)["sandboxes.labels"]
-    # the one allowed typing-only pair is still there (else drop it from the allowance)
-    (pair,) = TYPING_ONLY_ALLOWED
-    assert pair[1] in import_graph("sandboxes", True)[pair[0]]
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -151,12 +145,7 @@ def test_no_import_cycle_at_run_time(package: str) -> None:
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_no_import_cycle_even_for_type_checking(package: str) -> None:
-    graph = import_graph(package, with_type_checking=True)
-    for importer, imported in TYPING_ONLY_ALLOWED:
-        if importer in graph:
-            assert imported not in import_graph(package, with_type_checking=False)[importer]
-            graph[importer].discard(imported)
-    cycle = find_cycle(graph)
+    cycle = find_cycle(import_graph(package, with_type_checking=True))
     assert cycle is None, (
         f"expected no import cycle in {package}, counting `if TYPE_CHECKING:` imports, found "
         f"{' -> '.join(cycle)}: move what both need into a lower module"
