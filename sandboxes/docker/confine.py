@@ -61,8 +61,8 @@ class Confinement:
     def host(
         self, spec: SandboxSpec, image_mb: int = 0, docker_init: bool = True
     ) -> dict[str, Any]:
-        """Host-config options every container of a sandbox gets (the sandbox's own and its
-        verifier's): Docker's init (unless `docker_init` is False: the sandbox's own container
+        """Host-config options every container of a sandbox gets (the sandbox's own, its
+        verifier's, and its services', which get no storage bound): Docker's init (unless `docker_init` is False: the sandbox's own container
         has an init of its own, `MAIN_INIT`), the reduced capabilities, `no-new-privileges`,
         and the spec's CPU, memory, pids and storage limits. `image_mb`: what the storage quota
         must leave for the image's own files on top of `storage_mb` (`StorageQuota.image_mb`)."""
