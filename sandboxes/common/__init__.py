@@ -5,6 +5,10 @@
   that a sandboxed command may have made read-only;
 - `kill`: the in-sandbox scripts that kill an exec's processes (by its environment marker), a
   process tree, or everything but init;
-- `lazy_shell`: `ShellSandbox`, a `Sandbox` whose persistent shell starts on first use and is
-  restarted when it exits (the docker, e2b and local backends).
+- `hashing`, `users`, `tolerated`: a directory's content hash, root-user checks, logged
+  tolerated failures.
+
+These sit below `sandboxes.spec` and `sandboxes.shell`; `sandboxes.lazy_shell` (a `Sandbox`
+whose persistent shell starts on first use, shared by the docker, e2b and local backends) sits
+above them.
 """

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandboxes.base import SandboxCapabilities
-from sandboxes.common.lazy_shell import ShellSandbox
 from sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES
 from sandboxes.docker.bridge import _remove_bridge_dir
 from sandboxes.docker.changes import ContainerChanges
@@ -28,6 +27,7 @@ from sandboxes.docker.names import GROUP_SNAPSHOT_REPO, LABEL_BRIDGE_DIR, LABEL_
 from sandboxes.docker.verifier import PrivateVerifier
 from sandboxes.egress import EgressProxy
 from sandboxes.errors import NetworkPolicyUnsupportedError, SandboxLostError
+from sandboxes.lazy_shell import ShellSandbox
 from sandboxes.network import NetworkPolicy
 from sandboxes.spec import ExecResult, FileChanges, PathChanges, SandboxSpec
 from sandboxes.usage import SandboxUsage

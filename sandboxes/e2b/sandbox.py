@@ -17,7 +17,6 @@ from typing import Any
 
 from sandboxes.common.files import checked_upload
 from sandboxes.common.kill import EXEC_MARKER_ENV, kill_marked_bash_script
-from sandboxes.common.lazy_shell import ShellSandbox
 from sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES, CappedBuffer
 from sandboxes.common.tolerated import tolerate
 from sandboxes.e2b.api import E2BApi, e2b_timeout_s
@@ -28,6 +27,7 @@ from sandboxes.errors import (
     SandboxLostError,
     SandboxPathError,
 )
+from sandboxes.lazy_shell import ShellSandbox
 from sandboxes.paths import normalize_sandbox_path
 from sandboxes.shell import PtyShell
 from sandboxes.spec import ExecResult, SandboxSpec

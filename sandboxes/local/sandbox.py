@@ -19,7 +19,6 @@ from pathlib import Path
 from sandboxes import cgroups
 from sandboxes.base import SandboxCapabilities
 from sandboxes.common.files import checked_upload
-from sandboxes.common.lazy_shell import ShellSandbox
 from sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES
 from sandboxes.common.users import is_root_user
 from sandboxes.egress import EgressProxy, proxy_env
@@ -31,6 +30,7 @@ from sandboxes.errors import (
     SandboxPathError,
     UserUnsupportedError,
 )
+from sandboxes.lazy_shell import ShellSandbox
 from sandboxes.lifetime import first_deadline, write_deadline_file
 from sandboxes.local.changes import diff_manifest, path_fingerprint, read_links, tree_manifest
 from sandboxes.local.root import snapshot_path
