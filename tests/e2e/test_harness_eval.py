@@ -61,6 +61,7 @@ def test_eval_oracle_and_noop_pass_at_k(
     lines = (tmp_path / "o.jsonl").read_text().splitlines()
     assert len(lines) == 6 and all(json.loads(x)["success"] for x in lines)
     noop = _eval(srv, tmp_path / "n.jsonl", "--agent", "noop", "--attempts", "2")
+    assert [r["task_id"] for r in noop["tasks"]] == TASKS
     assert all(r["pass@1"] == 0.0 and r["pass@2"] == 0.0 for r in noop["tasks"])
     assert noop["pass@2"] == 0.0
 
@@ -89,6 +90,7 @@ def test_eval_llm_with_pairwise_selection_runs_end_to_end(
         "1.0",
     )
     assert res["select"] == "pairwise" and res["infra_failures"] == 0
+    assert [r["task_id"] for r in res["tasks"]] == TASKS
     for row in res["tasks"]:
         sel = row["selection"]
         assert sel["comparisons"] == 2 and sel["judge_calls"] == 4  # K-1, two orders each
@@ -127,6 +129,7 @@ def test_eval_harness_agent_through_the_gateway(
         "6",
     )
     assert res["infra_failures"] == 0
+    assert [r["task_id"] for r in res["tasks"]] == TASKS
     for row in res["tasks"]:
         assert row["terminations"] == ["submitted"] and row["pass@1"] == 0.0
     eps = [json.loads(x) for x in (tmp_path / "h.jsonl").read_text().splitlines()]

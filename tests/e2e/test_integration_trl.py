@@ -148,6 +148,7 @@ def test_grpo_trainer_runs_sandgym_episodes_with_exact_tokens(
     assert len(trained) == 2 and len(sampled) == 4
     for step, batch in enumerate(trained):
         first, post = sampled[2 * step], sampled[2 * step + 1]
+        assert len(batch["completion_ids"]) == len(first) == len(post) == 2  # 2 rollouts a step
         for i, (ids, cmask, tmask) in enumerate(
             zip(batch["completion_ids"], batch["completion_mask"], batch["tool_mask"], strict=True)
         ):

@@ -107,4 +107,5 @@ def test_train_on_solver_judge_episodes(
         assert row[f"role/{role}/trajectories"] >= 2
         assert 0.0 <= row[f"role/{role}/reward_mean"] <= 1.0
     episodes = [json.loads(x) for x in (run_dir / "episodes.jsonl").read_text().splitlines()]
+    assert len(episodes) == summary["episodes"] >= 2, summary
     assert all([t["role"] for t in e["trajectories"]] == ["solver", "judge"] for e in episodes)

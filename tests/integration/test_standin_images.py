@@ -284,6 +284,7 @@ def test_images_list_reads_labels_back_from_the_engine() -> None:
     )
     doc = json.loads(proc.stdout)  # exactly one JSON document on stdout
     engine = im.ImageEngine(CLIENT)
+    assert [e["image"] for e in doc["stand_ins"]] == [s.image for s in im.STANDINS]
     for entry in doc["stand_ins"]:
         s = BY_IMAGE[entry["image"]]
         assert entry["present"] and entry["stands_in_for"] == list(s.aliases)
@@ -291,11 +292,13 @@ def test_images_list_reads_labels_back_from_the_engine() -> None:
         assert info is not None
         assert info.labels[im.LABEL_STANDIN_FOR] == ",".join(s.aliases)
         assert info.labels[im.LABEL_STANDIN_FROM] == s.really
+        assert [a["name"] for a in entry["aliases"]] == list(s.aliases), entry
         for a in entry["aliases"]:
             # no registry here: every public name is our alias, unless a real image holds it
             assert a["status"] in (im.ALIAS, im.REAL), a
     # no stand-in can be made for 3.12: no alias of ours may sit on those names
     [py312] = doc["unavailable"]
+    assert [a["name"] for a in py312["status"]] == list(im.UNAVAILABLE[0].aliases), py312
     assert all(a["status"] in (im.ABSENT, im.REAL) for a in py312["status"]), py312
 
 

@@ -378,6 +378,10 @@ async def test_local_sandbox_cannot_read_host_secrets_in_shared_etc() -> None:
     from sandboxes.spec import SandboxSpec
 
     secrets_here = _host_secret_files()
+    # the skip is for a host without such files, never for a lookup that misses them
+    shadows = ("/etc/shadow", "/etc/gshadow")
+    on_host = {p for p in shadows if await asyncio.to_thread(os.path.isfile, p)}
+    assert on_host <= set(secrets_here), (on_host, secrets_here)
     if not secrets_here:
         pytest.skip("no host secret files here to hide")
     backend = get_backend("local")

@@ -418,6 +418,7 @@ async def test_compat_run_streams_to_jsonl_and_resumes(
     assert len(lines) == 4
     # the seeded sample is the same in both runs, and substitutions travel with the entries
     sub = [e for e in lines if e["substitutions"]]
+    assert [e["task_id"] for e in sub] == ["a2"], "the rewritten task carries no substitution"
     for e in sub:
         assert e["task_id"] == "a2" and e["substitutions"][0]["file"] == "tests/test.sh"
     # report-only rebuilds the same figures without running anything

@@ -205,6 +205,7 @@ async def test_exec_output_exit_code_env_cwd_and_root(cloud, sandbox):
     assert (await sandbox.exec("echo $K", env={"K": "v"})).stdout == "v\n"
     assert (await sandbox.exec("id -u")).stdout == "0\n"
     runs = [kw for name, kw in cloud.calls if name == "commands.run"]
+    assert len(runs) >= 5, "fewer commands.run calls than the five execs"
     assert all(kw["user"] == "root" for kw in runs)
 
 
@@ -444,12 +445,15 @@ def test_fake_mirrors_the_real_sdk_surface():
         (AsyncCommandHandle.kill, e2b_fake.FakeCommandHandle.kill),
         (AsyncCommandHandle.disconnect, e2b_fake.FakeCommandHandle.disconnect),
     ]
+    checked: list[str] = []
     for real, double in pairs:
         real_params = inspect.signature(real).parameters
         for pname, p in inspect.signature(double).parameters.items():
             if p.kind is inspect.Parameter.VAR_KEYWORD or pname in ("self", "cls"):
                 continue
             assert pname in real_params, f"{double.__qualname__}({pname}) is not in the SDK"
+            checked.append(pname)
+    assert checked, "no named parameter of the fake was compared with the SDK"
     assert {"api_key", "request_timeout"} <= set(e2b.ApiParams.__annotations__)
 
 

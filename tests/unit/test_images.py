@@ -24,12 +24,14 @@ def test_every_public_name_has_one_stand_in_and_none_is_also_unavailable() -> No
     assert len(ALL_ALIASES) == len(set(ALL_ALIASES))
     unavailable = {a for u in im.UNAVAILABLE for a in u.aliases}
     assert not unavailable & set(ALL_ALIASES)
+    assert ALL_ALIASES, "the stand-in table names no public image"
     for name in ALL_ALIASES:
         assert im.standin_for(name) is not None
     assert im.standin_for("python:3.12-slim-bookworm") is None
 
 
 def test_python_tags_promise_the_version_the_stand_in_has() -> None:
+    checked: list[str] = []
     for s in im.STANDINS:
         for a in s.aliases:
             m = re.match(r"python:(\d+\.\d+(?:\.\d+)?)-", a) or re.search(
@@ -39,6 +41,8 @@ def test_python_tags_promise_the_version_the_stand_in_has() -> None:
                 continue
             version = m.group(1) if len(m.groups()) == 1 else f"{m.group(1)}.{m.group(2)}"
             assert s.python == version, (a, s.image)
+            checked.append(a)
+    assert checked, "no alias with a Python version in its tag was checked"
 
 
 def test_3_12_has_no_stand_in_and_says_why() -> None:
@@ -48,6 +52,8 @@ def test_3_12_has_no_stand_in_and_says_why() -> None:
 
 def test_stand_ins_are_built_after_the_stand_ins_they_start_from() -> None:
     seen: set[str] = set()
+    stacked = [s for s in im.STANDINS if s.base.startswith("sandgym/standin:")]
+    assert stacked, "no stand-in starts from another one: the order is not tested"
     for s in im.STANDINS:
         if s.base.startswith("sandgym/standin:"):
             assert s.base in seen, s.image
@@ -93,12 +99,21 @@ def test_bootstrap_script_accepts_every_suite_the_table_builds_on(
 
 
 def test_ubuntu_stand_ins_say_they_are_not_ubuntu() -> None:
-    for s in im.STANDINS:
-        if any(a.startswith("ubuntu:") or "ubuntu-24-04" in a for a in s.aliases):
-            assert "NOT Ubuntu" in s.really, s.image
+    ubuntu = [
+        s
+        for s in im.STANDINS
+        if any(a.startswith("ubuntu:") or "ubuntu-24-04" in a for a in s.aliases)
+    ]
+    assert ubuntu, "no Ubuntu stand-in to check"
+    for s in ubuntu:
+        assert "NOT Ubuntu" in s.really, s.image
 
 
 def test_plain_stand_ins_add_nothing_and_tbench_ones_add_tmux_and_asciinema() -> None:
+    firsts = [s.aliases[0] for s in im.STANDINS]
+    assert any(a.startswith("debian:") for a in firsts), "no plain Debian stand-in to check"
+    assert any(a.startswith("ubuntu:") for a in firsts), "no Ubuntu stand-in to check"
+    assert any("t-bench" in a for a in firsts), "no Terminal-Bench stand-in to check"
     for s in im.STANDINS:
         if s.aliases[0].startswith("debian:"):
             assert s.run == () and s.dockerfile() == f"FROM {s.base}\n"
@@ -361,6 +376,7 @@ def test_build_plan_builds_all_tags_aliases_and_keeps_a_real_image(
     assert status["python:3.12-slim-bookworm"] == im.REMOVED
     assert "python:3.12-slim-bookworm" not in engine.images
     tagged = [a for a in ALL_ALIASES if a != "python:3.13-slim"]
+    assert len(tagged) == len(ALL_ALIASES) - 1 > 0, "no alias left to check"
     for a in tagged:
         assert status[a] == im.ALIAS
         assert engine.images[a].id == engine.images[im.standin_for(a).image].id  # type: ignore[union-attr]

@@ -91,6 +91,8 @@ async def test_settings_reject_nonsense() -> None:
         PoolSettings(create_backoff_s=5, create_backoff_max_s=1)
     with pytest.raises(ValueError):
         PoolSettings(no_such_field=1)  # type: ignore[call-arg]
+    used = {"max_total", "create_backoff_s", "create_backoff_max_s"}
+    assert used <= set(PoolSettings.model_fields), "PoolSettings lacks the fields tested here"
     for name, f in PoolSettings.model_fields.items():
         assert f.description, f"PoolSettings.{name} has no description"
 

@@ -52,6 +52,7 @@ def test_unknown_fields_and_bad_values_are_refused() -> None:
 
 def test_every_error_code_has_a_status_and_a_class() -> None:
     assert set(sp.SANDBOX_ERROR_STATUS) == set(sp.SANDBOX_ERROR_CODES)
+    assert sp.SANDBOX_ERROR_CODES, "no sandbox error code to check"
     for code in sp.SANDBOX_ERROR_CODES:
         cls = sc.error_for_code(code)
         assert cls.code == code, (code, cls)

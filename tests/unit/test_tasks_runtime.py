@@ -124,6 +124,7 @@ async def test_verifier_resets_logs_and_copies_tests_late() -> None:
     assert "/tests/test.sh" in seen["files"] and "/tests/secret/expected" in seen["files"]
     assert sb.files["/tests/test.sh"] == (FIXTURES / "harbor-image/tests/test.sh").read_bytes()
     assert seen["env"]["TEST_DIR"] == "/tests"
+    assert sb.commands, "the verifier ran no command"
     assert all(user == "root" for _, user in sb.commands)
 
 
@@ -262,7 +263,14 @@ async def test_seta_verifier_weights() -> None:
 
 async def test_answer_tasks_end_to_end_on_null() -> None:
     backend = NullBackend()
-    for task in load_dataset(FIXTURES / "lis" / "instances.jsonl"):
+    tasks = load_dataset(FIXTURES / "lis" / "instances.jsonl")
+    # the fixture: three tasks, with one, no and one input file
+    assert [(t.id, len(t.input_files)) for t in tasks] == [
+        ("lis-math-1", 1),
+        ("lis-chem-2", 0),
+        ("lis-doc-3", 1),
+    ]
+    for task in tasks:
         sb = await backend.create(sandbox_spec_for(task))
         setup = await prepare_episode(task, sb, seed=0)
         for path, content in task.input_files.items():

@@ -79,6 +79,7 @@ def test_lora_update_changes_only_adapters_and_the_engine_follows(tmp_path: Path
     fresh = LearnerWorker(cfg, 0, 1)
     fresh.setup("127.0.0.1", 0)
     assert fresh.load_checkpoint(path) == learner.version
+    assert fresh.state_dict().keys() == adapter.keys()
     for k, v in fresh.state_dict().items():
         assert torch.equal(v, adapter[k])
 

@@ -166,6 +166,7 @@ async def test_context_budget_drops_oldest_turns(tokenizer: Any) -> None:
     ep = await runner.run_episode("builtin/x", 0)
     assert ep.termination == "turn_limit"
     budget = 200 - 32
+    assert len(engine.prompts) == 6, "one prompt per turn, six turns"
     assert all(len(p) <= budget for p in engine.prompts[1:])
     last = tokenizer.decode(engine.prompts[-1])
     assert "Create hello.txt" in last and "step0" not in last  # task kept, oldest turn dropped
