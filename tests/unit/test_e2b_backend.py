@@ -15,6 +15,7 @@ import importlib.util
 import inspect
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -182,7 +183,9 @@ async def test_create_timeout_and_cancel_leave_no_vm(cloud):
     assert cloud.running_ids() == []
     b.create_timeout_s = 30
     task = asyncio.create_task(b.create(SandboxSpec()))
+    deadline = time.monotonic() + 30
     while len(cloud.records) < 2:  # noqa: ASYNC110  (wait until the VM exists, then give up)
+        assert time.monotonic() < deadline and not task.done(), "the second VM was never made"
         await asyncio.sleep(0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes import SandboxSpec
+from sandboxes import Sandbox, SandboxSpec
 from sandboxes.lifetime import LifetimeSettings, desired_deadline, needs_write
 from sandboxes.null import NullBackend
 from sandboxes.pool import PoolSettings, SandboxPool
@@ -35,7 +35,19 @@ async def test_deadline_is_the_later_of_heartbeat_and_episode_limits() -> None:
 async def test_null_sandboxes_carry_no_deadline_to_move() -> None:
     async with SandboxPool(NullBackend(), PoolSettings(maintenance_interval_s=0.01)) as pool:
         sb = await pool.acquire(SandboxSpec())
-        await asyncio.sleep(0.05)
+        rounds_with_sb = 0
+        refresh = pool._keeper.refresh
+
+        def counting_refresh(sandboxes: list[Sandbox], now: float | None = None) -> None:
+            nonlocal rounds_with_sb
+            refresh(sandboxes, now)
+            rounds_with_sb += any(x is sb for x in sandboxes)
+
+        pool._keeper.refresh = counting_refresh  # type: ignore[method-assign]
+        deadline = time.monotonic() + 10
+        while rounds_with_sb < 2:  # two maintenance rounds saw it: the 1st's writes are done
+            assert time.monotonic() < deadline, "the maintenance loop never refreshed it"
+            await asyncio.sleep(0.005)
         assert sb.deadline is None and pool.snapshot().lifetime.writes == 0
 
 

@@ -44,6 +44,9 @@ class TrackingBackend(NullBackend):
         self.sandboxes: dict[str, NullSandbox] = {}
         self.reap_calls = 0
         self.fail_for: set[str] = set()  # env KEY values whose creations fail
+        # while clear, a creation stays inside create() (counted in creating_now) until it is set
+        self.hold = asyncio.Event()
+        self.hold.set()
 
     async def create(self, spec: SandboxSpec) -> NullSandbox:
         self.attempts += 1
@@ -51,6 +54,7 @@ class TrackingBackend(NullBackend):
         self.peak_creating = max(self.peak_creating, self.creating_now)
         self.create_starts.append(time.monotonic())
         try:
+            await self.hold.wait()
             if spec.env.get("KEY") in self.fail_for:
                 raise SandboxCreateError(f"injected failure for key {spec.env['KEY']}")
             sb = await super().create(spec)
@@ -66,6 +70,31 @@ class TrackingBackend(NullBackend):
 
 
 PoolFactory = Callable[..., SandboxPool]
+
+
+async def until(cond: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
+    """Wait until `cond()` holds (a state of the pool or backend), failing after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.005)
+
+
+def waiting(pool: SandboxPool, spec: SandboxSpec) -> int:
+    """The acquires of `spec` waiting in `pool` now."""
+    key = pool.snapshot().keys.get(spec.fingerprint("null"))
+    return 0 if key is None else key.waiting
+
+
+def creating(pool: SandboxPool, spec: SandboxSpec) -> int:
+    """The creations of `spec` the pool has started (slots reserved) and not yet finished."""
+    key = pool.snapshot().keys.get(spec.fingerprint("null"))
+    return 0 if key is None else key.creating
+
+
+def inside_create(pool: SandboxPool, backend: TrackingBackend) -> bool:
+    """Every creation the pool started is inside `backend.create()` now."""
+    return backend.creating_now == pool.snapshot().totals.creating
 
 
 @pytest.fixture
@@ -322,8 +351,9 @@ async def test_waiting_acquire_gets_freed_slot_before_refill(make_pool: PoolFact
     a1 = await pool.acquire(SPEC_A)
     a2 = await pool.acquire(SPEC_A)  # A is in demand with min_ready=2, but the cap is full
     waiting_b = asyncio.create_task(pool.acquire(SPEC_B, timeout_s=5))
-    await asyncio.sleep(0.02)
-    assert not waiting_b.done()
+    await until(lambda: waiting(pool, SPEC_B) == 1 or waiting_b.done(), "the B acquire to wait")
+    # the cap is full: B waits with no creation started for it
+    assert not waiting_b.done() and creating(pool, SPEC_B) == 0
     await pool.release(a1)
     b = await waiting_b
     assert b.spec.env == {"KEY": "b"}
@@ -341,9 +371,9 @@ async def test_starved_key_served_before_busier_key_waiters(make_pool: PoolFacto
     a2 = await pool.acquire(SPEC_A)
     # Three A waiters queue first, then one B waiter.
     a_waiters = [asyncio.create_task(pool.acquire(SPEC_A, timeout_s=5)) for _ in range(3)]
-    await asyncio.sleep(0)
+    await until(lambda: waiting(pool, SPEC_A) == 3, "the three A acquires to wait")
     b_waiter = asyncio.create_task(pool.acquire(SPEC_B, timeout_s=5))
-    await asyncio.sleep(0.02)
+    await until(lambda: waiting(pool, SPEC_B) == 1, "the B acquire to wait")
     await pool.release(a1)  # one slot frees: B holds nothing, A holds one -> B first
     b = await asyncio.wait_for(b_waiter, 5)
     assert b.spec.env == {"KEY": "b"}
@@ -430,18 +460,29 @@ async def test_prewarm_fills_mapping_pairs_and_iterables(make_pool: PoolFactory)
 
 
 async def test_close_destroys_ready_leased_and_in_flight(make_pool: PoolFactory) -> None:
-    backend = TrackingBackend(create_delay_s=0.05)
+    backend = TrackingBackend()
     pool = make_pool(backend, max_total=20, max_concurrent_creates=20)
     await pool.prewarm([SPEC_A], count=2)
     await pool.wait_idle(timeout_s=5)
-    leased = await pool.acquire(SPEC_A)
+    leased = await pool.acquire(SPEC_A)  # (its replacement is created too)
+    backend.hold.clear()
     await pool.prewarm([SPEC_B], count=5)  # creations now in flight
-    waiter = asyncio.create_task(pool.acquire(SandboxSpec(env={"KEY": "w"}), timeout_s=5))
-    await asyncio.sleep(0.01)
-    assert pool.snapshot().totals.creating >= 5
-    await pool.close()
+    spec_w = SandboxSpec(env={"KEY": "w"})
+    waiter = asyncio.create_task(pool.acquire(spec_w, timeout_s=5))
+    await until(
+        lambda: (
+            waiting(pool, spec_w) == 1
+            and creating(pool, SPEC_B) == 5
+            and inside_create(pool, backend)
+        ),
+        "the acquire to wait, and every creation to be inside backend.create()",
+    )
+    closing = asyncio.create_task(pool.close())
+    await until(lambda: pool.snapshot().closed, "close() to begin")
+    backend.hold.set()  # the creations in flight finish during close()
+    await closing
     assert not backend.live
-    assert backend.created == backend.destroyed
+    assert backend.created == backend.destroyed == 9  # the 7 in flight too
     assert leased.closed
     with pytest.raises(PoolClosedError):
         await waiter
@@ -451,31 +492,41 @@ async def test_close_destroys_ready_leased_and_in_flight(make_pool: PoolFactory)
 
 
 async def test_close_survives_cancellation(make_pool: PoolFactory) -> None:
-    backend = TrackingBackend(create_delay_s=0.05)
+    backend = TrackingBackend()
     pool = make_pool(backend, max_total=20, max_concurrent_creates=20)
     await pool.start()
     await pool.prewarm([SPEC_A], count=3)
     await pool.wait_idle(timeout_s=5)
-    await pool.acquire(SPEC_A)
+    await pool.acquire(SPEC_A)  # (its replacement is created too)
+    backend.hold.clear()
     await pool.prewarm([SPEC_B], count=4)
-    await asyncio.sleep(0.01)  # B creations are inside backend.create()
+    await until(
+        lambda: inside_create(pool, backend) and creating(pool, SPEC_B) == 4,
+        "the B creations to be inside backend.create()",
+    )
     closing = asyncio.create_task(pool.close())
-    await asyncio.sleep(0)
+    await until(lambda: pool.snapshot().closed, "close() to begin")
+    assert not closing.done()  # it waits for the creations
     closing.cancel()
+    backend.hold.set()  # they finish after the cancellation
     with pytest.raises(asyncio.CancelledError):
         await closing
     assert not backend.live
-    assert backend.created == backend.destroyed >= 7
+    assert backend.created == backend.destroyed == 8
 
 
 async def test_queued_creations_never_reach_backend_after_close(make_pool: PoolFactory) -> None:
-    backend = TrackingBackend(create_delay_s=0.05)
+    backend = TrackingBackend()
+    backend.hold.clear()
     pool = make_pool(backend, max_total=50, max_concurrent_creates=1, close_timeout_s=5)
     await pool.prewarm([SPEC_A], count=30)
-    await asyncio.sleep(0.01)
-    await pool.close()
+    await until(lambda: backend.creating_now == 1, "the first creation in backend.create()")
+    closing = asyncio.create_task(pool.close())
+    await until(lambda: pool.snapshot().closed, "close() to begin")
+    backend.hold.set()  # the creation inside backend.create() finishes during close()
+    await closing
     # Only the creation already inside backend.create() ran; the queued ones never started.
-    assert backend.attempts <= 2
+    assert backend.attempts == 1
     assert not backend.live
 
 
@@ -505,13 +556,18 @@ async def test_timed_out_acquire_does_not_leak_its_creation(make_pool: PoolFacto
 
 
 async def test_cancelled_acquire_leaves_no_waiter(make_pool: PoolFactory) -> None:
-    backend = TrackingBackend(create_delay_s=0.05)
+    backend = TrackingBackend()
+    backend.hold.clear()
     pool = make_pool(backend, max_total=2)
     task = asyncio.create_task(pool.acquire(SPEC_A))
-    await asyncio.sleep(0.01)
+    await until(
+        lambda: waiting(pool, SPEC_A) == 1 and backend.creating_now == 1,
+        "the acquire to wait for its creation",
+    )
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+    backend.hold.set()  # its creation finishes after the acquire gave up
     await pool.wait_idle(timeout_s=5)
     snap = pool.snapshot()
     assert snap.keys[SPEC_A.fingerprint("null")].waiting == 0

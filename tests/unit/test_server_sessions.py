@@ -113,7 +113,10 @@ async def test_second_step_while_one_is_in_flight_is_busy(service):
     conn = FakeConn()
     await service.reset(conn, ResetMsg(request_id="1", task_id="t1"))
     slow = asyncio.create_task(service.step(conn, step("2", "sleep 0.2")))
-    await asyncio.sleep(0.01)
+    deadline = time.monotonic() + 10
+    while conn.session.inflight_id != "2":  # the slow step is the session's one in flight
+        assert time.monotonic() < deadline and not slow.done(), "step 2 never went in flight"
+        await asyncio.sleep(0.005)
     with pytest.raises(BusyError):
         await service.step(conn, step("3", "true"))
     same = await service.step(conn, step("2", "sleep 0.2"))  # a resend waits for the original
