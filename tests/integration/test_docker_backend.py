@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,6 +46,34 @@ async def docker_cli(*args: str) -> None:
         "docker", *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
     )
     await proc.wait()
+
+
+async def running_in(container_id: str, needle: str, timeout_s: float = 60.0) -> None:
+    """Wait until a process whose command line holds `needle` runs in the container (`docker
+    top`, read from outside): what a test orders its next step after, instead of a sleep."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        proc = await asyncio.create_subprocess_exec(
+            "docker", "top", container_id, "-eo", "pid,args",
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+        )  # fmt: skip
+        out, _ = await proc.communicate()
+        if needle in out.decode(errors="replace"):
+            return
+        assert time.monotonic() < deadline, f"{needle!r} never ran in {container_id}"
+        await asyncio.sleep(0.05)
+
+
+async def pids_reach(api: Any, container_id: str, at_least: int, timeout_s: float) -> int:
+    """Wait until the container holds at least `at_least` processes (the engine's stats);
+    return the count read."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = await asyncio.to_thread(api.stats, container_id, stream=False)
+        current = int(stats["pids_stats"]["current"])
+        if current >= at_least:
+            return current
+        assert time.monotonic() < deadline, f"{current} processes, never {at_least}"
 
 
 async def dead_pid() -> int:
@@ -135,9 +164,11 @@ async def test_fork_bomb_is_contained(backend) -> None:
     api = docker.from_env().api
     try:
         bomb = asyncio.create_task(sb.exec("bomb() { bomb | bomb & }; bomb", timeout_s=4.0))
-        await asyncio.sleep(2.0)
-        stats = await asyncio.to_thread(api.stats, sb.container_id, stream=False)
-        assert 0 < stats["pids_stats"]["current"] <= 64
+        peak = 0
+        while not bomb.done() and peak < 48:  # the bomb is ended by its timeout (bounded)
+            stats = await asyncio.to_thread(api.stats, sb.container_id, stream=False)
+            peak = max(peak, stats["pids_stats"]["current"])
+        assert 48 <= peak <= 64, peak  # it spread, and no further than the limit
         r = await bomb
         assert r.timed_out or r.exit_code is not None
         # The tree kill got through, and the sandbox works again.
@@ -548,11 +579,13 @@ async def test_storage_limit_is_applied_or_skipped_with_a_warning(backend, caplo
 
 
 async def test_sandbox_recovers_when_a_finished_exec_left_a_fork_bomb(backend) -> None:
+    import docker
+
     sb = await backend.create(SandboxSpec(pids_limit=48))
     try:
         r = await sb.exec("(bomb() { bomb | bomb & }; bomb) >/dev/null 2>&1 </dev/null; exit 0")
         assert r.exit_code == 0 and not r.timed_out
-        await asyncio.sleep(1.0)  # let it fill the pids limit
+        await pids_reach(docker.from_env().api, sb.container_id, 36, 60)  # the bomb spread
         probe = await sb.exec("echo alive", timeout_s=30)
         assert probe.stdout == "alive\n", probe
     finally:
@@ -563,7 +596,7 @@ async def test_container_killed_during_exec_is_lost(backend) -> None:
     sb = await backend.create(SandboxSpec())
     try:
         pending = asyncio.create_task(sb.exec("sleep 60", timeout_s=30))
-        await asyncio.sleep(1.0)
+        await running_in(sb.container_id, "sleep 60")
         await docker_cli("kill", sb.container_id)
         with pytest.raises(SandboxLostError):
             await pending
@@ -576,7 +609,11 @@ async def test_shell_comes_back_after_exit(backend) -> None:
     try:
         assert (await sb.run("echo one")).output == "one\n"
         await sb.send_keys("exit<Enter>")
-        await asyncio.sleep(0.5)
+        deadline = time.monotonic() + 30
+        while sb.shell_alive():  # the old shell is gone before the next command
+            assert time.monotonic() < deadline, "the shell never exited"
+            await asyncio.sleep(0.02)
+        assert sb.shell_alive() is False
         r = await sb.run("echo two")
         assert (r.output, r.exit_code) == ("two\n", 0)
     finally:

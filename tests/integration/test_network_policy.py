@@ -79,6 +79,8 @@ async def web(docker_backend: object) -> AsyncIterator[tuple[str, str]]:
             ).exit_code == 0:
                 break
             await asyncio.sleep(0.1)
+        else:  # a server that never came up would make every "cannot reach" check pass
+            raise AssertionError(f"the http server in {sb.id} never answered")
         ips.append(ip)
     yield ips[0], ips[1]
     for sb in boxes:

@@ -15,6 +15,7 @@ import contextlib
 import importlib.util
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -145,9 +146,13 @@ async def test_pool_on_docker_hits_replaces_caps_and_cleans_up(backend: Any) -> 
         assert max(seen) <= 4, seen
         assert pool.stats.peak_total <= 4
 
-        # Creations in flight at close() are destroyed too.
+        # Creations in flight at close() are destroyed too: close once one reached the engine.
+        before = set(await backend.owned_sandbox_ids())
         await pool.prewarm([SandboxSpec(image=IMAGE, memory_mb=300)], count=2)
-        await asyncio.sleep(0.05)
+        deadline = time.monotonic() + 60
+        while not set(await backend.owned_sandbox_ids()) - before:
+            assert time.monotonic() < deadline, "no creation reached the engine"
+            await asyncio.sleep(0.01)
     finally:
         await pool.close()
     assert await _containers_of(backend.owner_id) == []

@@ -106,7 +106,15 @@ async def test_container_killed_mid_episode(rel_tasks: Path) -> None:
         for i, c in enumerate(others):
             await c.step(f"export MARK=m{i}")
         running = asyncio.create_task(victim.step({"kind": "command", "command": "sleep 60"}))
-        await asyncio.sleep(1.0)  # the command is running inside the container
+
+        def sleeping() -> bool:  # the command runs inside the container (docker top)
+            top = subprocess.run(
+                ["docker", "top", victim_info["sandbox_id"], "-eo", "pid,args"],
+                capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+            return "sleep 60" in top.stdout
+
+        await wait_until(lambda: asyncio.to_thread(sleeping), 60.0, 0.1, "sleep 60 running")
         assert not running.done()
         await asyncio.to_thread(
             subprocess.run, ["docker", "kill", victim_info["sandbox_id"]], check=True, timeout=60
@@ -262,6 +270,7 @@ async def test_server_recovers_after_dockerd_restart(rel_tasks: Path, tmp_path: 
     stop_load = asyncio.Event()
     codes: list[str] = []
     messages: list[str] = []
+    played: list[int] = []
 
     async def load() -> None:
         # Episodes back to back while the engine goes away and comes back.
@@ -271,6 +280,7 @@ async def test_server_recovers_after_dockerd_restart(rel_tasks: Path, tmp_path: 
                     await c.reset(REL_TASK)
                     for _ in range(3):
                         await c.step("echo x")
+                played.append(1)
             except EnvError as exc:
                 codes.append(exc.code)
                 messages.append(exc.message[:300])
@@ -278,12 +288,13 @@ async def test_server_recovers_after_dockerd_restart(rel_tasks: Path, tmp_path: 
 
     loaders = [asyncio.create_task(load()) for _ in range(3)]
     try:
-        await asyncio.sleep(2.0)
+        await wait_until(lambda: played, 120.0, 0.1, "an episode of the load played")
         argv = dockerd_argv()
         for pid in dockerd_pids():
             os.kill(pid, signal.SIGKILL)
         await wait_until(lambda: not dockerd_pids(), 30.0, 0.1, "dockerd dead")
-        await asyncio.sleep(1.0)  # the load meets a dead engine
+        met = len(codes)
+        await wait_until(lambda: len(codes) > met, 120.0, 0.1, "the load meeting the dead engine")
         await asyncio.to_thread(start_dockerd, log_path, argv)
         await wait_until(docker_info_ok, 60.0, 0.5, "docker info answers again")
         stop_load.set()
