@@ -42,3 +42,13 @@ async def owned_docker_backend() -> AsyncIterator[object]:
     mine = [c for c in await b.managed_containers() if c["Labels"].get(LABEL_OWNER) == b.owner_id]
     assert mine == []
     await b.aclose()
+
+
+def process_running(container_id: str, needle: str) -> bool:
+    """Whether a process whose command line holds `needle` runs in the container (`docker top`,
+    read from outside, as an operator would)."""
+    top = subprocess.run(
+        ["docker", "top", container_id, "-eo", "pid,args"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    return needle in top.stdout

@@ -33,7 +33,13 @@ from sandboxes.errors import (
 )
 from sandboxes.labels import LABEL_LEASE_EXPIRY, LABEL_OWNER, LABEL_OWNER_PID
 from sandboxes.spec import SandboxSpec
-from tests.docker_engine import bootstrap_terminal_image, engine_answers, owned_docker_backend
+from tests.docker_engine import (
+    bootstrap_terminal_image,
+    engine_answers,
+    owned_docker_backend,
+    process_running,
+)
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.docker
 
@@ -46,22 +52,6 @@ async def docker_cli(*args: str) -> None:
         "docker", *args, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL
     )
     await proc.wait()
-
-
-async def running_in(container_id: str, needle: str, timeout_s: float = 60.0) -> None:
-    """Wait until a process whose command line holds `needle` runs in the container (`docker
-    top`, read from outside): what a test orders its next step after, instead of a sleep."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        proc = await asyncio.create_subprocess_exec(
-            "docker", "top", container_id, "-eo", "pid,args",
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
-        )  # fmt: skip
-        out, _ = await proc.communicate()
-        if needle in out.decode(errors="replace"):
-            return
-        assert time.monotonic() < deadline, f"{needle!r} never ran in {container_id}"
-        await asyncio.sleep(0.05)
 
 
 async def pids_reach(api: Any, container_id: str, at_least: int, timeout_s: float) -> int:
@@ -596,7 +586,10 @@ async def test_container_killed_during_exec_is_lost(backend) -> None:
     sb = await backend.create(SandboxSpec())
     try:
         pending = asyncio.create_task(sb.exec("sleep 60", timeout_s=30))
-        await running_in(sb.container_id, "sleep 60")
+        await wait_until(
+            lambda: asyncio.to_thread(process_running, sb.container_id, "sleep 60"),
+            60.0, 0.05, "sleep 60 running",
+        )  # fmt: skip
         await docker_cli("kill", sb.container_id)
         with pytest.raises(SandboxLostError):
             await pending

@@ -9,19 +9,16 @@ abuse tests hit them quickly: 256 MiB memory, 128 pids, 1 CPU, 64 MiB storage wh
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import subprocess
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from bench.reliability import IMAGE, REL_TASK, write_rel_task
+from tests.waiting import wait_until
 
-__all__ = ["IMAGE", "REL_TASK", "write_rel_task"]
+__all__ = ["IMAGE", "REL_TASK", "wait_until", "write_rel_task"]
 
 
 @pytest.fixture(scope="session")
@@ -70,19 +67,3 @@ def containers_of_pid(pid: int) -> list[str]:
         check=True,
     ).stdout
     return out.split()
-
-
-async def wait_until(
-    pred: Callable[[], Any], timeout_s: float, interval_s: float = 0.1, what: str = "condition"
-) -> float:
-    """Poll a (sync or async) predicate until true; returns the seconds it took."""
-    t0 = time.monotonic()
-    while True:
-        value = pred()
-        if asyncio.iscoroutine(value):
-            value = await value
-        if value:
-            return time.monotonic() - t0
-        if time.monotonic() - t0 > timeout_s:
-            raise AssertionError(f"{what} not reached within {timeout_s:g}s")
-        await asyncio.sleep(interval_s)

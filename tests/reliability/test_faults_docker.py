@@ -28,6 +28,7 @@ from websockets.asyncio.client import connect
 
 from envserver.client import AsyncEnvClient, EnvError
 from envserver.runner import ServerProcess
+from tests.docker_engine import process_running
 from tests.reliability.conftest import (
     REL_TASK,
     containers_of_pid,
@@ -106,15 +107,10 @@ async def test_container_killed_mid_episode(rel_tasks: Path) -> None:
         for i, c in enumerate(others):
             await c.step(f"export MARK=m{i}")
         running = asyncio.create_task(victim.step({"kind": "command", "command": "sleep 60"}))
-
-        def sleeping() -> bool:  # the command runs inside the container (docker top)
-            top = subprocess.run(
-                ["docker", "top", victim_info["sandbox_id"], "-eo", "pid,args"],
-                capture_output=True, text=True, timeout=30,
-            )  # fmt: skip
-            return "sleep 60" in top.stdout
-
-        await wait_until(lambda: asyncio.to_thread(sleeping), 60.0, 0.1, "sleep 60 running")
+        await wait_until(
+            lambda: asyncio.to_thread(process_running, victim_info["sandbox_id"], "sleep 60"),
+            60.0, 0.1, "sleep 60 running",
+        )  # fmt: skip
         assert not running.done()
         await asyncio.to_thread(
             subprocess.run, ["docker", "kill", victim_info["sandbox_id"]], check=True, timeout=60

@@ -26,6 +26,7 @@ from sandboxes import (
 )
 from sandboxes.null import NullBackend, NullSandbox
 from sandboxes.pool import core as pool_core
+from tests.waiting import wait_until
 
 SPEC_A = SandboxSpec(env={"KEY": "a"})
 SPEC_B = SandboxSpec(env={"KEY": "b"})
@@ -70,14 +71,6 @@ class TrackingBackend(NullBackend):
 
 
 PoolFactory = Callable[..., SandboxPool]
-
-
-async def until(cond: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-    """Wait until `cond()` holds (a state of the pool or backend), failing after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.005)
 
 
 def waiting(pool: SandboxPool, spec: SandboxSpec) -> int:
@@ -351,7 +344,7 @@ async def test_waiting_acquire_gets_freed_slot_before_refill(make_pool: PoolFact
     a1 = await pool.acquire(SPEC_A)
     a2 = await pool.acquire(SPEC_A)  # A is in demand with min_ready=2, but the cap is full
     waiting_b = asyncio.create_task(pool.acquire(SPEC_B, timeout_s=5))
-    await until(lambda: waiting(pool, SPEC_B) == 1 or waiting_b.done(), "the B acquire to wait")
+    await wait_until(lambda: waiting(pool, SPEC_B) == 1 or waiting_b.done(), 10.0, 0.005, "the B acquire to wait")
     # the cap is full: B waits with no creation started for it
     assert not waiting_b.done() and creating(pool, SPEC_B) == 0
     await pool.release(a1)
@@ -371,9 +364,9 @@ async def test_starved_key_served_before_busier_key_waiters(make_pool: PoolFacto
     a2 = await pool.acquire(SPEC_A)
     # Three A waiters queue first, then one B waiter.
     a_waiters = [asyncio.create_task(pool.acquire(SPEC_A, timeout_s=5)) for _ in range(3)]
-    await until(lambda: waiting(pool, SPEC_A) == 3, "the three A acquires to wait")
+    await wait_until(lambda: waiting(pool, SPEC_A) == 3, 10.0, 0.005, "the three A acquires to wait")
     b_waiter = asyncio.create_task(pool.acquire(SPEC_B, timeout_s=5))
-    await until(lambda: waiting(pool, SPEC_B) == 1, "the B acquire to wait")
+    await wait_until(lambda: waiting(pool, SPEC_B) == 1, 10.0, 0.005, "the B acquire to wait")
     await pool.release(a1)  # one slot frees: B holds nothing, A holds one -> B first
     b = await asyncio.wait_for(b_waiter, 5)
     assert b.spec.env == {"KEY": "b"}
@@ -469,16 +462,16 @@ async def test_close_destroys_ready_leased_and_in_flight(make_pool: PoolFactory)
     await pool.prewarm([SPEC_B], count=5)  # creations now in flight
     spec_w = SandboxSpec(env={"KEY": "w"})
     waiter = asyncio.create_task(pool.acquire(spec_w, timeout_s=5))
-    await until(
+    await wait_until(
         lambda: (
             waiting(pool, spec_w) == 1
             and creating(pool, SPEC_B) == 5
             and inside_create(pool, backend)
         ),
-        "the acquire to wait, and every creation to be inside backend.create()",
+        10.0, 0.005, "the acquire to wait, and every creation to be inside backend.create()",
     )
     closing = asyncio.create_task(pool.close())
-    await until(lambda: pool.snapshot().closed, "close() to begin")
+    await wait_until(lambda: pool.snapshot().closed, 10.0, 0.005, "close() to begin")
     backend.hold.set()  # the creations in flight finish during close()
     await closing
     assert not backend.live
@@ -500,12 +493,12 @@ async def test_close_survives_cancellation(make_pool: PoolFactory) -> None:
     await pool.acquire(SPEC_A)  # (its replacement is created too)
     backend.hold.clear()
     await pool.prewarm([SPEC_B], count=4)
-    await until(
+    await wait_until(
         lambda: inside_create(pool, backend) and creating(pool, SPEC_B) == 4,
-        "the B creations to be inside backend.create()",
+        10.0, 0.005, "the B creations to be inside backend.create()",
     )
     closing = asyncio.create_task(pool.close())
-    await until(lambda: pool.snapshot().closed, "close() to begin")
+    await wait_until(lambda: pool.snapshot().closed, 10.0, 0.005, "close() to begin")
     assert not closing.done()  # it waits for the creations
     closing.cancel()
     backend.hold.set()  # they finish after the cancellation
@@ -520,9 +513,9 @@ async def test_queued_creations_never_reach_backend_after_close(make_pool: PoolF
     backend.hold.clear()
     pool = make_pool(backend, max_total=50, max_concurrent_creates=1, close_timeout_s=5)
     await pool.prewarm([SPEC_A], count=30)
-    await until(lambda: backend.creating_now == 1, "the first creation in backend.create()")
+    await wait_until(lambda: backend.creating_now == 1, 10.0, 0.005, "the first creation in backend.create()")
     closing = asyncio.create_task(pool.close())
-    await until(lambda: pool.snapshot().closed, "close() to begin")
+    await wait_until(lambda: pool.snapshot().closed, 10.0, 0.005, "close() to begin")
     backend.hold.set()  # the creation inside backend.create() finishes during close()
     await closing
     # Only the creation already inside backend.create() ran; the queued ones never started.
@@ -560,9 +553,9 @@ async def test_cancelled_acquire_leaves_no_waiter(make_pool: PoolFactory) -> Non
     backend.hold.clear()
     pool = make_pool(backend, max_total=2)
     task = asyncio.create_task(pool.acquire(SPEC_A))
-    await until(
+    await wait_until(
         lambda: waiting(pool, SPEC_A) == 1 and backend.creating_now == 1,
-        "the acquire to wait for its creation",
+        10.0, 0.005, "the acquire to wait for its creation",
     )
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
