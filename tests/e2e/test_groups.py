@@ -23,6 +23,7 @@ from envserver.runner import BackgroundServer, ServerProcess
 from envserver.settings import ServerSettings
 from sandboxes.local import local_root
 from tests.e2e.conftest import REAL_BACKENDS
+from tests.waiting import wait_until
 
 GEN = """\
 import argparse, pathlib, uuid
@@ -149,12 +150,9 @@ def snapshots_of(backend: str, sandbox_id: str) -> list[str]:
 
 
 async def wait_for(pred: Any, bound_s: float = 60.0) -> None:
-    """Poll `pred()` until true (a generous bound: a hang guard, not a timing claim)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + bound_s
-    while not await asyncio.to_thread(pred):
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.1)
+    """`wait_until` for a blocking condition (the engine's snapshots), asked in a thread (a
+    generous bound: a hang guard, not a timing claim)."""
+    await wait_until(lambda: asyncio.to_thread(pred), bound_s, 0.1, "the snapshots removed")
 
 
 async def test_members_start_identical_and_diverge(server: BackgroundServer) -> None:

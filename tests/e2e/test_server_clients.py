@@ -14,6 +14,7 @@ import envserver
 from envserver.client import EnvError, EpisodeRequest, EpisodeState, run_episodes
 from envserver.gym_env import RemoteEnv
 from tests.e2e.conftest import NULL_TASK
+from tests.waiting import wait_until
 
 
 def test_gymnasium_make_and_check_env(null_server):
@@ -80,10 +81,10 @@ async def test_client_prewarms_and_reads_typed_info(null_server):
     async with AsyncEnvClient(null_server.url) as env:
         reply = await env.prewarm([NULL_TASK], count=2)
         assert reply == PrewarmReply(scheduled=1, count=2)
-        for _ in range(500):  # the pool fills in the background
-            if null_server.service.pool.snapshot().totals.ready == 2:
-                break
-            await asyncio.sleep(0.02)
+        await wait_until(  # the pool fills in the background
+            lambda: null_server.service.pool.snapshot().totals.ready == 2,
+            10.0, 0.02, "two ready sandboxes",
+        )  # fmt: skip
         _, info = await env.reset(NULL_TASK, seed=4)
         assert isinstance(env.reset_info, ResetInfo)
         assert env.reset_info.from_pool is True and info["from_pool"] is True

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 import httpx
@@ -19,6 +18,7 @@ from websockets.exceptions import ConnectionClosed
 from envserver.client import AsyncEnvClient, EnvError
 from envserver.protocol import SessionsReply
 from tests.e2e.conftest import NULL_TASK
+from tests.waiting import wait_until
 
 
 async def call(ws: ClientConnection, msg: dict[str, Any] | str) -> dict[str, Any]:
@@ -37,11 +37,9 @@ def step(rid: str, command: str) -> dict[str, Any]:
     return {"type": "step", "request_id": rid, "action": {"kind": "command", "command": command}}
 
 
-async def wait_for(pred: Any, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not pred():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.02)
+async def sandbox_destroyed(backend: Any, sandbox_id: str) -> None:
+    """The episode's sandbox is gone from the (null) backend."""
+    await wait_until(lambda: sandbox_id not in backend.live, 10.0, 0.02, f"{sandbox_id} destroyed")
 
 
 async def test_full_exchange_and_reset_observation_has_instruction(null_server):
@@ -59,7 +57,7 @@ async def test_full_exchange_and_reset_observation_has_instruction(null_server):
         c = await call(ws, {"type": "close", "request_id": "3"})
         assert c == {"type": "closed", "request_id": "3", "session_id": r["session_id"]}
     # The episode's sandbox is destroyed, never reused (the pool may create a fresh spare).
-    await wait_for(lambda: r["info"]["sandbox_id"] not in null_server.backend.live)
+    await sandbox_destroyed(null_server.backend, r["info"]["sandbox_id"])
 
 
 @pytest.mark.parametrize(
@@ -145,7 +143,7 @@ async def test_resume_with_wrong_token_or_after_grace_is_refused(make_server):
                "resume_token": "wrong"}  # fmt: skip
         assert (await call(ws2, bad))["code"] == "no_episode"
         # the grace ran out: the sandbox is destroyed
-        await wait_for(lambda: r["info"]["sandbox_id"] not in srv.backend.live)
+        await sandbox_destroyed(srv.backend, r["info"]["sandbox_id"])
         good = bad | {"resume_token": r["resume_token"]}
         assert (await call(ws2, good))["code"] == "no_episode"
 
@@ -182,7 +180,7 @@ async def test_step_limit_truncates_and_ends_episode(make_server):
         with pytest.raises(EnvError) as exc:
             await env.step("true")
         assert exc.value.code == "no_episode"
-    await wait_for(lambda: info["sandbox_id"] not in srv.backend.live)
+    await sandbox_destroyed(srv.backend, info["sandbox_id"])
 
 
 async def test_time_limit_truncates(make_server):
@@ -206,7 +204,7 @@ async def test_idle_episode_is_ended(make_server):
     srv = make_server("null", idle_timeout_s=0.2, sweep_interval_s=0.05)
     async with AsyncEnvClient(srv.url) as env:
         _, info = await env.reset(NULL_TASK)
-        await wait_for(lambda: info["sandbox_id"] not in srv.backend.live)
+        await sandbox_destroyed(srv.backend, info["sandbox_id"])
         with pytest.raises(EnvError) as exc:
             await env.step("true")
         assert exc.value.code == "no_episode"
@@ -232,7 +230,7 @@ async def test_capacity(make_server):
             await b.reset(NULL_TASK)
         assert exc.value.code == "capacity" and exc.value.retryable is True
         await a.close()
-        await wait_for(lambda: not srv.service.sessions)
+        await wait_until(lambda: not srv.service.sessions, 10.0, 0.02, "no session left")
         await b.reset(NULL_TASK)
 
 
@@ -313,7 +311,12 @@ async def test_http_endpoints(null_server):
         assert "sandgym_pool_totals_leased 1.0" in metrics
         r = await http.post("/v1/pool/prewarm", json={"task_ids": [NULL_TASK], "count": 2})
         assert r.status_code == 200 and r.json()["scheduled"] == 1
-        await wait_for(lambda: null_server.service.pool.snapshot().totals.ready == 2)
+        await wait_until(
+            lambda: null_server.service.pool.snapshot().totals.ready == 2,
+            10.0,
+            0.02,
+            "two ready sandboxes",
+        )
         bad = await http.post("/v1/pool/prewarm", json={"task_ids": ["nope"], "count": 1})
         assert bad.status_code == 404 and bad.json()["code"] == "unknown_task"
         # the pool now hands out a ready sandbox: the next reset is a hit

@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import docker_image_available
+from tests.waiting import wait_until
 
 pytestmark = [
     pytest.mark.docker,
@@ -142,12 +143,8 @@ def group_left(sandbox_id: str) -> tuple[list[str], list[str]]:
 
 
 async def _wait_for(cond: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await asyncio.to_thread(cond):
-            return
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"expected {what} within {timeout_s:g} s")
+    """`wait_until` for a blocking condition (the engine's listings), asked in a thread."""
+    await wait_until(lambda: asyncio.to_thread(cond), timeout_s, 0.3, what)
 
 
 async def test_two_service_task_through_the_server(tmp_path: Path) -> None:

@@ -57,13 +57,15 @@ async def docker_cli(*args: str) -> None:
 async def pids_reach(api: Any, container_id: str, at_least: int, timeout_s: float) -> int:
     """Wait until the container holds at least `at_least` processes (the engine's stats);
     return the count read."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    counts: list[int] = []
+
+    async def enough() -> bool:
         stats = await asyncio.to_thread(api.stats, container_id, stream=False)
-        current = int(stats["pids_stats"]["current"])
-        if current >= at_least:
-            return current
-        assert time.monotonic() < deadline, f"{current} processes, never {at_least}"
+        counts.append(int(stats["pids_stats"]["current"]))
+        return counts[-1] >= at_least
+
+    await wait_until(enough, timeout_s, 0.05, f"{at_least} processes in the container")
+    return counts[-1]
 
 
 async def dead_pid() -> int:
@@ -602,10 +604,8 @@ async def test_shell_comes_back_after_exit(backend) -> None:
     try:
         assert (await sb.run("echo one")).output == "one\n"
         await sb.send_keys("exit<Enter>")
-        deadline = time.monotonic() + 30
-        while sb.shell_alive():  # the old shell is gone before the next command
-            assert time.monotonic() < deadline, "the shell never exited"
-            await asyncio.sleep(0.02)
+        # the old shell is gone before the next command
+        await wait_until(lambda: not sb.shell_alive(), 30.0, 0.02, "the shell's exit")
         assert sb.shell_alive() is False
         r = await sb.run("echo two")
         assert (r.output, r.exit_code) == ("two\n", 0)

@@ -15,7 +15,6 @@ import contextlib
 import importlib.util
 import shutil
 import subprocess
-import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -24,6 +23,7 @@ import pytest
 
 from sandboxes import PoolSettings, SandboxFileNotFoundError, SandboxPool, SandboxSpec
 from sandboxes.labels import LABEL_OWNER
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.docker
 
@@ -149,10 +149,11 @@ async def test_pool_on_docker_hits_replaces_caps_and_cleans_up(backend: Any) -> 
         # Creations in flight at close() are destroyed too: close once one reached the engine.
         before = set(await backend.owned_sandbox_ids())
         await pool.prewarm([SandboxSpec(image=IMAGE, memory_mb=300)], count=2)
-        deadline = time.monotonic() + 60
-        while not set(await backend.owned_sandbox_ids()) - before:
-            assert time.monotonic() < deadline, "no creation reached the engine"
-            await asyncio.sleep(0.01)
+
+        async def reached_engine() -> bool:
+            return bool(set(await backend.owned_sandbox_ids()) - before)
+
+        await wait_until(reached_engine, 60.0, 0.01, "a creation reaching the engine")
     finally:
         await pool.close()
     assert await _containers_of(backend.owner_id) == []
@@ -202,10 +203,7 @@ async def test_live_pool_sweeps_a_lost_creation_and_keeps_its_own(backend: Any) 
         foreign = await asyncio.to_thread(lost_create, other.labels_for(spec))
         made += [lost, foreign]
 
-        deadline = asyncio.get_running_loop().time() + 60
-        while pool.stats.swept < 1:
-            assert asyncio.get_running_loop().time() < deadline, "the sweep never removed it"
-            await asyncio.sleep(0.1)
+        await wait_until(lambda: pool.stats.swept >= 1, 60.0, 0.1, "the sweep removing it")
         assert pool.stats.swept == 1 and pool.snapshot().swept == 1
         assert pool.stats.sweep_errors == 0
         ids_now = set(await _containers_of(backend.owner_id))

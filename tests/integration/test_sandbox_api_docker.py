@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from envserver.sandbox_protocol import (
 )
 from envserver.settings import ServerSettings
 from tests.e2e.conftest import docker_image_available
+from tests.waiting import wait_until
 
 pytestmark = [
     pytest.mark.docker,
@@ -71,16 +71,6 @@ def _containers(owner: str) -> list[str]:
         return [n.lstrip("/") for c in found for n in c["Names"]]
     finally:
         client.close()
-
-
-async def _until(predicate, what: str, timeout_s: float = 60.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = await predicate()
-        if value:
-            return value
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def test_sandbox_api_on_docker(server: BackgroundServer, tmp_path: Path) -> None:
@@ -156,10 +146,10 @@ async def test_sandbox_api_on_docker(server: BackgroundServer, tmp_path: Path) -
         # close: the container is gone; the id is unknown afterwards
         assert await client.close(sid) is True
         assert await client.is_alive(sid) is False
-        await _until(
+        await wait_until(
             lambda: asyncio.to_thread(lambda: sid not in _containers(owner)),
-            "the closed sandbox's container to be removed",
-        )
+            60.0, 0.1, "the closed sandbox's container removed",
+        )  # fmt: skip
         with pytest.raises(sc.UnknownSandboxError):
             await client.exec(sid, ExecRequest(command="true"))
 
@@ -169,7 +159,7 @@ async def test_sandbox_api_on_docker(server: BackgroundServer, tmp_path: Path) -
             r = await client._http.get("/v1/pool")
             return r.json()["keys"].get(info.fingerprint, {}).get("ready", 0) >= 1
 
-        await _until(ready, "a ready sandbox for the environment's key")
+        await wait_until(ready, 60.0, 0.1, "a ready sandbox for the environment's key")
         again = await client.create(create.model_copy(update={"idle_timeout_s": 0.5}))
         assert again.fingerprint == info.fingerprint and again.from_pool is True
 
@@ -178,11 +168,11 @@ async def test_sandbox_api_on_docker(server: BackgroundServer, tmp_path: Path) -
             listed = await client.list()
             return again.sandbox_id not in {x.sandbox_id for x in listed.sandboxes}
 
-        await _until(gone, "the idle sandbox to be closed")
-        await _until(
+        await wait_until(gone, 60.0, 0.1, "the idle sandbox closed")
+        await wait_until(
             lambda: asyncio.to_thread(lambda: again.sandbox_id not in _containers(owner)),
-            "its container to be removed",
-        )
+            60.0, 0.1, "its container removed",
+        )  # fmt: skip
 
         # a bad environment is a named error, not a 500
         with pytest.raises(sc.EnvironmentInvalidError, match="Dockerfile or docker-compose"):

@@ -25,6 +25,7 @@ from sandboxes import SandboxSpec
 from sandboxes.lifetime import set_first_lifetime
 from sandboxes.services import ServiceSpec
 from tests.e2e.conftest import docker_image_available
+from tests.waiting import wait_until
 
 IMAGE = "sandgym/terminal:latest"
 
@@ -136,10 +137,10 @@ async def test_services_run_as_written_under_the_deadline_or_without_a_shell(
         assert parent.stdout == "1\n", parent
         # past the deadline the wrapped service ends by itself (with the sandbox's container);
         # the one without a shell keeps running: it has no deadline
-        for _ in range(120):
-            if inspect(shell_c, "{{.State.Status}}") == "exited":
-                break
-            await asyncio.sleep(0.5)
+        await wait_until(
+            lambda: inspect(shell_c, "{{.State.Status}}") == "exited",
+            60.0, 0.5, "the wrapped service's end",
+        )  # fmt: skip
         assert inspect(shell_c, "{{.State.Status}} {{.State.ExitCode}}") == "exited 143"
         assert inspect(bare_c, "{{.State.Status}}") == "running"
         await sb.close()

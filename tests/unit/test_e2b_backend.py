@@ -15,7 +15,6 @@ import importlib.util
 import inspect
 import os
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -39,6 +38,7 @@ from sandboxes.labels import (
     LABEL_OWNER_HOST,
     LABEL_OWNER_PID,
 )
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(
     shutil.which("bwrap") is None or shutil.which("nsenter") is None,
@@ -183,10 +183,12 @@ async def test_create_timeout_and_cancel_leave_no_vm(cloud):
     assert cloud.running_ids() == []
     b.create_timeout_s = 30
     task = asyncio.create_task(b.create(SandboxSpec()))
-    deadline = time.monotonic() + 30
-    while len(cloud.records) < 2:  # noqa: ASYNC110  (wait until the VM exists, then give up)
-        assert time.monotonic() < deadline and not task.done(), "the second VM was never made"
-        await asyncio.sleep(0.01)
+
+    def second_vm_made() -> bool:  # the VM exists; then the caller gives up
+        assert not task.done(), "the create ended before its VM was seen"
+        return len(cloud.records) >= 2
+
+    await wait_until(second_vm_made, 30.0, 0.01, "the second VM")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -5,7 +5,6 @@ docker and local is tests/reliability/test_lifetime.py."""
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import shutil
 import time
@@ -17,6 +16,7 @@ from sandboxes import Sandbox, SandboxSpec
 from sandboxes.lifetime import LifetimeSettings, desired_deadline, needs_write
 from sandboxes.null import NullBackend
 from sandboxes.pool import PoolSettings, SandboxPool
+from tests.waiting import wait_until
 
 
 async def test_deadline_is_the_later_of_heartbeat_and_episode_limits() -> None:
@@ -44,10 +44,8 @@ async def test_null_sandboxes_carry_no_deadline_to_move() -> None:
             rounds_with_sb += any(x is sb for x in sandboxes)
 
         pool._keeper.refresh = counting_refresh  # type: ignore[method-assign]
-        deadline = time.monotonic() + 10
-        while rounds_with_sb < 2:  # two maintenance rounds saw it: the 1st's writes are done
-            assert time.monotonic() < deadline, "the maintenance loop never refreshed it"
-            await asyncio.sleep(0.005)
+        # two maintenance rounds saw it: the first one's writes are done
+        await wait_until(lambda: rounds_with_sb >= 2, 10.0, 0.005, "two refreshes of it")
         assert sb.deadline is None and pool.snapshot().lifetime.writes == 0
 
 
@@ -76,10 +74,10 @@ async def test_e2b_timeout_is_the_deadline_and_moves_with_it(tmp_path: Path) -> 
             assert create["timeout"] in (120, 121)  # the first deadline: E2B ends it then
             rec = cloud.records[sb.e2b_id]  # type: ignore[attr-defined]
             sb.episode_end = time.time() + 3600  # leased for an episode of an hour
-            deadline = time.monotonic() + 30
-            while not any(name == "set_timeout" for name, _ in cloud.calls):
-                assert time.monotonic() < deadline, "the pool never moved the deadline"
-                await asyncio.sleep(0.02)
+            await wait_until(
+                lambda: any(name == "set_timeout" for name, _ in cloud.calls),
+                30.0, 0.02, "the pool moving the deadline",
+            )  # fmt: skip
             moved = next(kw for name, kw in cloud.calls if name == "set_timeout")
             assert moved["sandbox_id"] == sb.e2b_id  # type: ignore[attr-defined]
             assert 3590 <= moved["timeout"] <= 3601

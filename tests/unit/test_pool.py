@@ -201,10 +201,10 @@ async def test_background_loop_recycles_and_replaces_idle(make_pool: PoolFactory
     await pool.prewarm([SPEC_A], count=2)
     await pool.wait_idle(timeout_s=5)
     first = set(backend.live)
-    for _ in range(200):
-        await asyncio.sleep(0.01)
-        if pool.stats.idle_recycled >= 2 and len(backend.live - first) == 2:
-            break
+    await wait_until(
+        lambda: pool.stats.idle_recycled >= 2 and len(backend.live - first) == 2,
+        10.0, 0.01, "both idle sandboxes recycled and replaced",
+    )  # fmt: skip
     assert pool.stats.idle_recycled >= 2
     assert len(backend.live - first) == 2, "idle sandboxes were not replaced"
     assert pool.snapshot().keys[SPEC_A.fingerprint("null")].ready <= 2

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from sandboxes import PoolClosedError, PoolSettings, SandboxError, SandboxPool, 
 from sandboxes.labels import LABEL_OWNER
 from sandboxes.null import NullBackend, NullSandbox
 from sandboxes.reaper import Sighting, sweep_untracked
+from tests.waiting import wait_until
 
 SPEC = SandboxSpec(env={"KEY": "a"})
 
@@ -153,14 +153,6 @@ async def make_pool() -> AsyncIterator[PoolFactory]:
         assert violated == [], f"the sweep removed the pool's own sandboxes {violated}"
 
 
-async def wait_for(cond: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.005)
-
-
 async def test_sweep_removes_old_untracked_and_keeps_ready_and_leased(
     make_pool: PoolFactory,
 ) -> None:
@@ -259,19 +251,23 @@ async def test_background_sweep_survives_errors_and_retries(make_pool: PoolFacto
     backend.remove_errors = 1
     backend.lost = {"sg-lost0000003"}
     await pool.start()
-    await wait_for(lambda: backend.removed == ["sg-lost0000003"], "the leftover swept")
+    await wait_until(
+        lambda: backend.removed == ["sg-lost0000003"], 10.0, 0.005, "the leftover swept"
+    )
     # 2 failed listings, then 1 failed removal; the loop carried on after each
     assert pool.stats.sweep_errors == 3
     assert pool.stats.swept == 1
     listings = backend.listings
-    await wait_for(lambda: backend.listings > listings + 2, "the loop to keep running")
+    await wait_until(
+        lambda: backend.listings > listings + 2, 10.0, 0.005, "the loop to keep running"
+    )
 
 
 async def test_close_stops_the_sweep(make_pool: PoolFactory) -> None:
     backend = ListingBackend()
     pool = make_pool(backend, sweep_interval_s=0.01, sweep_grace_s=0.0)
     await pool.start()
-    await wait_for(lambda: backend.listings >= 2, "two sweep rounds")
+    await wait_until(lambda: backend.listings >= 2, 10.0, 0.005, "two sweep rounds")
     await pool.close()
     assert pool._sweep_task is not None and pool._sweep_task.done()
     listings = backend.listings

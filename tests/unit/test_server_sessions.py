@@ -13,6 +13,7 @@ from envserver.protocol import CloseMsg, ResetMsg, ResumeMsg, StepMsg, parse_act
 from envserver.sessions import EnvService
 from envserver.settings import ServerSettings
 from sandboxes.null import NullBackend
+from tests.waiting import wait_until
 
 
 class FakeConn:
@@ -113,10 +114,12 @@ async def test_second_step_while_one_is_in_flight_is_busy(service):
     conn = FakeConn()
     await service.reset(conn, ResetMsg(request_id="1", task_id="t1"))
     slow = asyncio.create_task(service.step(conn, step("2", "sleep 0.2")))
-    deadline = time.monotonic() + 10
-    while conn.session.inflight_id != "2":  # the slow step is the session's one in flight
-        assert time.monotonic() < deadline and not slow.done(), "step 2 never went in flight"
-        await asyncio.sleep(0.005)
+
+    def in_flight() -> bool:  # the slow step is the session's one in flight
+        assert not slow.done(), "step 2 ended before it was seen in flight"
+        return conn.session.inflight_id == "2"
+
+    await wait_until(in_flight, 10.0, 0.005, "step 2 in flight")
     with pytest.raises(BusyError):
         await service.step(conn, step("3", "true"))
     same = await service.step(conn, step("2", "sleep 0.2"))  # a resend waits for the original
