@@ -22,3 +22,11 @@ async def wait_until(
         if time.monotonic() - t0 > timeout_s:
             raise AssertionError(f"{what} not reached within {timeout_s:g}s")
         await asyncio.sleep(interval_s)
+
+
+async def wait_until_in_thread(
+    pred: Callable[[], Any], timeout_s: float, interval_s: float = 0.1, what: str = "condition"
+) -> float:
+    """`wait_until` for a predicate that blocks (the docker CLI or SDK): each poll runs in a
+    thread, so the event loop under test keeps serving meanwhile."""
+    return await wait_until(lambda: asyncio.to_thread(pred), timeout_s, interval_s, what)

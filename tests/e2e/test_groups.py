@@ -23,7 +23,7 @@ from envserver.runner import BackgroundServer, ServerProcess
 from envserver.settings import ServerSettings
 from sandboxes.local import local_root
 from tests.e2e.conftest import REAL_BACKENDS
-from tests.waiting import wait_until
+from tests.waiting import wait_until_in_thread
 
 GEN = """\
 import argparse, pathlib, uuid
@@ -149,10 +149,12 @@ def snapshots_of(backend: str, sandbox_id: str) -> list[str]:
     return found
 
 
-async def wait_for(pred: Any, bound_s: float = 60.0) -> None:
-    """`wait_until` for a blocking condition (the engine's snapshots), asked in a thread (a
-    generous bound: a hang guard, not a timing claim)."""
-    await wait_until(lambda: asyncio.to_thread(pred), bound_s, 0.1, "the snapshots removed")
+async def snapshots_removed(backend: str, sandbox_id: str) -> None:
+    """Wait until no snapshot of the sandbox is left (a generous bound: a hang guard, not a
+    timing claim)."""
+    await wait_until_in_thread(
+        lambda: not snapshots_of(backend, sandbox_id), 60.0, 0.1, "the snapshots removed"
+    )
 
 
 async def test_members_start_identical_and_diverge(server: BackgroundServer) -> None:
@@ -189,7 +191,7 @@ async def test_members_start_identical_and_diverge(server: BackgroundServer) -> 
             await c.close()
     backend = server.backend_name  # type: ignore[attr-defined]
     # the last member released: the snapshot goes
-    await wait_for(lambda: not snapshots_of(backend, leader["sandbox_id"]))
+    await snapshots_removed(backend, leader["sandbox_id"])
 
 
 async def test_a_failed_preparation_is_every_members_error(server: BackgroundServer) -> None:
@@ -228,7 +230,7 @@ async def test_a_group_whose_members_never_came_is_removed(server: BackgroundSer
         await c.step({"kind": "submit"})
     backend = server.backend_name  # type: ignore[attr-defined]
     # 3 members never reset: after the group's ttl (2 s here) with no member live, it goes
-    await wait_for(lambda: not snapshots_of(backend, info["sandbox_id"]))
+    await snapshots_removed(backend, info["sandbox_id"])
 
 
 @pytest.mark.parametrize("way", [BACKENDS[0], DOCKER_SNAPSHOT])
@@ -246,7 +248,7 @@ async def test_the_reaper_removes_a_killed_servers_snapshots(way: str, task_root
         await asyncio.to_thread(srv.proc.wait, 30)
         assert snapshots_of(backend, info["sandbox_id"])  # SIGKILL cleaned up nothing
         restarted = ServerProcess(backend, args=args, env=env, startup_timeout_s=120)
-        await wait_for(lambda: not snapshots_of(backend, info["sandbox_id"]))
+        await snapshots_removed(backend, info["sandbox_id"])
     finally:
         await asyncio.to_thread(srv.stop)
         if restarted is not None:

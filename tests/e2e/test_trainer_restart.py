@@ -25,7 +25,7 @@ import pytest
 from envserver.client import EnvError
 from envserver.runner import ServerProcess
 from tests.e2e.conftest import NULL_TASK
-from tests.reliability.conftest import wait_until
+from tests.waiting import wait_until
 from trainer.episode import Episode, EpisodeWriter, Trajectory, read_episodes
 from trainer.episode_runner import EpisodeSession
 from trainer.failures import is_masked

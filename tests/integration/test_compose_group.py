@@ -21,12 +21,11 @@ import textwrap
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.e2e.conftest import docker_image_available
-from tests.waiting import wait_until
+from tests.waiting import wait_until_in_thread
 
 pytestmark = [
     pytest.mark.docker,
@@ -142,11 +141,6 @@ def group_left(sandbox_id: str) -> tuple[list[str], list[str]]:
     return own + side, nets
 
 
-async def _wait_for(cond: Any, timeout_s: float, what: str) -> None:
-    """`wait_until` for a blocking condition (the engine's listings), asked in a thread."""
-    await wait_until(lambda: asyncio.to_thread(cond), timeout_s, 0.3, what)
-
-
 async def test_two_service_task_through_the_server(tmp_path: Path) -> None:
     from envserver.client import AsyncEnvClient
     from envserver.runner import BackgroundServer
@@ -192,8 +186,8 @@ async def test_two_service_task_through_the_server(tmp_path: Path) -> None:
         # nothing left of either episode's group after its close (the pool may already hold a
         # fresh replacement for the next episode: that one goes when the server stops)
         for closed in (sid, info2["sandbox_id"]):
-            await _wait_for(
-                lambda c=closed: group_left(c) == ([], []), 30, f"nothing left of {closed}"
+            await wait_until_in_thread(
+                lambda c=closed: group_left(c) == ([], []), 30, 0.3, f"nothing left of {closed}"
             )
     finally:
         srv.stop()
@@ -256,8 +250,8 @@ async def test_sigkilled_server_leaves_a_group_the_restarted_one_reaps(tmp_path:
         side, _ = await asyncio.to_thread(leftovers, f"{LABEL_GROUP_OF}={sid}")
         assert len(side) == 1
         restarted = await asyncio.to_thread(start)
-        await _wait_for(
-            lambda: leftovers(label) == ([], []), 30, "the restarted server to reap the group"
+        await wait_until_in_thread(
+            lambda: leftovers(label) == ([], []), 30, 0.3, "the restarted server to reap the group"
         )
     finally:
         await asyncio.to_thread(srv.stop)
@@ -287,7 +281,7 @@ async def test_healthcheck_delays_the_sandbox_until_it_passes() -> None:
         def mine() -> list[str]:
             return _docker("ps", "-q", "--filter", f"label=sandgym.owner={owner}")
 
-        await _wait_for(lambda: bool(mine()), 60, "the container")
+        await wait_until_in_thread(lambda: bool(mine()), 60, 0.3, "the container")
         await asyncio.sleep(1.5)
         await asyncio.to_thread(_docker, "exec", mine()[0], "touch", "/tmp/go")
         released.append(time.monotonic())

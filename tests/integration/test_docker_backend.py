@@ -39,7 +39,7 @@ from tests.docker_engine import (
     owned_docker_backend,
     process_running,
 )
-from tests.waiting import wait_until
+from tests.waiting import wait_until, wait_until_in_thread
 
 pytestmark = pytest.mark.docker
 
@@ -588,10 +588,9 @@ async def test_container_killed_during_exec_is_lost(backend) -> None:
     sb = await backend.create(SandboxSpec())
     try:
         pending = asyncio.create_task(sb.exec("sleep 60", timeout_s=30))
-        await wait_until(
-            lambda: asyncio.to_thread(process_running, sb.container_id, "sleep 60"),
-            60.0, 0.05, "sleep 60 running",
-        )  # fmt: skip
+        await wait_until_in_thread(
+            lambda: process_running(sb.container_id, "sleep 60"), 60.0, 0.05, "sleep 60 running"
+        )
         await docker_cli("kill", sb.container_id)
         with pytest.raises(SandboxLostError):
             await pending

@@ -22,7 +22,8 @@ from sandboxes.docker import LABEL_VERIFIER_OF, DockerBackend, DockerSandbox
 from sandboxes.private_exec import OWN_CONTAINER_ENV
 from sandboxes.spec import SandboxSpec
 from tasks import private_verify
-from tests.reliability.conftest import IMAGE, docker_ready, wait_until
+from tests.reliability.conftest import IMAGE, docker_ready
+from tests.waiting import wait_until
 
 pytestmark = [
     pytest.mark.docker,

@@ -6,7 +6,6 @@ sandbox whose caller went away, close, and the token."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from envserver.sandbox_protocol import (
 )
 from envserver.settings import ServerSettings
 from tests.e2e.conftest import docker_image_available
-from tests.waiting import wait_until
+from tests.waiting import wait_until, wait_until_in_thread
 
 pytestmark = [
     pytest.mark.docker,
@@ -146,8 +145,8 @@ async def test_sandbox_api_on_docker(server: BackgroundServer, tmp_path: Path) -
         # close: the container is gone; the id is unknown afterwards
         assert await client.close(sid) is True
         assert await client.is_alive(sid) is False
-        await wait_until(
-            lambda: asyncio.to_thread(lambda: sid not in _containers(owner)),
+        await wait_until_in_thread(
+            lambda: sid not in _containers(owner),
             60.0, 0.1, "the closed sandbox's container removed",
         )  # fmt: skip
         with pytest.raises(sc.UnknownSandboxError):
@@ -169,10 +168,9 @@ async def test_sandbox_api_on_docker(server: BackgroundServer, tmp_path: Path) -
             return again.sandbox_id not in {x.sandbox_id for x in listed.sandboxes}
 
         await wait_until(gone, 60.0, 0.1, "the idle sandbox closed")
-        await wait_until(
-            lambda: asyncio.to_thread(lambda: again.sandbox_id not in _containers(owner)),
-            60.0, 0.1, "its container removed",
-        )  # fmt: skip
+        await wait_until_in_thread(
+            lambda: again.sandbox_id not in _containers(owner), 60.0, 0.1, "its container removed"
+        )
 
         # a bad environment is a named error, not a 500
         with pytest.raises(sc.EnvironmentInvalidError, match="Dockerfile or docker-compose"):

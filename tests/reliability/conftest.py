@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 
 from bench.reliability import IMAGE, REL_TASK, write_rel_task
-from tests.waiting import wait_until
 
-__all__ = ["IMAGE", "REL_TASK", "wait_until", "write_rel_task"]
+__all__ = ["IMAGE", "REL_TASK", "write_rel_task"]
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,8 @@ import pytest
 
 from envserver.client import AsyncEnvClient, EnvError, StepResult
 from envserver.runner import ServerProcess
-from tests.reliability.conftest import REL_TASK, docker_ready, local_ready, wait_until
+from tests.reliability.conftest import REL_TASK, docker_ready, local_ready
+from tests.waiting import wait_until
 
 BACKENDS = [
     pytest.param(

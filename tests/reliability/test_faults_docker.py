@@ -29,12 +29,8 @@ from websockets.asyncio.client import connect
 from envserver.client import AsyncEnvClient, EnvError
 from envserver.runner import ServerProcess
 from tests.docker_engine import process_running
-from tests.reliability.conftest import (
-    REL_TASK,
-    containers_of_pid,
-    needs_docker,
-    wait_until,
-)
+from tests.reliability.conftest import REL_TASK, containers_of_pid, needs_docker
+from tests.waiting import wait_until, wait_until_in_thread
 
 pytestmark = [pytest.mark.docker, needs_docker]
 
@@ -107,8 +103,8 @@ async def test_container_killed_mid_episode(rel_tasks: Path) -> None:
         for i, c in enumerate(others):
             await c.step(f"export MARK=m{i}")
         running = asyncio.create_task(victim.step({"kind": "command", "command": "sleep 60"}))
-        await wait_until(
-            lambda: asyncio.to_thread(process_running, victim_info["sandbox_id"], "sleep 60"),
+        await wait_until_in_thread(
+            lambda: process_running(victim_info["sandbox_id"], "sleep 60"),
             60.0, 0.1, "sleep 60 running",
         )  # fmt: skip
         assert not running.done()

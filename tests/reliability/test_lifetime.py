@@ -40,8 +40,8 @@ from tests.reliability.conftest import (
     containers_of_pid,
     needs_docker,
     needs_local,
-    wait_until,
 )
+from tests.waiting import wait_until
 
 TASK = "life-task"
 #: short limits, so a leased sandbox's deadline (time limit + verifier timeout) comes soon

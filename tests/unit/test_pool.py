@@ -344,7 +344,9 @@ async def test_waiting_acquire_gets_freed_slot_before_refill(make_pool: PoolFact
     a1 = await pool.acquire(SPEC_A)
     a2 = await pool.acquire(SPEC_A)  # A is in demand with min_ready=2, but the cap is full
     waiting_b = asyncio.create_task(pool.acquire(SPEC_B, timeout_s=5))
-    await wait_until(lambda: waiting(pool, SPEC_B) == 1 or waiting_b.done(), 10.0, 0.005, "the B acquire to wait")
+    await wait_until(
+        lambda: waiting(pool, SPEC_B) == 1 or waiting_b.done(), 10.0, 0.005, "the B acquire to wait"
+    )
     # the cap is full: B waits with no creation started for it
     assert not waiting_b.done() and creating(pool, SPEC_B) == 0
     await pool.release(a1)
@@ -364,7 +366,9 @@ async def test_starved_key_served_before_busier_key_waiters(make_pool: PoolFacto
     a2 = await pool.acquire(SPEC_A)
     # Three A waiters queue first, then one B waiter.
     a_waiters = [asyncio.create_task(pool.acquire(SPEC_A, timeout_s=5)) for _ in range(3)]
-    await wait_until(lambda: waiting(pool, SPEC_A) == 3, 10.0, 0.005, "the three A acquires to wait")
+    await wait_until(
+        lambda: waiting(pool, SPEC_A) == 3, 10.0, 0.005, "the three A acquires to wait"
+    )
     b_waiter = asyncio.create_task(pool.acquire(SPEC_B, timeout_s=5))
     await wait_until(lambda: waiting(pool, SPEC_B) == 1, 10.0, 0.005, "the B acquire to wait")
     await pool.release(a1)  # one slot frees: B holds nothing, A holds one -> B first
@@ -468,7 +472,9 @@ async def test_close_destroys_ready_leased_and_in_flight(make_pool: PoolFactory)
             and creating(pool, SPEC_B) == 5
             and inside_create(pool, backend)
         ),
-        10.0, 0.005, "the acquire to wait, and every creation to be inside backend.create()",
+        10.0,
+        0.005,
+        "the acquire to wait, and every creation to be inside backend.create()",
     )
     closing = asyncio.create_task(pool.close())
     await wait_until(lambda: pool.snapshot().closed, 10.0, 0.005, "close() to begin")
@@ -495,7 +501,9 @@ async def test_close_survives_cancellation(make_pool: PoolFactory) -> None:
     await pool.prewarm([SPEC_B], count=4)
     await wait_until(
         lambda: inside_create(pool, backend) and creating(pool, SPEC_B) == 4,
-        10.0, 0.005, "the B creations to be inside backend.create()",
+        10.0,
+        0.005,
+        "the B creations to be inside backend.create()",
     )
     closing = asyncio.create_task(pool.close())
     await wait_until(lambda: pool.snapshot().closed, 10.0, 0.005, "close() to begin")
@@ -513,7 +521,9 @@ async def test_queued_creations_never_reach_backend_after_close(make_pool: PoolF
     backend.hold.clear()
     pool = make_pool(backend, max_total=50, max_concurrent_creates=1, close_timeout_s=5)
     await pool.prewarm([SPEC_A], count=30)
-    await wait_until(lambda: backend.creating_now == 1, 10.0, 0.005, "the first creation in backend.create()")
+    await wait_until(
+        lambda: backend.creating_now == 1, 10.0, 0.005, "the first creation in backend.create()"
+    )
     closing = asyncio.create_task(pool.close())
     await wait_until(lambda: pool.snapshot().closed, 10.0, 0.005, "close() to begin")
     backend.hold.set()  # the creation inside backend.create() finishes during close()
@@ -555,7 +565,9 @@ async def test_cancelled_acquire_leaves_no_waiter(make_pool: PoolFactory) -> Non
     task = asyncio.create_task(pool.acquire(SPEC_A))
     await wait_until(
         lambda: waiting(pool, SPEC_A) == 1 and backend.creating_now == 1,
-        10.0, 0.005, "the acquire to wait for its creation",
+        10.0,
+        0.005,
+        "the acquire to wait for its creation",
     )
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
