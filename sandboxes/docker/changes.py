@@ -98,6 +98,7 @@ class ContainerChanges:
         self.container = container
         self.execs = execs  # for the root commands that delete paths
         self.bridge_dir = bridge_dir  # where path lists are handed to tar (`/run/sandgym`)
+        self._diff_lock = asyncio.Lock()  # one paused diff at a time (`_diff_and_mounts`)
 
     @contextlib.contextmanager
     def _path_list(self, kind: str, paths: list[str] | tuple[str, ...]) -> Iterator[str]:
@@ -115,12 +116,30 @@ class ContainerChanges:
             listing.unlink(missing_ok=True)
 
     async def _diff_and_mounts(self) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
-        """The engine's `docker diff` of the container and the destinations of its mounts."""
-        api = self.container.api
-        info, diff = await asyncio.gather(
-            asyncio.to_thread(api.inspect_container, self.container.id),
-            asyncio.to_thread(api.diff, self.container.id),
-        )
+        """The engine's `docker diff` of the container and the destinations of its mounts.
+
+        A running container is paused for the diff (the engine's freezer, as `docker commit`
+        pauses): a process inside that renames or removes directories while the engine walks
+        them fails the walk (`readdirent: no such file or directory`), and the agent could
+        then turn its own scoring into an engine error."""
+        import docker.errors
+
+        api, cid = self.container.api, self.container.id
+        async with self._diff_lock:
+            info = await asyncio.to_thread(api.inspect_container, cid)
+            state = info.get("State") or {}
+            paused = False
+            if state.get("Running") and not state.get("Paused"):
+                try:
+                    await asyncio.to_thread(api.pause, cid)
+                    paused = True
+                except docker.errors.APIError:  # it stopped meanwhile: nothing runs to race
+                    pass
+            try:
+                diff = await asyncio.to_thread(api.diff, cid)
+            finally:
+                if paused:
+                    await asyncio.shield(asyncio.to_thread(api.unpause, cid))
         return diff, tuple(str(m.get("Destination")) for m in info.get("Mounts") or [])
 
     async def changes(self) -> FileChanges:

@@ -598,6 +598,42 @@ async def test_container_killed_during_exec_is_lost(backend) -> None:
         await sb.close()
 
 
+#: renames and removes a small tree without pause, as an agent's daemon may while it is scored
+CHURN = (
+    "nohup setsid bash -c 'while :; do mkdir -p /w/a/b/c/d /w/e/f/g; "
+    "touch /w/a/b/c/d/x /w/e/f/g/y; mv /w /w.x; rm -rf /w.x; done' >/dev/null 2>&1 &"
+)
+
+
+async def test_changed_paths_hold_while_a_process_churns_directories(backend) -> None:
+    """The engine's diff walks the container's layer: a process renaming and removing
+    directories under that walk failed it (a 500, `readdirent: no such file or directory`),
+    and with it the scoring of the episode (the tamper report's listing). The diff runs with
+    the container paused: every listing is read, and the container runs on afterwards."""
+    import docker
+
+    sb = await backend.create(SandboxSpec())
+    api = docker.from_env().api
+    try:
+        await sb.exec(CHURN)
+        await wait_until_in_thread(
+            lambda: process_running(sb.container_id, "mkdir -p /w/a/b"), 60.0, 0.05, "the churn"
+        )
+        failures: list[str] = []
+        for _ in range(150):
+            try:
+                await sb.changed_paths()
+            except Exception as exc:  # the engine's error, as the scoring would meet it
+                failures.append(str(exc)[:200])
+        assert failures == []
+        state = (await asyncio.to_thread(api.inspect_container, sb.container_id))["State"]
+        assert (state["Running"], state["Paused"]) == (True, False)
+        assert await asyncio.to_thread(process_running, sb.container_id, "mkdir -p /w/a/b")
+    finally:
+        api.close()
+        await sb.close()
+
+
 async def test_shell_comes_back_after_exit(backend) -> None:
     sb = await backend.create(SandboxSpec())
     try:
