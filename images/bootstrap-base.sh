@@ -14,7 +14,7 @@
 # With --suite trixie or bullseye only the base is made (sandgym/base:SUITE; bullseye, Debian 11,
 # for tasks FROM debian:bullseye-slim; the mirror still serves it). The stand-ins for public
 # images (python:3.X-slim, debian:*, ubuntu:*, Terminal-Bench's) and their alias tags are made
-# by `sandgym images build` (sandboxes/images.py), which calls this script first.
+# by `sandgym images build` (lab/images.py), which calls this script first.
 #
 # Idempotent: an image that exists is kept unless --force is given, or it was made by an
 # older recipe (label sandgym.base-version), or built on another id of its base image than the

@@ -64,9 +64,9 @@ def _worker(rank: int, port: int, hidden: int, layers: int, shard_mb: int, out: 
     import torch
     import torch.distributed as dist
 
-    from trainer import sharding
-    from trainer.config import ModelSettings
-    from trainer.models import load_model
+    from sandgym.trainer import sharding
+    from sandgym.trainer.config import ModelSettings
+    from sandgym.trainer.models import load_model
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     torch.manual_seed(0)

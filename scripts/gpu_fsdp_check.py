@@ -1,15 +1,15 @@
 """GPU check of the sharded learner: per-rank memory and step time, `fsdp` vs `replicate`.
 
 Prepared for a CUDA machine (torch >= 2.6 with FSDP2, transformers; no Ray, no pydantic): it
-runs the trainer's own code, `trainer/sharding.py` (the learner's FSDP2 wrapping) and
-`trainer.update.update_step` (the update step `LearnerWorker.train` runs: the PPO loss over
+runs the trainer's own code, `sandgym/trainer/sharding.py` (the learner's FSDP2 wrapping) and
+`sandgym.trainer.update.update_step` (the update step `LearnerWorker.train` runs: the PPO loss over
 micro-batches with gradient accumulation, bf16 autocast, fsdp's zero-loss fillers, one gradient
 sync per step, global-norm clipping, AdamW), on a randomly initialised Llama-like model with
 random samples shaped like the trainer's (a prompt without loss, generated tokens with
 logprobs and advantages).
 
     python scripts/gpu_fsdp_check.py                       # 1b, every mode that fits the machine
-    python scripts/gpu_fsdp_check.py --configs 1b,8b --out bench/results/gpu_fsdp_check.json
+    python scripts/gpu_fsdp_check.py --configs 1b,8b --out lab/bench/results/gpu_fsdp_check.json
 
 On one GPU the default (1b) is 4 runs (single replicate, fake fsdp 2/4/8), each a fresh process
 (~10-30 s to start and build); `--configs 1b,8b` adds the 8B shapes (replicate needs ~160 GB
@@ -85,7 +85,7 @@ def build_model(name: str, device: Any, seed: int, shard: bool, mixed: bool) -> 
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from trainer import sharding
+    from sandgym.trainer import sharding
 
     cfg = LlamaConfig(**CONFIGS[name], max_position_embeddings=8192)
     cfg._attn_implementation = "sdpa"
@@ -116,7 +116,7 @@ def random_samples(vocab: int, args: argparse.Namespace, rank: int) -> list[Any]
     near 1) and advantages of both signs, as the trainer's samples look."""
     import torch
 
-    from trainer.algorithms import Sample
+    from sandgym.trainer.algorithms import Sample
 
     gen = torch.Generator().manual_seed(1000 + rank)
     prompt = args.seq // 4
@@ -138,13 +138,13 @@ def train_steps(
     rank: int,
     world: int,
 ) -> dict[str, Any]:
-    """The learner's own update step (`trainer.update.update_step`, what `LearnerWorker.train`
+    """The learner's own update step (`sandgym.trainer.update.update_step`, what `LearnerWorker.train`
     runs: PPO loss, bf16 autocast on GPU, fsdp fillers, gradient sync, clipping, AdamW),
     `args.steps` times after one warm-up."""
     import torch
 
-    from trainer.algorithms import LossSettings, aggregation_norm
-    from trainer.update import update_step
+    from sandgym.trainer.algorithms import LossSettings, aggregation_norm
+    from sandgym.trainer.update import update_step
 
     samples = random_samples(model.config.vocab_size, args, rank)
     settings = LossSettings()
@@ -189,7 +189,7 @@ def worker(rank: int, run: dict[str, Any], args: argparse.Namespace, out_dir: st
     import torch
     import torch.distributed as dist
 
-    from trainer import sharding
+    from sandgym.trainer import sharding
 
     res: dict[str, Any] = {"rank": rank}
     try:
@@ -246,14 +246,14 @@ def equality_worker(rank: int, world: int, port: int, args: argparse.Namespace, 
     import torch.distributed as dist
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from trainer import sharding
+    from sandgym.trainer import sharding
 
     torch.cuda.set_device(rank)
     dist.init_process_group(
         "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
     )
-    from trainer.algorithms import LossSettings, aggregation_norm
-    from trainer.update import update_step
+    from sandgym.trainer.algorithms import LossSettings, aggregation_norm
+    from sandgym.trainer.update import update_step
 
     cfg = LlamaConfig(**{**CONFIGS["tiny"], "hidden_size": 256, "intermediate_size": 512})
     small = argparse.Namespace(seq=64, micro_batch=2, micro_batches=1)

@@ -4,11 +4,11 @@ vLLM and a GPU was available; the lent GPU machine has no vLLM and cannot fetch 
 Needs: a CUDA GPU, `pip install vllm` (0.34 or later), transformers, and a Hugging Face model
 directory (a small one: SmolLM2-135M-Instruct). Two checks, each printing a JSON line:
 
-1. in-process (`engine.kind: vllm`, trainer/engines/vllm.py): generate greedily, push weights
+1. in-process (`engine.kind: vllm`, sandgym/trainer/engines/vllm.py): generate greedily, push weights
    whose final norm is scaled (a different policy), generate again: the engine's logprobs move,
    and they equal those of transformers' forward pass of the pushed weights (to bf16 tolerance);
 2. `vllm serve` (`engine.kind: openai` with `engine.weight_sync: vllm_http`,
-   trainer/engines/openai.py): the same through VLLM_SERVER_DEV_MODE=1's /collective_rpc and
+   sandgym/trainer/engines/openai.py): the same through VLLM_SERVER_DEV_MODE=1's /collective_rpc and
    /reset_prefix_cache, with `--logprobs-mode processed_logprobs`.
 
     python scripts/gpu_vllm_push_check.py --model /models/SmolLM2-135M-Instruct
@@ -66,8 +66,8 @@ def check(before: Any, after: Any, want: list[float]) -> dict[str, Any]:
 
 
 def in_process(model_dir: str, state: dict[str, Any]) -> dict[str, Any]:
-    from trainer.engines import create_engine
-    from trainer.engines.base import SamplingParams
+    from sandgym.trainer.engines import create_engine
+    from sandgym.trainer.engines.base import SamplingParams
 
     engine = create_engine("vllm", model_path=model_dir, eos_token_ids=[2])
     greedy = SamplingParams(temperature=0.0, max_new_tokens=16)
@@ -79,8 +79,8 @@ def in_process(model_dir: str, state: dict[str, Any]) -> dict[str, Any]:
 
 
 def served(model_dir: str, state: dict[str, Any], port: int) -> dict[str, Any]:
-    from trainer.engines import create_engine
-    from trainer.engines.base import SamplingParams
+    from sandgym.trainer.engines import create_engine
+    from sandgym.trainer.engines.base import SamplingParams
 
     env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
     cmd = ["vllm", "serve", model_dir, "--port", str(port), "--served-model-name", "policy",

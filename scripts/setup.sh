@@ -40,7 +40,7 @@ command -v git >/dev/null || need_apt+=(git)
 command -v jq >/dev/null || need_apt+=(jq)
 command -v curl >/dev/null || need_apt+=(curl)
 command -v ps >/dev/null || need_apt+=(procps)
-# Desktop sandboxes on the local backend (sandboxes/desktop.py, the desktop-* tasks): an X
+# Desktop sandboxes on the local backend (sandgym/sandboxes/desktop.py, the desktop-* tasks): an X
 # server in memory, a window manager, input injection, screenshots, window queries, Tk.
 command -v Xvfb >/dev/null || need_apt+=(xvfb)
 command -v xdotool >/dev/null || need_apt+=(xdotool)
@@ -68,7 +68,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 extras="dev,docker"
-# The trainers' doors (integrations/) come with the trainer: openenv is in dev already.
+# The trainers' doors (sandgym/integrations/) come with the trainer: openenv is in dev already.
 [ "$WANT_TRAIN" = 1 ] && extras="$extras,train,trl,skyrl,verl"
 [ "$WANT_E2B" = 1 ] && extras="$extras,e2b"
 stamp=".venv/.sandgym-installed-$(cat pyproject.toml | sha256sum | cut -c1-12)-$extras"
@@ -84,7 +84,7 @@ if [ ! -f "$stamp" ]; then
     .venv/bin/pip install -q -e ".[$extras]" --config-settings editable_mode=compat
     if [ "$WANT_TRAIN" = 1 ]; then
       # verl 0.9.1 pins transformers<5.11 (the train extra takes a newer one): its agent loop
-      # imports with these alone (integrations/verl.py). Its wheel also ships a top-level
+      # imports with these alone (sandgym/integrations/verl.py). Its wheel also ships a top-level
       # `tests` package that would shadow this repository's tests/: removed.
       .venv/bin/pip install -q --no-deps verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0 codetiming==1.4.0
       purelib="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
@@ -147,7 +147,7 @@ if [ "$WANT_DOCKER" = 1 ]; then
     if [ "$DOCKER_STORAGE" = btrfs-quota ]; then
       root="$(btrfs_data_root)" || exit 1
       # sandgym.storage-quota: `simple` (the quota counts only a sandbox's writes) or `full`
-      # (it counts the image too); sandboxes/docker.py sizes `--storage-opt size` by it.
+      # (it counts the image too); sandgym/sandboxes/docker.py sizes `--storage-opt size` by it.
       dockerd_args=(--storage-driver=btrfs "--data-root=$root" --label "sandgym.storage-quota=$(btrfs_quota_mode "$root")")
     fi
     # shellcheck disable=SC2206  # word-split on purpose: a list of arguments
@@ -166,11 +166,11 @@ if [ "$WANT_DOCKER" = 1 ]; then
   # --desktop: sandgym/desktop:latest, the image of the desktop-* tasks (built once, ~3 min);
   # then the stand-ins for public base images and their aliases (~10 min once: two of them build
   # CPython from source; docs/sandboxes.md).
-  .venv/bin/python -m sandboxes.images_cli build --desktop >&2
+  .venv/bin/python -m lab.images_cli build --desktop >&2
   # Harbor's own runner (harbor 0.26 needs Python >= 3.12; this host has 3.11) in a container on
   # the python:3.13 stand-in, for tests/e2e/test_harbor_provider.py and `sandgym bench
-  # harbor_provider` (bench/harbor_runner.py; ~1-2 min once, then cached by the engine).
-  .venv/bin/python -c "from bench.harbor_runner import ensure_runner_image as e; e()" >&2
+  # harbor_provider` (lab/bench/harbor_runner.py; ~1-2 min once, then cached by the engine).
+  .venv/bin/python -c "from lab.bench.harbor_runner import ensure_runner_image as e; e()" >&2
   # NeMo-Gym's released package (nemo-gym 0.7.0 declares Python >= 3.13.14; the newest CPython
   # packaged here is 3.13.5) in a container on the python:3.13.15-slim-trixie stand-in (CPython
   # 3.13.15 built from Debian's pool copy of its source, made by the build above), for
@@ -180,6 +180,6 @@ if [ "$WANT_DOCKER" = 1 ]; then
     || DOCKER_BUILDKIT=0 docker build -q -t "$nemo_runner" images/nemo-gym-runner >&2
   # btrfs engine: dockerd cannot delete a removed layer's qgroup ("Failed to delete btrfs
   # qgroup ... busy" in its log; the subvolume is not dropped yet). Clear what is left once the
-  # subvolumes are dropped, here and in `sandgym reap` (why: sandboxes/qgroups.py).
-  if [ "$driver" = btrfs ]; then $SUDO .venv/bin/python -m sandboxes.qgroups >&2 || true; fi
+  # subvolumes are dropped, here and in `sandgym reap` (why: sandgym/sandboxes/qgroups.py).
+  if [ "$driver" = btrfs ]; then $SUDO .venv/bin/python -m sandgym.sandboxes.qgroups >&2 || true; fi
 fi

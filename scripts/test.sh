@@ -6,8 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --docker --train --e2b
 echo "== ruff" >&2
-.venv/bin/ruff check sandboxes tasks envserver trainer integrations bench sandgym_cli tests
+.venv/bin/ruff check sandgym lab tests
 echo "== mypy (every package)" >&2
-.venv/bin/mypy sandboxes tasks envserver trainer integrations bench sandgym_cli
+.venv/bin/mypy sandgym lab
 echo "== pytest" >&2
 .venv/bin/pytest -q -rs "$@"

@@ -1,4 +1,4 @@
-"""A short verl GRPO run whose rollouts are sandgym episodes (integrations/verl.py), for a GPU
+"""A short verl GRPO run whose rollouts are sandgym episodes (sandgym/integrations/verl.py), for a GPU
 machine with verl 0.9.1 and vLLM installed in verl's own environment (its transformers pin) and a
 sandgym server reachable. Prepared, not yet run: no GPU was lent while it was written.
 
@@ -6,7 +6,7 @@ sandgym server reachable. Prepared, not yet run: no GPU was lent while it was wr
         [--tasks builtin/hello-file,builtin/count-lines] [--steps 2] [--dry-run]
 
 It writes a train parquet (one row per task: `prompt`, `agent_name` = sandgym_agent,
-`extra_info.task_id` / `seed`) and an agent-loop config naming `integrations.verl.
+`extra_info.task_id` / `seed`) and an agent-loop config naming `sandgym.integrations.verl.
 SandgymAgentLoop`, then runs `python -m verl.trainer.main_ppo` for `--steps` steps (GRPO, n=2,
 one GPU, console logger). `--dry-run` prints the command instead. Pass: the run ends with exit 0
 and its console log shows `critic/rewards/mean` for every step.
@@ -47,7 +47,7 @@ def main() -> int:
     ]
     pd.DataFrame(rows).to_parquet(work / "train.parquet")
     (work / "agent_loops.yaml").write_text(
-        "- name: sandgym_agent\n  _target_: integrations.verl.SandgymAgentLoop\n"
+        "- name: sandgym_agent\n  _target_: sandgym.integrations.verl.SandgymAgentLoop\n"
     )
     n_rows = len(rows)
     overrides = [

@@ -33,8 +33,8 @@ def bootstrap_terminal_image() -> None:
 async def owned_docker_backend() -> AsyncIterator[object]:
     """A DockerBackend of a fresh owner id; afterwards whatever a test left is reaped and none
     of the owner's containers may be left."""
-    from sandboxes.docker import DockerBackend
-    from sandboxes.labels import LABEL_OWNER
+    from sandgym.sandboxes.docker import DockerBackend
+    from sandgym.sandboxes.labels import LABEL_OWNER
 
     b = DockerBackend(owner_id="test-" + os.urandom(4).hex())
     yield b

@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from envserver.runner import BackgroundServer
-from envserver.settings import ServerSettings
-from sandboxes import get_backend
+from sandgym.sandboxes import get_backend
+from sandgym.server.runner import BackgroundServer
+from sandgym.server.settings import ServerSettings
 
 NULL_TASK = "echo-task"
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from bench.sessions_load import summarize_run
-from sandgym_cli import main
+from lab.bench.sessions_load import summarize_run
+from sandgym.cli import main
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 

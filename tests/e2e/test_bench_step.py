@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.step import summarize_backend
-from sandgym_cli import main
+from lab.bench.step import summarize_backend
+from sandgym.cli import main
 
 
 def test_bench_step_figures_come_from_the_raw_record(

@@ -1,4 +1,4 @@
-"""A few of the canary suite's techniques (bench/canaries.py) in CI, through a real server, in
+"""A few of the canary suite's techniques (lab/bench/canaries.py) in CI, through a real server, in
 every verify mode: on local a link to the expected answer the tests bring (`verifier_links`), a
 rewritten test input of a task that declares its outputs (`task_inputs`) and a `/conftest.py`
 that marks every test passed; on docker a replaced `diff`, a program the test script runs (the
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.canaries import HONEST, MODES, play, techniques, write_fixture_tasks
-from envserver.runner import BackgroundServer
-from envserver.settings import ServerSettings
+from lab.bench.canaries import HONEST, MODES, play, techniques, write_fixture_tasks
+from sandgym.server.runner import BackgroundServer
+from sandgym.server.settings import ServerSettings
 from tests.e2e.conftest import docker_image_available, local_available
 
 BY_BACKEND = {

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SANDGYM = [sys.executable, "-m", "sandgym_cli"]
+SANDGYM = [sys.executable, "-m", "sandgym.cli"]
 SLOW_TASK = "slow-verify"
 VERIFY_S = 2.0  # the slow task's verifier sleeps this long before it scores
 MB = 1024 * 1024
@@ -128,7 +128,7 @@ def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setenv("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # (nodes, trainer)
     monkeypatch.setattr(ray._private.ray_constants, "ENABLE_RAY_CLUSTER", False)  # (this one)
     # the nodes' workers at nice 0, as the README's `ray start` lines and sandgym's own local
-    # Ray have them (Ray's default, 15, starves them on a busy host: trainer/priority.py)
+    # Ray have them (Ray's default, 15, starves them on a busy host: sandgym/trainer/priority.py)
     monkeypatch.setenv("RAY_worker_niceness", "0")
     node = {"object_store_memory": 100 * MB}
     c = Cluster(
@@ -160,7 +160,7 @@ def _nodes_of(cls: str) -> set[str]:
 def test_train_across_two_nodes_survives_a_dead_node(
     cluster: Any, slow_task: Path, tmp_path: Path
 ) -> None:
-    from trainer.cluster import discover_servers
+    from sandgym.trainer.cluster import discover_servers
 
     run_dir = tmp_path / "run"
     settings = {"backend": "local", "task_dirs": [str(slow_task)], "pool_size": 1}
@@ -185,7 +185,7 @@ def test_train_across_two_nodes_survives_a_dead_node(
         "run.num_updates=1000",  # ended by STOP once every phase was seen
         f"run.ray_address={cluster.address}",
     ]
-    cmd = [*SANDGYM, "train", str(REPO / "trainer/configs/smoke.yaml"), "--run-dir",
+    cmd = [*SANDGYM, "train", str(REPO / "sandgym/trainer/configs/smoke.yaml"), "--run-dir",
            str(run_dir), "--json"]  # fmt: skip
     for ov in overrides:
         cmd += ["--override", ov]

@@ -1,4 +1,4 @@
-"""The cost ledger of an episode (envserver/cost.py), end to end on the real backends: the reply
+"""The cost ledger of an episode (sandgym/server/cost.py), end to end on the real backends: the reply
 that ends the episode carries `info.cost` (sandbox seconds by phase, CPU seconds and peak memory
 from the sandbox's cgroup, bytes written, commands), the server's /metrics sums it, the trainer's
 episode record keeps it with the tokens, and `sandgym runs cost` sums records per update and per
@@ -16,12 +16,12 @@ from typing import Any
 import httpx
 import pytest
 
-from envserver.client import AsyncEnvClient
-from envserver.runner import BackgroundServer
-from sandgym_cli.main import main as sandgym_main
+from sandgym.cli.main import main as sandgym_main
+from sandgym.client.env_client import AsyncEnvClient
+from sandgym.server.runner import BackgroundServer
+from sandgym.trainer.episode import Episode, EpisodeWriter
+from sandgym.trainer.episode_runner import EpisodeSession, run_episode
 from tests.e2e.conftest import NULL_TASK, REAL_BACKENDS
-from trainer.episode import Episode, EpisodeWriter
-from trainer.episode_runner import EpisodeSession, run_episode
 
 MIB = 2**20
 

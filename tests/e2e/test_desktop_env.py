@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import envserver  # noqa: F401  (registers the envs)
-from envserver.desktop_env import RemoteDesktopEnv, to_wire_action
+import sandgym.client  # noqa: F401  (registers the envs)
+from sandgym.client.desktop_env import RemoteDesktopEnv, to_wire_action
 
 TASK = "builtin/desktop-press-button"
 TK_GREY = np.array([217, 217, 217])

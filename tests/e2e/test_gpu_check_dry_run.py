@@ -1,8 +1,8 @@
-"""`bench/gpu_check.py`, the GPU check prepared for a lent machine, run dry on this CPU (`--device
+"""`lab/bench/gpu_check.py`, the GPU check prepared for a lent machine, run dry on this CPU (`--device
 cpu --small`): every part it will run there runs here, so the script cannot rot unseen between
 the rare sessions that have a GPU. The engine generates exactly the asked tokens with finite
 logprobs; the learner's step (scripts/gpu_fsdp_check.py, which runs the trainer's own
-`trainer.update.update_step`) runs replicated and sharded, and an FSDP2 rank holds half the
+`sandgym.trainer.update.update_step`) runs replicated and sharded, and an FSDP2 rank holds half the
 parameters."""
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def test_gpu_check_runs_dry_on_cpu(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "bench.gpu_check",
+            "lab.bench.gpu_check",
             "--device",
             "cpu",
             "--small",
@@ -57,13 +57,13 @@ def test_gpu_check_runs_dry_on_cpu(tmp_path: Path) -> None:
 
 
 def test_gpu_check_runs_the_trainers_own_step_not_a_copy() -> None:
-    """The script calls `trainer.update.update_step` (what `LearnerWorker.train` runs) and has no
+    """The script calls `sandgym.trainer.update.update_step` (what `LearnerWorker.train` runs) and has no
     loss, backward or optimizer step of its own: a re-implementation would measure something
     other than the trainer (issue 31, item 5)."""
     import ast
     import inspect
 
-    from trainer.learner import LearnerWorker
+    from sandgym.trainer.learner import LearnerWorker
 
     tree = ast.parse((REPO / "scripts" / "gpu_fsdp_check.py").read_text())
     calls = [n.func for n in ast.walk(tree) if isinstance(n, ast.Call)]

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from envserver.client import AsyncEnvClient, EnvError
-from envserver.runner import BackgroundServer, ServerProcess
-from envserver.settings import ServerSettings
-from sandboxes.local import local_root
+from sandgym.client.env_client import AsyncEnvClient, EnvError
+from sandgym.sandboxes.local import local_root
+from sandgym.server.runner import BackgroundServer, ServerProcess
+from sandgym.server.settings import ServerSettings
 from tests.e2e.conftest import REAL_BACKENDS
 from tests.waiting import wait_until_in_thread
 

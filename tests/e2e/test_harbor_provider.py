@@ -1,5 +1,5 @@
 """Harbor's own released runner (`harbor run`, harbor 0.26.0, in its runner container) with
-sandgym's environment provider (`--env integrations.harbor:SandgymEnvironment`) against a real
+sandgym's environment provider (`--env sandgym.integrations.harbor:SandgymEnvironment`) against a real
 `sandgym serve --backend docker`: the oracle agent solves a catalog task built from its
 Dockerfile with a no-network policy (hello-file), and a task whose verifier phase has another
 network than the agent's (net-phases: reward 1 only when the provider switched the network
@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from bench.harbor_runner import SANDGYM_ENV, ensure_runner_image, harbor_argv, read_trials
-from envserver.runner import BackgroundServer
-from envserver.settings import ServerSettings
+from lab.bench.harbor_runner import SANDGYM_ENV, ensure_runner_image, harbor_argv, read_trials
+from sandgym.server.runner import BackgroundServer
+from sandgym.server.settings import ServerSettings
 from tests.e2e.conftest import docker_image_available
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,7 +49,7 @@ def server() -> Iterator[BackgroundServer]:
 def test_harbor_run_oracle_with_sandgym_provider(server: BackgroundServer, tmp_path: Path) -> None:
     ensure_runner_image()  # built once from images/harbor-runner (pip install harbor==0.26.0)
     tasks = tmp_path / "tasks"
-    shutil.copytree(REPO / "tasks" / "catalog" / "hello-file", tasks / "hello-file")
+    shutil.copytree(REPO / "sandgym" / "tasks" / "catalog" / "hello-file", tasks / "hello-file")
     shutil.copytree(
         REPO / "tests" / "fixtures" / "harbor_provider" / "net-phases", tasks / "net-phases"
     )

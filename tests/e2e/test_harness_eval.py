@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from envserver.runner import BackgroundServer
+from sandgym.server.runner import BackgroundServer
 from tests.e2e.conftest import local_available
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(not local_available(), reason="bwrap missing")
 #: `sandgym eval` with torch's global generator seeded first (argv[1]: the seed)
 SEEDED_CLI = (
     "import sys, torch; torch.manual_seed(int(sys.argv.pop(1))); "
-    "from sandgym_cli import main; sys.exit(main(sys.argv[1:]))"
+    "from sandgym.cli import main; sys.exit(main(sys.argv[1:]))"
 )
 
 
@@ -38,7 +38,7 @@ def _eval(
     torch_seed: int | None = None,
     timeout_s: float = 600,
 ) -> dict:
-    cmd = [sys.executable, "-m", "sandgym_cli"]
+    cmd = [sys.executable, "-m", "sandgym.cli"]
     if torch_seed is not None:
         cmd = [sys.executable, "-c", SEEDED_CLI, str(torch_seed)]
     cmd += ["eval", "--server-url", server.url, "--tasks", *tasks]
@@ -102,7 +102,7 @@ def test_eval_llm_with_pairwise_selection_runs_end_to_end(
 
 
 def test_eval_refuses_pairwise_without_a_judge(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "sandgym_cli", "eval", "--tasks", "x", "--agent", "oracle"]
+    cmd = [sys.executable, "-m", "sandgym.cli", "eval", "--tasks", "x", "--agent", "oracle"]
     proc = subprocess.run(
         [*cmd, "--select", "pairwise"], cwd=REPO, capture_output=True, text=True, timeout=60
     )

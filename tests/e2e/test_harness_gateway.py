@@ -1,4 +1,4 @@
-"""A harness agent (trainer/harness/react_agent.py) inside a local-backend sandbox, its model
+"""A harness agent (sandgym/trainer/harness/react_agent.py) inside a local-backend sandbox, its model
 served by the gateway through the unix-socket bridge; the sandbox's network stays off.
 
 The first test drives it with a scripted engine (a test double for the *model* only: it returns
@@ -15,17 +15,17 @@ from typing import Any
 
 import pytest
 
-from envserver.client import AsyncEnvClient, EnvError
-from envserver.runner import BackgroundServer
-from sandboxes import SandboxBackend, SandboxSpec, get_backend
-from sandboxes.network import PUBLIC
+from sandgym.client.env_client import AsyncEnvClient, EnvError
+from sandgym.sandboxes import SandboxBackend, SandboxSpec, get_backend
+from sandgym.sandboxes.network import PUBLIC
+from sandgym.server.runner import BackgroundServer
+from sandgym.trainer.config import ModelSettings
+from sandgym.trainer.engines.base import Generation, InferenceEngine, SamplingParams
+from sandgym.trainer.gateway import CallStore, GatewayServer, ModelGateway
+from sandgym.trainer.harness import HarnessRunner
+from sandgym.trainer.models import load_tokenizer
 from tests.e2e.conftest import local_available
 from tests.netprobe import Banner
-from trainer.config import ModelSettings
-from trainer.engines.base import Generation, InferenceEngine, SamplingParams
-from trainer.gateway import CallStore, GatewayServer, ModelGateway
-from trainer.harness import HarnessRunner
-from trainer.models import load_tokenizer
 
 pytestmark = pytest.mark.skipif(not local_available(), reason="bwrap missing")
 
@@ -142,8 +142,8 @@ async def test_real_tiny_model_calls_convert_to_matching_steps(
     make_server: Callable[..., BackgroundServer], tok: Any, tmp_path: Path
 ) -> None:
     pytest.importorskip("torch")
-    from trainer.engines import create_engine
-    from trainer.models import load_model
+    from sandgym.trainer.engines import create_engine
+    from sandgym.trainer.models import load_model
 
     settings = ModelSettings(source="tiny")
     inner = create_engine(

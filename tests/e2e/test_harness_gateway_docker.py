@@ -13,17 +13,17 @@ from typing import Any
 
 import pytest
 
-from envserver.client import AsyncEnvClient
-from envserver.runner import BackgroundServer
-from sandboxes import SandboxSpec, get_backend
-from sandboxes.network import PUBLIC
+from sandgym.client.env_client import AsyncEnvClient
+from sandgym.sandboxes import SandboxSpec, get_backend
+from sandgym.sandboxes.network import PUBLIC
+from sandgym.server.runner import BackgroundServer
+from sandgym.trainer.config import ModelSettings
+from sandgym.trainer.gateway import CallStore, GatewayServer, ModelGateway
+from sandgym.trainer.harness import HarnessRunner
+from sandgym.trainer.models import load_tokenizer
 from tests.e2e.conftest import docker_image_available
 from tests.e2e.test_harness_gateway import SOLVE, ScriptedEngine, assert_public_sandbox_reaches
 from tests.netprobe import Banner, default_gateway
-from trainer.config import ModelSettings
-from trainer.gateway import CallStore, GatewayServer, ModelGateway
-from trainer.harness import HarnessRunner
-from trainer.models import load_tokenizer
 
 pytestmark = [
     pytest.mark.docker,

@@ -1,4 +1,4 @@
-"""NeMo-Gym's door (integrations/nemo_gym.py), with the released nemo-gym 0.7.0.
+"""NeMo-Gym's door (sandgym/integrations/nemo_gym.py), with the released nemo-gym 0.7.0.
 
 nemo-gym 0.5 to 0.7 declare Requires-Python >= 3.13.14; this project runs on 3.11, and the
 newest CPython packaged here is 3.13.5. Two tests:
@@ -9,7 +9,7 @@ newest CPython packaged here is 3.13.5. Two tests:
   sandgym's installed entry point and drives a real sandbox of a local-backend server.
 - In a container (images/nemo-gym-runner: the whole package installed from the package index,
   nothing ignored, on the python:3.13.15-slim-trixie stand-in, CPython 3.13.15 built from
-  source (sandboxes/images.py); the test checks that the interpreter
+  source (lab/images.py); the test checks that the interpreter
   meets the installed package's own Requires-Python): NeMo-Gym's public sandbox API
   (`list_providers`, `get_provider_class`, `AsyncSandbox`, `Sandbox`) finds the provider through
   the entry point of the sandgym wheel built from this checkout and drives sandboxes of the
@@ -32,8 +32,8 @@ import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-from bench.harbor_runner import ensure_runner_image
-from envserver.runner import BackgroundServer
+from lab.bench.harbor_runner import ensure_runner_image
+from sandgym.server.runner import BackgroundServer
 from tests.e2e.conftest import REAL_BACKENDS
 
 VERSION = "0.7.0"
@@ -75,7 +75,7 @@ def nemo_gym(tmp_path: Path) -> Iterator[Any]:
 def test_nemo_gym_finds_and_drives_the_sandgym_provider(
     backend: str, make_server: Callable[..., BackgroundServer], nemo_gym: Any, tmp_path: Path
 ) -> None:
-    from integrations.nemo_gym import SandgymProvider
+    from sandgym.integrations.nemo_gym import SandgymProvider
 
     base, registry = nemo_gym.base, nemo_gym.registry
     srv = make_server(backend)
@@ -146,7 +146,7 @@ def test_released_nemo_gym_sandbox_api_drives_the_sandgym_provider(
     assert Version(seen["python"]) in SpecifierSet(seen["requires_python"]), seen
     # found by NeMo-Gym's own registry, through the wheel's entry point
     assert "sandgym" in seen["providers"]
-    assert seen["provider_class"] == "integrations.nemo_gym.SandgymProvider"
+    assert seen["provider_class"] == "sandgym.integrations.nemo_gym.SandgymProvider"
     # AsyncSandbox: start (spec env, workdir, spec.files uploaded), exec, upload, download, stop
     assert seen["status_started"] == "running"
     assert seen["env_and_streams"] == {

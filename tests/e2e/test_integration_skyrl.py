@@ -1,4 +1,4 @@
-"""SkyRL's door (integrations/skyrl.py) with the released skyrl-gym (the `skyrl` extra):
+"""SkyRL's door (sandgym/integrations/skyrl.py) with the released skyrl-gym (the `skyrl` extra):
 `skyrl_gym.make("sandgym", ...)` gives a `BaseTextEnv` whose trajectories are sandgym episodes,
 with the same rewards as sandgym's own client for the same task and seed (local backend)."""
 
@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
-from envserver.client import AsyncEnvClient
-from envserver.runner import BackgroundServer
+from sandgym.client.env_client import AsyncEnvClient
+from sandgym.server.runner import BackgroundServer
 from tests.e2e.conftest import REAL_BACKENDS
 
 skyrl_gym = pytest.importorskip("skyrl_gym")
@@ -37,7 +37,7 @@ def test_skyrl_make_gives_sandgym_episodes(
 ) -> None:
     from skyrl_gym.envs.base_text_env import BaseTextEnv
 
-    import integrations.skyrl  # noqa: F401  (registers "sandgym")
+    import sandgym.integrations.skyrl  # noqa: F401  (registers "sandgym")
 
     srv = make_server(backend)
     cfg = {"server_url": srv.url, "max_turns": 3}

@@ -1,4 +1,4 @@
-"""TRL's door (integrations/trl.py) with the released trl (the `trl` extra): a real
+"""TRL's door (sandgym/integrations/trl.py) with the released trl (the `trl` extra): a real
 `GRPOTrainer` run of two steps on CPU with SmolLM2-135M-Instruct, whose rollouts are sandgym
 episodes of a catalog task on the local backend.
 
@@ -19,8 +19,8 @@ from collections.abc import Callable
 
 import pytest
 
-from envserver.client import AsyncEnvClient
-from envserver.runner import BackgroundServer
+from sandgym.client.env_client import AsyncEnvClient
+from sandgym.server.runner import BackgroundServer
 from tests.e2e.conftest import REAL_BACKENDS
 
 trl = pytest.importorskip("trl")
@@ -60,9 +60,9 @@ def test_grpo_trainer_runs_sandgym_episodes_with_exact_tokens(
 ) -> None:  # type: ignore[no-untyped-def]
     from trl.chat_template_utils import qwen2_5_chat_template
 
-    from integrations.trl import SandgymEnvironment, sandgym_environment
-    from trainer.config import ModelSettings
-    from trainer.models import load_model, load_tokenizer
+    from sandgym.integrations.trl import SandgymEnvironment, sandgym_environment
+    from sandgym.trainer.config import ModelSettings
+    from sandgym.trainer.models import load_model, load_tokenizer
 
     os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
     srv = make_server(backend)

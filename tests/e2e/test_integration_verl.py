@@ -1,4 +1,4 @@
-"""verl's door (integrations/verl.py) with the released verl 0.9.1, as far as a CPU goes:
+"""verl's door (sandgym/integrations/verl.py) with the released verl 0.9.1, as far as a CPU goes:
 the agent loop is built through verl's own registry (`hydra.utils.instantiate` of
 `_agent_loop_registry["sandgym_agent"]`, as verl's AgentLoopWorker does) and its `run` plays a
 real sandgym episode (builtin/hello-file, local backend) against a real small model
@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from envserver.client import AsyncEnvClient
-from envserver.runner import BackgroundServer
+from sandgym.client.env_client import AsyncEnvClient
+from sandgym.server.runner import BackgroundServer
 from tests.e2e.conftest import REAL_BACKENDS
 
 pytest.importorskip("verl.experimental.agent_loop.agent_loop")
@@ -102,9 +102,9 @@ def test_verl_agent_loop_plays_a_sandgym_episode_with_exact_tokens(
     )
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    import integrations.verl as door
-    from trainer.config import ModelSettings
-    from trainer.models import load_model, load_tokenizer
+    import sandgym.integrations.verl as door
+    from sandgym.trainer.config import ModelSettings
+    from sandgym.trainer.models import load_model, load_tokenizer
 
     srv = make_server(backend)
     tok = load_tokenizer(ModelSettings())
@@ -127,7 +127,7 @@ def test_verl_agent_loop_plays_a_sandgym_episode_with_exact_tokens(
         }
     )
     assert _agent_loop_registry[door.AGENT_NAME] == {
-        "_target_": "integrations.verl.SandgymAgentLoop"
+        "_target_": "sandgym.integrations.verl.SandgymAgentLoop"
     }
 
     async def run() -> AgentLoopOutput:
@@ -200,6 +200,6 @@ def test_verl_gpu_script_overrides_compose_with_verls_own_config() -> None:
     assert cfg.actor_rollout_ref.rollout.mode == "async"
     loops = OmegaConf.load(cfg.actor_rollout_ref.rollout.agent.agent_loop_config_path)
     assert [(c.name, c._target_) for c in loops] == [
-        ("sandgym_agent", "integrations.verl.SandgymAgentLoop")
+        ("sandgym_agent", "sandgym.integrations.verl.SandgymAgentLoop")
     ]
     assert cfg.sandgym.server_url.startswith("ws://")

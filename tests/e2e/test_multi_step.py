@@ -13,19 +13,17 @@ from typing import Any
 
 import pytest
 
-from envserver.client import AsyncEnvClient
-from envserver.run_cli import oracle_step_actions
-from envserver.runner import BackgroundServer
-from envserver.settings import ServerSettings
-from tasks.loaders import load_task_dir
+from sandgym.cli.run_cli import oracle_step_actions
+from sandgym.client.env_client import AsyncEnvClient
+from sandgym.server.runner import BackgroundServer
+from sandgym.server.settings import ServerSettings
+from sandgym.tasks.loaders import load_task_dir
 from tests.e2e.conftest import REAL_BACKENDS, local_available
 
 STEPS = ("one", "two", "three")
 
 
-def make_task(
-    root: Path, name: str, strategy: str, gate: bool, health: str | None = None
-) -> Path:
+def make_task(root: Path, name: str, strategy: str, gate: bool, health: str | None = None) -> Path:
     """Step N asks for /app/N.txt holding N; step two's setup.sh leaves a marker its tests
     need; every step's test.sh sources the task's shared tests/lib.sh."""
     d = root / name
@@ -57,7 +55,7 @@ def make_task(
         (sd / "tests").mkdir(parents=True)
         (sd / "solution").mkdir()
         (sd / "instruction.md").write_text(f"Step {s}: write {s} to /app/{s}.txt\n")
-        extra = ' && [ -f /app/setup-two.marker ]' if s == "two" else ""
+        extra = " && [ -f /app/setup-two.marker ]" if s == "two" else ""
         (sd / "tests" / "test.sh").write_text(
             textwrap.dedent(
                 f"""\
@@ -189,7 +187,7 @@ async def test_the_next_steps_tests_are_not_left_for_the_agent(server: Backgroun
 def test_tasks_check_runs_every_steps_oracle(task_root: Path) -> None:
     import asyncio
 
-    from tasks.cli import check_tasks
+    from sandgym.tasks.cli import check_tasks
 
     if not local_available():
         pytest.skip("bubblewrap not installed")

@@ -1,5 +1,5 @@
 """OpenEnv's released client and validator (openenv==0.10.0, the dev extra's pin) against
-`sandgym serve`'s OpenEnv wire endpoint (envserver/openenv_wire.py), on the local backend.
+`sandgym serve`'s OpenEnv wire endpoint (sandgym/server/openenv_wire.py), on the local backend.
 
 The same task and seed give the same reward through OpenEnv's `GenericEnvClient` as through
 sandgym's own `AsyncEnvClient`; `max_concurrent_envs` refuses a socket beyond it with OpenEnv's
@@ -16,8 +16,8 @@ from collections.abc import Callable
 import pytest
 from websockets.sync.client import connect
 
-from envserver.client import AsyncEnvClient
-from envserver.runner import BackgroundServer
+from sandgym.client.env_client import AsyncEnvClient
+from sandgym.server.runner import BackgroundServer
 from tests.e2e.conftest import REAL_BACKENDS
 
 openenv_core = pytest.importorskip("openenv.core")
@@ -49,9 +49,7 @@ def test_openenv_client_runs_sandgym_episodes(
         first = env.reset(task_id=TASK, seed=0)
         assert "/app/hello.txt" in first.observation["output"]
         assert first.done is False and first.reward is None
-        assert first.metadata["session_id"] in {
-            s.session_id for s in srv.service.sessions_view()
-        }
+        assert first.metadata["session_id"] in {s.session_id for s in srv.service.sessions_view()}
         assert env.state()["step_count"] == 0
 
         # max_concurrent_envs=1: a second OpenEnv session is refused as OpenEnv's server does

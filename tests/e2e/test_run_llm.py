@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_run_llm_plays_model_turns_and_prints_the_record() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "sandgym_cli", "run", "--task", "builtin/hello-file",
+        [sys.executable, "-m", "sandgym.cli", "run", "--task", "builtin/hello-file",
          "--agent", "llm", "--model", "tiny", "--max-turns", "2", "--max-new-tokens", "16",
          "--backend", "local", "--seed", "3", "--json"],
         cwd=REPO, capture_output=True, text=True, timeout=240,

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from envserver.client import AsyncEnvClient
-from envserver.runner import BackgroundServer
-from envserver.settings import ServerSettings
+from sandgym.client.env_client import AsyncEnvClient
+from sandgym.server.runner import BackgroundServer
+from sandgym.server.settings import ServerSettings
 from tests.e2e.conftest import REAL_BACKENDS
 
 TEST_SH = """\
@@ -40,7 +40,9 @@ def task_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "environment").mkdir(parents=True)
     (d / "tests").mkdir()
     (d / "environment" / "Dockerfile").write_text("FROM sandgym/terminal:latest\nWORKDIR /app\n")
-    (d / "instruction.md").write_text("Write 42 to /app/answer.txt and done to /srv/out/report.txt\n")
+    (d / "instruction.md").write_text(
+        "Write 42 to /app/answer.txt and done to /srv/out/report.txt\n"
+    )
     (d / "task.toml").write_text(
         textwrap.dedent(
             """\

@@ -10,15 +10,15 @@ import gymnasium
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-import envserver
-from envserver.client import EnvError, EpisodeRequest, EpisodeState, run_episodes
-from envserver.gym_env import RemoteEnv
+import sandgym.client
+from sandgym.client.env_client import EnvError, EpisodeRequest, EpisodeState, run_episodes
+from sandgym.client.gym_env import RemoteEnv
 from tests.e2e.conftest import NULL_TASK
 from tests.waiting import wait_until
 
 
 def test_gymnasium_make_and_check_env(null_server):
-    env = gymnasium.make(envserver.ENV_ID, server_url=null_server.url, task_id=NULL_TASK)
+    env = gymnasium.make(sandgym.client.ENV_ID, server_url=null_server.url, task_id=NULL_TASK)
     try:
         check_env(env.unwrapped, skip_render_check=True)
         obs, info = env.reset(seed=3)
@@ -75,8 +75,8 @@ async def test_client_prewarms_and_reads_typed_info(null_server):
     """`AsyncEnvClient.prewarm` fills the pool (the next reset is a hit, as its typed info says);
     a refused prewarm raises the server's code; an unreachable server raises
     `ConnectionLostError`."""
-    from envserver.client import AsyncEnvClient, ConnectionLostError
-    from envserver.protocol import PrewarmReply, ResetInfo
+    from sandgym.client.env_client import AsyncEnvClient, ConnectionLostError
+    from sandgym.wire.protocol import PrewarmReply, ResetInfo
 
     async with AsyncEnvClient(null_server.url) as env:
         reply = await env.prewarm([NULL_TASK], count=2)
@@ -101,7 +101,7 @@ async def test_client_prewarms_and_reads_typed_info(null_server):
 
 
 async def test_invalid_reset_options_are_refused_by_the_client(null_server):
-    from envserver.client import AsyncEnvClient
+    from sandgym.client.env_client import AsyncEnvClient
 
     async with AsyncEnvClient(null_server.url) as env:
         with pytest.raises(EnvError) as exc:
@@ -116,7 +116,7 @@ async def test_invalid_reset_options_are_refused_by_the_client(null_server):
 async def test_a_dropped_connection_is_connection_lost(make_server):
     """A server that goes away mid-episode: the client's resume attempts fail, and it raises
     `ConnectionLostError` (still an `EnvError`), not a server error code alone."""
-    from envserver.client import AsyncEnvClient, ConnectionLostError
+    from sandgym.client.env_client import AsyncEnvClient, ConnectionLostError
 
     srv = make_server("null")
     env = AsyncEnvClient(srv.url, max_reconnects=1, reconnect_backoff_s=0.01)

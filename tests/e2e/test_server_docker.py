@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from envserver.client import AsyncEnvClient
-from envserver.run_cli import oracle_actions
-from tasks import TaskRegistry
+from sandgym.cli.run_cli import oracle_actions
+from sandgym.client.env_client import AsyncEnvClient
+from sandgym.tasks import TaskRegistry
 from tests.e2e.conftest import docker_image_available
 
 pytestmark = [

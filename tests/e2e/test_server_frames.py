@@ -1,6 +1,6 @@
 """The env websocket at the frame level, through a real uvicorn server and a raw TCP socket.
 
-Each test runs on the server's own protocol (`ws_impl="sandgym"`, envserver/fastws.py) and on
+Each test runs on the server's own protocol (`ws_impl="sandgym"`, sandgym/server/fastws.py) and on
 uvicorn's websockets-sansio, which it shortcuts: both must answer every frame the same way
 (bytes split anywhere, several frames in one write, 16- and 64-bit lengths, binary frames,
 fragmented messages, pings, close, invalid UTF-8, oversized, unmasked or reserved-bit frames).
@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from envserver.runner import BackgroundServer
+from sandgym.server.runner import BackgroundServer
 
 NULL_TASK = "echo-task"  # served by the e2e conftest
 
@@ -294,7 +294,7 @@ def test_a_client_that_never_reads_is_not_read_either(
     reading while its replies to that peer back up; a reading peer then gets served again."""
     import time
 
-    from envserver.fastws import FastWebSocketProtocol
+    from sandgym.server.fastws import FastWebSocketProtocol
 
     srv = make_server("null", ws_impl="sandgym")
     c = RawWs(srv.url)
@@ -386,7 +386,7 @@ def test_a_finished_connection_is_freed_without_the_cyclic_collector(
     import time
     import weakref
 
-    from envserver import fastws
+    from sandgym.server import fastws
 
     srv = make_server("null", ws_impl="sandgym", resume_grace_s=0)
     born: list[weakref.ref[Any]] = []

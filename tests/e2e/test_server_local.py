@@ -11,10 +11,10 @@ import shutil
 import pytest
 from gymnasium.utils.env_checker import check_env
 
-from envserver.client import AsyncEnvClient
-from envserver.gym_env import RemoteEnv
-from envserver.run_cli import oracle_actions
-from tasks import TaskRegistry
+from sandgym.cli.run_cli import oracle_actions
+from sandgym.client.env_client import AsyncEnvClient
+from sandgym.client.gym_env import RemoteEnv
+from sandgym.tasks import TaskRegistry
 from tests.e2e.conftest import NULL_TASK, local_available
 
 pytestmark = pytest.mark.skipif(not local_available(), reason="bubblewrap (bwrap) not installed")
@@ -95,7 +95,7 @@ async def test_lost_submit_reply_is_recovered_after_resume(local_server):
 
 
 def test_sandgym_run_cli_oracle(capsys):
-    from sandgym_cli import main
+    from sandgym.cli import main
 
     rc = main(["run", "--task", "builtin/hello-file", "--backend", "local", "--json"])
     record = json.loads(capsys.readouterr().out)

@@ -7,8 +7,8 @@ import asyncio
 
 import httpx
 
-from envserver.client import AsyncEnvClient
-from envserver.runner import ServerProcess
+from sandgym.client.env_client import AsyncEnvClient
+from sandgym.server.runner import ServerProcess
 from tests.e2e.conftest import NULL_TASK
 
 
@@ -45,7 +45,7 @@ def test_serve_refuses_a_backend_that_cannot_work() -> None:
 
     env = {k: v for k, v in os.environ.items() if k != "E2B_API_KEY"}
     proc = subprocess.run(
-        [sys.executable, "-m", "sandgym_cli", "serve", "--backend", "e2b", "--port", "0"],
+        [sys.executable, "-m", "sandgym.cli", "serve", "--backend", "e2b", "--port", "0"],
         env=env,
         capture_output=True,
         text=True,

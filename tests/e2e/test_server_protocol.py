@@ -15,8 +15,8 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from envserver.client import AsyncEnvClient, EnvError
-from envserver.protocol import SessionsReply
+from sandgym.client.env_client import AsyncEnvClient, EnvError
+from sandgym.wire.protocol import SessionsReply
 from tests.e2e.conftest import NULL_TASK
 from tests.waiting import wait_until
 

@@ -11,15 +11,15 @@ from typing import Any
 
 import pytest
 
-from envserver.runner import BackgroundServer
+from sandgym.server.runner import BackgroundServer
+from sandgym.trainer.agents import TerminalAgent
+from sandgym.trainer.algorithms import Sample
+from sandgym.trainer.config import TrainConfig
+from sandgym.trainer.engines.base import Generation, InferenceEngine, SamplingParams
+from sandgym.trainer.models import load_tokenizer
+from sandgym.trainer.roles import SolverJudgeWorkflow, role_advantages, role_samples
+from sandgym.trainer.rollout import EpisodeRunner
 from tests.e2e.conftest import local_available
-from trainer.agents import TerminalAgent
-from trainer.algorithms import Sample
-from trainer.config import TrainConfig
-from trainer.engines.base import Generation, InferenceEngine, SamplingParams
-from trainer.models import load_tokenizer
-from trainer.roles import SolverJudgeWorkflow, role_advantages, role_samples
-from trainer.rollout import EpisodeRunner
 
 pytestmark = pytest.mark.skipif(not local_available(), reason="bwrap missing")
 

@@ -20,9 +20,9 @@ from typing import Any
 import httpx
 import pytest
 
-from envserver.client import AsyncEnvClient
-from envserver.runner import BackgroundServer
-from envserver.settings import ServerSettings
+from sandgym.client.env_client import AsyncEnvClient
+from sandgym.server.runner import BackgroundServer
+from sandgym.server.settings import ServerSettings
 from tests.e2e.conftest import REAL_BACKENDS
 
 CHECK = """\
@@ -145,7 +145,7 @@ async def test_a_backend_without_a_change_set_refuses_refuse_tampered_at_reset(
 ) -> None:
     """The null backend, like e2b, lists no changed paths: `refuse-tampered` cannot be kept, so
     the reset says so (never a silent unchecked episode); `shared` starts, its reset saying so."""
-    from envserver.client import EnvError
+    from sandgym.client.env_client import EnvError
     from tests.e2e.conftest import NULL_TASK
 
     srv = make_server("null")

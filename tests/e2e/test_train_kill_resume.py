@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from envserver.runner import ServerProcess
+from sandgym.server.runner import ServerProcess
 
 REPO = Path(__file__).resolve().parents[2]
 MB = 1024 * 1024
@@ -85,7 +85,7 @@ def _train(run_dir: Path, server_url: str, address: str, updates: int) -> list[s
         f"run.num_updates={updates}",
         f"run.ray_address={address}",
     ]
-    cmd = [sys.executable, "-m", "sandgym_cli", "train", str(REPO / "trainer/configs/smoke.yaml"),
+    cmd = [sys.executable, "-m", "sandgym.cli", "train", str(REPO / "sandgym/trainer/configs/smoke.yaml"),
            "--run-dir", str(run_dir), "--json"]  # fmt: skip
     for ov in overrides:
         cmd += ["--override", ov]

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 #: `smoke-parity`: the verifier scores the seed's parity, so rewards are 0 and 1 whatever the
 #: (random) policy does: the smoke run checks that rewards reach the records and the metrics
 TRAIN_TASKS = REPO / "tests" / "fixtures" / "train_tasks"
-SANDGYM = [sys.executable, "-m", "sandgym_cli"]
+SANDGYM = [sys.executable, "-m", "sandgym.cli"]
 
 
 def _free_port() -> int:
@@ -67,14 +67,14 @@ def server() -> Iterator[str]:
 def test_smoke_config_trains_two_updates(server: str, tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    from trainer.config import load_config
-    from trainer.models import load_model
+    from sandgym.trainer.config import load_config
+    from sandgym.trainer.models import load_model
 
     run_dir = tmp_path / "smoke"
     cmd = [
         *SANDGYM,
         "train",
-        str(REPO / "trainer/configs/smoke.yaml"),
+        str(REPO / "sandgym/trainer/configs/smoke.yaml"),
         "--override",
         f'env.server_urls=["{server}"]',
         "--override",
@@ -108,7 +108,7 @@ def test_smoke_config_trains_two_updates(server: str, tmp_path: Path) -> None:
     assert {r["reward/mean"] for r in train_rows} <= {0.0, 1.0}
     assert sum(e["reward"] for e in episodes) > 0
     # the weights moved away from the (deterministic) random initialisation
-    cfg = load_config(REPO / "trainer/configs/smoke.yaml")
+    cfg = load_config(REPO / "sandgym/trainer/configs/smoke.yaml")
     initial = load_model(cfg.model).state_dict()
     trained = load_file(str(run_dir / "checkpoints/step_000002/model.safetensors"))
     changed = [k for k, v in trained.items() if not (v == initial[k]).all()]
@@ -146,12 +146,14 @@ def test_smoke_config_trains_two_updates(server: str, tmp_path: Path) -> None:
 async def test_oracle_and_noop_agents_bracket_the_reward(server: str) -> None:
     """The rollout path against the real server: the reference solution scores 1, doing
     nothing scores 0 (no model involved)."""
-    from trainer.agents import NoopAgent, OracleAgent, solutions_from_dir
-    from trainer.config import load_config
-    from trainer.rollout import EpisodeRunner
+    from sandgym.trainer.agents import NoopAgent, OracleAgent, solutions_from_dir
+    from sandgym.trainer.config import load_config
+    from sandgym.trainer.rollout import EpisodeRunner
 
-    cfg = load_config(REPO / "trainer/configs/smoke.yaml", [f'env.server_urls=["{server}"]'])
-    oracle = OracleAgent(solutions_from_dir(REPO / "tasks/catalog"))
+    cfg = load_config(
+        REPO / "sandgym/trainer/configs/smoke.yaml", [f'env.server_urls=["{server}"]']
+    )
+    oracle = OracleAgent(solutions_from_dir(REPO / "sandgym/tasks/catalog"))
     good = await EpisodeRunner(cfg, None, oracle).run_episode("builtin/hello-file", 0)
     assert good.termination == "submitted", good.error
     assert good.reward == 1.0

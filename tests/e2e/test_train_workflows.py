@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
-from envserver.runner import BackgroundServer
+from sandgym.server.runner import BackgroundServer
 from tests.e2e.conftest import local_available
 
 REPO = Path(__file__).resolve().parents[2]
-SMOKE = REPO / "trainer/configs/smoke.yaml"
+SMOKE = REPO / "sandgym/trainer/configs/smoke.yaml"
 
 pytestmark = pytest.mark.skipif(not local_available(), reason="bwrap missing")
 
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(not local_available(), reason="bwrap missing")
 def _train(server_url: str, run_dir: Path, overrides: list[str]) -> dict[str, Any]:
     pytest.importorskip("ray")
     pytest.importorskip("torch")
-    cmd = [sys.executable, "-m", "sandgym_cli", "train", str(SMOKE), "--run-dir", str(run_dir)]
+    cmd = [sys.executable, "-m", "sandgym.cli", "train", str(SMOKE), "--run-dir", str(run_dir)]
     for ov in [f'env.server_urls=["{server_url}"]', "run.num_updates=1", *overrides]:
         cmd += ["--override", ov]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
@@ -53,8 +53,8 @@ def test_train_on_harness_episodes(
 ) -> None:
     from safetensors.torch import load_file
 
-    from trainer.config import load_config
-    from trainer.models import load_model
+    from sandgym.trainer.config import load_config
+    from sandgym.trainer.models import load_model
 
     srv = make_server("local")
     run_dir = tmp_path / "harness"

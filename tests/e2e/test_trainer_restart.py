@@ -1,4 +1,4 @@
-"""A trainer restart loses no episode in flight (trainer/inflight.py).
+"""A trainer restart loses no episode in flight (sandgym/trainer/inflight.py).
 
 A process runs an episode the way the trainer's rollout workers do (`run_episode` with the run
 directory's `InflightBook`) against a real `sandgym serve --backend local` process, takes one turn
@@ -22,22 +22,22 @@ from typing import Any
 import httpx
 import pytest
 
-from envserver.client import EnvError
-from envserver.runner import ServerProcess
+from sandgym.client.env_client import EnvError
+from sandgym.server.runner import ServerProcess
+from sandgym.trainer.episode import Episode, EpisodeWriter, Trajectory, read_episodes
+from sandgym.trainer.episode_runner import EpisodeSession
+from sandgym.trainer.failures import is_masked
+from sandgym.trainer.inflight import INFLIGHT_DIR, InflightBook, episode_key, recover_into_run
 from tests.e2e.conftest import NULL_TASK
 from tests.waiting import wait_until
-from trainer.episode import Episode, EpisodeWriter, Trajectory, read_episodes
-from trainer.episode_runner import EpisodeSession
-from trainer.failures import is_masked
-from trainer.inflight import INFLIGHT_DIR, InflightBook, episode_key, recover_into_run
 
 TRAINER = """
 import asyncio, sys
 from pathlib import Path
-from envserver.client import AsyncEnvClient
-from trainer.episode import Episode
-from trainer.episode_runner import run_episode
-from trainer.inflight import InflightBook
+from sandgym.client.env_client import AsyncEnvClient
+from sandgym.trainer.episode import Episode
+from sandgym.trainer.episode_runner import run_episode
+from sandgym.trainer.inflight import InflightBook
 
 async def play(session):
     await session.step({"kind": "command", "command": "echo hello > /app/hello.txt"})
@@ -119,10 +119,10 @@ GATED_TASK = "gated-verify"
 SUBMITTER = """
 import asyncio, sys
 from pathlib import Path
-from envserver.client import AsyncEnvClient
-from trainer.episode import Episode
-from trainer.episode_runner import run_episode
-from trainer.inflight import InflightBook
+from sandgym.client.env_client import AsyncEnvClient
+from sandgym.trainer.episode import Episode
+from sandgym.trainer.episode_runner import run_episode
+from sandgym.trainer.inflight import InflightBook
 
 async def play(session):
     await session.step({"kind": "command", "command": "echo hello > /app/hello.txt"})
@@ -208,9 +208,7 @@ async def test_an_episode_killed_in_its_submit_is_scored_once(
             )
             result = await asyncio.to_thread(recover_into_run, run_dir, None, 1)
         else:
-            recovery = asyncio.create_task(
-                asyncio.to_thread(recover_into_run, run_dir, None, 1)
-            )
+            recovery = asyncio.create_task(asyncio.to_thread(recover_into_run, run_dir, None, 1))
             assert await asyncio.to_thread(busy.wait, 120), "the restart never met the submit"
             gate.touch()  # the verifier ends; the restart, waiting, takes its reply
             result = await asyncio.wait_for(recovery, 120)

@@ -24,14 +24,14 @@ from typing import Any
 import httpx
 import pytest
 
-from envserver.client import AsyncEnvClient, EnvError
-from envserver.runner import BackgroundServer
-from envserver.settings import ServerSettings
-from tasks.registry import CATALOG_DIR
+from sandgym.client.env_client import AsyncEnvClient, EnvError
+from sandgym.server.runner import BackgroundServer
+from sandgym.server.settings import ServerSettings
+from sandgym.tasks.registry import CATALOG_DIR
+from sandgym.trainer.agents import OracleAgent
+from sandgym.trainer.config import TrainConfig
+from sandgym.trainer.rollout import EpisodeRunner
 from tests.e2e.conftest import docker_image_available, local_available
-from trainer.agents import OracleAgent
-from trainer.config import TrainConfig
-from trainer.rollout import EpisodeRunner
 
 VERIFIER_TIMEOUT_S = 4
 

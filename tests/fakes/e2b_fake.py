@@ -2,7 +2,7 @@
 
 E2B cannot be reached from the machines sandgym is built on, so the backend's logic is tested
 against this double, whose commands really run. Each fake E2B sandbox ("VM") is a local
-bubblewrap sandbox (`sandboxes.local`: its own root filesystem, pid namespace and network
+bubblewrap sandbox (`sandgym.sandboxes.local`: its own root filesystem, pid namespace and network
 namespace); commands, the pty and the file API enter it with `nsenter`, the way E2B's envd
 runs them inside the VM:
 
@@ -46,8 +46,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sandboxes.local import LocalBackend, LocalSandbox
-from sandboxes.spec import SandboxSpec
+from sandgym.sandboxes.local import LocalBackend, LocalSandbox
+from sandgym.sandboxes.spec import SandboxSpec
 
 FAKE_API_KEY = "e2b_fake_0123456789abcdef"
 

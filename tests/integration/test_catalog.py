@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from sandboxes import BackendUnavailableError, get_backend
-from tasks import (
+from sandgym.sandboxes import BackendUnavailableError, get_backend
+from sandgym.tasks import (
     TaskRegistry,
     load_dataset,
     load_task_dir,
@@ -33,9 +33,9 @@ from tasks import (
     run_verifier,
     sandbox_spec_for,
 )
-from tasks.check import TaskCheck
-from tasks.cli import check_tasks
-from tasks.models import TaskSpec
+from sandgym.tasks.check import TaskCheck
+from sandgym.tasks.cli import check_tasks
+from sandgym.tasks.models import TaskSpec
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "tasks"

@@ -22,11 +22,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from envserver.client import AsyncEnvClient
-from envserver.run_cli import oracle_actions
-from envserver.runner import free_port
-from sandboxes.labels import LABEL_OWNER_HOST
-from tasks import TaskRegistry
+from sandgym.cli.run_cli import oracle_actions
+from sandgym.client.env_client import AsyncEnvClient
+from sandgym.sandboxes.labels import LABEL_OWNER_HOST
+from sandgym.server.runner import free_port
+from sandgym.tasks import TaskRegistry
 
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE = shutil.which("docker-compose")

@@ -116,7 +116,7 @@ def test_compose_up_gives_two_env_servers_the_trainer_reaches() -> None:
         # what the trainer does: find the servers through Ray, reach each advertised URL
         script = (
             "import json, ray, httpx\n"
-            "from trainer.cluster import discover_servers, http_base\n"
+            "from sandgym.trainer.cluster import discover_servers, http_base\n"
             "ray.init(address='auto', log_to_driver=False)\n"
             "out = []\n"
             "for s in discover_servers():\n"

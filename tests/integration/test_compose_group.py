@@ -134,7 +134,7 @@ def leftovers(label: str) -> tuple[list[str], list[str]]:
 
 def group_left(sandbox_id: str) -> tuple[list[str], list[str]]:
     """(containers, networks) of one sandbox: its own container and its group's."""
-    from sandboxes.docker.group import LABEL_GROUP_OF
+    from sandgym.sandboxes.docker.group import LABEL_GROUP_OF
 
     own = _docker("ps", "-aq", "--filter", f"name=^{sandbox_id}$")
     side, nets = leftovers(f"{LABEL_GROUP_OF}={sandbox_id}")
@@ -142,10 +142,10 @@ def group_left(sandbox_id: str) -> tuple[list[str], list[str]]:
 
 
 async def test_two_service_task_through_the_server(tmp_path: Path) -> None:
-    from envserver.client import AsyncEnvClient
-    from envserver.runner import BackgroundServer
-    from envserver.settings import ServerSettings
-    from sandboxes.docker.group import LABEL_GROUP_OF
+    from sandgym.client.env_client import AsyncEnvClient
+    from sandgym.sandboxes.docker.group import LABEL_GROUP_OF
+    from sandgym.server.runner import BackgroundServer
+    from sandgym.server.settings import ServerSettings
 
     task_id = make_task(tmp_path, "kv-" + uuid.uuid4().hex[:8], "")
     label = f"sandgym.task={task_id}"
@@ -195,9 +195,9 @@ async def test_two_service_task_through_the_server(tmp_path: Path) -> None:
 
 
 async def test_healthcheck_that_never_passes_fails_the_reset(tmp_path: Path) -> None:
-    from envserver.client import AsyncEnvClient, EnvError
-    from envserver.runner import BackgroundServer
-    from envserver.settings import ServerSettings
+    from sandgym.client.env_client import AsyncEnvClient, EnvError
+    from sandgym.server.runner import BackgroundServer
+    from sandgym.server.settings import ServerSettings
 
     task_id = make_task(tmp_path, "sick-" + uuid.uuid4().hex[:8], HEALTH_FAIL, services=False)
     settings = ServerSettings(
@@ -219,9 +219,9 @@ async def test_healthcheck_that_never_passes_fails_the_reset(tmp_path: Path) -> 
 
 
 async def test_sigkilled_server_leaves_a_group_the_restarted_one_reaps(tmp_path: Path) -> None:
-    from envserver.client import AsyncEnvClient
-    from envserver.runner import ServerProcess
-    from sandboxes.docker.group import LABEL_GROUP_OF
+    from sandgym.client.env_client import AsyncEnvClient
+    from sandgym.sandboxes.docker.group import LABEL_GROUP_OF
+    from sandgym.server.runner import ServerProcess
 
     task_id = make_task(tmp_path, "kvkill-" + uuid.uuid4().hex[:8], "")
     label = f"sandgym.task={task_id}"
@@ -264,9 +264,9 @@ async def test_healthcheck_delays_the_sandbox_until_it_passes() -> None:
     """The sandbox's own healthcheck (Harbor's [environment] healthcheck) holds creation back:
     it polls for a file that this test puts into the container 1.5 s after it appears;
     `create` returns only after that, and the first command sees the file."""
-    from sandboxes import SandboxSpec
-    from sandboxes.docker import DockerBackend
-    from sandboxes.services import HealthcheckSpec
+    from sandgym.sandboxes import SandboxSpec
+    from sandgym.sandboxes.docker import DockerBackend
+    from sandgym.sandboxes.services import HealthcheckSpec
 
     owner = "test-health-" + uuid.uuid4().hex[:6]
     backend = DockerBackend(owner_id=owner)
@@ -304,9 +304,9 @@ async def test_a_service_image_the_engine_lacks_is_named_by_its_cause() -> None:
     security-vulhub-minio: `vulhub/minio:...`; no registry is used) fails the creation with
     the cause `image_missing`, which tells it from an engine fault (retried) and from a failed
     build; nothing of the group is left."""
-    from sandboxes import SandboxCreateError, SandboxSpec
-    from sandboxes.docker import DockerBackend
-    from sandboxes.services import ServiceSpec
+    from sandgym.sandboxes import SandboxCreateError, SandboxSpec
+    from sandgym.sandboxes.docker import DockerBackend
+    from sandgym.sandboxes.services import ServiceSpec
 
     absent = "sandgym-test/absent-" + uuid.uuid4().hex[:8] + ":never"
     owner = "test-noimg-" + uuid.uuid4().hex[:6]

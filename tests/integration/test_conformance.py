@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes import (
+from sandgym.sandboxes import (
     SandboxClosedError,
     SandboxFileNotFoundError,
     SandboxPathError,

@@ -1,4 +1,4 @@
-"""Integration tests of `sandboxes.desktop`, the wire actions `envserver.actions` maps onto it
+"""Integration tests of `sandgym.sandboxes.desktop`, the wire actions `sandgym.server.actions` maps onto it
 and the desktop tasks, on real X servers.
 
 Runs on the local backend (skipped, with the reason, when bwrap, Xvfb, xdotool or python3-tk is
@@ -29,17 +29,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from envserver.actions import apply_desktop_action
-from sandboxes import Sandbox, SandboxSpec, get_backend
-from sandboxes.desktop import (
+from sandgym.sandboxes import Sandbox, SandboxSpec, get_backend
+from sandgym.sandboxes.desktop import (
     Desktop,
     DesktopActionError,
     DesktopUnavailableError,
 )
-from tasks.desktop import is_desktop_task, start_task_desktop
+from sandgym.server.actions import apply_desktop_action
+from sandgym.tasks.desktop import is_desktop_task, start_task_desktop
 
 REPO = Path(__file__).resolve().parents[2]
-CATALOG = REPO / "tasks" / "catalog"
+CATALOG = REPO / "sandgym" / "tasks" / "catalog"
 DESKTOP_TASKS = sorted(p.name for p in CATALOG.glob("desktop-*") if (p / "task.toml").is_file())
 DESKTOP_IMAGE = "sandgym/desktop:latest"
 
@@ -335,7 +335,7 @@ async def test_malformed_actions_are_named_errors() -> None:
 
 # -- tests: the desktop tasks -------------------------------------------------------------------
 def test_the_catalog_has_desktop_tasks() -> None:
-    from tasks.loaders import load_task_dir
+    from sandgym.tasks.loaders import load_task_dir
 
     assert len(DESKTOP_TASKS) >= 5, DESKTOP_TASKS
     for name in DESKTOP_TASKS:
@@ -347,8 +347,8 @@ def test_the_catalog_has_desktop_tasks() -> None:
 
 
 async def _episode(backend: Any, name: str, oracle: bool, shot: Path | None = None) -> float:
-    from tasks.loaders import load_task_dir
-    from tasks.runtime import prepare_episode, run_oracle, run_verifier, sandbox_spec_for
+    from sandgym.tasks.loaders import load_task_dir
+    from sandgym.tasks.runtime import prepare_episode, run_oracle, run_verifier, sandbox_spec_for
 
     task = load_task_dir(CATALOG / name)
     sb = await backend.create(sandbox_spec_for(task))
@@ -369,8 +369,8 @@ async def _episode(backend: Any, name: str, oracle: bool, shot: Path | None = No
 
 
 async def test_starting_a_task_desktop_twice_starts_its_app_once(backend: Any) -> None:
-    from tasks.loaders import load_task_dir
-    from tasks.runtime import prepare_episode, sandbox_spec_for
+    from sandgym.tasks.loaders import load_task_dir
+    from sandgym.tasks.runtime import prepare_episode, sandbox_spec_for
 
     task = load_task_dir(CATALOG / "desktop-press-button")
     assert await start_task_desktop(await get_backend("null").create(SandboxSpec()), {}) is None

@@ -1,11 +1,11 @@
 """`sandgym bench harbor_compat --dns-log` on the real Docker engine: a task whose solution
 fetches from a host that has no address (an `.invalid` name: none anywhere) through urllib,
-whose error names no host. Checked with the logging DNS forwarder (bench/dns_log.py) on the
+whose error names no host. Checked with the logging DNS forwarder (lab/bench/dns_log.py) on the
 engine's bridge gateway, the line records the lookup and is put outside the reachable figures
 with that host as evidence; the same check without it stays `failing` (the output names no host).
 Names that resolve (pypi.org) are not recorded. The same holds for a task whose image build
 fetches such a host from a script in its context: the build's lookup is read off the engine's
-bridge (bench/dns_sniff.py), which `--dns-log` starts beside the forwarder. Needs root (it
+bridge (lab/bench/dns_sniff.py), which `--dns-log` starts beside the forwarder. Needs root (it
 listens on port 53 and opens packet sockets)."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import harbor_compat as hc
-from bench.dns_log import DnsLog, DnsLoggedBackend, bridge_gateway, host_resolver
-from tasks import load_task_dir
+from lab.bench import harbor_compat as hc
+from lab.bench.dns_log import DnsLog, DnsLoggedBackend, bridge_gateway, host_resolver
+from sandgym.tasks import load_task_dir
 from tests.docker_engine import bootstrap_terminal_image, engine_answers, owned_docker_backend
 
 pytestmark = pytest.mark.docker

@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from sandboxes.docker.exec_kill import MAIN_INIT
-from sandboxes.errors import (
+from sandgym.sandboxes.docker.exec_kill import MAIN_INIT
+from sandgym.sandboxes.errors import (
     BackendUnavailableError,
     SandboxClosedError,
     SandboxCreateError,
@@ -31,8 +31,8 @@ from sandboxes.errors import (
     SandboxLostError,
     SandboxPathError,
 )
-from sandboxes.labels import LABEL_LEASE_EXPIRY, LABEL_OWNER, LABEL_OWNER_PID
-from sandboxes.spec import SandboxSpec
+from sandgym.sandboxes.labels import LABEL_LEASE_EXPIRY, LABEL_OWNER, LABEL_OWNER_PID
+from sandgym.sandboxes.spec import SandboxSpec
 from tests.docker_engine import (
     bootstrap_terminal_image,
     engine_answers,
@@ -470,8 +470,8 @@ async def test_persistent_shell_keeps_state_and_times_out(backend) -> None:
 
 
 async def test_reap_removes_orphan_with_dead_owner_and_expired_lease(backend) -> None:
-    from sandboxes.docker import DockerBackend
-    from sandboxes.reaper import reap
+    from sandgym.sandboxes.docker import DockerBackend
+    from sandgym.sandboxes.reaper import reap
 
     # A "crashed server": its own owner id, a pid that has exited, a lease in the past.
     crashed = DockerBackend(owner_id="crashed-" + os.urandom(4).hex(), lease_s=-60)
@@ -526,7 +526,7 @@ async def test_reap_by_dead_owner_pid(backend) -> None:
 
 
 async def test_unavailable_engine_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sandboxes.docker import DockerBackend
+    from sandgym.sandboxes.docker import DockerBackend
 
     monkeypatch.setenv("DOCKER_HOST", "unix:///nonexistent/docker.sock")
     b = DockerBackend()
@@ -539,7 +539,7 @@ async def test_storage_limit_is_applied_or_skipped_with_a_warning(backend, caplo
     # A total quota (`--storage-opt size`) needs btrfs, or overlay2 on xfs with pquota; elsewhere
     # create must still work, with the per-file cap alone and a warning saying so.
     mb = 16
-    with caplog.at_level(logging.INFO, logger="sandboxes.docker"):
+    with caplog.at_level(logging.INFO, logger="sandgym.sandboxes.docker"):
         sb = await backend.create(SandboxSpec(storage_mb=mb))
     try:
         assert (await sb.exec("echo ok")).stdout == "ok\n"

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from envserver.gateway_bridge import GatewayBridge
-from sandboxes.spec import SandboxSpec
+from sandgym.sandboxes.spec import SandboxSpec
+from sandgym.server.gateway_bridge import GatewayBridge
 from tests.e2e.conftest import docker_image_available
 
 pytestmark = [
@@ -50,7 +50,7 @@ def bridge_root() -> Iterator[Path]:
 
 @pytest.fixture
 async def backend(bridge_root: Path) -> AsyncIterator[object]:
-    from sandboxes.docker import DockerBackend
+    from sandgym.sandboxes.docker import DockerBackend
 
     b = DockerBackend(owner_id="test-" + os.urandom(4).hex(), bridge_root=bridge_root)
     yield b
@@ -117,8 +117,8 @@ async def test_container_without_network_reaches_host_loopback_over_the_bridge(
 
 
 async def test_bridge_directories_do_not_leak(bridge_root: Path) -> None:
-    from sandboxes.docker import BRIDGE_SWEEP_GRACE_S, DockerBackend
-    from sandboxes.errors import SandboxCreateError
+    from sandgym.sandboxes.docker import BRIDGE_SWEEP_GRACE_S, DockerBackend
+    from sandgym.sandboxes.errors import SandboxCreateError
 
     owner = "test-" + os.urandom(4).hex()
     # an expired lease: the next reap of anyone removes the container and its directory
@@ -150,7 +150,7 @@ async def test_bridge_directories_do_not_leak(bridge_root: Path) -> None:
 
 
 def test_a_bridge_root_too_long_for_unix_sockets_is_refused() -> None:
-    from sandboxes.docker import DockerBackend
+    from sandgym.sandboxes.docker import DockerBackend
 
     with pytest.raises(ValueError, match="too long for unix sockets"):
         DockerBackend(bridge_root="/tmp/" + "x" * 90)

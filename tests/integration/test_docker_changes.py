@@ -14,11 +14,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from sandboxes import get_backend
-from sandboxes.docker import DockerBackend
-from sandboxes.docker.changes import MAX_CHANGES_BYTES
-from sandboxes.errors import SnapshotUnsupportedError
-from sandboxes.spec import FileChanges, SandboxSpec
+from sandgym.sandboxes import get_backend
+from sandgym.sandboxes.docker import DockerBackend
+from sandgym.sandboxes.docker.changes import MAX_CHANGES_BYTES
+from sandgym.sandboxes.errors import SnapshotUnsupportedError
+from sandgym.sandboxes.spec import FileChanges, SandboxSpec
 from tests.e2e.conftest import docker_image_available
 
 pytestmark = [
@@ -97,7 +97,7 @@ async def test_no_changes_and_too_many(
         nothing = await sb.changes()
         assert nothing.deleted == () and nothing.size_bytes < 64 * 1024  # at most /app's entry
         await sb.exec("head -c 200000 /dev/urandom > /app/big")
-        monkeypatch.setattr("sandboxes.docker.changes.MAX_CHANGES_BYTES", 100_000)
+        monkeypatch.setattr("sandgym.sandboxes.docker.changes.MAX_CHANGES_BYTES", 100_000)
         with pytest.raises(SnapshotUnsupportedError, match="over 100000 bytes"):
             await sb.changes()
     finally:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.docker import DockerBackend
-from sandboxes.services import ServiceSpec
-from sandboxes.spec import SandboxSpec
-from tasks import private_verify
+from sandgym.sandboxes.docker import DockerBackend
+from sandgym.sandboxes.services import ServiceSpec
+from sandgym.sandboxes.spec import SandboxSpec
+from sandgym.tasks import private_verify
 from tests.reliability.conftest import IMAGE, docker_ready
 
 pytestmark = [
@@ -111,7 +111,7 @@ async def test_a_service_container_is_confined_as_the_sandbox_is() -> None:
     `no-new-privileges`, and the spec's CPU, memory and pids limits."""
     import json
 
-    from sandboxes.docker.confine import CAP_ADD
+    from sandgym.sandboxes.docker.confine import CAP_ADD
 
     b = DockerBackend(owner_id="test-svc-confine-" + os.urandom(4).hex())
     spec = SandboxSpec(
@@ -164,7 +164,7 @@ async def test_fixed_subnet_and_addresses_one_group_at_a_time() -> None:
     made on the subnet, the main container and a service get their fixed addresses, a service
     without one gets an address of the subnet; a second group on the same subnet while the
     first lives is refused by its cause, and after the first is closed one is made again."""
-    from sandboxes.errors import SandboxCreateError
+    from sandgym.sandboxes.errors import SandboxCreateError
 
     b = DockerBackend(owner_id="test-fixed-" + os.urandom(4).hex())
     first = await b.create(FIXED)

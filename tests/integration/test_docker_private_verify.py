@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.common.users import as_user_argv
-from sandboxes.docker import LABEL_VERIFIER_OF, DockerBackend, DockerSandbox
-from sandboxes.private_exec import OWN_CONTAINER_ENV
-from sandboxes.spec import SandboxSpec
-from tasks import private_verify
+from sandgym.sandboxes.common.users import as_user_argv
+from sandgym.sandboxes.docker import LABEL_VERIFIER_OF, DockerBackend, DockerSandbox
+from sandgym.sandboxes.private_exec import OWN_CONTAINER_ENV
+from sandgym.sandboxes.spec import SandboxSpec
+from sandgym.tasks import private_verify
 from tests.reliability.conftest import IMAGE, docker_ready
 from tests.waiting import wait_until
 
@@ -243,8 +243,8 @@ async def test_a_failing_verifier_exit_code_and_output_come_back(sandbox: Docker
 
 CHILD = """
 import asyncio, sys
-from sandboxes.docker import DockerBackend
-from sandboxes.spec import SandboxSpec
+from sandgym.sandboxes.docker import DockerBackend
+from sandgym.sandboxes.spec import SandboxSpec
 
 async def main():
     b = DockerBackend(owner_id=sys.argv[1])
@@ -296,7 +296,7 @@ async def test_kill_agent_processes_leaves_the_sandbox_working(sandbox: DockerSa
 
 
 async def test_a_verifier_user_runs_with_that_users_primary_group(sandbox: DockerSandbox) -> None:
-    """A task's non-root `verifier_user` (tasks.verifier.run wraps the tests in `as_user_argv`):
+    """A task's non-root `verifier_user` (sandgym.tasks.verifier.run wraps the tests in `as_user_argv`):
     its uid and the primary group its entry names, no supplementary group, no capability."""
     probe = ["sh", "-c", "id -un; id -gn; id -G; grep CapEff /proc/self/status"]
     res = await sandbox.exec_private(as_user_argv("nobody", probe), b"", see_processes=False)

@@ -1,4 +1,4 @@
-"""A removed Docker sandbox leaves no btrfs qgroup behind (sandboxes/qgroups.py).
+"""A removed Docker sandbox leaves no btrfs qgroup behind (sandgym/sandboxes/qgroups.py).
 
 Real engine: a container with a storage quota (`--storage-opt size`, a limit on its layer's
 qgroup) is made and removed; dockerd's own attempt to delete the layer's qgroups fails
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes import qgroups
+from sandgym.sandboxes import qgroups
 from tests.docker_engine import bootstrap_terminal_image, engine_answers
 
 pytestmark = pytest.mark.docker

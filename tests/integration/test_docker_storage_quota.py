@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.spec import SandboxSpec
+from sandgym.sandboxes.spec import SandboxSpec
 from tests.docker_engine import bootstrap_terminal_image, engine_answers, owned_docker_backend
 
 pytestmark = pytest.mark.docker

@@ -21,15 +21,15 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes import (
+from sandgym.sandboxes import (
     SandboxClosedError,
     SandboxFileNotFoundError,
     SandboxLostError,
     SandboxPathError,
     SandboxSpec,
 )
-from sandboxes.e2b import LABEL_SANDBOX_ID, E2BBackend
-from sandboxes.labels import LABEL_MANAGED, LABEL_OWNER
+from sandgym.sandboxes.e2b import LABEL_SANDBOX_ID, E2BBackend
+from sandgym.sandboxes.labels import LABEL_MANAGED, LABEL_OWNER
 
 TEMPLATE = os.environ.get("SANDGYM_E2B_TEST_TEMPLATE", "base")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks import load_task_dir
+from sandgym.tasks import load_task_dir
 from tests.docker_engine import engine_answers
 
 pytestmark = pytest.mark.docker
@@ -24,7 +24,7 @@ async def test_heredoc_task_oracle_and_noop_on_docker(
 
     if not docker.from_env().images.list(name="sandgym/base"):
         pytest.skip("sandgym/base:bookworm missing (images/bootstrap-base.sh builds it)")
-    from tasks.cli import check_tasks
+    from sandgym.tasks.cli import check_tasks
 
     monkeypatch.setenv("SANDGYM_CACHE", str(tmp_path))
     task = load_task_dir(FIXTURES / "harbor-heredoc")

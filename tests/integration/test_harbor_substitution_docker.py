@@ -1,6 +1,6 @@
 """The bench's substitution layer on a real container: a Terminal-Bench 2.0 style verifier
 preamble (the uv installer from astral.sh, then `uvx -p 3.13`) rewritten by
-`bench.substitutions` installs uv from PyPI and runs Debian's CPython 3.13 on an image that has
+`lab.bench.substitutions` installs uv from PyPI and runs Debian's CPython 3.13 on an image that has
 no Python 3.13 (needs Docker and the package registries; about 30 s)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.substitutions import debian_cpython_debs, rewrite_script
+from lab.bench.substitutions import debian_cpython_debs, rewrite_script
 
 pytestmark = pytest.mark.docker
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes import NetworkPolicy, SandboxSpec, get_backend
-from sandboxes.network import NO_NETWORK, PUBLIC
+from sandgym.sandboxes import NetworkPolicy, SandboxSpec, get_backend
+from sandgym.sandboxes.network import NO_NETWORK, PUBLIC
 from tests.e2e.conftest import docker_image_available
 
 CURL = "curl -fsS -m 8"
@@ -50,7 +50,7 @@ docker_only = [
 
 @pytest.fixture
 async def docker_backend() -> AsyncIterator[object]:
-    from sandboxes.docker import DockerBackend
+    from sandgym.sandboxes.docker import DockerBackend
 
     b = DockerBackend(owner_id="test-net-" + os.urandom(4).hex())
     yield b
@@ -188,9 +188,9 @@ def _phased_task(root: Path, allowed_ip: str) -> str:
 async def test_phases_and_ceiling_through_the_server(
     docker_backend, web, tmp_path: Path, ceiling: str | None
 ) -> None:
-    from envserver.client import AsyncEnvClient
-    from envserver.runner import BackgroundServer
-    from envserver.settings import ServerSettings
+    from sandgym.client.env_client import AsyncEnvClient
+    from sandgym.server.runner import BackgroundServer
+    from sandgym.server.settings import ServerSettings
 
     allowed, other = web
     task_id = _phased_task(tmp_path, allowed)

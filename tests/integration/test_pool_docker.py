@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from sandboxes import PoolSettings, SandboxFileNotFoundError, SandboxPool, SandboxSpec
-from sandboxes.labels import LABEL_OWNER
+from sandgym.sandboxes import PoolSettings, SandboxFileNotFoundError, SandboxPool, SandboxSpec
+from sandgym.sandboxes.labels import LABEL_OWNER
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.docker
@@ -31,8 +31,8 @@ IMAGE = "sandgym/terminal:latest"
 
 
 def _skip_reason() -> str | None:
-    if importlib.util.find_spec("sandboxes.docker") is None:
-        return "the docker backend (sandboxes/docker.py) does not exist yet"
+    if importlib.util.find_spec("sandgym.sandboxes.docker") is None:
+        return "the docker backend (sandgym/sandboxes/docker.py) does not exist yet"
     if importlib.util.find_spec("docker") is None:
         return "the Docker SDK is not installed (pip install 'sandgym[docker]')"
     if shutil.which("docker") is None:
@@ -68,7 +68,7 @@ async def _containers_of(owner_id: str) -> list[str]:
 
 @pytest.fixture
 async def backend() -> AsyncIterator[Any]:
-    from sandboxes.docker import DockerBackend
+    from sandgym.sandboxes.docker import DockerBackend
 
     b = DockerBackend(owner_id="pooltest-" + uuid.uuid4().hex[:10])
     try:
@@ -169,7 +169,7 @@ async def test_live_pool_sweeps_a_lost_creation_and_keeps_its_own(backend: Any) 
     live container of another owner are not."""
     import docker
 
-    from sandboxes.docker import DockerBackend
+    from sandgym.sandboxes.docker import DockerBackend
 
     spec = SandboxSpec(image=IMAGE, memory_mb=256)
     client = docker.from_env()

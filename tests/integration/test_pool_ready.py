@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes import SandboxSpec, get_backend
-from sandboxes.pool import PoolSettings, SandboxPool
+from sandgym.sandboxes import SandboxSpec, get_backend
+from sandgym.sandboxes.pool import PoolSettings, SandboxPool
 from tests.e2e.conftest import docker_image_available
 
 BACKENDS = [

@@ -13,15 +13,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from envserver import sandbox_client as sc
-from envserver.runner import BackgroundServer
-from envserver.sandbox_protocol import (
+from sandgym.client import sandbox_client as sc
+from sandgym.server.runner import BackgroundServer
+from sandgym.server.settings import ServerSettings
+from sandgym.wire.sandbox_protocol import (
     CreateSandboxRequest,
     ExecRequest,
     SandboxEnvironment,
     SandboxNetwork,
 )
-from envserver.settings import ServerSettings
 from tests.e2e.conftest import docker_image_available
 from tests.waiting import wait_until, wait_until_in_thread
 

@@ -1,4 +1,4 @@
-"""The services beside a docker sandbox under its deadline (`sandboxes.docker.service_life`), on
+"""The services beside a docker sandbox under its deadline (`sandgym.sandboxes.docker.service_life`), on
 the real engine: a service whose image has a shell runs its image's own ENTRYPOINT and CMD where
 it ran before (pid 2, Docker's init's child) and ends when the deadline passes; one whose image
 has no `/bin/sh` cannot run the wrapper and runs exactly as written, without a deadline,
@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes import SandboxSpec
-from sandboxes.lifetime import set_first_lifetime
-from sandboxes.services import ServiceSpec
+from sandgym.sandboxes import SandboxSpec
+from sandgym.sandboxes.lifetime import set_first_lifetime
+from sandgym.sandboxes.services import ServiceSpec
 from tests.e2e.conftest import docker_image_available
 from tests.waiting import wait_until
 
@@ -79,7 +79,7 @@ def service_container(owner: str, service: str) -> str:
 async def test_services_run_as_written_under_the_deadline_or_without_a_shell(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from sandboxes.docker import DockerBackend
+    from sandgym.sandboxes.docker import DockerBackend
 
     bare = tmp_path / "bare"
     bare.mkdir()
@@ -105,7 +105,7 @@ async def test_services_run_as_written_under_the_deadline_or_without_a_shell(
     backend = DockerBackend(owner_id=owner)
     try:
         set_first_lifetime(8.0)  # the sandbox and its services end 8 s after it is made
-        with caplog.at_level(logging.WARNING, logger="sandboxes.docker.group"):
+        with caplog.at_level(logging.WARNING, logger="sandgym.sandboxes.docker.group"):
             sb = await backend.create(spec)
         set_first_lifetime(None)
         bare_c = service_container(owner, "bare")

@@ -2,7 +2,7 @@
 
 Each image is reached by its public name when that name is tagged here as our alias (the case
 with no registry, as in CI), else by our own tag. Missing stand-ins are built first with
-`python -m sandboxes.images_cli build` (idempotent; a few minutes on a fresh engine). Network
+`python -m lab.images_cli build` (idempotent; a few minutes on a fresh engine). Network
 from the containers: PyPI and the Debian mirror only.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes import images as im
+from lab import images as im
 
 pytestmark = pytest.mark.docker
 
@@ -62,7 +62,7 @@ def standins_built() -> None:
     if all(engine.info(s.image) is not None for s in im.STANDINS):
         return
     subprocess.run(
-        [sys.executable, "-m", "sandboxes.images_cli", "build", "--no-progress"],
+        [sys.executable, "-m", "lab.images_cli", "build", "--no-progress"],
         check=True,
         timeout=1800,
         cwd=REPO,
@@ -275,7 +275,7 @@ def test_gcc_from_apt_compiles_stdio_on_ubuntu_standin() -> None:
 
 def test_images_list_reads_labels_back_from_the_engine() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "sandboxes.images_cli", "list", "--json"],
+        [sys.executable, "-m", "lab.images_cli", "list", "--json"],
         capture_output=True,
         text=True,
         check=True,

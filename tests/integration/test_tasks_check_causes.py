@@ -1,5 +1,5 @@
 """`sandgym tasks check` carries each error's cause from where it was raised to the reader that
-classifies it (bench/harbor_compat.py), on the local backend (bubblewrap): a task that ships no
+classifies it (lab/bench/harbor_compat.py), on the local backend (bubblewrap): a task that ships no
 solution, and a verifier that runs past its timeout, each end to end through `check_task`, its
 typed `CheckError`, its JSON line and `verdict`; the contract's joined `error` text unchanged.
 Failing tests are named from the verifier's per-test results (JUnit; Harbor's CTRF report)."""
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from bench import harbor_compat as hc
-from sandboxes import get_backend
-from sandboxes.errors import BackendUnavailableError
-from tasks import load_task_dir
-from tasks.check import TaskCheck, check_task
+from lab.bench import harbor_compat as hc
+from sandgym.sandboxes import get_backend
+from sandgym.sandboxes.errors import BackendUnavailableError
+from sandgym.tasks import load_task_dir
+from sandgym.tasks.check import TaskCheck, check_task
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tasks"
 

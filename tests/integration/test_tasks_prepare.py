@@ -35,7 +35,7 @@ def _task(root: Path, name: str, run: str) -> None:
 
 def _prepare(root: Path) -> dict:
     out = subprocess.run(
-        [sys.executable, "-m", "sandgym_cli", "tasks", "prepare", str(root), "--json"],
+        [sys.executable, "-m", "sandgym.cli", "tasks", "prepare", str(root), "--json"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -61,9 +61,9 @@ async def test_prepare_builds_once_then_reuses(tmp_path: Path) -> None:
     assert second["summary"]["reused"] == 2 and second["summary"]["built"] == 0
 
     # an episode's sandbox afterwards: the image is there, nothing is built in its creation
-    from sandboxes.docker import DockerBackend
-    from tasks.loaders import load_task_dir
-    from tasks.runtime import sandbox_spec_for
+    from sandgym.sandboxes.docker import DockerBackend
+    from sandgym.tasks.loaders import load_task_dir
+    from sandgym.tasks.runtime import sandbox_spec_for
 
     backend = DockerBackend(owner_id="test-prep-" + os.urandom(4).hex())
     try:

@@ -2,7 +2,7 @@
 images/terminal-bench-harness): each case below is a real pytest run (8.4.1, as its task images
 run) in that package's container; the package scores it with its own `PytestParser` and
 `Harness._is_resolved` (a parse failure is its `FailureMode.PARSE_ERROR`, unresolved), and
-sandgym scores the same run's JUnit report and output as `tasks.verifier.run` does for a
+sandgym scores the same run's JUnit report and output as `sandgym.tasks.verifier.run` does for a
 `tbench` task. The two verdicts must agree on every case."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.harbor_runner import ensure_runner_image
-from tasks.errors import VerifierError
-from tasks.verifier.rewards import tbench_reward
+from lab.bench.harbor_runner import ensure_runner_image
+from sandgym.tasks.errors import VerifierError
+from sandgym.tasks.verifier.rewards import tbench_reward
 from tests.reliability.conftest import docker_ready
 
 REPO = Path(__file__).resolve().parents[2]
@@ -84,7 +84,7 @@ def _write_cases(root: Path) -> None:
 
 
 def _sandgym_resolved(case: Path) -> tuple[bool, str]:
-    """sandgym's verdict on one run, as tasks.verifier.run scores a `tbench` task: a pass is
+    """sandgym's verdict on one run, as sandgym.tasks.verifier.run scores a `tbench` task: a pass is
     reward 1.0; no result at all is `parse_error`, reward 0.0."""
     junit = case / "junit.xml"
     output = (case / "output.txt").read_text()

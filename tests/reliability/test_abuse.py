@@ -4,7 +4,7 @@ Each abuse runs as one episode's action while a neighbouring episode keeps stepp
 hold: the abusive action comes back (a result or a named error, never a hang), the neighbour's
 steps all succeed, the server stays up, and the abuse is contained by a limit (pids, memory,
 file size, output cap, action timeout, no network, no Docker socket). Latency figures under
-abuse are measured by `bench/reliability.py`, never asserted here.
+abuse are measured by `lab/bench/reliability.py`, never asserted here.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from envserver.client import AsyncEnvClient, EnvError, StepResult
-from envserver.runner import ServerProcess
+from sandgym.client.env_client import AsyncEnvClient, EnvError, StepResult
+from sandgym.server.runner import ServerProcess
 from tests.reliability.conftest import REL_TASK, docker_ready, local_ready
 from tests.waiting import wait_until
 

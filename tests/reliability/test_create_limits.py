@@ -1,4 +1,4 @@
-"""Creation limits shared across processes (`sandboxes.createlimit`).
+"""Creation limits shared across processes (`sandgym.sandboxes.createlimit`).
 
 - the cap: three `sandgym serve --backend local` processes, each asked for four episodes at
   once, share `max_starting=2`. Each sandbox's healthcheck (run inside it, as part of its
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import httpx
 
-from envserver.client import AsyncEnvClient
-from envserver.runner import ServerProcess
+from sandgym.client.env_client import AsyncEnvClient
+from sandgym.server.runner import ServerProcess
 from tests.reliability.conftest import needs_local
 
 TASK = "limit-task"
@@ -98,7 +98,7 @@ async def test_servers_on_one_host_share_the_cap_on_sandboxes_being_started(
 
 WORKER = """
 import asyncio, json, sys
-from sandboxes.createlimit import CreateLimitSettings, HostCreateLimiter
+from sandgym.sandboxes.createlimit import CreateLimitSettings, HostCreateLimiter
 
 async def main():
     lim = HostCreateLimiter("e2b", CreateLimitSettings(rate_per_s=5, burst=1, directory=sys.argv[1]))

@@ -26,8 +26,8 @@ import httpx
 import pytest
 from websockets.asyncio.client import connect
 
-from envserver.client import AsyncEnvClient, EnvError
-from envserver.runner import ServerProcess
+from sandgym.client.env_client import AsyncEnvClient, EnvError
+from sandgym.server.runner import ServerProcess
 from tests.docker_engine import process_running
 from tests.reliability.conftest import REL_TASK, containers_of_pid, needs_docker
 from tests.waiting import wait_until, wait_until_in_thread
@@ -79,7 +79,7 @@ async def test_sigkilled_server_restart_reaps_all_orphans(rel_tasks: Path) -> No
         orphans = await asyncio.to_thread(containers_of_pid, old_pid)
         assert len(orphans) >= 20, orphans
         restarted = await start_server(rel_tasks)
-        # Polled with a generous bound (how fast the reaper is, is bench/reliability.py's).
+        # Polled with a generous bound (how fast the reaper is, is lab/bench/reliability.py's).
         await wait_until(
             lambda: not containers_of_pid(old_pid), 120.0, 0.2, "zero orphans after restart"
         )
@@ -309,7 +309,7 @@ async def test_server_recovers_after_dockerd_restart(rel_tasks: Path, tmp_path: 
                 messages.append(exc.message[:300])
                 await asyncio.sleep(1.0)
         assert ok, f"no episode worked after dockerd came back; errors: {codes} {messages[-3:]}"
-        from envserver.protocol import ERROR_CODES
+        from sandgym.wire.protocol import ERROR_CODES
 
         assert set(codes) <= set(ERROR_CODES), codes
     finally:
@@ -321,7 +321,7 @@ async def test_server_recovers_after_dockerd_restart(rel_tasks: Path, tmp_path: 
         # Creations in flight when the engine died left containers the stopped server never
         # learnt of (its owner pid is dead now: `sandgym reap` takes them), and what the
         # killed engine was running still runs under shims no engine lists.
-        from sandboxes.reaper import reap
+        from sandgym.sandboxes.reaper import reap
 
         await reap(["docker"])
         await asyncio.to_thread(kill_orphaned_shims)

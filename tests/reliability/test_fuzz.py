@@ -25,9 +25,15 @@ from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
-from bench.reliability import ACTION_KINDS, REPLY_TYPES, FuzzStats, fuzz_connection, hostile_frames
-from envserver.protocol import ERROR_CODES
-from envserver.runner import ServerProcess
+from lab.bench.reliability import (
+    ACTION_KINDS,
+    REPLY_TYPES,
+    FuzzStats,
+    fuzz_connection,
+    hostile_frames,
+)
+from sandgym.server.runner import ServerProcess
+from sandgym.wire.protocol import ERROR_CODES
 from tests.reliability.conftest import REL_TASK
 
 #: Frames of the raw fuzzer measured for memory, after WARMUP frames (allocator arenas, caches

@@ -12,9 +12,9 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 
-from envserver.runner import BackgroundServer
-from envserver.settings import ServerSettings
-from sandboxes import get_backend
+from sandgym.sandboxes import get_backend
+from sandgym.server.runner import BackgroundServer
+from sandgym.server.settings import ServerSettings
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """Sandboxes with a hard lifetime end by themselves when their server is gone
-(`sandboxes.lifetime`): no server, no reaper, nothing on the host removes them.
+(`sandgym.sandboxes.lifetime`): no server, no reaper, nothing on the host removes them.
 
 - docker: the server is SIGKILLed with one episode leased and a ready sandbox in its pool; the
   containers keep running under the engine (nothing stops them), then each ends itself once its
@@ -9,14 +9,14 @@
   a server that hangs: SIGSTOPped, it neither refreshes nor ends anything, and the sandboxes'
   own init ends them at their deadline.
 
-- made outside a pool (`sandboxes.lifetime.OwnLifetimes`): a separate verifier's sandbox, made
+- made outside a pool (`sandgym.sandboxes.lifetime.OwnLifetimes`): a separate verifier's sandbox, made
   by the server while it scores, ends by itself after the server is SIGKILLed mid-verification
   (its verifier's timeout plus the grace after it was made); `sandgym tasks check`'s sandbox
   ends by itself after the command is SIGKILLed mid-oracle (the task's limits plus the grace);
   the private verifier's container beside a docker sandbox ends by itself after the server is
   SIGKILLed mid-verification (its timeout plus the grace after it started).
 - the services beside a docker sandbox (a compose task): after the server is SIGKILLed, each
-  ends by itself at the sandbox's deadline (its watcher, `sandboxes.docker.service_life`).
+  ends by itself at the sandbox's deadline (its watcher, `sandgym.sandboxes.docker.service_life`).
 
 Ends are polled with a generous bound; how fast is not asserted.
 """
@@ -33,8 +33,8 @@ from typing import Any
 
 import pytest
 
-from envserver.client import AsyncEnvClient
-from envserver.runner import ServerProcess
+from sandgym.client.env_client import AsyncEnvClient
+from sandgym.server.runner import ServerProcess
 from tests.reliability.conftest import (
     IMAGE,
     containers_of_pid,
@@ -170,7 +170,7 @@ def local_sandbox_pids(root: Path) -> dict[str, list[int]]:
 
 @needs_local
 async def test_local_sandboxes_end_themselves_when_server_hangs(tmp_path: Path) -> None:
-    from sandboxes.reaper import reap
+    from sandgym.sandboxes.reaper import reap
 
     tasks = write_task(tmp_path / "tasks")
     root = tmp_path / "local"

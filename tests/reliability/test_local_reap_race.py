@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.labels import LABEL_LEASE_EXPIRY, LABEL_MANAGED, LABEL_OWNER, LABEL_OWNER_PID
-from sandboxes.local import LocalBackend
-from sandboxes.spec import SandboxSpec
+from sandgym.sandboxes.labels import LABEL_LEASE_EXPIRY, LABEL_MANAGED, LABEL_OWNER, LABEL_OWNER_PID
+from sandgym.sandboxes.local import LocalBackend
+from sandgym.sandboxes.spec import SandboxSpec
 from tests.reliability.conftest import needs_local
 
 

@@ -20,12 +20,12 @@ from starlette.routing import Route
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from envserver.client import AsyncEnvClient, EnvError
-from envserver.runner import BackgroundServer
-from envserver.settings import ServerSettings
-from sandboxes import get_backend
-from tasks import TaskRegistry, load_task_dir
-from tasks.errors import TaskError
+from sandgym.client.env_client import AsyncEnvClient, EnvError
+from sandgym.sandboxes import get_backend
+from sandgym.server.runner import BackgroundServer
+from sandgym.server.settings import ServerSettings
+from sandgym.tasks import TaskRegistry, load_task_dir
+from sandgym.tasks.errors import TaskError
 from tests.reliability.conftest import REL_TASK, docker_ready, local_ready
 
 TOKEN = "s3cret-token"
@@ -309,7 +309,7 @@ def test_task_dir_symlinks_out_of_the_task_are_refused(tmp_path: Path, host_secr
     t = harbor_task(tmp_path, "copy-escape", "FROM sandgym/terminal\nCOPY leak /app/leak\n")
     (t / "environment" / "leak").symlink_to(host_secret)
     with pytest.raises(TaskError, match="leaves the context|outside|symlink"):
-        from tasks.runtime import sandbox_spec_for
+        from sandgym.tasks.runtime import sandbox_spec_for
 
         sandbox_spec_for(load_task_dir(t))
     # Task files (instruction, tests) that are symlinks to host files.
@@ -359,7 +359,7 @@ def test_loading_task_dirs_runs_no_host_code(tmp_path: Path) -> None:
     reg = TaskRegistry([tmp_path / "tasks"], include_builtin=False)
     ids = reg.ids()
     assert "hostile" in ids
-    from tasks.runtime import sandbox_spec_for
+    from sandgym.tasks.runtime import sandbox_spec_for
 
     for tid in ids:
         sandbox_spec_for(reg.get(tid))
@@ -374,8 +374,8 @@ def test_loading_task_dirs_runs_no_host_code(tmp_path: Path) -> None:
 async def test_local_sandbox_cannot_read_host_secrets_in_shared_etc() -> None:
     """The local backend shares the host's /etc read-only; its secret files read as empty
     (sandbox root is host root in the user namespace when the server runs as root)."""
-    from sandboxes.local import _host_secret_files
-    from sandboxes.spec import SandboxSpec
+    from sandgym.sandboxes.local import _host_secret_files
+    from sandgym.sandboxes.spec import SandboxSpec
 
     secrets_here = _host_secret_files()
     # the skip is for a host without such files, never for a lookup that misses them

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from sandboxes.common.tolerated import TOLERATED
-from sandboxes.errors import BackendUnavailableError, SandboxError, SandboxLostError
-from sandboxes.spec import SandboxSpec
+from sandgym.sandboxes.common.tolerated import TOLERATED
+from sandgym.sandboxes.errors import BackendUnavailableError, SandboxError, SandboxLostError
+from sandgym.sandboxes.spec import SandboxSpec
 
 
 class FakeDockerAPI:
@@ -64,7 +64,7 @@ class _Client:
 
 def _docker_sandbox(tmp_path: Path, api: FakeDockerAPI) -> Any:
     pytest.importorskip("docker")
-    from sandboxes.docker import DockerBackend, DockerSandbox
+    from sandgym.sandboxes.docker import DockerBackend, DockerSandbox
 
     backend = DockerBackend(owner_id="test", bridge_root=str(tmp_path / "bridge"))
     backend.engine._client = _Client(api)  # what `engine.client()` hands out once connected
@@ -102,7 +102,7 @@ async def test_docker_exec_engine_failure_is_an_error_not_a_timeouts_result(
 async def e2b_sandbox(tmp_path: Path) -> Any:
     if shutil.which("bwrap") is None or shutil.which("nsenter") is None:
         pytest.skip("the E2B fake runs its VMs with bubblewrap + nsenter, not installed")
-    from sandboxes.e2b import E2BBackend
+    from sandgym.sandboxes.e2b import E2BBackend
     from tests.fakes.e2b_fake import FakeE2BCloud
 
     cloud = FakeE2BCloud(root=tmp_path / "cloud")

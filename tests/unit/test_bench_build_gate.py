@@ -1,4 +1,4 @@
-"""bench/build_gate.py and its use by `sandgym bench harbor_compat --prune-images`: a finished
+"""lab/bench/build_gate.py and its use by `sandgym bench harbor_compat --prune-images`: a finished
 task's image is never removed while another task's image builds (the legacy builder shares step
 images between builds; removing them under a build lost its layer, issue 32)."""
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from bench import harbor_compat as hc
-from bench.build_gate import BuildGate
+from lab.bench import harbor_compat as hc
+from lab.bench.build_gate import BuildGate
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tasks"
 
@@ -83,7 +83,7 @@ async def test_check_one_builds_the_image_inside_the_gate() -> None:
             seen.append(gate.building)
             raise RuntimeError("stop after the build")
 
-    from tasks.loaders import load_task_dir
+    from sandgym.tasks.loaders import load_task_dir
 
     task = load_task_dir(FIXTURES / "harbor-legacy")
     entry = await hc._check_one(task, Backend(), {}, 60.0, 0, gate=gate)
@@ -108,7 +108,7 @@ async def test_check_one_records_the_local_base_image_its_task_started_on(
         async def image_for(self, spec: Any) -> str:
             raise RuntimeError("stop after the build")
 
-    from tasks.loaders import load_task_dir
+    from sandgym.tasks.loaders import load_task_dir
 
     task = load_task_dir(FIXTURES / "harbor-legacy")
     base = hc._base_image(task)

@@ -1,4 +1,4 @@
-"""bench/compat_replication: two harbor_compat documents of one set, task by task, as written."""
+"""lab/bench/compat_replication: two harbor_compat documents of one set, task by task, as written."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from bench import compat_replication as rep
+from lab.bench import compat_replication as rep
 
 
 def line(task_id: str, category: str, reason: str, **more: Any) -> dict[str, Any]:

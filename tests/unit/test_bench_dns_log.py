@@ -1,5 +1,5 @@
-"""The DNS log of `sandgym bench harbor_compat --dns-log` (bench/dns_log.py) and the evidence it
-gives (`bench.compat_outcome.dns_evidence`): the wire parsing, which names count as unanswered
+"""The DNS log of `sandgym bench harbor_compat --dns-log` (lab/bench/dns_log.py) and the evidence it
+gives (`lab.bench.compat_outcome.dns_evidence`): the wire parsing, which names count as unanswered
 per phase, and the rule that a failing episode's unanswered lookup plus a failed lookup in its
 output puts the task outside the reachable figures, while either alone does not."""
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from bench.compat_outcome import decide, dns_evidence
-from bench.dns_log import DnsLog, Lookup, bridge_gateway, parse_question, reply_summary
+from lab.bench.compat_outcome import decide, dns_evidence
+from lab.bench.dns_log import DnsLog, Lookup, bridge_gateway, parse_question, reply_summary
 
 
 def _query(name: str, qtype: int = 1) -> bytes:
@@ -146,7 +146,7 @@ def test_dns_log_is_refused_where_its_lookups_could_not_be_told_apart(
     what it expected and found (exit 2), before any task runs."""
     import argparse
 
-    from bench import harbor_compat as hc
+    from lab.bench import harbor_compat as hc
 
     root = tmp_path / "ds"
     root.mkdir()

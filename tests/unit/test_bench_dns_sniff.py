@@ -1,4 +1,4 @@
-"""The lookups read off the engine's bridges (bench/dns_sniff.py) and what they add to the DNS log
+"""The lookups read off the engine's bridges (lab/bench/dns_sniff.py) and what they add to the DNS log
 of `sandgym bench harbor_compat --dns-log`: each query paired with its own reply, the forwarder's
 traffic left to the forwarder, the phase that was marked when the query crossed, and a failed
 image build whose lookup got no address as evidence (`dns_evidence`, the build phase)."""
@@ -10,9 +10,9 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from bench.compat_outcome import decide, dns_evidence
-from bench.dns_log import DnsLog, Lookup
-from bench.dns_sniff import DnsPairing, engine_bridges, udp_datagram
+from lab.bench.compat_outcome import decide, dns_evidence
+from lab.bench.dns_log import DnsLog, Lookup
+from lab.bench.dns_sniff import DnsPairing, engine_bridges, udp_datagram
 
 
 def _dns(dns_id: int, flags: int, name: str, answers: int = 0) -> bytes:

@@ -1,4 +1,4 @@
-"""Unit tests of `bench/harbor_compat.py`: failure classification, verdicts, the summary, and a
+"""Unit tests of `lab/bench/harbor_compat.py`: failure classification, verdicts, the summary, and a
 whole run on the null backend over the Harbor fixtures (no Docker)."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from bench import harbor_compat as hc
-from sandboxes.errors import SandboxCreateError
-from tasks.check import CheckError
-from tasks.errors import TaskUnsupportedError, VerifierError
+from lab.bench import harbor_compat as hc
+from sandgym.sandboxes.errors import SandboxCreateError
+from sandgym.tasks.check import CheckError
+from sandgym.tasks.errors import TaskUnsupportedError, VerifierError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tasks"
 
@@ -282,7 +282,7 @@ def test_a_run_refuses_to_start_while_a_stand_in_is_not_built(
 def test_a_copy_from_image_the_builder_could_not_pull_is_the_evidence_not_the_base() -> None:
     """Terminal-Bench 1's conda-env-conflict-resolution builds FROM a base that has a local
     stand-in, then `COPY --from=continuumio/miniconda3:25.1.1-2` (Docker Hub)."""
-    from bench.compat_outcome import base_image_evidence
+    from lab.bench.compat_outcome import base_image_evidence
 
     line = (
         "SandboxCreateError: building /t/client/Dockerfile failed: invalid from flag value "
@@ -319,7 +319,7 @@ UV_NO_SPACE = (
 
 
 def test_a_full_disk_is_its_own_reason_and_never_a_clean_verdict() -> None:
-    from bench.compat_outcome import build_error_line
+    from lab.bench.compat_outcome import build_error_line
 
     text = "SandboxCreateError: building ctx/Dockerfile failed: ...\n" + PIP_NO_SPACE
     assert hc.classify_build_error(text) == "disk_full"

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from bench import harbor_compat as hc
-from bench import substitutions as sb
+from lab.bench import harbor_compat as hc
+from lab.bench import substitutions as sb
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tasks"
 
@@ -450,7 +450,7 @@ async def test_rerun_checks_named_tasks_again_and_keeps_the_earlier_runs_named(
     monkeypatch.setattr(hc, "_check_one", fake)
     jsonl, out = tmp_path / "run.jsonl", tmp_path / "run.json"
     base = ["--tasks-dir", str(a), "--source-name", "A", "--jsonl", str(jsonl), "--out", str(out)]
-    from bench.report import save_json
+    from lab.bench.report import save_json
 
     first = await hc.run_compat(_args(tmp_path, *base))
     save_json(first, out)
@@ -573,7 +573,7 @@ def test_uv_registry_image_is_copied_from_the_local_stand_in() -> None:
 
 
 def test_a_zero_limit_gives_each_task_its_own_limits() -> None:
-    from tasks import load_task_dir
+    from sandgym.tasks import load_task_dir
 
     task = load_task_dir(FIXTURES / "harbor-legacy")
     assert hc.task_limit_s(task, 600.0) == 600.0
@@ -587,7 +587,7 @@ def test_a_zero_limit_gives_each_task_its_own_limits() -> None:
 
 
 def test_a_failed_download_early_in_a_long_oracle_output_is_still_seen() -> None:
-    from bench.harbor_compat import network_failure_lines
+    from lab.bench.harbor_compat import network_failure_lines
 
     out = (
         "Downloading model...\n"
@@ -686,7 +686,7 @@ def test_terminal_bench_1_harness_scripts_and_multi_source_copies_are_rewritten_
     """Terminal-Bench 1's run-tests.sh sources tests/setup-uv-pytest.sh, which fetches uv from
     astral.sh: the uv substitution reaches it (before: `uv: command not found`); a BuildKit-only
     multi-source COPY is listed per task with the file it is in."""
-    from tasks import load_task_dir
+    from sandgym.tasks import load_task_dir
 
     src = tmp_path / "src"
     shutil.copytree(FIXTURES / "tbench-modern", src)
@@ -800,7 +800,7 @@ def test_a_base_image_no_registry_serves_and_no_stand_in_replaces_leaves_the_den
 def test_the_base_image_of_a_multi_stage_dockerfile_is_its_last_stage(tmp_path: Path) -> None:
     """financial-document-processor (two stages, `COPY --from` uv's image): its line named no
     base image, so its Ubuntu pin on the Debian stand-in could not be told a stand-in limit."""
-    from tasks import load_task_dir
+    from sandgym.tasks import load_task_dir
 
     d = tmp_path / "t"
     shutil.copytree(FIXTURES / "harbor-legacy", d)
@@ -846,7 +846,7 @@ def test_a_fetch_without_a_written_host_is_evidence_once_its_call_names_it(tmp_p
     kin-del-2024.s3.amazonaws.com: the solution fetches that host, so with the failing output
     naming it the task needs a host unreachable here. Without the call, the same output is
     no evidence."""
-    from bench.compat_outcome import decide
+    from lab.bench.compat_outcome import decide
 
     task = tmp_path / "t"
     task.mkdir()
@@ -891,7 +891,7 @@ def test_a_tools_failed_lookup_names_its_host(line: str, host: str) -> None:
     """sqlite-with-gcov's solution runs `wget https://www.sqlite.org/...`; wget says only
     `Resolving www.sqlite.org (...)... failed`: that line names the host, so with the solution
     naming it too the task needs a host unreachable here (it was recorded failing)."""
-    from bench.compat_outcome import decide
+    from lab.bench.compat_outcome import decide
 
     assert host in sb.unreachable_hosts(line)
     entry = {
@@ -1006,7 +1006,7 @@ def test_a_hub_call_given_a_variable_set_to_a_repository_id_fetches_huggingface(
     finetuned-sst-2-english'` (an older Hub id, no "org/") and calls
     `from_pretrained(model_name)`; its output says it could not connect to huggingface.co. A
     variable set to a path is no fetch."""
-    from bench.compat_outcome import decide
+    from lab.bench.compat_outcome import decide
 
     script = (
         "model_name = 'distilbert-base-uncased-finetuned-sst-2-english'\n"
@@ -1023,7 +1023,7 @@ def test_a_hub_call_given_a_variable_set_to_a_repository_id_fetches_huggingface(
 
 
 def test_a_service_image_run_on_a_stand_in_is_listed_like_a_substitution(tmp_path: Path) -> None:
-    from tasks import load_task_dir
+    from sandgym.tasks import load_task_dir
 
     task_dir = tmp_path / "sheets"
     shutil.copytree(FIXTURES / "tbench-modern", task_dir)

@@ -1,4 +1,4 @@
-"""bench/host_load.py: the host's busy and stolen CPU shares over a check, and the check's line
+"""lab/bench/host_load.py: the host's busy and stolen CPU shares over a check, and the check's line
 carrying them (`host_load`)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from bench import harbor_compat as hc
-from bench.host_load import DiskSpace, HostLoad
+from lab.bench import harbor_compat as hc
+from lab.bench.host_load import DiskSpace, HostLoad
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tasks"
 
@@ -56,7 +56,7 @@ async def test_check_one_puts_the_host_load_on_its_line(monkeypatch: pytest.Monk
         async def image_for(self, spec: Any) -> str:
             raise RuntimeError("stop after the build")
 
-    from tasks.loaders import load_task_dir
+    from sandgym.tasks.loaders import load_task_dir
 
     entry = await hc._check_one(load_task_dir(FIXTURES / "harbor-legacy"), Backend(), {}, 60.0, 0)
     assert spans == ["start", "finish"]
@@ -80,7 +80,7 @@ async def test_check_one_puts_the_engine_disk_on_its_line(
         async def image_for(self, spec: Any) -> str:
             raise RuntimeError("stop after the build")
 
-    from tasks.loaders import load_task_dir
+    from sandgym.tasks.loaders import load_task_dir
 
     task = load_task_dir(FIXTURES / "harbor-legacy")
     entry = await hc._check_one(task, Backend(), {}, 60.0, 0, engine_root=tmp_path)

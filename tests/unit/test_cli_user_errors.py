@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from envserver.runner import BackgroundServer
-from envserver.settings import ServerSettings
-from sandgym_cli.main import main
+from sandgym.cli.main import main
+from sandgym.server.runner import BackgroundServer
+from sandgym.server.settings import ServerSettings
 
 
 def test_run_unknown_task_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
@@ -22,14 +22,23 @@ def test_run_unknown_task_is_one_line(capsys: pytest.CaptureFixture[str]) -> Non
     assert "Traceback" not in err
 
 
-def test_eval_unknown_task_runs_nothing(
-    capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def test_eval_unknown_task_runs_nothing(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     out = tmp_path / "episodes.jsonl"
     with BackgroundServer(ServerSettings(backend="null", port=0)) as srv:
         rc = main(
-            ["eval", "--server-url", srv.url, "--tasks", "builtin/hello-file", "builtin/nope",
-             "--agent", "noop", "--out", str(out), "--json"]
+            [
+                "eval",
+                "--server-url",
+                srv.url,
+                "--tasks",
+                "builtin/hello-file",
+                "builtin/nope",
+                "--agent",
+                "noop",
+                "--out",
+                str(out),
+                "--json",
+            ]
         )
     captured = capsys.readouterr()
     assert rc == 2
@@ -40,8 +49,17 @@ def test_eval_unknown_task_runs_nothing(
 
 def test_eval_without_server_says_so(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     rc = main(
-        ["eval", "--server-url", "ws://127.0.0.1:9/v1/env", "--tasks", "builtin/hello-file",
-         "--agent", "noop", "--out", str(tmp_path / "e.jsonl")]
+        [
+            "eval",
+            "--server-url",
+            "ws://127.0.0.1:9/v1/env",
+            "--tasks",
+            "builtin/hello-file",
+            "--agent",
+            "noop",
+            "--out",
+            str(tmp_path / "e.jsonl"),
+        ]
     )
     err = capsys.readouterr().err
     assert rc == 2

@@ -1,4 +1,4 @@
-"""The trainer's balancing over env servers (trainer/cluster.py `ServerBalancer`) and the rollout
+"""The trainer's balancing over env servers (sandgym/trainer/cluster.py `ServerBalancer`) and the rollout
 runner's fallback choice: a group goes to one server, the least-loaded that has room for all of
 it; a server's capacity answer is respected; a server that stops answering gets no new group
 and is used again once it answers."""
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from trainer.cluster import ServerBalancer
+from sandgym.trainer.cluster import ServerBalancer
 
 A, B, C = "ws://a:1/v1/env", "ws://b:1/v1/env", "ws://c:1/v1/env"
 
@@ -107,9 +107,9 @@ def test_plan_prewarms_where_the_next_groups_go_and_changes_nothing() -> None:
 
 
 def test_probe_capacity_reads_v1_sessions() -> None:
-    from envserver.runner import BackgroundServer
-    from envserver.settings import ServerSettings
-    from trainer.cluster import probe_capacity, probe_sessions
+    from sandgym.server.runner import BackgroundServer
+    from sandgym.server.settings import ServerSettings
+    from sandgym.trainer.cluster import probe_capacity, probe_sessions
 
     with BackgroundServer(ServerSettings(backend="null", port=0, max_sessions=7)) as srv:
         assert probe_capacity(srv.url) == 7
@@ -137,9 +137,9 @@ class _Client:
 
 @pytest.mark.asyncio
 async def test_runner_keeps_a_group_on_one_server_and_honours_the_trainers_choice() -> None:
-    from trainer.agents import NoopAgent
-    from trainer.config import TrainConfig
-    from trainer.rollout import EpisodeRunner
+    from sandgym.trainer.agents import NoopAgent
+    from sandgym.trainer.config import TrainConfig
+    from sandgym.trainer.rollout import EpisodeRunner
 
     cfg = TrainConfig.model_validate(
         {"env": {"server_urls": [A, B, C], "task_ids": ["t"]}, "agent": {"kind": "noop"}}

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.services import ServiceSpec
-from sandboxes.spec import SandboxSpec
-from tasks import load_task_dir
-from tasks.errors import ComposeUnsupportedError
-from tasks.runtime import sandbox_spec_for
+from sandgym.sandboxes.services import ServiceSpec
+from sandgym.sandboxes.spec import SandboxSpec
+from sandgym.tasks import load_task_dir
+from sandgym.tasks.errors import ComposeUnsupportedError
+from sandgym.tasks.runtime import sandbox_spec_for
 from tests.unit.test_compose_services import harbor_task, tb1_task
 
 TB1_FIXED = """\

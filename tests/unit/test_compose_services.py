@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes import SandboxSpec
-from sandboxes.base import SandboxBackend
-from sandboxes.errors import SandboxGroupUnsupportedError, SandboxHealthcheckError
-from sandboxes.health import run_healthcheck
-from sandboxes.null import NullBackend
-from sandboxes.services import HealthcheckSpec, ServiceSpec, start_order
-from sandboxes.spec import ExecResult
-from tasks import TaskLoadError, load_task_dir
-from tasks.errors import ComposeUnsupportedError
-from tasks.runtime import sandbox_spec_for
+from sandgym.sandboxes import SandboxSpec
+from sandgym.sandboxes.base import SandboxBackend
+from sandgym.sandboxes.errors import SandboxGroupUnsupportedError, SandboxHealthcheckError
+from sandgym.sandboxes.health import run_healthcheck
+from sandgym.sandboxes.null import NullBackend
+from sandgym.sandboxes.services import HealthcheckSpec, ServiceSpec, start_order
+from sandgym.sandboxes.spec import ExecResult
+from sandgym.tasks import TaskLoadError, load_task_dir
+from sandgym.tasks.errors import ComposeUnsupportedError
+from sandgym.tasks.runtime import sandbox_spec_for
 
 
 def harbor_task(root: Path, compose: str | None, toml_extra: str = "") -> Path:
@@ -377,10 +377,10 @@ def test_spec_checks_the_group() -> None:
 
 
 async def test_backends_without_groups_refuse_services(tmp_path: Path) -> None:
-    from envserver.errors import to_wire_error
-    from sandboxes.docker import DockerBackend
-    from sandboxes.e2b import E2BBackend
-    from sandboxes.local import LocalBackend
+    from sandgym.sandboxes.docker import DockerBackend
+    from sandgym.sandboxes.e2b import E2BBackend
+    from sandgym.sandboxes.local import LocalBackend
+    from sandgym.server.errors import to_wire_error
 
     spec = SandboxSpec(services=(ServiceSpec(name="db", image="postgres:15"),))
     null = NullBackend()
@@ -503,7 +503,7 @@ def test_tbench_tmpfs_dns_extra_hosts_reach_the_sandbox_spec(tmp_path: Path) -> 
     """extract-safely and oom mount a tmpfs on the client, broken-networking gives it a DNS
     server and /etc/hosts lines: loaded, carried to the SandboxSpec, and turned into the docker
     host config (the verifier's container: the tmpfs only, it shares the sandbox's network)."""
-    from sandboxes.docker.confine import Confinement
+    from sandgym.sandboxes.docker.confine import Confinement
 
     compose = TB1_COMPOSE.replace("        depends_on: [server]\n", MAIN_SETTINGS)
     task = load_task_dir(tb1_task(tmp_path, compose))
@@ -583,8 +583,8 @@ def test_an_anonymous_volume_beside_the_main_service(tmp_path: Path) -> None:
 
 
 async def test_backends_other_than_docker_refuse_container_settings(tmp_path: Path) -> None:
-    from sandboxes.docker import DockerBackend
-    from sandboxes.local import LocalBackend
+    from sandgym.sandboxes.docker import DockerBackend
+    from sandgym.sandboxes.local import LocalBackend
 
     for key, value in (
         ("tmpfs", (("/root", "size=1M"),)),

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.demo_stats import HeldoutOverlapError, check_heldout_disjoint, compare, summary_text
-from tasks.registry import CATALOG_DIR
+from lab.bench.demo_stats import HeldoutOverlapError, check_heldout_disjoint, compare, summary_text
+from sandgym.tasks.registry import CATALOG_DIR
 
 GENERATOR = CATALOG_DIR / "file-ops" / "environment" / "generate.py"
 
@@ -91,9 +91,9 @@ def family_instructions(family_dir: Path, seeds: range, tmp_path: Path) -> list[
 
 
 def test_the_heldout_family_has_unseen_wordings_and_an_unseen_operation(tmp_path: Path) -> None:
-    from bench.demo_stats import check_heldout_novel, wording_template
-    from bench.train_demo import operation
-    from bench.train_probe import HELDOUT_TASKS
+    from lab.bench.demo_stats import check_heldout_novel, wording_template
+    from lab.bench.train_demo import operation
+    from lab.bench.train_probe import HELDOUT_TASKS
 
     training = family_instructions(CATALOG_DIR / "path-ops", range(60), tmp_path)
     heldout = family_instructions(HELDOUT_TASKS / "heldout-ops", range(100_000, 100_040), tmp_path)
@@ -114,7 +114,7 @@ def test_the_heldout_family_has_unseen_wordings_and_an_unseen_operation(tmp_path
 
 
 def test_seed_level_interval_treats_the_seed_as_the_unit() -> None:
-    from bench.demo_stats import compare, rewards_by_seed, seed_level_compare
+    from lab.bench.demo_stats import compare, rewards_by_seed, seed_level_compare
 
     # 4 seeds x 8 episodes: within a seed the episodes agree (the instance decides), so the
     # 32 episodes carry the information of 4 observations

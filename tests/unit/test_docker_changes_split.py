@@ -1,9 +1,9 @@
-"""`sandboxes.docker.changes.split_diff`: which `docker diff` entries are the sandbox's own
+"""`sandgym.sandboxes.docker.changes.split_diff`: which `docker diff` entries are the sandbox's own
 changes (packed or deleted) and which are what the engine mounts into every container."""
 
 from __future__ import annotations
 
-from sandboxes.docker.changes import split_diff
+from sandgym.sandboxes.docker.changes import split_diff
 
 
 def test_engine_paths_mounts_and_init_are_left_out() -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes import (
+from sandgym.sandboxes import (
     BackendUnavailableError,
     SandboxClosedError,
     SandboxCreateError,
@@ -29,8 +29,8 @@ from sandboxes import (
     SandboxSpec,
     get_backend,
 )
-from sandboxes.e2b import LABEL_SANDBOX_ID, E2BBackend, template_for_image
-from sandboxes.labels import (
+from sandgym.sandboxes.e2b import LABEL_SANDBOX_ID, E2BBackend, template_for_image
+from sandgym.sandboxes.labels import (
     LABEL_FINGERPRINT,
     LABEL_LEASE_EXPIRY,
     LABEL_MANAGED,
@@ -362,7 +362,7 @@ async def test_close_is_idempotent_and_kills_the_vm(cloud, backend):
 
 # -- reaping -----------------------------------------------------------------------------------
 async def test_sandgym_reap_covers_e2b(cloud, backend, monkeypatch):
-    from sandboxes.reaper import ReapReport, default_backends, reap_backend
+    from sandgym.sandboxes.reaper import ReapReport, default_backends, reap_backend
 
     expired_backend = E2BBackend(api_key=cloud.api_key, sdk=cloud.sdk, lease_s=-10)
     expired = await expired_backend.create(SandboxSpec())

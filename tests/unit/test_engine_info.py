@@ -1,4 +1,4 @@
-"""`EngineInfo` (sandboxes/docker/engine_info.py): the one reading of `docker info` that the
+"""`EngineInfo` (sandgym/sandboxes/docker/engine_info.py): the one reading of `docker info` that the
 docker backend's storage quota, `sandgym reap`'s qgroup clearing and the benchmarks share."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sandboxes.docker.engine_info import EngineInfo
-from sandboxes.docker.quota import StorageQuota
+from sandgym.sandboxes.docker.engine_info import EngineInfo
+from sandgym.sandboxes.docker.quota import StorageQuota
 
 INFO = {
     "DockerRootDir": "/var/lib/sandgym-docker",

@@ -1,13 +1,13 @@
-"""trainer/episode_runner.py: the one episode loop every agent plays through (reset, the agent's
+"""sandgym/trainer/episode_runner.py: the one episode loop every agent plays through (reset, the agent's
 steps, submit to the end, failures classified by code) on a scripted env client."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from envserver.client import EnvError, StepResult
-from trainer.episode import Episode
-from trainer.episode_runner import EpisodeSession, run_episode
+from sandgym.client.env_client import EnvError, StepResult
+from sandgym.trainer.episode import Episode
+from sandgym.trainer.episode_runner import EpisodeSession, run_episode
 
 
 class ScriptedClient:

@@ -1,5 +1,5 @@
 """`sandgym eval --ray-servers`: eval finds its env servers through Ray as `sandgym train` does
-(trainer.cluster.ray_servers), on a real one-node Ray cluster whose node offers `sandgym`.
+(sandgym.trainer.cluster.ray_servers), on a real one-node Ray cluster whose node offers `sandgym`.
 
 - discover: servers another driver placed (here the test, as `sandgym cluster up` would) get the
   episodes; no URL is given;
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from trainer.eval_cli import add_arguments, run
+from sandgym.trainer.eval_cli import add_arguments, run
 
 REPO = Path(__file__).resolve().parents[2]
 MB = 1024 * 1024
@@ -50,7 +50,7 @@ def ray_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def _sandgym_actors(ray: Any) -> list[str]:
-    from trainer.cluster import ACTOR_PREFIX, NAMESPACE
+    from sandgym.trainer.cluster import ACTOR_PREFIX, NAMESPACE
 
     return [
         a["name"]
@@ -78,7 +78,7 @@ def _eval(tmp_path: Path, *flags: str) -> tuple[int, list[dict[str, Any]]]:
 def test_eval_discovers_the_servers_placed_on_the_cluster(
     ray_node: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from trainer.cluster import EnvServerFleet
+    from sandgym.trainer.cluster import EnvServerFleet
 
     fleet = EnvServerFleet({"backend": "local"}, resource="sandgym")
     try:
@@ -109,7 +109,7 @@ def test_eval_without_servers_on_the_cluster_says_so(ray_node: Any) -> None:
     _wait_no_servers(ray_node)
     address = ray_node.get_runtime_context().gcs_address
     proc = subprocess.run(
-        [sys.executable, "-m", "sandgym_cli", "eval", "--tasks", "builtin/hello-file",
+        [sys.executable, "-m", "sandgym.cli", "eval", "--tasks", "builtin/hello-file",
          "--agent", "noop", "--ray-servers", "discover", "--ray-address", address],
         capture_output=True, text=True, timeout=300, cwd=REPO,
     )  # fmt: skip

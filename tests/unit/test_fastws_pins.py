@@ -1,4 +1,4 @@
-"""envserver/fastws.py overrides internals of uvicorn and websockets: the installed releases must
+"""sandgym/server/fastws.py overrides internals of uvicorn and websockets: the installed releases must
 be the ones it was verified against (pinned exactly in pyproject.toml), and every internal it
 touches must still be there, so an upgrade fails here loudly instead of changing behaviour.
 
@@ -23,7 +23,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from uvicorn.server import ServerState
 from websockets.protocol import Protocol, Side, State
 
-from envserver import fastws
+from sandgym.server import fastws
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
@@ -52,7 +52,7 @@ def test_installed_release_is_the_verified_one(dist: str) -> None:
     installed = importlib.metadata.version(dist)
     verified = fastws.VERIFIED_AGAINST[dist]
     assert installed == verified, (
-        f"envserver/fastws.py was verified against {dist} {verified}, but {installed} is "
+        f"sandgym/server/fastws.py was verified against {dist} {verified}, but {installed} is "
         "installed: re-verify its overrides (tests/e2e/test_server_frames.py, bench sessions) "
         "and bump fastws.VERIFIED_AGAINST and the pin in pyproject.toml together"
     )

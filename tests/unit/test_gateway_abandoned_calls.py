@@ -1,12 +1,12 @@
 """A finished run clears the harness calls of episodes it abandoned in flight
-(`trainer.gateway.records.drop_abandoned_calls`, called by the trainer's shutdown)."""
+(`sandgym.trainer.gateway.records.drop_abandoned_calls`, called by the trainer's shutdown)."""
 
 from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
 
-from trainer.gateway.records import CallStore, drop_abandoned_calls
+from sandgym.trainer.gateway.records import CallStore, drop_abandoned_calls
 
 
 def test_a_finished_runs_left_calls_are_dropped(tmp_path: Path) -> None:

@@ -9,8 +9,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from envserver.errors import to_wire_error
-from envserver.gateway_bridge import SANDBOX_SOCKET, GatewayBridge, GatewayBridgeError, parse_target
+from sandgym.server.errors import to_wire_error
+from sandgym.server.gateway_bridge import (
+    SANDBOX_SOCKET,
+    GatewayBridge,
+    GatewayBridgeError,
+    parse_target,
+)
 
 
 @pytest.mark.parametrize(

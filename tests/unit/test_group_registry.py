@@ -1,4 +1,4 @@
-"""The group registry (envserver/groups.py) and the pool's `forget`, on the null backend: who
+"""The group registry (sandgym/server/groups.py) and the pool's `forget`, on the null backend: who
 prepares, who waits, what a mismatch or a full group gets, a failure (or a vanished member 0)
 handed to every member, and removal after the last member or the ttl."""
 
@@ -8,10 +8,10 @@ import asyncio
 
 import pytest
 
-from envserver.groups import GroupAbandonedError, GroupMismatchError, GroupRegistry, Prepared
-from envserver.protocol import GroupOptions
-from sandboxes import SandboxSpec, get_backend
-from sandboxes.pool import PoolSettings, SandboxPool
+from sandgym.sandboxes import SandboxSpec, get_backend
+from sandgym.sandboxes.pool import PoolSettings, SandboxPool
+from sandgym.server.groups import GroupAbandonedError, GroupMismatchError, GroupRegistry, Prepared
+from sandgym.wire.protocol import GroupOptions
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.harbor_provider import resummarize
-from bench.harbor_provider_summary import summarize
+from lab.bench.harbor_provider import resummarize
+from lab.bench.harbor_provider_summary import summarize
 
 
 def _trial(

@@ -1,5 +1,5 @@
 """The Terminal-Bench 2.0 part of `sandgym bench harbor_provider`: the selection rule over a
-compat record and the one prepared copy both environments run (bench/harbor_provider_tb2.py)."""
+compat record and the one prepared copy both environments run (lab/bench/harbor_provider_tb2.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harbor_provider_tb2 import Tb2SelectionError, prepare, select_tasks
+from lab.bench.harbor_provider_tb2 import Tb2SelectionError, prepare, select_tasks
 
 UV = {"name": "uv-installer-from-pypi", "original": "curl ...", "file": "tests/test.sh"}
 COPY = {"name": "copy-dest-dir-for-classic-builder", "original": "COPY a b /d", "file": "x"}

@@ -1,5 +1,5 @@
 """The one image per task that both sides of `sandgym bench harbor_provider` run: the task copy's
-`[environment] docker_image` names it (bench/harbor_shared_images.py)."""
+`[environment] docker_image` names it (lab/bench/harbor_shared_images.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.harbor_shared_images import (
+from lab.bench.harbor_shared_images import (
     SharedImageError,
     build_argv,
     build_shared,

@@ -1,4 +1,4 @@
-"""The stand-in table, labels, alias decisions and list output of sandboxes/images.py (no engine)."""
+"""The stand-in table, labels, alias decisions and list output of lab/images.py (no engine)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from sandboxes import images as im
-from sandboxes import images_cli
+from lab import images as im
+from lab import images_cli
 
 REPO = Path(__file__).resolve().parents[2]
 ALL_ALIASES = [a for s in im.STANDINS for a in s.aliases]
@@ -161,7 +161,7 @@ def test_bookworm_python_is_built_from_the_release_tarball_on_bookworm() -> None
     # the build tools go again: gcc is not left in a slim image (apt must not keep what is
     # only suggested, as the official Debian images set it)
     assert "apt-get purge -y --auto-remove" in df
-    assert df.index("SuggestsImportant \"false\"") < df.index("apt-get purge")
+    assert df.index('SuggestsImportant "false"') < df.index("apt-get purge")
     tb = next(x for x in im.STANDINS if x.image == "sandgym/standin:tbench-python-3-13")
     assert tb.base == s.image
 
@@ -494,6 +494,6 @@ def test_cli_build_json_reports_steps_and_failure(
 
 
 def test_images_is_a_sandgym_command() -> None:
-    from sandgym_cli import COMMANDS
+    from sandgym.cli import COMMANDS
 
-    assert COMMANDS["images"][0] == "sandboxes.images_cli"
+    assert COMMANDS["images"][0] == "lab.images_cli"

@@ -1,13 +1,12 @@
-"""No import cycle inside any product package (`sandboxes`, `tasks`, `envserver`, `trainer`,
-`integrations`, `sandgym_cli`) nor inside `bench`.
+"""No import cycle inside `sandgym` (across its parts too) nor inside `lab`.
 
 Each module's imports are read with `ast` (module level and inside functions, as they run), so a
 cycle that only a lazy import inside a function closes is caught too. A node is a module by its
-dotted name (`tasks.verifier.pristine`); a package's `__init__` is the package's own name
-(`tasks.verifier`). Importing a submodule loads its package's `__init__` first, but that edge
+dotted name (`sandgym.tasks.verifier.pristine`); a package's `__init__` is the package's own name
+(`sandgym.tasks.verifier`). Importing a submodule loads its package's `__init__` first, but that edge
 is not counted: a package that gathers its submodules is not a cycle. Imports under
 `if TYPE_CHECKING:` never run: the run-time test leaves them out; the stricter test holds the
-modules to the rule that not even a type annotation goes back up (envserver's app and its
+modules to the rule that not even a type annotation goes back up (the server's app and its
 sessions once named each other that way; tasks' episode start and its pristine verifier
 once imported each other lazily; each backend's sandbox and its backend, and e2b's pty bridge
 and its sandbox, once named each other in annotations).
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("sandboxes", "tasks", "envserver", "trainer", "integrations", "sandgym_cli", "bench")
+PACKAGES = ("sandgym", "lab")
 
 
 def _is_type_checking(node: ast.If) -> bool:
@@ -121,20 +120,25 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_the_graph_is_read() -> None:
-    graph = import_graph("envserver", with_type_checking=False)
+    graph = import_graph("sandgym/server", with_type_checking=False)
     # known edges, one at module level and one inside a function: the reader sees both kinds
-    assert "envserver.sessions" in graph["envserver.app"]
-    assert "envserver.openenv_wire" in graph["envserver.app"]
-    assert "envserver.sessions" not in graph["envserver.openenv_wire"]  # under TYPE_CHECKING
-    typed = import_graph("envserver", with_type_checking=True)
-    assert "envserver.sessions" in typed["envserver.openenv_wire"]
-    tasks = import_graph("tasks", with_type_checking=False)
+    assert "sandgym.server.sessions" in graph["sandgym.server.app"]
+    assert "sandgym.server.openenv_wire" in graph["sandgym.server.app"]
+    assert (
+        "sandgym.server.sessions" not in graph["sandgym.server.openenv_wire"]
+    )  # under TYPE_CHECKING
+    typed = import_graph("sandgym/server", with_type_checking=True)
+    assert "sandgym.server.sessions" in typed["sandgym.server.openenv_wire"]
+    tasks = import_graph("sandgym/tasks", with_type_checking=False)
     # nested modules, a package's __init__, and `from package import name`
-    assert "tasks.episode_start" in tasks["tasks.verifier.pristine"]
-    assert "tasks.verifier.run" in tasks["tasks.verifier"]
-    assert "tasks.verifier" in tasks["tasks.check"]
+    assert "sandgym.tasks.episode_start" in tasks["sandgym.tasks.verifier.pristine"]
+    assert "sandgym.tasks.verifier.run" in tasks["sandgym.tasks.verifier"]
+    assert "sandgym.tasks.verifier" in tasks["sandgym.tasks.check"]
     # the version now comes from its own module, not from the package that imports labels
-    assert "sandboxes.version" in import_graph("sandboxes", False)["sandboxes.labels"]
+    assert (
+        "sandgym.sandboxes.version"
+        in import_graph("sandgym/sandboxes", False)["sandgym.sandboxes.labels"]
+    )
 
 
 @pytest.mark.parametrize("package", PACKAGES)

@@ -1,4 +1,4 @@
-"""Hard lifetimes (`sandboxes.lifetime`): which deadline a sandbox carries and when it moves, and
+"""Hard lifetimes (`sandgym.sandboxes.lifetime`): which deadline a sandbox carries and when it moves, and
 on E2B that the provider's own timeout is that deadline (set at create, moved by `set_timeout`,
 whose signature is checked against the released SDK). The sandboxes ending by themselves on
 docker and local is tests/reliability/test_lifetime.py."""
@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes import Sandbox, SandboxSpec
-from sandboxes.lifetime import LifetimeSettings, desired_deadline, needs_write
-from sandboxes.null import NullBackend
-from sandboxes.pool import PoolSettings, SandboxPool
+from sandgym.sandboxes import Sandbox, SandboxSpec
+from sandgym.sandboxes.lifetime import LifetimeSettings, desired_deadline, needs_write
+from sandgym.sandboxes.null import NullBackend
+from sandgym.sandboxes.pool import PoolSettings, SandboxPool
 from tests.waiting import wait_until
 
 
@@ -54,7 +54,7 @@ async def test_null_sandboxes_carry_no_deadline_to_move() -> None:
     reason="the fake E2B cloud runs its sandboxes with bubblewrap + nsenter, not installed",
 )
 async def test_e2b_timeout_is_the_deadline_and_moves_with_it(tmp_path: Path) -> None:
-    from sandboxes.e2b import E2BBackend
+    from sandgym.sandboxes.e2b import E2BBackend
     from tests.fakes.e2b_fake import FakeE2BCloud
 
     e2b = pytest.importorskip("e2b")
@@ -93,9 +93,9 @@ async def test_e2b_timeout_is_the_deadline_and_moves_with_it(tmp_path: Path) -> 
 async def test_server_setting_gives_local_sandboxes_their_deadline_or_none(
     grace: str, tmp_path: Path
 ) -> None:
-    from envserver.settings import ServerSettings
-    from sandboxes.lifetime import read_deadline_file
-    from sandboxes.local import LocalBackend
+    from sandgym.sandboxes.lifetime import read_deadline_file
+    from sandgym.sandboxes.local import LocalBackend
+    from sandgym.server.settings import ServerSettings
 
     settings = ServerSettings(sandbox_grace_s=grace)  # as SANDGYM_SANDBOX_GRACE_S gives it
     life = LifetimeSettings(
@@ -114,8 +114,8 @@ async def test_server_setting_gives_local_sandboxes_their_deadline_or_none(
 
 
 def test_service_argv_is_what_the_engine_would_run() -> None:
-    from sandboxes.docker.service_life import run_with_deadline, service_argv
-    from sandboxes.services import ServiceSpec
+    from sandgym.sandboxes.docker.service_life import run_with_deadline, service_argv
+    from sandgym.sandboxes.services import ServiceSpec
 
     image = {"Entrypoint": ["/entry.sh"], "Cmd": ["serve", "--port", "80"]}
     svc = ServiceSpec(name="db", image="x")
@@ -139,7 +139,7 @@ def test_service_argv_is_what_the_engine_would_run() -> None:
 
 
 def test_grace_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sandboxes.lifetime import settings_from_env
+    from sandgym.sandboxes.lifetime import settings_from_env
 
     monkeypatch.delenv("SANDGYM_SANDBOX_GRACE_S", raising=False)
     assert settings_from_env() == LifetimeSettings()
@@ -158,8 +158,8 @@ def test_grace_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 )
 async def test_a_sandbox_made_outside_a_pool_gets_its_own_limits(tmp_path: Path) -> None:
     """`OwnLifetimes`: the creator's limit plus the grace, as E2B's own timeout; none when off."""
-    from sandboxes.e2b import E2BBackend
-    from sandboxes.lifetime import OwnLifetimes
+    from sandgym.sandboxes.e2b import E2BBackend
+    from sandgym.sandboxes.lifetime import OwnLifetimes
     from tests.fakes.e2b_fake import FakeE2BCloud
 
     cloud = FakeE2BCloud(root=tmp_path / "cloud")

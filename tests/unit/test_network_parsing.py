@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes import NetworkPolicy, NetworkPolicyUnsupportedError, SandboxSpec, get_backend
-from sandboxes.egress import EgressProxy, split_host_port
-from sandboxes.network import NO_NETWORK, PUBLIC, clamp, parse_policy
-from tasks.errors import TaskLoadError
-from tasks.loaders import load_task_dir
-from tasks.runtime import sandbox_spec_for
+from sandgym.sandboxes import NetworkPolicy, NetworkPolicyUnsupportedError, SandboxSpec, get_backend
+from sandgym.sandboxes.egress import EgressProxy, split_host_port
+from sandgym.sandboxes.network import NO_NETWORK, PUBLIC, clamp, parse_policy
+from sandgym.tasks.errors import TaskLoadError
+from sandgym.tasks.loaders import load_task_dir
+from sandgym.tasks.runtime import sandbox_spec_for
 
 ALLOW_A = NetworkPolicy(mode="allowlist", allowed_hosts=["a.example"])
 
@@ -118,7 +118,7 @@ def test_terminal_bench_1_gets_its_harness_network(tmp_path: Path) -> None:
 
 
 def test_the_catalog_stays_hermetic() -> None:
-    from tasks import TaskRegistry
+    from sandgym.tasks import TaskRegistry
 
     reg = TaskRegistry([], include_builtin=True)
     assert reg.ids(), "the built-in catalog lists no task"
@@ -171,7 +171,7 @@ def test_parse_policy_refuses(text: str) -> None:
 
 
 def test_server_settings_refuse_a_bad_ceiling() -> None:
-    from envserver.settings import ServerSettings
+    from sandgym.server.settings import ServerSettings
 
     with pytest.raises(ValueError, match="expected a network policy"):
         ServerSettings(network_ceiling="offline")

@@ -1,7 +1,7 @@
 """`TextCompletionEngine` (llama-cpp-python's server: text in, token strings out) against a fake
 server speaking that API, with a character-level tokenizer: ids recovered through the server's
 tokenizer, an end token the server does not report said so, and a loud error whenever the prompt or
-the reply does not line up. The real server: `bench/openai_llamacpp.py`."""
+the reply does not line up. The real server: `lab/bench/openai_llamacpp.py`."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from trainer.engines.base import STOP_UNSCORED, EngineError, SamplingParams
-from trainer.engines.openai_text import TextCompletionEngine
+from sandgym.trainer.engines.base import STOP_UNSCORED, EngineError, SamplingParams
+from sandgym.trainer.engines.openai_text import TextCompletionEngine
 
 EOS, BOS = 1, 0
 

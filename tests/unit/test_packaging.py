@@ -1,6 +1,6 @@
-"""The wheel ships the product packages only (issue 35): the package list setuptools finds with
-pyproject.toml's own `include` holds every product package and nothing of the lab tooling
-(`bench/`: benchmarks, their task families and 3.9 MB of results; `scripts/`; `tests/`)."""
+"""The wheel ships one import package, `sandgym` (issues 35, 57): the package list setuptools finds
+with pyproject.toml's own `include` holds every part of sandgym and nothing of the lab tooling
+(`lab/bench/`: benchmarks, their task families and 3.9 MB of results; `scripts/`; `tests/`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 from setuptools import find_packages
 
 REPO = Path(__file__).resolve().parents[2]
-PRODUCT = {"sandboxes", "tasks", "envserver", "trainer", "integrations", "sandgym_cli"}
-LAB = {"bench", "scripts", "tests", "images", "docs"}
+PARTS = {"wire", "client", "sandboxes", "tasks", "server", "trainer", "integrations", "cli"}
+LAB = {"lab", "scripts", "tests", "images", "docs"}
 
 
 def shipped() -> set[str]:
@@ -23,6 +23,8 @@ def shipped() -> set[str]:
 def test_the_wheel_ships_every_product_package_and_no_lab_tooling() -> None:
     packages = shipped()
     tops = {p.partition(".")[0] for p in packages}
-    assert PRODUCT <= tops, f"expected {sorted(PRODUCT)} in the wheel, found {sorted(tops)}"
+    assert tops == {"sandgym"}, f"expected one top-level package, sandgym; found {sorted(tops)}"
+    parts = {p.split(".")[1] for p in packages if p.count(".") >= 1}
+    assert PARTS <= parts, f"expected {sorted(PARTS)} under sandgym, found {sorted(parts)}"
     assert not tops & LAB, f"lab tooling in the wheel: {sorted(tops & LAB)}"
-    assert "sandboxes.docker" in packages and "trainer.engines" in packages
+    assert "sandgym.sandboxes.docker" in packages and "sandgym.trainer.engines" in packages

@@ -1,4 +1,4 @@
-"""Unit tests of the warm sandbox pool (`sandboxes.pool`) against the in-memory `null` backend.
+"""Unit tests of the warm sandbox pool (`sandgym.sandboxes.pool`) against the in-memory `null` backend.
 
 Every pool rule has a test here: the global cap under a burst, the create concurrency cap, the
 rate limit, idle recycling, health replacement, failing keys and their recovery, fairness when
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from sandboxes import (
+from sandgym.sandboxes import (
     PoolClosedError,
     PoolKeyFailingError,
     PoolSettings,
@@ -24,8 +24,8 @@ from sandboxes import (
     SandboxPool,
     SandboxSpec,
 )
-from sandboxes.null import NullBackend, NullSandbox
-from sandboxes.pool import core as pool_core
+from sandgym.sandboxes.null import NullBackend, NullSandbox
+from sandgym.sandboxes.pool import core as pool_core
 from tests.waiting import wait_until
 
 SPEC_A = SandboxSpec(env={"KEY": "a"})

@@ -3,7 +3,7 @@
 A creation whose answer is lost (the engine died, the call was cancelled) can still leave a
 sandbox labelled with the live server's owner id; the start-up reap and `sandgym reap` spare
 it while its owner lives. The pool's sweep (`SandboxPool.sweep_untracked`, run every
-`sweep_interval_s`) removes such sandboxes; `sandboxes.reaper.sweep_untracked` decides.
+`sweep_interval_s`) removes such sandboxes; `sandgym.sandboxes.reaper.sweep_untracked` decides.
 
 Here: the decision function on its own; the pool against a null backend whose listing also
 shows "lost" sandboxes (and can hang a creation after its sandbox appeared, or fail); and the
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes import PoolClosedError, PoolSettings, SandboxError, SandboxPool, SandboxSpec
-from sandboxes.labels import LABEL_OWNER
-from sandboxes.null import NullBackend, NullSandbox
-from sandboxes.reaper import Sighting, sweep_untracked
+from sandgym.sandboxes import PoolClosedError, PoolSettings, SandboxError, SandboxPool, SandboxSpec
+from sandgym.sandboxes.labels import LABEL_OWNER
+from sandgym.sandboxes.null import NullBackend, NullSandbox
+from sandgym.sandboxes.reaper import Sighting, sweep_untracked
 from tests.waiting import wait_until
 
 SPEC = SandboxSpec(env={"KEY": "a"})
@@ -315,7 +315,7 @@ async def test_pools_sharing_an_owner_never_sweep_each_others_sandboxes(
 
 # -- the real local backend ------------------------------------------------------------------------
 async def test_local_backend_sweep_removes_a_lost_tree_of_ours_only(tmp_path: Path) -> None:
-    from sandboxes.local import LocalBackend
+    from sandgym.sandboxes.local import LocalBackend
 
     backend = LocalBackend(root=tmp_path)
     pool = SandboxPool(backend, PoolSettings(sweep_interval_s=None, sweep_grace_s=0.0))

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from sandboxes import SandboxSpec, get_backend
-from sandboxes.null import NullSandbox
-from sandboxes.pool import PoolSettings, SandboxPool
+from sandgym.sandboxes import SandboxSpec, get_backend
+from sandgym.sandboxes.null import NullSandbox
+from sandgym.sandboxes.pool import PoolSettings, SandboxPool
 
 
 async def test_the_pool_warms_every_sandbox_before_handing_it_out(monkeypatch) -> None:

@@ -1,4 +1,4 @@
-"""trainer/priority.py: sandgym's Ray actors run as ordinary processes, not at Ray's nice 15
+"""sandgym/trainer/priority.py: sandgym's Ray actors run as ordinary processes, not at Ray's nice 15
 (where a busy node starves them)."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def test_normal_priority_lifts_every_thread_of_a_niced_process() -> None:
         import os, threading
         started = threading.Event(); stop = threading.Event()
         t = threading.Thread(target=lambda: (started.set(), stop.wait())); t.start(); started.wait()
-        from trainer.priority import normal_priority
+        from sandgym.trainer.priority import normal_priority
         before = sorted({os.getpriority(os.PRIO_PROCESS, int(x)) for x in os.listdir("/proc/self/task")})
         now = normal_priority()
         after = sorted({os.getpriority(os.PRIO_PROCESS, int(x)) for x in os.listdir("/proc/self/task")})
@@ -43,7 +43,7 @@ def test_a_local_ray_started_by_sandgym_runs_its_workers_at_nice_0() -> None:
     pytest.importorskip("ray")
     code = """
         import os, ray
-        from trainer.priority import local_ray_env
+        from sandgym.trainer.priority import local_ray_env
         local_ray_env()
         ray.init(address="local", num_cpus=1, include_dashboard=False, log_to_driver=False)
         @ray.remote(num_cpus=0)

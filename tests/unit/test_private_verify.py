@@ -1,4 +1,4 @@
-"""The private verifier's payload and report (tasks/private_verify.py), without a sandbox."""
+"""The private verifier's payload and report (sandgym/tasks/private_verify.py), without a sandbox."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.errors import VerifierError
-from tasks.private_verify import WRAPPER, build_payload, parse_report
+from sandgym.tasks.errors import VerifierError
+from sandgym.tasks.private_verify import WRAPPER, build_payload, parse_report
 
 
 def _members(payload: bytes, nonce: str) -> dict[str, bytes]:

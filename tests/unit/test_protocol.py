@@ -8,7 +8,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from envserver import protocol as p
+from sandgym.wire import protocol as p
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""`envserver/protocol.py` as the only contract: the code and kind lists are read off the models,
+"""`sandgym/wire/protocol.py` as the only contract: the code and kind lists are read off the models,
 the `info` and prewarm models hold the shapes the server sends, and the client's errors carry
 an `ErrorCode`."""
 
@@ -9,8 +9,8 @@ from typing import get_args
 import pytest
 from pydantic import ValidationError
 
-from envserver import protocol as p
-from envserver.client import ConnectionLostError, EnvError, StepResult, http_base
+from sandgym.client.env_client import ConnectionLostError, EnvError, StepResult, http_base
+from sandgym.wire import protocol as p
 
 
 def test_code_and_kind_lists_are_read_off_the_models() -> None:
@@ -24,9 +24,9 @@ def test_code_and_kind_lists_are_read_off_the_models() -> None:
 
 
 def test_copies_elsewhere_follow_the_protocol() -> None:
-    from bench import reliability
-    from envserver.desktop_env import POINTER_KINDS
-    from envserver.gym_env import VOLATILE_INFO_KEYS
+    from lab.bench import reliability
+    from sandgym.client.desktop_env import POINTER_KINDS
+    from sandgym.client.gym_env import VOLATILE_INFO_KEYS
 
     assert reliability.ACTION_KINDS[:-1] == p.ACTION_KINDS  # and one kind the protocol lacks
     assert reliability.ACTION_KINDS[-1] not in p.ACTION_KINDS
@@ -85,10 +85,10 @@ def test_http_base() -> None:
 
 
 def test_the_sandbox_side_keeps_no_desktop_kinds_of_its_own() -> None:
-    """The desktop dispatch lives in `envserver.actions` and reads the protocol's list; the
-    `sandboxes.desktop` primitive keeps no copy of it."""
-    import sandboxes.desktop as desktop
-    from envserver import actions
+    """The desktop dispatch lives in `sandgym.server.actions` and reads the protocol's list; the
+    `sandgym.sandboxes.desktop` primitive keeps no copy of it."""
+    import sandgym.sandboxes.desktop as desktop
+    from sandgym.server import actions
 
     assert not hasattr(desktop, "DESKTOP_ACTION_KINDS")
     assert actions.DESKTOP_ACTION_KINDS is p.DESKTOP_ACTION_KINDS

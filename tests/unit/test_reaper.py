@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.labels import (
+from sandgym.sandboxes.labels import (
     LABEL_LEASE_EXPIRY,
     LABEL_MANAGED,
     LABEL_OWNER,
@@ -20,10 +20,10 @@ from sandboxes.labels import (
     LABEL_OWNER_PID,
     should_reap,
 )
-from sandboxes.local import local_root
-from sandboxes.reaper import reap
-from sandboxes.reaper_cli import add_arguments
-from sandboxes.reaper_cli import run as cli_run
+from sandgym.sandboxes.local import local_root
+from sandgym.sandboxes.reaper import reap
+from sandgym.sandboxes.reaper_cli import add_arguments
+from sandgym.sandboxes.reaper_cli import run as cli_run
 
 NOW = 1_800_000_000.0
 
@@ -140,7 +140,7 @@ def test_local_root_honours_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     assert local_root() == tmp_path
     monkeypatch.delenv("SANDGYM_LOCAL_ROOT")
     assert local_root() in (Path("/dev/shm/sandgym-local"), Path("/tmp/sandgym-local"))
-    monkeypatch.setattr("sandboxes.local.root._memory_root_usable", lambda: False)
+    monkeypatch.setattr("sandgym.sandboxes.local.root._memory_root_usable", lambda: False)
     assert local_root() == Path("/tmp/sandgym-local")
 
 

@@ -4,7 +4,7 @@ holds what the README quoted until issue 35 moved results out of the README).
 Each entry names a results file, the path of a value in it, and the text the page shows for
 it (the value formatted as the page writes it). The test fails when a result is re-run and
 the page still shows the old figure, or when a figure is edited by hand. It covers the
-figures quoted from bench/results/ in the sandbox table, the group table, the Harbor table and
+figures quoted from lab/bench/results/ in the sandbox table, the group table, the Harbor table and
 the reliability table, and the Harbor provider's side-by-side figures (docs/sandbox-api.md); a
 new quoted figure belongs here too.
 """
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-RESULTS = REPO / "bench" / "results"
+RESULTS = REPO / "lab" / "bench" / "results"
 
 
 @cache
@@ -80,7 +80,7 @@ def tb1_harness_sentence() -> str:
 
 def replication_sentence(name: str) -> str:
     """docs/results.md's sentence on a second full run of one set beside the record
-    (bench/compat_replication.py's comparison, `compat_replication_<name>.json`): how many tasks
+    (lab/bench/compat_replication.py's comparison, `compat_replication_<name>.json`): how many tasks
     kept their category and reason, which changed and how, and the second run's own figures."""
     sm = at(f"compat_replication_{name}.json", "summary")
     changed = ", ".join(
@@ -116,6 +116,8 @@ def demo_row(group: str, task: str) -> str:
         f"| {a['mean_reward']:.2f} ({a['successes']}/{a['episodes']}) "
         f"| {sl['delta']:+.2f} ({lo:+.2f} to {hi:+.2f}; "
     )
+
+
 ABUSES = {
     "fork_bomb": "fork bomb",
     "memory_hog": "memory hog",
@@ -438,11 +440,9 @@ QUOTING_PAGES = ("results.md", "sandboxes.md", "training.md", "sandbox-api.md")
 
 
 @pytest.mark.parametrize(("what", "text"), FIGURES, ids=[w for w, _ in FIGURES])
-def test_the_results_page_quotes_the_committed_figure(
-    what: str, text: Callable[[], str]
-) -> None:
+def test_the_results_page_quotes_the_committed_figure(what: str, text: Callable[[], str]) -> None:
     pages = {p: (REPO / "docs" / p).read_text(encoding="utf-8") for p in QUOTING_PAGES}
     expected = text()
     assert any(expected in page for page in pages.values()), (
-        f"{' or '.join(pages)} (docs/) should show {what} as {expected!r} (bench/results/)"
+        f"{' or '.join(pages)} (docs/) should show {what} as {expected!r} (lab/bench/results/)"
     )

@@ -1,11 +1,11 @@
-"""`sandboxes.common.users.is_root_user`: the one test of "runs as root" that the backends (whether to
+"""`sandgym.sandboxes.common.users.is_root_user`: the one test of "runs as root" that the backends (whether to
 switch user) and the verifier (whether its tests may see the agent's processes) share."""
 
 from __future__ import annotations
 
 import pytest
 
-from sandboxes.common.users import is_root_user
+from sandgym.sandboxes.common.users import is_root_user
 
 
 @pytest.mark.parametrize("user", [None, "", "root", "0"])

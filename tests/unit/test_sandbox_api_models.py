@@ -10,9 +10,9 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from envserver import protocol as p
-from envserver import sandbox_client as sc
-from envserver import sandbox_protocol as sp
+from sandgym.client import sandbox_client as sc
+from sandgym.wire import protocol as p
+from sandgym.wire import sandbox_protocol as sp
 
 
 def test_protocol_reexports_every_sandbox_model() -> None:
@@ -115,15 +115,15 @@ def test_pack_environment_is_deterministic_and_skips_git(tmp_path) -> None:
 
 
 def test_server_maps_each_failure_to_one_code() -> None:
-    from envserver.sandbox_api import (
+    from sandgym.sandboxes import errors as sbx
+    from sandgym.sandboxes.pool import PoolKeyFailingError, PoolTimeoutError
+    from sandgym.server.sandbox_api import (
         EnvironmentInvalidError,
         SandboxCapacityError,
         UnknownSandboxError,
         to_sandbox_error,
     )
-    from sandboxes import errors as sbx
-    from sandboxes.pool import PoolKeyFailingError, PoolTimeoutError
-    from tasks.errors import TaskLoadError
+    from sandgym.tasks.errors import TaskLoadError
 
     cases = {
         UnknownSandboxError("x"): "unknown_sandbox",

@@ -1,14 +1,14 @@
 """`sandboxes` is the bottom layer of DESIGN.md: it names nothing of ours above it and knows no
 wire format. Read off the sources (an AST walk), so a lazy import inside a function counts too.
 
-- no sandboxes module imports (or names as a module path string) `envserver`, `tasks`,
-  `trainer`, `bench` or `sandgym_cli`;
+- no sandboxes module imports (or names as a module path string) another part of `sandgym`
+  (`wire`, `client`, `tasks`, `server`, `trainer`, `integrations`, `cli`) or `lab`;
 - no sandboxes module dispatches wire actions: none defines `apply_desktop_action` or an
   `*ACTION_KINDS` list, and none reads the wire discriminator `"kind"` (that mapping lives in
-  `envserver.actions`, the kinds in `envserver.protocol`);
+  `sandgym.server.actions`, the kinds in `sandgym.wire.protocol`);
 - no sandboxes module starts a task's desktop or reads a task's desktop metadata
-  (`tasks.desktop` does), and none names a task path (`/tests`, `/logs/...`, `/testbed`,
-  `/solution`: `tasks.paths` holds them, `tasks.sandbox_spec` asks for `SandboxSpec.make_dirs`).
+  (`sandgym.tasks.desktop` does), and none names a task path (`/tests`, `/logs/...`, `/testbed`,
+  `/solution`: `sandgym.tasks.paths` holds them, `sandgym.tasks.sandbox_spec` asks for `SandboxSpec.make_dirs`).
 """
 
 from __future__ import annotations
@@ -18,15 +18,20 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-ABOVE = ("envserver", "tasks", "trainer", "bench", "sandgym_cli")
-MODULE_PATH = re.compile(rf"^({'|'.join(ABOVE)})(\.\w+)*$")
+ABOVE = ("wire", "client", "tasks", "server", "trainer", "integrations", "cli", "lab")
+MODULE_PATH = re.compile(r"^(sandgym\.\w+|lab)(\.\w+)*$")
 WIRE_NAMES = re.compile(r"^(apply_desktop_action|apply_action|\w*ACTION_KINDS)$")
 TASK_NAMES = re.compile(r"^(start_task_desktop|is_desktop_task)$")
 TASK_PATH = re.compile(r"(^|\s|['\"])/(tests|logs|testbed|solution)(/|\b)")
 
 
+def _part(module: str) -> str:
+    top, _, rest = module.partition(".")
+    return rest.partition(".")[0] if top == "sandgym" else top
+
+
 def _sources() -> list[Path]:
-    sources = sorted((REPO / "sandboxes").rglob("*.py"))
+    sources = sorted((REPO / "sandgym" / "sandboxes").rglob("*.py"))
     assert len(sources) > 10, f"expected the sandboxes package's modules, found {sources}"
     return sources
 
@@ -95,7 +100,7 @@ def test_sandboxes_import_nothing_above_them() -> None:
         f"{path.relative_to(REPO)}:{line}: {name}"
         for path in _sources()
         for line, name in _imports(ast.parse(path.read_text(), filename=str(path)))
-        if name.partition(".")[0] in ABOVE
+        if _part(name) in ABOVE
     ]
     assert not offenders, f"expected sandboxes to import none of {ABOVE}, found: {offenders}"
 
@@ -107,7 +112,7 @@ def test_sandboxes_dispatch_no_wire_actions() -> None:
         for line, what in _wire_dispatch(ast.parse(path.read_text(), filename=str(path)))
     ]
     assert not offenders, (
-        f"expected wire action dispatch in envserver.actions only, found in sandboxes: {offenders}"
+        f"expected wire action dispatch in sandgym.server.actions only, found in sandboxes: {offenders}"
     )
 
 
@@ -118,7 +123,7 @@ def test_sandboxes_start_no_task_desktop() -> None:
         for line, what in _task_start_up(ast.parse(path.read_text(), filename=str(path)))
     ]
     assert not offenders, (
-        f"expected a desktop task's start-up in tasks.desktop only, found in sandboxes: {offenders}"
+        f"expected a desktop task's start-up in sandgym.tasks.desktop only, found in sandboxes: {offenders}"
     )
 
 
@@ -128,4 +133,6 @@ def test_sandboxes_name_no_task_paths() -> None:
         for path in _sources()
         for line, what in _task_paths(path)
     ]
-    assert not offenders, f"expected task paths in tasks/ only, found in sandboxes: {offenders}"
+    assert not offenders, (
+        f"expected task paths in sandgym/tasks/ only, found in sandboxes: {offenders}"
+    )

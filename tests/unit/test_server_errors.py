@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from envserver import errors as e
-from envserver.protocol import ERROR_CODES, parse_client_message
-from sandboxes import errors as sbx
-from sandboxes.desktop import DesktopActionError, DesktopStartError
-from sandboxes.pool import PoolClosedError, PoolKeyFailingError, PoolTimeoutError
-from tasks import errors as terr
+from sandgym.server import errors as e
+from sandgym.sandboxes import errors as sbx
+from sandgym.sandboxes.desktop import DesktopActionError, DesktopStartError
+from sandgym.sandboxes.pool import PoolClosedError, PoolKeyFailingError, PoolTimeoutError
+from sandgym.tasks import errors as terr
+from sandgym.wire.protocol import ERROR_CODES, parse_client_message
 
 
 def _validation_error() -> ValidationError:

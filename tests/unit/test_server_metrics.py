@@ -1,4 +1,4 @@
-"""The server's /metrics body (envserver/metrics.py) over a real pool on the null backend: pool
+"""The server's /metrics body (sandgym/server/metrics.py) over a real pool on the null backend: pool
 gauges keyed by fingerprint as a label, a failed pool snapshot logged and counted (never
 dropped in silence), and one set of latency buckets for the pool and the server."""
 
@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from envserver.metrics import ServerMetrics, pool_gauges
-from sandboxes import SandboxCreateError, SandboxSpec, get_backend
-from sandboxes.createlimit import CreateLimitSettings
-from sandboxes.null import NullBackend, NullSandbox
-from sandboxes.pool import LATENCY_BUCKETS_S, LatencyHistogram, PoolSettings, SandboxPool
+from sandgym.sandboxes import SandboxCreateError, SandboxSpec, get_backend
+from sandgym.sandboxes.createlimit import CreateLimitSettings
+from sandgym.sandboxes.null import NullBackend, NullSandbox
+from sandgym.sandboxes.pool import LATENCY_BUCKETS_S, LatencyHistogram, PoolSettings, SandboxPool
+from sandgym.server.metrics import ServerMetrics, pool_gauges
 
 
 def _samples(metrics: ServerMetrics) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -69,7 +69,7 @@ def test_failed_pool_snapshot_is_logged_and_counted(caplog: pytest.LogCaptureFix
     metrics = ServerMetrics()
     metrics.watch_pool(broken)
     metrics.steps.inc()
-    with caplog.at_level(logging.ERROR, logger="envserver.metrics"):
+    with caplog.at_level(logging.ERROR, logger="sandgym.server.metrics"):
         first = _samples(metrics)
         second = _samples(metrics)
     assert first["sandgym_steps_total"] == [({}, 1.0)], "the rest of the scrape must still answer"
@@ -188,7 +188,7 @@ async def test_pool_gauges_read_by_name_match_every_number_of_the_snapshot(
 
 
 def test_snapshot_reads_by_key_like_the_former_dict() -> None:
-    """bench/ still reads `snap["totals"]["creating"]` and asks `"hits" in snap`; a name the
+    """lab/bench/ still reads `snap["totals"]["creating"]` and asks `"hits" in snap`; a name the
     JSON leaves out (no host limits: no `create_limits`) is absent there too."""
     snap = SandboxPool(get_backend("null")).snapshot()
     assert snap["totals"]["creating"] == snap.totals.creating == 0

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from envserver.errors import BusyError, CapacityError, NoEpisodeError
-from envserver.protocol import CloseMsg, ResetMsg, ResumeMsg, StepMsg, parse_action
-from envserver.sessions import EnvService
-from envserver.settings import ServerSettings
-from sandboxes.null import NullBackend
+from sandgym.sandboxes.null import NullBackend
+from sandgym.server.errors import BusyError, CapacityError, NoEpisodeError
+from sandgym.server.sessions import EnvService
+from sandgym.server.settings import ServerSettings
+from sandgym.wire.protocol import CloseMsg, ResetMsg, ResumeMsg, StepMsg, parse_action
 from tests.waiting import wait_until
 
 

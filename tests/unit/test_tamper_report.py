@@ -1,4 +1,4 @@
-"""Tamper reports without a sandbox: the path categories (`tasks.tamper.classify`), the report
+"""Tamper reports without a sandbox: the path categories (`sandgym.tasks.tamper.classify`), the report
 from a baseline and a later change set, the local backend's host-side change listing (a file
 rewritten with its old size and mtime is still seen) and the docker diff's reading."""
 
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.docker.changes import diff_kinds
-from sandboxes.local.changes import diff_manifest, tree_manifest
-from sandboxes.spec import PathChanges
-from tasks.models import TaskSpec, VerifierSpec
-from tasks.tamper import ChangeBaseline, classify, path_matches, tamper_report
+from sandgym.sandboxes.docker.changes import diff_kinds
+from sandgym.sandboxes.local.changes import diff_manifest, tree_manifest
+from sandgym.sandboxes.spec import PathChanges
+from sandgym.tasks.models import TaskSpec, VerifierSpec
+from sandgym.tasks.tamper import ChangeBaseline, classify, path_matches, tamper_report
 
 CASES = [
     ("/usr/local/bin/pytest", "executables"),

@@ -7,10 +7,10 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from sandboxes import ExecResult, SandboxSpec
-from sandboxes.base import SandboxCapabilities
-from sandboxes.null import NullBackend, NullSandbox
-from tasks import load_task_dir, prepare_episode, sandbox_spec_for
+from sandgym.sandboxes import ExecResult, SandboxSpec
+from sandgym.sandboxes.base import SandboxCapabilities
+from sandgym.sandboxes.null import NullBackend, NullSandbox
+from sandgym.tasks import load_task_dir, prepare_episode, sandbox_spec_for
 
 
 def _task_dir(root: Path) -> Path:
@@ -76,9 +76,9 @@ async def test_a_fake_shell_is_spared_mkdir_and_chmod(tmp_path: Path) -> None:
 
 def test_each_backend_declares_what_the_task_layer_asks() -> None:
     # docker builds the task's Dockerfile itself; applying it again would redo its COPY steps
-    from sandboxes.docker import DockerSandbox
-    from sandboxes.e2b import E2BSandbox
-    from sandboxes.local import LocalSandbox
+    from sandgym.sandboxes.docker import DockerSandbox
+    from sandgym.sandboxes.e2b import E2BSandbox
+    from sandgym.sandboxes.local import LocalSandbox
 
     def caps(
         builds: bool, real: bool, changes: bool, private: bool, users: bool = True
@@ -112,7 +112,7 @@ def test_the_former_flag_names_read_the_capabilities() -> None:
 def test_the_task_layer_asks_for_its_log_directories(tmp_path: Path) -> None:
     """`sandboxes` knows no task paths: the task's spec names the directories a backend whose
     template lacks them (e2b) makes before the first command."""
-    from tasks.paths import AGENT_LOGS, VERIFIER_LOGS
+    from sandgym.tasks.paths import AGENT_LOGS, VERIFIER_LOGS
 
     spec = sandbox_spec_for(load_task_dir(_task_dir(tmp_path)))
     assert spec.make_dirs == (VERIFIER_LOGS, AGENT_LOGS) == ("/logs/verifier", "/logs/agent")
@@ -122,7 +122,7 @@ def test_the_task_layer_asks_for_its_log_directories(tmp_path: Path) -> None:
 async def test_a_local_sandbox_under_bwrap_has_private_exec(tmp_path: Path) -> None:
     """The local backend knows only once a sandbox runs (its own namespace init) that
     `exec_private` works: the instance's capabilities say so then."""
-    from sandboxes.local import LocalBackend
+    from sandgym.sandboxes.local import LocalBackend
 
     backend = LocalBackend(root=tmp_path)
     sb = await backend.create(SandboxSpec())

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tasks import cli
-from tasks.check import CheckError, PhaseCheck, TaskCheck, failed_tests, load_error_check
+from sandgym.tasks import cli
+from sandgym.tasks.check import CheckError, PhaseCheck, TaskCheck, failed_tests, load_error_check
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tasks"
 
@@ -167,8 +167,8 @@ async def test_each_shortfall_names_one_reason_from_typed_fields() -> None:
     """`tasks check` says, per task short of the marks, the one reason to act on, read from
     the check's typed fields (the failing phase, the error's type, the oracle's exit code and
     rewards), never from matching the joined error text."""
-    from sandboxes.null import NullBackend
-    from tasks import load_task_dir
+    from sandgym.sandboxes.null import NullBackend
+    from sandgym.tasks import load_task_dir
 
     task = load_task_dir(FIXTURES / "harbor-legacy")
     check = await cli.check_task(task, NullBackend(), {}, 0)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.dockerfile import CopyStep, MkdirStep, RunStep, parse_dockerfile
-from tasks.errors import TaskLoadError, TaskUnsupportedError
+from sandgym.tasks.dockerfile import CopyStep, MkdirStep, RunStep, parse_dockerfile
+from sandgym.tasks.errors import TaskLoadError, TaskUnsupportedError
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "tasks"
 
@@ -79,9 +79,9 @@ def test_a_copy_of_several_sources_gets_its_destination_slash_for_the_classic_bu
 ) -> None:
     """The classic builder refuses `COPY a b /dest` and `COPY dir/* /dest` (several matches)
     without the trailing slash, which BuildKit accepts; the rewritten context adds it."""
-    from tasks.dockerfile.copy_dest import copy_destinations
-    from tasks.loaders import load_task_dir
-    from tasks.runtime import sandbox_spec_for
+    from sandgym.tasks.dockerfile.copy_dest import copy_destinations
+    from sandgym.tasks.loaders import load_task_dir
+    from sandgym.tasks.runtime import sandbox_spec_for
 
     task_dir = tmp_path / "t"
     shutil.copytree(FIXTURES / "tbench-modern", task_dir)

@@ -1,4 +1,4 @@
-"""Fixes found by running real public Harbor tasks (bench/harbor_compat.py): `${VAR}` templates
+"""Fixes found by running real public Harbor tasks (lab/bench/harbor_compat.py): `${VAR}` templates
 in the env tables are resolved from the host, schema 1.1's `[task]` table loads, and a
 multi-step task is refused with a message that says so."""
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from sandboxes import ExecResult, SandboxSpec
-from sandboxes.null import NullBackend, NullSandbox
-from tasks import (
+from sandgym.sandboxes import ExecResult, SandboxSpec
+from sandgym.sandboxes.null import NullBackend, NullSandbox
+from sandgym.tasks import (
     TaskUnsupportedError,
     load_task_dir,
     prepare_episode,
@@ -21,7 +21,7 @@ from tasks import (
     run_verifier,
     sandbox_spec_for,
 )
-from tasks.runtime import resolve_env_templates
+from sandgym.tasks.runtime import resolve_env_templates
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "tasks" / "harbor-compat"
 
@@ -105,7 +105,7 @@ def test_multi_step_task_loads_its_steps() -> None:
 def test_tasks_check_reports_an_unset_template_per_task(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from sandgym_cli import main
+    from sandgym.cli import main
 
     monkeypatch.delenv("SANDGYM_FIXTURE_API_KEY", raising=False)
     code = main(
@@ -119,7 +119,7 @@ def test_tasks_check_reports_an_unset_template_per_task(
 
 
 def test_heredocs_rewritten_for_the_classic_builder(tmp_path: Path) -> None:
-    from tasks.dockerfile.heredoc import has_heredoc, rewrite_heredocs
+    from sandgym.tasks.dockerfile.heredoc import has_heredoc, rewrite_heredocs
 
     plain = "FROM x\nRUN echo hi > /a\n"
     assert rewrite_heredocs(plain) == plain
@@ -214,7 +214,7 @@ async def test_local_backends_still_refuse_what_needs_a_build() -> None:
 
 
 def test_heredoc_dockerfile_parses_for_local_backends() -> None:
-    from tasks.runtime import task_dockerfile
+    from sandgym.tasks.runtime import task_dockerfile
 
     df = task_dockerfile(load_task_dir(FIXTURES / "harbor-heredoc"))
     assert df is not None and df.workdir == "/app" and df.env["NAME"] == "world"
@@ -224,7 +224,7 @@ def test_heredoc_dockerfile_parses_for_local_backends() -> None:
 async def test_check_task_survives_a_close_that_fails() -> None:
     """An engine restart mid-check makes `close()` raise: the task's entry says so and the
     run goes on (it used to abort the whole `tasks check`)."""
-    from tasks.cli import check_task
+    from sandgym.tasks.cli import check_task
 
     class FailingClose(NullBackend):
         async def create(self, spec: SandboxSpec) -> NullSandbox:  # type: ignore[override]

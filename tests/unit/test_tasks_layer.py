@@ -1,8 +1,8 @@
 """`tasks` names no sandbox backend (issue 35): its modules reach sandboxes only through the
-protocol and the backend-neutral modules of `sandboxes`, never through `sandboxes.docker`,
-`sandboxes.local`, `sandboxes.e2b` or `sandboxes.null` (a backend is
-chosen by name, `sandboxes.get_backend`). Read off the sources (an AST walk), so a lazy import
-inside a function counts too. The catalog (`tasks/catalog/`) is task data, not layer code."""
+protocol and the backend-neutral modules of `sandboxes`, never through `sandgym.sandboxes.docker`,
+`sandgym.sandboxes.local`, `sandgym.sandboxes.e2b` or `sandgym.sandboxes.null` (a backend is
+chosen by name, `sandgym.sandboxes.get_backend`). Read off the sources (an AST walk), so a lazy import
+inside a function counts too. The catalog (`sandgym/tasks/catalog/`) is task data, not layer code."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-BACKEND = re.compile(r"^sandboxes\.(docker|local|e2b|null)(\.\w+)*$")
+BACKEND = re.compile(r"^sandgym\.sandboxes\.(docker|local|e2b|null)(\.\w+)*$")
 
 
 def _backend_imports(path: Path) -> list[tuple[int, str]]:
@@ -22,11 +22,11 @@ def _backend_imports(path: Path) -> list[tuple[int, str]]:
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             if BACKEND.match(node.module):
                 found.append((node.lineno, node.module))
-            elif node.module == "sandboxes":  # `from sandboxes import docker`
+            elif node.module == "sandgym.sandboxes":  # `from sandgym.sandboxes import docker`
                 found += [
-                    (node.lineno, f"sandboxes.{a.name}")
+                    (node.lineno, f"sandgym.sandboxes.{a.name}")
                     for a in node.names
-                    if BACKEND.match(f"sandboxes.{a.name}")
+                    if BACKEND.match(f"sandgym.sandboxes.{a.name}")
                 ]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             if BACKEND.match(node.value):  # what importlib.import_module would load
@@ -35,8 +35,10 @@ def _backend_imports(path: Path) -> list[tuple[int, str]]:
 
 
 def test_tasks_sources_name_no_backend() -> None:
-    catalog = REPO / "tasks" / "catalog"
-    sources = [p for p in sorted((REPO / "tasks").rglob("*.py")) if catalog not in p.parents]
+    catalog = REPO / "sandgym" / "tasks" / "catalog"
+    sources = [
+        p for p in sorted((REPO / "sandgym" / "tasks").rglob("*.py")) if catalog not in p.parents
+    ]
     assert len(sources) > 10, f"expected the tasks package's modules, found {sources}"
     offenders = [
         f"{path.relative_to(REPO)}:{line}: {name}"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks import TaskLoadError, load_dataset, load_task_dir
-from tasks.loaders import detect_format
+from sandgym.tasks import TaskLoadError, load_dataset, load_task_dir
+from sandgym.tasks.loaders import detect_format
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "tasks"
 

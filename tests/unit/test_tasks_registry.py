@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from sandgym_cli import main
-from tasks import TaskLoadError, TaskRegistry, UnknownTaskError
-from tasks.cli import check_tasks, entry_ok
-from tasks.loaders import load_dataset
+from sandgym.cli import main
+from sandgym.tasks import TaskLoadError, TaskRegistry, UnknownTaskError
+from sandgym.tasks.cli import check_tasks, entry_ok
+from sandgym.tasks.loaders import load_dataset
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "tasks"
 
@@ -30,7 +30,7 @@ def test_builtin_catalog_shape() -> None:
         assert t.solution is not None and t.verifier.kind == "harbor", t.id
         assert t.environment.build_context is not None, t.id
         if t.metadata["category"] == "desktop":
-            continue  # desktop tasks (sandboxes.desktop) run on their own image
+            continue  # desktop tasks (sandgym.sandboxes.desktop) run on their own image
         text = (t.environment.build_context / "Dockerfile").read_text()
         assert text.startswith("FROM sandgym/terminal:latest\nWORKDIR /app\n"), t.id
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks import TaskRegistry
-from tasks.errors import TaskLoadError, UnknownTaskError
-from tasks.registry import CATALOG_DIR
+from sandgym.tasks import TaskRegistry
+from sandgym.tasks.errors import TaskLoadError, UnknownTaskError
+from sandgym.tasks.registry import CATALOG_DIR
 
 
 def _dataset(tmp_path: Path) -> Path:

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from sandboxes import ExecResult, SandboxCapabilities, SandboxSpec, UserUnsupportedError
-from sandboxes.null import NullBackend, NullSandbox
-from tasks import (
+from sandgym.sandboxes import ExecResult, SandboxCapabilities, SandboxSpec, UserUnsupportedError
+from sandgym.sandboxes.null import NullBackend, NullSandbox
+from sandgym.tasks import (
     TaskUnsupportedError,
     VerifierError,
     load_dataset,
@@ -21,10 +21,10 @@ from tasks import (
     run_verifier,
     sandbox_spec_for,
 )
-from tasks.errors import RewardOutOfRangeError
-from tasks.models import Keystroke, SolutionSpec
-from tasks.oracle import SCREEN_MARKER
-from tasks.runtime import parse_image_map
+from sandgym.tasks.errors import RewardOutOfRangeError
+from sandgym.tasks.models import Keystroke, SolutionSpec
+from sandgym.tasks.oracle import SCREEN_MARKER
+from sandgym.tasks.runtime import parse_image_map
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "tasks"
 

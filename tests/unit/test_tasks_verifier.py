@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from tasks.errors import RewardOutOfRangeError, VerifierError
-from tasks.models import AnswerSpec
-from tasks.verifier import (
+from sandgym.tasks.errors import RewardOutOfRangeError, VerifierError
+from sandgym.tasks.models import AnswerSpec
+from sandgym.tasks.verifier import (
     answer_reward,
     parse_junit_xml,
     parse_number,

@@ -1,4 +1,4 @@
-"""bench.train_probe.reward_stats: the held-out figures the training demo reports."""
+"""lab.bench.train_probe.reward_stats: the held-out figures the training demo reports."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 import math
 from pathlib import Path
 
-from bench.train_probe import reward_stats
-from trainer.episode import Episode, Trajectory
+from lab.bench.train_probe import reward_stats
+from sandgym.trainer.episode import Episode, Trajectory
 
 
 def _ep(reward: float, termination: str = "turn_limit") -> Episode:
@@ -45,9 +45,9 @@ def test_all_zero_interval_starts_at_zero() -> None:
 
 
 def test_demo_summary_reads_the_run_dir(tmp_path: Path) -> None:
-    """bench.train_demo.summarize: training figures, the command and the starting commit."""
-    from bench.train_demo import summarize
-    from trainer.episode import EpisodeWriter
+    """lab.bench.train_demo.summarize: training figures, the command and the starting commit."""
+    from lab.bench.train_demo import summarize
+    from sandgym.trainer.episode import EpisodeWriter
 
     rows = [
         {
@@ -74,17 +74,17 @@ def test_demo_summary_reads_the_run_dir(tmp_path: Path) -> None:
         writer.write(ep)
     writer.close()
     (tmp_path / "code_commit.txt").write_text("abc1234\n")
-    (tmp_path / "command.txt").write_text("python -m bench.train_demo --out x.json\n")
+    (tmp_path / "command.txt").write_text("python -m lab.bench.train_demo --out x.json\n")
     rec = summarize(tmp_path)
     assert rec["updates"] == 2 and rec["code_commit"] == "abc1234"
-    assert rec["command"] == "python -m bench.train_demo --out x.json"
+    assert rec["command"] == "python -m lab.bench.train_demo --out x.json"
     assert rec["groups_with_signal"] == 1 and rec["learner_tokens_per_s_mean"] == 40.0
     assert rec["episodes"] == 2 and rec["train_successes"] == 1
     assert math.isclose(rec["generated_tokens_per_s"], 60 / 20)
 
 
 def test_plot_shows_the_sampled_eval(tmp_path: Path) -> None:
-    from trainer.plot_cli import plot_run
+    from sandgym.trainer.plot_cli import plot_run
 
     rows = [
         {"step": 1, "time": 1.0, "reward/mean": 0.5},

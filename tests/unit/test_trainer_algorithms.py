@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trainer.algorithms import (
+from sandgym.trainer.algorithms import (
     AlgorithmError,
     LossSettings,
     Sample,
@@ -19,7 +19,7 @@ from trainer.algorithms import (
     episode_to_samples,
     group_advantages,
 )
-from trainer.episode import Episode, Step, Trajectory
+from sandgym.trainer.episode import Episode, Step, Trajectory
 
 
 def test_grpo_is_zscore_and_zero_for_equal_rewards() -> None:

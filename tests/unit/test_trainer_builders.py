@@ -1,4 +1,4 @@
-"""trainer.builders: the agent and engine a config names, as `sandgym train` and `sandgym eval`
+"""sandgym.trainer.builders: the agent and engine a config names, as `sandgym train` and `sandgym eval`
 both build them (eval through `eval_config`, from its flags)."""
 
 from __future__ import annotations
@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from trainer.agents import NoopAgent, OracleAgent, TerminalAgent
-from trainer.builders import build_agent, build_engine, load_engine, uses_model
-from trainer.config import TrainConfig
-from trainer.engines.hf import HFEngine
-from trainer.engines.openai import OpenAIEngine
-from trainer.eval_cli import add_arguments, eval_config
+from sandgym.trainer.agents import NoopAgent, OracleAgent, TerminalAgent
+from sandgym.trainer.builders import build_agent, build_engine, load_engine, uses_model
+from sandgym.trainer.config import TrainConfig
+from sandgym.trainer.engines.hf import HFEngine
+from sandgym.trainer.engines.openai import OpenAIEngine
+from sandgym.trainer.eval_cli import add_arguments, eval_config
 
-CATALOG = Path(__file__).resolve().parents[2] / "tasks" / "catalog"
+CATALOG = Path(__file__).resolve().parents[2] / "sandgym" / "tasks" / "catalog"
 
 
 def config(**agent: object) -> TrainConfig:

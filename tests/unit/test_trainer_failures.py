@@ -1,4 +1,4 @@
-"""trainer/failures.py: an episode's failure is classified by exception type and wire code, never
+"""sandgym/trainer/failures.py: an episode's failure is classified by exception type and wire code, never
 by message text, and only the failures the agent cannot cause are masked."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from envserver.client import ConnectionLostError, EnvError
-from trainer.failures import (
+from sandgym.client.env_client import ConnectionLostError, EnvError
+from sandgym.trainer.failures import (
     AGENT_CAUSABLE_FAILURES,
     INFRA_FAILURES,
     classify_failure,
@@ -85,7 +85,7 @@ def test_only_failures_the_agent_cannot_cause_are_masked() -> None:
     ],
 )
 def test_failures_the_policy_can_cause_are_never_masked(make_error: Any, reason: str) -> None:
-    from trainer.failures import GROUP_DROPPING_FAILURES, drops_group
+    from sandgym.trainer.failures import GROUP_DROPPING_FAILURES, drops_group
 
     error = make_error()
     assert classify_failure(error) == reason
@@ -97,19 +97,19 @@ def test_failures_the_policy_can_cause_are_never_masked(make_error: Any, reason:
 
 
 def _config() -> Any:
-    from trainer.config import TrainConfig
+    from sandgym.trainer.config import TrainConfig
 
     return TrainConfig.model_validate({"env": {"task_ids": ["t"]}, "run": {"progress": False}})
 
 
 def _engine_errors() -> Any:
-    import trainer.engines.base as base
+    import sandgym.trainer.engines.base as base
 
     return base
 
 
 def _gateway_errors() -> Any:
-    import trainer.gateway.errors as errors
+    import sandgym.trainer.gateway.errors as errors
 
     return errors
 
@@ -117,8 +117,8 @@ def _gateway_errors() -> Any:
 def test_a_group_with_a_policy_caused_failure_is_dropped_and_counted(tmp_path: Any) -> None:
     from collections import Counter
 
-    from trainer.episode import Episode, Trajectory
-    from trainer.train import Trainer
+    from sandgym.trainer.episode import Episode, Trajectory
+    from sandgym.trainer.train import Trainer
 
     trainer = Trainer(_config(), tmp_path / "run")
     ok = [Episode("t", 0, [Trajectory(reward=r)], termination="submitted") for r in (1.0, 0.0)]
@@ -133,8 +133,8 @@ def test_a_group_with_a_policy_caused_failure_is_dropped_and_counted(tmp_path: A
 def test_unscored_fraction_by_cause_and_the_ceiling() -> None:
     from collections import Counter
 
-    from trainer.failures import unscored_fractions
-    from trainer.train import TrainError, check_unscored_ceiling
+    from sandgym.trainer.failures import unscored_fractions
+    from sandgym.trainer.train import TrainError, check_unscored_ceiling
 
     window = Counter({"submitted": 6, "connection": 1, "policy_output": 2, "verifier_error": 1})
     m = unscored_fractions(window)

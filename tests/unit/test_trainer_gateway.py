@@ -10,9 +10,9 @@ from typing import Any
 import httpx
 import pytest
 
-from trainer.config import ModelSettings
-from trainer.engines.base import Generation, InferenceEngine, SamplingParams
-from trainer.gateway import (
+from sandgym.trainer.config import ModelSettings
+from sandgym.trainer.engines.base import Generation, InferenceEngine, SamplingParams
+from sandgym.trainer.gateway import (
     CallStore,
     MissingTokensError,
     ModelGateway,
@@ -21,7 +21,7 @@ from trainer.gateway import (
     calls_to_steps,
     gateway_app,
 )
-from trainer.models import load_tokenizer
+from sandgym.trainer.models import load_tokenizer
 
 BASH = {
     "type": "function",
@@ -61,7 +61,9 @@ def tok() -> Any:
 
 
 def _client(gw: ModelGateway) -> httpx.AsyncClient:
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway_app(gw)), base_url="http://gw")
+    return httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=gateway_app(gw)), base_url="http://gw"
+    )
 
 
 async def test_tool_calls_history_and_exact_steps(tok: Any, tmp_path: Path) -> None:
@@ -173,7 +175,7 @@ async def test_a_new_conversation_in_a_session_is_a_new_sequence(tok: Any, tmp_p
 
 
 def test_missing_tokens_are_named(tok: Any, tmp_path: Path) -> None:
-    from trainer.gateway import CallRecord
+    from sandgym.trainer.gateway import CallRecord
 
     rec = CallRecord("s", 0, [1, 2], [], [], 0, 0.1, False, "", "stop", 0)
     with pytest.raises(MissingTokensError, match="0 completion ids"):
@@ -211,7 +213,9 @@ async def test_the_official_openai_client_gets_tool_calls_and_streams(
     openai = pytest.importorskip("openai")
     engine = ScriptedEngine(tok, ["```bash\nls /app\n```", "Done, it holds a.txt."])
     gw = ModelGateway([engine], tok, CallStore(tmp_path / "o.db"))
-    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=gateway_app(gw)), base_url="http://gw")
+    http = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=gateway_app(gw)), base_url="http://gw"
+    )
     client = openai.AsyncOpenAI(
         base_url="http://gw/sessions/sdk/v1", api_key="unused", http_client=http
     )
@@ -254,7 +258,7 @@ def test_a_call_finishing_after_its_episode_was_consumed_is_dropped(tmp_path: Pa
     it must not stay in the store (the trainer's run dir would keep it for ever)."""
     import sqlite3
 
-    from trainer.gateway.records import CallRecord
+    from sandgym.trainer.gateway.records import CallRecord
 
     def rec(sid: str, i: int) -> CallRecord:
         return CallRecord(sid, i, [1], [2], [-0.1], 0, 0.01, False, "x", "stop", 0)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.algorithms import Sample
-from trainer.config import TrainConfig
+from sandgym.trainer.algorithms import Sample
+from sandgym.trainer.config import TrainConfig
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,7 @@ def _samples(n: int, seed: int) -> list[Sample]:
 def test_two_worker_data_parallel_step_keeps_replicas_identical(
     ray_session: None, tmp_path: Path
 ) -> None:
-    from trainer.learner import LearnerGroup
+    from sandgym.trainer.learner import LearnerGroup
 
     cfg = TrainConfig.model_validate(
         {

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from trainer.algorithms import Sample
-from trainer.config import TrainConfig
+from sandgym.trainer.algorithms import Sample
+from sandgym.trainer.config import TrainConfig
 
 torch = pytest.importorskip("torch")
 
@@ -55,8 +55,8 @@ def groups() -> Iterator[dict[str, Any]]:
     ray = pytest.importorskip("ray")
     # a private Ray instance (never another developer's running cluster)
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
-    from trainer.algorithms import aggregation_norm
-    from trainer.learner import LearnerGroup, LearnerWorker
+    from sandgym.trainer.algorithms import aggregation_norm
+    from sandgym.trainer.learner import LearnerGroup, LearnerWorker
 
     fsdp = LearnerGroup(_config("fsdp"))
     reference = LearnerWorker(_config("replicate").model_dump(), rank=0, world_size=1)
@@ -93,7 +93,7 @@ def test_fsdp_ranks_hold_half_of_parameters_gradients_and_optimizer_state(
 def test_fsdp_update_equals_replicate_update(groups: dict[str, Any], tmp_path: Path) -> None:
     import ray
 
-    from trainer.engines.weight_files import load_weights
+    from sandgym.trainer.engines.weight_files import load_weights
 
     fs, rs = groups["stats"]["fsdp"], groups["stats"]["replicate"]
     assert fs["version"] == rs["version"] == 1
@@ -122,9 +122,9 @@ def test_fsdp_update_equals_replicate_update(groups: dict[str, Any], tmp_path: P
 def test_gathered_weights_reach_the_engine(groups: dict[str, Any], tmp_path: Path) -> None:
     import ray
 
-    from trainer.algorithms import token_logprobs_and_entropy
-    from trainer.engines import create_engine
-    from trainer.models import load_model, load_tokenizer
+    from sandgym.trainer.algorithms import token_logprobs_and_entropy
+    from sandgym.trainer.engines import create_engine
+    from sandgym.trainer.models import load_model, load_tokenizer
 
     settings = _config("fsdp").model
     tok = load_tokenizer(settings)
@@ -143,7 +143,7 @@ def test_gathered_weights_reach_the_engine(groups: dict[str, Any], tmp_path: Pat
     before = engine_logprobs()
     # the push is a directory of safetensors files rank 0 wrote one gathered tensor at a time
     # (no full state dict held: scripts/fsdp_push_memory.py measures it)
-    from trainer.engines.weight_files import load_weights, weight_files
+    from sandgym.trainer.engines.weight_files import load_weights, weight_files
 
     path = ray.get(groups["fsdp"].state_dict_ref(str(tmp_path / "push")))
     assert isinstance(path, str) and weight_files(path)

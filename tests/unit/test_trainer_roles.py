@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.algorithms import AlgorithmError
-from trainer.config import TrainConfig
-from trainer.episode import Episode, Step, Trajectory
-from trainer.roles import parse_judgement, role_advantages, role_samples
+from sandgym.trainer.algorithms import AlgorithmError
+from sandgym.trainer.config import TrainConfig
+from sandgym.trainer.episode import Episode, Step, Trajectory
+from sandgym.trainer.roles import parse_judgement, role_advantages, role_samples
 
 
 def _traj(role: str, reward: float, tok: int) -> Trajectory:
@@ -66,7 +66,7 @@ def test_parse_judgement_and_config_roles() -> None:
 
 
 def test_role_metrics_report_each_role_over_the_batch() -> None:
-    from trainer.roles import role_metrics
+    from sandgym.trainer.roles import role_metrics
 
     groups = [[_ep(1.0, 1.0, 0), _ep(0.0, 1.0, 1)], [_ep(0.0, 0.0, 2), _ep(1.0, None, 3)]]
     assert role_metrics(groups) == {

@@ -7,15 +7,15 @@ from typing import Any
 
 import pytest
 
-from envserver.client import ConnectionLostError, EnvError, StepResult, http_base
-from trainer.agents import TerminalAgent, format_observation, parse_action
-from trainer.algorithms import episode_to_samples
-from trainer.config import TrainConfig
-from trainer.engines.base import Generation, InferenceEngine, SamplingParams
-from trainer.episode import Episode, Trajectory
-from trainer.failures import classify_failure
-from trainer.models import load_tokenizer
-from trainer.rollout import EpisodeRunner
+from sandgym.client.env_client import ConnectionLostError, EnvError, StepResult, http_base
+from sandgym.trainer.agents import TerminalAgent, format_observation, parse_action
+from sandgym.trainer.algorithms import episode_to_samples
+from sandgym.trainer.config import TrainConfig
+from sandgym.trainer.engines.base import Generation, InferenceEngine, SamplingParams
+from sandgym.trainer.episode import Episode, Trajectory
+from sandgym.trainer.failures import classify_failure
+from sandgym.trainer.models import load_tokenizer
+from sandgym.trainer.rollout import EpisodeRunner
 
 
 @pytest.fixture(scope="module")
@@ -215,8 +215,8 @@ async def test_a_verifier_error_at_submit_scores_zero_in_its_group(
     """The FIFO case as the trainer sees it: the agent leaves something that makes the verifier
     time out; submit answers `verifier_error`. The episode must count as a 0 in its group (so the
     advantage of what it did is negative), not be dropped as if nothing happened."""
-    from trainer.algorithms import group_advantages
-    from trainer.train import Trainer
+    from sandgym.trainer.algorithms import group_advantages
+    from sandgym.trainer.train import Trainer
 
     fifo = EnvError("verifier_error", "[timeout] task t: the verifier did not finish within 3 s")
     client = FakeClient(fail_on_step=2, error=fifo)  # step 1: the command, step 2: submit
@@ -234,7 +234,7 @@ async def test_a_verifier_error_at_submit_scores_zero_in_its_group(
 
 
 def test_admit_group_masks_infra_failures(tmp_path: Any) -> None:
-    from trainer.train import Trainer
+    from sandgym.trainer.train import Trainer
 
     cfg = _config()
     trainer = Trainer(cfg, tmp_path / "run")

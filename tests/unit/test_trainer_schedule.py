@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from trainer.config import ConfigError, TrainConfig, load_config
-from trainer.schedule import (
+from sandgym.trainer.config import ConfigError, TrainConfig, load_config
+from sandgym.trainer.schedule import (
     engine_seed,
     prune_checkpoints,
     read_schedule,
@@ -19,7 +19,7 @@ from trainer.schedule import (
     write_schedule,
 )
 
-CONFIGS = Path(__file__).resolve().parents[2] / "trainer" / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "sandgym" / "trainer" / "configs"
 
 
 def test_training_seeds_never_reach_evaluation_seeds() -> None:
@@ -36,7 +36,7 @@ def test_training_seeds_never_reach_evaluation_seeds() -> None:
 
 
 def test_the_trainer_schedules_training_seeds_disjoint_from_evaluation(tmp_path: Path) -> None:
-    from trainer.train import Trainer
+    from sandgym.trainer.train import Trainer
 
     cfg = load_config(CONFIGS / "smoke.yaml", ["env.eval_seeds=[0, 1]"])
     trainer = Trainer(cfg, tmp_path / "run")
@@ -59,8 +59,8 @@ class _FakeLearners:
 
 
 def test_a_checkpoint_records_the_schedule_and_old_ones_are_pruned(tmp_path: Path) -> None:
-    from trainer.learner import latest_checkpoint
-    from trainer.train import Trainer
+    from sandgym.trainer.learner import latest_checkpoint
+    from sandgym.trainer.train import Trainer
 
     cfg = load_config(CONFIGS / "smoke.yaml", ["run.keep_checkpoints=2"])
     trainer = Trainer(cfg, tmp_path / "run")
@@ -121,7 +121,7 @@ def test_resume_reads_a_checkpoint_whose_weights_are_sharded(
     an index; resume used to read model.safetensors only."""
     import torch
 
-    from trainer.learner import LearnerWorker
+    from sandgym.trainer.learner import LearnerWorker
 
     first = LearnerWorker(learner_cfg, 0, 1)
     first.setup("127.0.0.1", 0)

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from trainer.engines.base import Generation, InferenceEngine, SamplingParams
-from trainer.episode import Episode, Step, Trajectory
-from trainer.selection import Comparison, PairwiseJudge, knockout, parse_verdict, transcript
+from sandgym.trainer.engines.base import Generation, InferenceEngine, SamplingParams
+from sandgym.trainer.episode import Episode, Step, Trajectory
+from sandgym.trainer.selection import Comparison, PairwiseJudge, knockout, parse_verdict, transcript
 
 
 def _episode(seed: int, command: str, output: str, reward: float) -> Episode:
@@ -85,8 +85,8 @@ class KeywordJudgeEngine(InferenceEngine):
 
 @pytest.fixture(scope="module")
 def tok() -> Any:
-    from trainer.config import ModelSettings
-    from trainer.models import load_tokenizer
+    from sandgym.trainer.config import ModelSettings
+    from sandgym.trainer.models import load_tokenizer
 
     return load_tokenizer(ModelSettings(source="tiny"))
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from sandgym.trainer.agents import NoopAgent
+from sandgym.trainer.config import TrainConfig
+from sandgym.trainer.rollout import EpisodeRunner
 from tests.unit.test_episode_runner import ScriptedClient, _res
-from trainer.agents import NoopAgent
-from trainer.config import TrainConfig
-from trainer.rollout import EpisodeRunner
 
 TAMPERED = {
     "checked": True,

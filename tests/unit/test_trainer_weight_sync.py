@@ -25,11 +25,11 @@ from typing import Any
 import pytest
 import torch
 
-from trainer.config import ConfigError, load_config
-from trainer.engines import EngineError, create_engine
-from trainer.engines.base import SamplingParams
+from sandgym.trainer.config import ConfigError, load_config
+from sandgym.trainer.engines import EngineError, create_engine
+from sandgym.trainer.engines.base import SamplingParams
 
-CONFIGS = Path(__file__).resolve().parents[2] / "trainer" / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "sandgym" / "trainer" / "configs"
 
 
 class _VLLMDevServer(BaseHTTPRequestHandler):
@@ -149,7 +149,7 @@ def test_a_reload_the_server_refuses_is_an_error_and_the_version_stays(
     vllm_dev: str, tmp_path: Path
 ) -> None:
     """vLLM answers 500 when its workers cannot load the directory (one it cannot read, tensors
-    of another shape); its engine does not survive it (bench/results/vllm_cpu_push.json)."""
+    of another shape); its engine does not survive it (lab/bench/results/vllm_cpu_push.json)."""
     engine = create_engine(
         "openai", base_url=vllm_dev, model_name="m", weight_sync="vllm_http",
         weight_dir=str(tmp_path / "weights"),
@@ -220,7 +220,7 @@ def test_an_engine_that_cannot_take_weights_is_a_config_error() -> None:
 
 
 def test_evaluation_refuses_an_engine_serving_other_weights() -> None:
-    from trainer.train import TrainError, check_served_versions
+    from sandgym.trainer.train import TrainError, check_served_versions
 
     check_served_versions([4, 4], 4, "evaluation")
     with pytest.raises(TrainError, match="serves weights of version 0.*learner holds version 4"):
@@ -228,8 +228,8 @@ def test_evaluation_refuses_an_engine_serving_other_weights() -> None:
 
 
 async def test_a_prompt_longer_than_the_context_is_the_policys_failure(vllm_dev: str) -> None:
-    from trainer.engines.base import PolicyOutputError
-    from trainer.failures import classify_failure
+    from sandgym.trainer.engines.base import PolicyOutputError
+    from sandgym.trainer.failures import classify_failure
 
     engine = create_engine("openai", base_url=vllm_dev, model_name="m")
     with pytest.raises(PolicyOutputError, match="too long") as info:
@@ -241,7 +241,7 @@ async def test_a_prompt_longer_than_the_context_is_the_policys_failure(vllm_dev:
 def test_weight_files_hold_at_most_one_shard_or_tensor(tmp_path: Path) -> None:
     """The writer under the fsdp push: a full shard is written before the next tensor is asked
     for, so what it holds is bounded by the shard size (or one larger tensor), not the model."""
-    from trainer.engines.weight_files import load_weights, write_weights
+    from sandgym.trainer.engines.weight_files import load_weights, write_weights
 
     asked: list[str] = []
 
@@ -274,7 +274,7 @@ def test_push_outcomes_are_handled(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     recorded; a dead actor is replaced; an engine that refuses the weights keeps its old version
     and three refusals in a row stop the run; a lost object stops it at once."""
     ray = pytest.importorskip("ray")
-    from trainer.train import Trainer, TrainError
+    from sandgym.trainer.train import Trainer, TrainError
 
     trainer = Trainer(load_config(CONFIGS / "smoke.yaml"), tmp_path / "run")
     trainer.rollouts = ["actor-0"]

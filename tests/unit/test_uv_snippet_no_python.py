@@ -12,7 +12,7 @@ import subprocess
 import zipfile
 from pathlib import Path
 
-from bench.substitutions import _uv_snippet
+from lab.bench.substitutions import _uv_snippet
 
 WHEEL_URL = (
     "https://files.pythonhosted.org/packages/aa/bb/uv-0.9.5-py3-none-manylinux_2_17_x86_64.whl"

@@ -1,4 +1,4 @@
-"""A Harbor verifier's CTRF report names the tests that failed (tasks/verifier/ctrf.py): read from
+"""A Harbor verifier's CTRF report names the tests that failed (sandgym/tasks/verifier/ctrf.py): read from
 the report the released pytest-json-ctrf (0.3.5, the version Terminal-Bench 2.0 pins) writes,
 and a report that cannot be read names nothing instead of failing the episode."""
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks import private_verify
-from tasks.check import failed_tests
-from tasks.verifier.ctrf import ctrf_tests
+from sandgym.tasks import private_verify
+from sandgym.tasks.check import failed_tests
+from sandgym.tasks.verifier.ctrf import ctrf_tests
 
 TESTS = """
 import pytest

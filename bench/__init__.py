@@ -1,1 +1,0 @@
-"""bench: benchmarks that print JSON and write bench/results/*.json."""

@@ -1,0 +1,1 @@
+"""bench: benchmarks that print JSON and write lab/bench/results/*.json."""

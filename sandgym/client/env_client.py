@@ -1,0 +1,560 @@
+"""`AsyncEnvClient`: the asyncio client of the env server (what the trainer uses).
+
+It imports only the wire models (`sandgym.wire.protocol`), never server code. Requests are built
+from those models (`reset.options` is validated as `ResetOptions` before it is sent) and every
+reply is parsed as a `ServerReply`; `reset` and `step` still hand back plain dicts (what Gymnasium
+users expect), with the typed `info` at `StepResult.typed_info` and `AsyncEnvClient.reset_info`.
+
+Failures: an `error` reply raises `EnvError`, whose `code` is one of the protocol's `ErrorCode`s
+(callers decide by the code, never by the message). A connection that dropped and could not be
+resumed, or could not be opened, raises `ConnectionLostError` (an `EnvError`, so a caller that
+only catches `EnvError` still catches it). `prewarm()` asks the server's pool to keep sandboxes
+ready (`POST /v1/pool/prewarm`).
+
+One client drives one episode at a time over one websocket. When the connection drops in the
+middle of an episode, the client reconnects, sends `resume` with the session's token, and
+resends the interrupted request under the same request_id; the server answers a resent step
+from its cache, so no action ever runs twice.
+
+`run_episodes(...)` plays many episodes concurrently (bounded) with a user agent callback and
+yields each `EpisodeResult` as soon as it finishes (no lock-step).
+
+Example:
+    >>> async def main(url):  # doctest: +SKIP
+    ...     async with AsyncEnvClient(url) as env:
+    ...         obs, info = await env.reset("builtin/hello-file", seed=0)
+    ...         res = await env.step("echo hello > /app/hello.txt")
+    ...         res = await env.step({"kind": "submit"})
+    ...         return res.reward
+
+Why over 500 lines: the reconnect-and-resend logic, the reply parsing and `run_episodes` share
+one connection's state (the session, its token, the request in flight); split, that one state
+machine would be spread over files.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+import json
+import logging
+import random
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from sandgym.wire.protocol import (
+    CLOSE_UNAUTHORIZED,
+    ERROR_CODES,
+    ErrorCode,
+    ErrorReply,
+    HttpErrorBody,
+    ObservationReply,
+    PrewarmReply,
+    PrewarmRequest,
+    ResetInfo,
+    ResetOptions,
+    StepInfo,
+    StepResultReply,
+    parse_server_reply,
+)
+
+log = logging.getLogger(__name__)
+
+
+class EnvError(Exception):
+    """An `error` reply from the server: `code` (an `ErrorCode`), `message`, `retryable`."""
+
+    def __init__(self, code: ErrorCode, message: str, retryable: bool = False) -> None:
+        if code not in ERROR_CODES:
+            raise ValueError(f"expected an error code in {ERROR_CODES}, got {code!r}")
+        super().__init__(f"{code}: {message}")
+        self.code: ErrorCode = code
+        self.message = message
+        self.retryable = retryable
+
+
+class ConnectionLostError(EnvError):
+    """The connection to the server dropped and could not be resumed, or could not be opened
+    (refused, handshake refused, timed out). It is the network's doing, not the server's nor the
+    sandbox's; `code` stays what earlier clients reported (`sandbox_lost` when an episode was
+    running, since it is lost to this client, else `internal`) and `retryable` is True."""
+
+
+@dataclass
+class StepResult:
+    """What `AsyncEnvClient.step` returns (the Gymnasium five-tuple, minus positional order)."""
+
+    observation: dict[str, Any]
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        """Unpacks like Gymnasium: `obs, reward, terminated, truncated, info = result`."""
+        return iter((self.observation, self.reward, self.terminated, self.truncated, self.info))
+
+    @property
+    def typed_info(self) -> StepInfo:
+        """`info` parsed as the protocol's `StepInfo`."""
+        return StepInfo.model_validate(self.info)
+
+
+def http_base(ws_url: str) -> str:
+    """ws://host:port/v1/env -> http://host:port (where the HTTP ops endpoints are)."""
+    url = ws_url.replace("wss://", "https://", 1).replace("ws://", "http://", 1)
+    return url.split("/v1/", 1)[0].rstrip("/")
+
+
+def to_action(action: dict[str, Any] | str) -> dict[str, Any]:
+    """A command string is shorthand for `{"kind": "command", "command": ...}`."""
+    if isinstance(action, str):
+        return {"kind": "command", "command": action}
+    if not isinstance(action, dict):
+        raise TypeError(f"expected an action dict or a command string, got {type(action)!r}")
+    return action
+
+
+class AsyncEnvClient:
+    """Asyncio client for `ws://HOST:PORT/v1/env`. One episode at a time per client."""
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        connect_timeout_s: float = 30.0,
+        request_timeout_s: float | None = None,
+        max_reconnects: int = 5,
+        reconnect_backoff_s: float = 0.2,
+        max_message_bytes: int | None = 64 * 1024 * 1024,
+        ping_interval_s: float | None = 20.0,
+    ) -> None:
+        self.url = url
+        self.token = token
+        self.connect_timeout_s = connect_timeout_s
+        self.request_timeout_s = request_timeout_s
+        self.max_reconnects = max_reconnects
+        self.reconnect_backoff_s = reconnect_backoff_s
+        self.max_message_bytes = max_message_bytes
+        self.ping_interval_s = ping_interval_s
+        self.session_id: str | None = None
+        self.resume_token: str | None = None
+        #: the typed `info` of the latest reset
+        self.reset_info: ResetInfo | None = None
+        self.reconnects = 0
+        self._ws: ClientConnection | None = None
+        # request ids unique to this client: a client that resumes another's session (a
+        # restarted trainer) must not send an id the server would take for a resend of the
+        # other client's last request (and answer from its cache)
+        prefix = secrets.token_hex(4)
+        self._ids = (f"{prefix}-{n}" for n in itertools.count(1))
+        self._lock = asyncio.Lock()
+
+    # -- connection ----------------------------------------------------------------------------
+    async def __aenter__(self) -> AsyncEnvClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        """Open the websocket (done lazily by the first request if not called)."""
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
+        try:
+            self._ws = await asyncio.wait_for(
+                connect(
+                    self.url,
+                    additional_headers=headers,
+                    max_size=self.max_message_bytes,
+                    ping_interval=self.ping_interval_s,
+                    open_timeout=self.connect_timeout_s,
+                    compression=None,  # observations are small; deflate costs more than it saves
+                ),
+                self.connect_timeout_s,
+            )
+        except InvalidStatus as exc:
+            raise ConnectionLostError(
+                "internal", f"websocket handshake refused: {exc}", retryable=True
+            ) from exc
+
+    @property
+    def in_episode(self) -> bool:
+        return self.session_id is not None
+
+    async def close(self) -> None:
+        """End the episode (if any) and close the connection."""
+        ws = self._ws
+        if ws is None:
+            return
+        try:
+            if self.session_id is not None:
+                await self._request({"type": "close"}, resumable=False)
+        except (EnvError, ConnectionClosed, OSError):
+            pass
+        finally:
+            self.session_id = self.resume_token = None
+            self._ws = None
+            await ws.close()
+
+    async def drop_connection(self) -> None:
+        """Close the socket without ending the episode (tests and failure drills use this)."""
+        if self._ws is not None:
+            await self._ws.close()
+
+    # -- the episode API -------------------------------------------------------------------------
+    async def reset(
+        self,
+        task_id: str,
+        seed: int | None = None,
+        options: ResetOptions | dict[str, Any] | None = None,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Start an episode of `task_id`; returns (observation, info). `options` is a
+        `ResetOptions` or its dict; one that is not valid raises `EnvError("invalid_message")`
+        without a round trip, as the server would."""
+        try:
+            opts = (
+                options
+                if isinstance(options, ResetOptions)
+                else ResetOptions.model_validate(options or {})
+            )
+        except ValidationError as exc:
+            raise EnvError("invalid_message", f"reset.options: {exc}") from exc
+        msg = {
+            "type": "reset",
+            "task_id": task_id,
+            "seed": seed,
+            "options": opts.model_dump(exclude_unset=True),
+        }
+        reply = await self._request(msg, resumable=False)
+        if not isinstance(reply, ObservationReply):
+            raise _unexpected(reply, "observation")
+        self.session_id = reply.session_id
+        self.resume_token = reply.resume_token
+        self.reset_info = ResetInfo.model_validate(reply.info)
+        return reply.observation.model_dump(exclude_unset=True), reply.info
+
+    async def resume(
+        self, session_id: str, resume_token: str
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Attach this client to an episode the server kept (its session id and resume token,
+        from the reset of another client, even of a process that is gone); returns (the last
+        observation, info). `EnvError("no_episode")` when the server no longer has it."""
+        msg = {"type": "resume", "session_id": session_id, "resume_token": resume_token}
+        self.session_id, self.resume_token = session_id, resume_token
+        try:
+            reply = await self._request(msg, resumable=False)
+        except BaseException:
+            self.session_id = self.resume_token = None
+            raise
+        if not isinstance(reply, ObservationReply):
+            self.session_id = self.resume_token = None
+            raise _unexpected(reply, "observation")
+        return reply.observation.model_dump(exclude_unset=True), reply.info
+
+    async def step(self, action: dict[str, Any] | str) -> StepResult:
+        """Apply one action (an ACTION dict, or a command string)."""
+        reply = await self._request({"type": "step", "action": to_action(action)}, resumable=True)
+        if not isinstance(reply, StepResultReply):
+            raise _unexpected(reply, "step_result")
+        result = StepResult(
+            observation=reply.observation.model_dump(exclude_unset=True),
+            reward=reply.reward,
+            terminated=reply.terminated,
+            truncated=reply.truncated,
+            info=reply.info,
+        )
+        if result.terminated or result.truncated:
+            self.session_id = self.resume_token = None
+        return result
+
+    async def replay(self, request_id: str) -> StepResult:
+        """The reply to this session's request `request_id`, resent: the server answers a resend
+        of a session's last request from its cache (or, while it still runs, with its reply
+        when it ends) and never runs it again. For a client that resumed another's session (a
+        restarted trainer): the resume's `info.last_request_id` names the last request."""
+        msg = {"type": "step", "action": {"kind": "submit"}}
+        reply = await self._request(msg, resumable=True, request_id=request_id)
+        if not isinstance(reply, StepResultReply):
+            raise _unexpected(reply, "step_result")
+        if reply.terminated or reply.truncated:
+            self.session_id = self.resume_token = None
+        return StepResult(
+            observation=reply.observation.model_dump(exclude_unset=True),
+            reward=reply.reward,
+            terminated=reply.terminated,
+            truncated=reply.truncated,
+            info=reply.info,
+        )
+
+    async def prewarm(
+        self, task_ids: list[str], count: int = 1, *, timeout_s: float = 2.0
+    ) -> PrewarmReply:
+        """Ask the server's pool to keep `count` sandboxes ready for each task's environment
+        (`POST /v1/pool/prewarm`, with this client's token). A refusal raises `EnvError` with
+        the server's code (`unknown_task` for an id it does not serve); an unreachable server
+        raises `ConnectionLostError`."""
+        import httpx  # lazy: only prewarm callers pay for it
+
+        body = PrewarmRequest(task_ids=task_ids, count=count)
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        url = f"{http_base(self.url)}/v1/pool/prewarm"
+        try:
+            async with httpx.AsyncClient(timeout=timeout_s) as http:
+                r = await http.post(url, json=body.model_dump(), headers=headers)
+        except httpx.HTTPError as exc:
+            raise ConnectionLostError(
+                "internal", f"prewarm: {url} unreachable: {exc!r}", retryable=True
+            ) from exc
+        if r.status_code >= 400:
+            try:
+                err = HttpErrorBody.model_validate_json(r.content)
+            except ValidationError:
+                code: ErrorCode = "unauthorized" if r.status_code in (401, 403) else "internal"
+                raise EnvError(code, f"prewarm: HTTP {r.status_code}: {r.text[:200]}") from None
+            raise EnvError(err.code, err.message, err.retryable)
+        return PrewarmReply.model_validate_json(r.content)
+
+    # -- plumbing --------------------------------------------------------------------------------
+    async def _request(
+        self, msg: dict[str, Any], *, resumable: bool, request_id: str | None = None
+    ) -> ObservationReply | StepResultReply | Any:
+        async with self._lock:
+            msg["request_id"] = request_id or next(self._ids)
+            text = json.dumps(msg)
+            attempt = 0
+            while True:
+                try:
+                    if self._ws is None:
+                        await self.connect()
+                    return await self._roundtrip(text, msg["request_id"])
+                except (ConnectionClosed, OSError) as exc:
+                    self._raise_if_unauthorized(exc)
+                    # A reset or close is not resent: a reset would orphan (the server reaps
+                    # it), a close after a drop is moot.
+                    if not resumable or self.session_id is None or attempt >= self.max_reconnects:
+                        self._ws = None
+                        raise ConnectionLostError(
+                            "sandbox_lost" if self.session_id else "internal",
+                            f"connection to {self.url} lost: {exc!r}",
+                            retryable=True,
+                        ) from exc
+                    attempt += 1
+                    await self._reconnect_and_resume(attempt)
+
+    async def _roundtrip(self, text: str, request_id: str) -> Any:
+        ws = self._ws
+        assert ws is not None
+        await ws.send(text)
+        while True:
+            raw = await asyncio.wait_for(ws.recv(), self.request_timeout_s)
+            try:
+                reply = parse_server_reply(raw)
+            except ValidationError as exc:
+                raise EnvError(
+                    "internal", f"the server sent a reply this client cannot read: {exc}"
+                ) from exc
+            rid = reply.request_id
+            if rid is not None and rid != request_id:
+                continue  # a stale reply to a request given up on before a reconnect
+            if isinstance(reply, ErrorReply):
+                if reply.code in ("sandbox_lost", "no_episode"):
+                    self.session_id = self.resume_token = None
+                raise EnvError(reply.code, reply.message, reply.retryable)
+            return reply
+
+    def _raise_if_unauthorized(self, exc: BaseException) -> None:
+        rcvd = getattr(exc, "rcvd", None)
+        if rcvd is not None and rcvd.code == CLOSE_UNAUTHORIZED:
+            self._ws = None
+            raise EnvError("unauthorized", rcvd.reason or "bearer token refused") from exc
+
+    async def _reconnect_and_resume(self, attempt: int) -> None:
+        self.reconnects += 1
+        delay = self.reconnect_backoff_s * (2 ** (attempt - 1)) * (0.5 + random.random())
+        log.info("connection dropped; resuming session %s in %.2fs", self.session_id, delay)
+        await asyncio.sleep(delay)
+        if self._ws is not None:
+            await self._ws.close()
+        self._ws = None
+        try:
+            await self.connect()
+        except (OSError, ConnectionClosed, TimeoutError, EnvError):
+            return  # the caller's loop retries (or gives up after max_reconnects)
+        rid = f"resume-{attempt}-{next(self._ids)}"
+        resume = {
+            "type": "resume",
+            "request_id": rid,
+            "session_id": self.session_id,
+            "resume_token": self.resume_token,
+        }
+        try:
+            await self._roundtrip(json.dumps(resume), rid)
+        except (ConnectionClosed, OSError):
+            self._ws = None
+
+
+def _unexpected(reply: Any, expected: str) -> EnvError:
+    return EnvError(
+        "internal", f"expected a {expected!r} reply, got {getattr(reply, 'type', reply)!r}"
+    )
+
+
+# -- many episodes at once ------------------------------------------------------------------------
+@dataclass
+class EpisodeRequest:
+    """One episode for `run_episodes`: a task, a seed, reset options."""
+
+    task_id: str
+    seed: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EpisodeState:
+    """What the agent callback sees: the task, the latest observation and the history."""
+
+    request: EpisodeRequest
+    index: int
+    observation: dict[str, Any]
+    info: dict[str, Any]
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class EpisodeResult:
+    """One finished (or failed) episode."""
+
+    index: int
+    task_id: str
+    seed: int | None
+    reward: float
+    terminated: bool
+    truncated: bool
+    steps: list[dict[str, Any]]
+    duration_s: float
+    reset_info: dict[str, Any]
+    error: EnvError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+#: An agent gets the episode state and returns the next action (dict or command string), or
+#: None to submit. It may be a plain function or a coroutine function.
+Agent = Callable[
+    [EpisodeState], "dict[str, Any] | str | None | Awaitable[dict[str, Any] | str | None]"
+]
+
+
+async def run_episodes(
+    url: str,
+    episodes: Iterable[EpisodeRequest | str],
+    agent: Agent,
+    *,
+    concurrency: int = 8,
+    token: str | None = None,
+    max_steps: int = 100,
+    client_kwargs: dict[str, Any] | None = None,
+) -> AsyncIterator[EpisodeResult]:
+    """Play `episodes` with at most `concurrency` at once; yield each result as it finishes.
+
+    Each worker keeps one connection for all its episodes. An agent returning None submits;
+    after `max_steps` actions without an ending the episode is submitted. Server errors end
+    that episode with `error` set; other episodes carry on.
+    """
+    queue: asyncio.Queue[tuple[int, EpisodeRequest] | None] = asyncio.Queue()
+    n = 0
+    for i, ep in enumerate(episodes):
+        queue.put_nowait((i, EpisodeRequest(ep) if isinstance(ep, str) else ep))
+        n = i + 1
+    results: asyncio.Queue[EpisodeResult | BaseException] = asyncio.Queue()
+    workers_n = max(1, min(concurrency, n))
+    for _ in range(workers_n):
+        queue.put_nowait(None)
+
+    async def worker() -> None:
+        client = AsyncEnvClient(url, token, **(client_kwargs or {}))
+        try:
+            while (item := await queue.get()) is not None:
+                idx, req = item
+                await results.put(await _play(client, idx, req, agent, max_steps))
+        except BaseException as exc:  # surfaced to the consumer, never swallowed
+            await results.put(exc)
+        finally:
+            await client.close()
+
+    tasks = [asyncio.create_task(worker()) for _ in range(workers_n)]
+    try:
+        for _ in range(n):
+            item = await results.get()
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _play(
+    client: AsyncEnvClient, idx: int, req: EpisodeRequest, agent: Agent, max_steps: int
+) -> EpisodeResult:
+    started = time.perf_counter()
+    steps: list[dict[str, Any]] = []
+    reset_info: dict[str, Any] = {}
+    try:
+        obs, reset_info = await client.reset(req.task_id, seed=req.seed, options=req.options)
+        state = EpisodeState(req, idx, obs, reset_info, steps)
+        while True:
+            action = agent(state)
+            if inspect.isawaitable(action):
+                action = await action
+            if action is None or len(steps) >= max_steps:
+                action = {"kind": "submit"}
+            res = await client.step(action)
+            steps.append(
+                {
+                    "action": to_action(action),
+                    "observation": res.observation,
+                    "reward": res.reward,
+                    "info": res.info,
+                }
+            )
+            state.observation, state.info = res.observation, res.info
+            if res.terminated or res.truncated:
+                return EpisodeResult(
+                    idx, req.task_id, req.seed, res.reward, res.terminated, res.truncated,
+                    steps, time.perf_counter() - started, reset_info,
+                )  # fmt: skip
+    except EnvError as exc:
+        if client.in_episode:
+            await client.close()
+        return EpisodeResult(
+            idx, req.task_id, req.seed, 0.0, False, False, steps,
+            time.perf_counter() - started, reset_info, error=exc,
+        )  # fmt: skip
+
+
+__all__ = [
+    "AsyncEnvClient",
+    "ConnectionLostError",
+    "EnvError",
+    "EpisodeRequest",
+    "EpisodeResult",
+    "EpisodeState",
+    "StepResult",
+    "http_base",
+    "run_episodes",
+    "to_action",
+]

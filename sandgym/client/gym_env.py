@@ -1,0 +1,177 @@
+"""`RemoteEnv`: a Gymnasium environment whose episodes run on a sandgym env server.
+
+`import sandgym.client` registers it as `sandgym/Terminal-v0`:
+
+    >>> import gymnasium, sandgym.client  # doctest: +SKIP
+    >>> env = gymnasium.make("sandgym/Terminal-v0", server_url="ws://127.0.0.1:8765/v1/env",
+    ...                      task_id="builtin/hello-file")  # doctest: +SKIP
+    >>> obs, info = env.reset(seed=0)  # doctest: +SKIP
+    >>> obs, reward, terminated, truncated, info = env.step("ls -la")  # doctest: +SKIP
+
+Spaces:
+- action: `Text` — a command line run in the episode's persistent shell. A full ACTION dict
+  (`{"kind": "submit"}`, `{"kind": "keys", ...}`, ...) is accepted as well. `sample()` draws
+  alphanumeric words, which a shell runs as harmless unknown commands.
+- observation: `Dict(output=Text, screen=Text, image=Text, exit_code=Discrete(257, start=-1))`:
+  the action's output, the rendered terminal screen, a base64 PNG for desktop tasks ("" when
+  none), and the exit code (-1 when there is none). Text fields accept any characters; output
+  longer than `max_output_chars` is cut.
+
+It drives `AsyncEnvClient` from a private event loop in a daemon thread, so it works from plain
+synchronous code and from inside another running event loop alike. Imports no server code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import string
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+from sandgym.client.env_client import AsyncEnvClient
+from sandgym.wire import protocol
+
+T = TypeVar("T")
+
+#: Server info keys that differ between otherwise identical steps (timings, sandbox identity;
+#: the protocol's info models mark them). Gymnasium expects `info` to be deterministic for a seed,
+#: so `RemoteEnv` keeps them out of `info` unless `volatile_info=True`; the full server info is
+#: always in `last_server_info`.
+VOLATILE_INFO_KEYS = protocol.VOLATILE_INFO_KEYS
+
+#: What `Text.sample()` draws from: letters, digits and spaces only, never shell syntax.
+SAMPLE_CHARSET = string.ascii_letters + string.digits + " "
+
+
+class AnyText(spaces.Text):
+    """A `Text` space that contains every string up to `max_length` characters.
+
+    `spaces.Text` only contains strings over its sampling charset; terminal output holds any
+    character, so membership here checks type and length only, while sampling keeps the safe
+    charset.
+    """
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+
+    def __repr__(self) -> str:
+        return f"AnyText({self.min_length}, {self.max_length})"
+
+
+class RemoteEnv(gym.Env[dict[str, Any], Any]):
+    """A Gymnasium env backed by one websocket session of a sandgym server."""
+
+    metadata = {"render_modes": ["ansi"]}
+
+    def __init__(
+        self,
+        server_url: str,
+        task_id: str,
+        token: str | None = None,
+        render_mode: str | None = None,
+        max_output_chars: int = 65_536,
+        max_action_chars: int = 4096,
+        request_timeout_s: float | None = 3600.0,
+        client_kwargs: dict[str, Any] | None = None,
+        volatile_info: bool = False,
+    ) -> None:
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(
+                f"render_mode must be one of {self.metadata['render_modes']}, got {render_mode!r}"
+            )
+        self.render_mode = render_mode
+        self.server_url = server_url
+        self.task_id = task_id
+        self.max_output_chars = max_output_chars
+        self.request_timeout_s = request_timeout_s
+        self.action_space = AnyText(
+            max_length=max_action_chars, min_length=1, charset=SAMPLE_CHARSET
+        )
+        self.observation_space = spaces.Dict(
+            {
+                "output": AnyText(
+                    max_length=max_output_chars, min_length=0, charset=SAMPLE_CHARSET
+                ),
+                "screen": AnyText(
+                    max_length=max_output_chars, min_length=0, charset=SAMPLE_CHARSET
+                ),
+                "image": AnyText(max_length=64 * 1024 * 1024, min_length=0, charset=SAMPLE_CHARSET),
+                "exit_code": spaces.Discrete(257, start=-1),
+            }
+        )
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="sandgym-remote-env", daemon=True
+        )
+        self._thread.start()
+        self._client = AsyncEnvClient(server_url, token, **(client_kwargs or {}))
+        self._last_obs: dict[str, Any] | None = None
+        self.volatile_info = volatile_info
+        self.last_server_info: dict[str, Any] = {}
+        self._closed = False
+
+    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(self.request_timeout_s)
+
+    def _convert(self, obs: dict[str, Any]) -> dict[str, Any]:
+        code = obs.get("exit_code")
+        return {
+            "output": (obs.get("output") or "")[: self.max_output_chars],
+            "screen": (obs.get("screen") or "")[: self.max_output_chars],
+            "image": obs.get("image") or "",
+            "exit_code": np.int64(-1 if code is None else max(-1, min(255, int(code)))),
+        }
+
+    def _info(self, info: dict[str, Any]) -> dict[str, Any]:
+        self.last_server_info = info
+        if self.volatile_info:
+            return info
+        return {k: v for k, v in info.items() if k not in VOLATILE_INFO_KEYS}
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """Start a new episode (ending the current one). `options["task_id"]` overrides the task;
+        other options go to the server's reset."""
+        super().reset(seed=seed)
+        opts = dict(options or {})
+        task_id = opts.pop("task_id", self.task_id)
+        obs, info = self._call(self._client.reset(task_id, seed=seed, options=opts))
+        self._last_obs = self._convert(obs)
+        return self._last_obs, self._info(info)
+
+    def step(self, action: Any) -> tuple[dict[str, Any], float, bool, bool, dict[str, Any]]:
+        """Apply a command string or an ACTION dict; returns the Gymnasium five-tuple."""
+        if not isinstance(action, str | dict):
+            action = str(action)
+        res = self._call(self._client.step(action))
+        self._last_obs = self._convert(res.observation)
+        return self._last_obs, res.reward, res.terminated, res.truncated, self._info(res.info)
+
+    def render(self) -> str | None:
+        if self.render_mode != "ansi" or self._last_obs is None:
+            return None
+        return self._last_obs["screen"] or self._last_obs["output"]
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._call(self._client.close())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            self._loop.close()
+        super().close()
+
+    def __del__(self) -> None:  # a forgotten env must not leak its loop thread
+        try:
+            self.close()
+        except Exception:
+            pass

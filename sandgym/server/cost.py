@@ -1,0 +1,98 @@
+"""The cost ledger of one episode, on the server's side: the seconds its sandbox lived, by phase
+(in the pool before its lease, preparing, the agent's turns, verifier runs), and what the
+sandbox's own accounting says it consumed (`Sandbox.usage`: CPU seconds, peak memory, bytes
+written); the commands it ran. Sent as `info.cost` on the reply that ends the episode (the
+trainer keeps it in the episode record) and summed into Prometheus counters."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from sandgym.sandboxes import Sandbox
+from sandgym.sandboxes.usage import SandboxUsage
+from sandgym.wire.protocol import EpisodeCost
+
+log = logging.getLogger(__name__)
+
+#: an episode's sandbox usage read for longer than this is left out (None), not waited for
+USAGE_TIMEOUT_S = 10.0
+
+PHASES = ("pool", "prepare", "agent", "verifier")
+
+
+async def episode_cost(
+    sandbox: Sandbox,
+    *,
+    backend: str | None,
+    leased_at: float,
+    prepare_s: float,
+    verifier_s: float,
+    commands: int,
+    now: float | None = None,
+) -> EpisodeCost:
+    """The ledger of an episode ending now (before its sandbox is released)."""
+    now = time.time() if now is None else now
+    try:
+        used = await asyncio.wait_for(sandbox.usage(), USAGE_TIMEOUT_S)
+    except Exception as exc:  # a lost sandbox, a slow engine: the figures are unknown, not 0
+        log.info("cost: reading the usage of sandbox %s failed: %s", sandbox.id, exc)
+        used = SandboxUsage()
+    pool_s = max(0.0, leased_at - sandbox.created_at)
+    leased_s = max(0.0, now - leased_at)
+    prepare_s = min(prepare_s, leased_s)
+    verifier_s = min(verifier_s, leased_s - prepare_s)
+    agent_s = leased_s - prepare_s - verifier_s
+    return EpisodeCost(
+        backend=backend,
+        pool_s=pool_s,
+        prepare_s=prepare_s,
+        agent_s=agent_s,
+        verifier_s=verifier_s,
+        sandbox_s=pool_s + leased_s,
+        cpu_s=used.cpu_s,
+        peak_memory_bytes=used.peak_memory_bytes,
+        bytes_written=used.bytes_written,
+        commands=commands,
+    )
+
+
+class CostMetrics:
+    """`sandgym_sandbox_seconds_total{phase}`, `sandgym_sandbox_cpu_seconds_total`,
+    `sandgym_sandbox_bytes_written_total`, `sandgym_commands_total`,
+    `sandgym_episode_peak_memory_bytes` (histogram), in the server's registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.seconds = Counter(
+            "sandgym_sandbox_seconds", "sandbox seconds of ended episodes, by phase", ["phase"],
+            registry=r,
+        )  # fmt: skip
+        self.by_phase = {p: self.seconds.labels(p) for p in PHASES}
+        self.cpu = Counter(
+            "sandgym_sandbox_cpu_seconds", "CPU seconds of ended episodes' sandboxes", registry=r
+        )
+        self.written = Counter(
+            "sandgym_sandbox_bytes_written", "bytes ended episodes' sandboxes wrote", registry=r
+        )
+        self.commands = Counter("sandgym_commands", "command actions of ended episodes", registry=r)
+        self.peak = Histogram(
+            "sandgym_episode_peak_memory_bytes",
+            "peak memory of ended episodes' sandboxes",
+            buckets=tuple(float(2**k) for k in range(24, 38, 2)) + (float("inf"),),
+            registry=r,
+        )
+
+    def add(self, cost: EpisodeCost) -> None:
+        for phase in PHASES:
+            self.by_phase[phase].inc(getattr(cost, f"{phase}_s"))
+        if cost.cpu_s is not None:
+            self.cpu.inc(cost.cpu_s)
+        if cost.bytes_written is not None:
+            self.written.inc(cost.bytes_written)
+        if cost.peak_memory_bytes is not None:
+            self.peak.observe(cost.peak_memory_bytes)
+        self.commands.inc(cost.commands)

@@ -1,5 +1,0 @@
-"""The `sandgym` console command (`sandgym_cli.main:main`), apart from the packages it drives."""
-
-from sandgym_cli.main import COMMANDS, build_parser, main
-
-__all__ = ["COMMANDS", "build_parser", "main"]
