@@ -1,7 +1,7 @@
 """The websocket wire protocol (version 1.1): every message the client and the server exchange.
 
 Protocol version 1.2 adds the sandbox API (HTTP, `/v1/sandboxes`): its models live in
-`sandgym.wire.sandbox_protocol` and are re-exported here (`CreateSandboxRequest`, `ExecRequest`, ...).
+`sandgym.wire.sandbox_protocol` (import them from there; this module does not re-export them).
 
 Client and server share only this module. It imports nothing else of sandgym, so the client side
 (`sandgym.client.env_client`, `sandgym.client.gym_env`, the trainer) never loads server code.
@@ -574,24 +574,3 @@ class HttpErrorBody(_Wire):
     code: ErrorCode
     message: str
     retryable: bool = False
-
-
-# -- the sandbox API (protocol version 1.2): its models live in sandgym.wire.sandbox_protocol ------
-from sandgym.wire.sandbox_protocol import (  # noqa: E402, I001  (re-exported, one block)
-    SANDBOX_API_PREFIX as SANDBOX_API_PREFIX,
-    SANDBOX_API_VERSION as SANDBOX_API_VERSION,
-    SANDBOX_ERROR_CODES as SANDBOX_ERROR_CODES,
-    SANDBOX_ERROR_STATUS as SANDBOX_ERROR_STATUS,
-    CreateSandboxRequest as CreateSandboxRequest,
-    ExecReply as ExecReply,
-    ExecRequest as ExecRequest,
-    FilesReply as FilesReply,
-    SandboxClosedReply as SandboxClosedReply,
-    SandboxEnvironment as SandboxEnvironment,
-    SandboxErrorBody as SandboxErrorBody,
-    SandboxErrorCode as SandboxErrorCode,
-    SandboxInfo as SandboxInfo,
-    SandboxList as SandboxList,
-    SandboxNetwork as SandboxNetwork,
-    SetNetworkRequest as SetNetworkRequest,
-)

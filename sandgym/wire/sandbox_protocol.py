@@ -8,7 +8,8 @@ name, plus the task's `[environment]` settings), then runs commands and moves fi
 never scores anything here: what the caller does with the sandbox is its own business.
 
 This module is part of the public contract (docs/sandbox-api.md). It imports nothing of
-sandgym, so clients load it without server code; `sandgym.wire.protocol` re-exports every name.
+sandgym, so clients load it without server code; import its names from here (the episode
+protocol module does not re-export them).
 
 | request | method and path | body -> reply |
 |---|---|---|

@@ -15,18 +15,12 @@ from sandgym.wire import protocol as p
 from sandgym.wire import sandbox_protocol as sp
 
 
-def test_protocol_reexports_every_sandbox_model() -> None:
-    for name in (
-        "CreateSandboxRequest",
-        "ExecRequest",
-        "ExecReply",
-        "SandboxInfo",
-        "SandboxErrorBody",
-        "SandboxNetwork",
-        "SetNetworkRequest",
-    ):
-        assert getattr(p, name) is getattr(sp, name)
-    assert p.SANDBOX_API_VERSION == "1.2"
+def test_the_episode_protocol_does_not_reexport_the_sandbox_models() -> None:
+    """The facade went (issue 57): the sandbox API's models have one home, sandbox_protocol."""
+    names = ("CreateSandboxRequest", "ExecRequest", "ExecReply", "SandboxInfo", "SandboxErrorBody")
+    assert [n for n in names if not hasattr(sp, n)] == []
+    assert [n for n in names if hasattr(p, n)] == [], "sandgym.wire.protocol re-exports them"
+    assert sp.SANDBOX_API_VERSION == "1.2"
 
 
 def test_create_needs_an_environment() -> None:
