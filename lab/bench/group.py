@@ -204,7 +204,7 @@ async def _bench_backend(name: str, root: Path, args: argparse.Namespace) -> dic
     from sandgym.server.runner import BackgroundServer
     from sandgym.server.settings import ServerSettings
     from sandgym.tasks import TaskRegistry
-    from sandgym.tasks.runtime import sandbox_spec_for
+    from sandgym.tasks.sandbox_spec import sandbox_spec_for
 
     registry = TaskRegistry([root], include_builtin=True)
     out: dict[str, Any] = {"tasks": {}}

@@ -106,10 +106,11 @@ from lab.bench.dns_log import DnsLog
 from lab.bench.host_load import DiskSpace, HostLoad
 from lab.bench.report import save_json
 from sandgym.tasks.check import CheckError, PhaseCheck, TaskCheck, check_task, setup_error_check
+from sandgym.tasks.dockerfile.load import task_dockerfile
 from sandgym.tasks.errors import TaskError
 from sandgym.tasks.loaders import is_task_dir, load_task_dir
 from sandgym.tasks.models import TaskSpec
-from sandgym.tasks.runtime import parse_image_map, sandbox_spec_for, task_dockerfile
+from sandgym.tasks.sandbox_spec import parse_image_map, sandbox_spec_for
 
 log = logging.getLogger("lab.bench.harbor_compat")
 

@@ -75,7 +75,8 @@ async def _direct(backend_name: str, task_root: Path, n: int, warmup: int) -> li
     from sandgym.sandboxes import get_backend
     from sandgym.sandboxes.lifetime import OwnLifetimes
     from sandgym.tasks import TaskRegistry
-    from sandgym.tasks.runtime import prepare_episode, sandbox_spec_for
+    from sandgym.tasks.episode_start import prepare_episode
+    from sandgym.tasks.sandbox_spec import sandbox_spec_for
 
     backend = get_backend(backend_name)
     task = TaskRegistry([task_root], include_builtin=False).get(TASK_ID)

@@ -1,6 +1,6 @@
 """A reset's episode made ready: a sandbox (from the warm pool, or for a group's member after the
 first a copy of member 0's: sandgym/server/groups.py) given its hard lifetime, the task's set-up run in
-it (`sandgym.tasks.runtime.prepare_episode`, or member 0's copied in), member 0's preparation shared with
+it (`sandgym.tasks.episode_start.prepare_episode`, or member 0's copied in), member 0's preparation shared with
 its group, and a gateway bridge when the reset asked for one. On error the sandbox goes back to
 the pool."""
 
@@ -85,7 +85,7 @@ class Preparer:
         member: int,
     ) -> Ready:
         """The sandbox of `msg`'s episode, acquired and set up (`member` of `group`, if any)."""
-        from sandgym.tasks.runtime import prepare_episode
+        from sandgym.tasks.episode_start import prepare_episode
 
         spec = self.specs.spec_for(task, backend)
         prepared = None

@@ -1,4 +1,4 @@
-"""Scoring a `submit`: the task's verifier on the episode (`sandgym.tasks.runtime.score_step`), its time
+"""Scoring a `submit`: the task's verifier on the episode (`sandgym.tasks.episode.score_step`), its time
 and tamper report counted in the metrics, and the step reply. The reward is the verifier's and
 nothing else's: the last step (or a failed gate) ends the episode with the task's reward and
 `terminated`; while steps remain the reply carries the next step's instruction (protocol 1.1).
@@ -38,7 +38,7 @@ class Scorer:
         end: Callable[[Session, str], Awaitable[None]],
     ) -> StepResultReply:
         """Score the current step of `s`; `end(s, "submit")` once the episode is over."""
-        from sandgym.tasks.runtime import score_step
+        from sandgym.tasks.episode import score_step
 
         t0 = time.perf_counter()
         done = True

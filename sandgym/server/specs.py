@@ -24,7 +24,7 @@ class SpecCache:
 
     def spec_for(self, task: TaskSpec, backend: SandboxBackend | None) -> SandboxSpec:
         """The task's spec (the server's network clamp applied), checked against `backend`."""
-        from sandgym.tasks.runtime import sandbox_spec_for
+        from sandgym.tasks.sandbox_spec import sandbox_spec_for
 
         cached = self._specs.get(task.id)
         if cached is not None and cached[0] is task:

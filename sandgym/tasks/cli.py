@@ -37,7 +37,7 @@ from sandgym.tasks.errors import TaskError
 from sandgym.tasks.loaders import load_dataset
 from sandgym.tasks.models import TaskSpec
 from sandgym.tasks.registry import CATALOG_DIR, TaskRegistry, load_builtin
-from sandgym.tasks.runtime import parse_image_map
+from sandgym.tasks.sandbox_spec import parse_image_map
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ async def start_task_desktop(
 ) -> Desktop | None:
     """Bring up a desktop task's screen and app: None for a task that is not a desktop task.
 
-    Call after the episode's files are in place (`sandgym.tasks.runtime.prepare_episode`) and before
+    Call after the episode's files are in place (`sandgym.tasks.episode_start.prepare_episode`) and before
     the agent's first observation or the oracle. Starts the display (size from
     `desktop_width`/`desktop_height`), runs `desktop_start` in the background as `user`, and
     waits for the window titled `desktop_window` when one is named.

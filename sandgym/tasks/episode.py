@@ -1,6 +1,6 @@
 """What a `submit` does: `score_step` runs the verifier as the episode's mode says, then moves
-the episode on. An episode's start (`prepare_episode`, `mark_episode`) is `sandgym.tasks.episode_start`,
-re-exported here."""
+the episode on. An episode's start (`prepare_episode`, `mark_episode`) is
+`sandgym.tasks.episode_start`."""
 
 from __future__ import annotations
 
@@ -8,12 +8,11 @@ from typing import Any
 
 from sandgym.sandboxes import Sandbox
 from sandgym.tasks.episode_models import EpisodeSetup, StepOutcome, VerifierResult
-from sandgym.tasks.episode_start import INSTRUCTION_FILE_ENV, mark_episode, prepare_episode
 from sandgym.tasks.models import TaskSpec
 from sandgym.tasks.steps import finish_step
 from sandgym.tasks.verifier.modes import verify_episode
 
-__all__ = ["INSTRUCTION_FILE_ENV", "mark_episode", "prepare_episode", "score_step"]
+__all__ = ["score_step"]
 
 
 async def score_step(

@@ -1,8 +1,9 @@
 """`TaskSpec`: the one in-memory description every task format loads into.
 
 Harbor directories, Terminal-Bench v1 directories, SETA tasks and LLM-in-Sandbox instances all
-become a `TaskSpec` (see `sandgym.tasks.loaders`). The runtime (`sandgym.tasks.runtime`) turns a spec into a
-`SandboxSpec`, prepares an episode, runs the oracle and the verifier. Units are in field names.
+become a `TaskSpec` (see `sandgym.tasks.loaders`). The runtime (one module a job; the table is in
+`sandgym.tasks`' docstring) turns a spec into a `SandboxSpec`, prepares an episode, runs the oracle
+and the verifier. Units are in field names.
 """
 
 from __future__ import annotations

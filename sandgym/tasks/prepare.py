@@ -24,7 +24,7 @@ from typing import Any
 from sandgym.tasks.errors import TaskError
 from sandgym.tasks.loaders import load_dataset
 from sandgym.tasks.models import TaskSpec
-from sandgym.tasks.runtime import parse_image_map, sandbox_spec_for
+from sandgym.tasks.sandbox_spec import parse_image_map, sandbox_spec_for
 
 log = logging.getLogger(__name__)
 

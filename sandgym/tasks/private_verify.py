@@ -28,7 +28,7 @@ a capability they hold (local: it holds none; docker: not `CAP_SYS_PTRACE`), so 
 join the verifier's namespace nor reach the verifier's files, descriptors or memory through
 /proc/PID; killing the verifier gives no reward block, hence a verifier error. What this does
 not stop: code of the agent's that the tests run themselves (it runs as the verifier), and, on
-backends without a private exec (e2b), anything at all; see sandgym/tasks/runtime.py.
+backends without a private exec (e2b), anything at all; see sandgym/tasks/verifier/run.py.
 """
 
 from __future__ import annotations

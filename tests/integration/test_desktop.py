@@ -347,8 +347,11 @@ def test_the_catalog_has_desktop_tasks() -> None:
 
 
 async def _episode(backend: Any, name: str, oracle: bool, shot: Path | None = None) -> float:
+    from sandgym.tasks.episode_start import prepare_episode
     from sandgym.tasks.loaders import load_task_dir
-    from sandgym.tasks.runtime import prepare_episode, run_oracle, run_verifier, sandbox_spec_for
+    from sandgym.tasks.oracle import run_oracle
+    from sandgym.tasks.sandbox_spec import sandbox_spec_for
+    from sandgym.tasks.verifier.run import run_verifier
 
     task = load_task_dir(CATALOG / name)
     sb = await backend.create(sandbox_spec_for(task))
@@ -369,8 +372,9 @@ async def _episode(backend: Any, name: str, oracle: bool, shot: Path | None = No
 
 
 async def test_starting_a_task_desktop_twice_starts_its_app_once(backend: Any) -> None:
+    from sandgym.tasks.episode_start import prepare_episode
     from sandgym.tasks.loaders import load_task_dir
-    from sandgym.tasks.runtime import prepare_episode, sandbox_spec_for
+    from sandgym.tasks.sandbox_spec import sandbox_spec_for
 
     task = load_task_dir(CATALOG / "desktop-press-button")
     assert await start_task_desktop(await get_backend("null").create(SandboxSpec()), {}) is None

@@ -63,7 +63,7 @@ async def test_prepare_builds_once_then_reuses(tmp_path: Path) -> None:
     # an episode's sandbox afterwards: the image is there, nothing is built in its creation
     from sandgym.sandboxes.docker import DockerBackend
     from sandgym.tasks.loaders import load_task_dir
-    from sandgym.tasks.runtime import sandbox_spec_for
+    from sandgym.tasks.sandbox_spec import sandbox_spec_for
 
     backend = DockerBackend(owner_id="test-prep-" + os.urandom(4).hex())
     try:

@@ -309,7 +309,7 @@ def test_task_dir_symlinks_out_of_the_task_are_refused(tmp_path: Path, host_secr
     t = harbor_task(tmp_path, "copy-escape", "FROM sandgym/terminal\nCOPY leak /app/leak\n")
     (t / "environment" / "leak").symlink_to(host_secret)
     with pytest.raises(TaskError, match="leaves the context|outside|symlink"):
-        from sandgym.tasks.runtime import sandbox_spec_for
+        from sandgym.tasks.sandbox_spec import sandbox_spec_for
 
         sandbox_spec_for(load_task_dir(t))
     # Task files (instruction, tests) that are symlinks to host files.
@@ -359,7 +359,7 @@ def test_loading_task_dirs_runs_no_host_code(tmp_path: Path) -> None:
     reg = TaskRegistry([tmp_path / "tasks"], include_builtin=False)
     ids = reg.ids()
     assert "hostile" in ids
-    from sandgym.tasks.runtime import sandbox_spec_for
+    from sandgym.tasks.sandbox_spec import sandbox_spec_for
 
     for tid in ids:
         sandbox_spec_for(reg.get(tid))

@@ -13,7 +13,7 @@ from sandgym.sandboxes.services import ServiceSpec
 from sandgym.sandboxes.spec import SandboxSpec
 from sandgym.tasks import load_task_dir
 from sandgym.tasks.errors import ComposeUnsupportedError
-from sandgym.tasks.runtime import sandbox_spec_for
+from sandgym.tasks.sandbox_spec import sandbox_spec_for
 from tests.unit.test_compose_services import harbor_task, tb1_task
 
 TB1_FIXED = """\

@@ -19,7 +19,7 @@ from sandgym.sandboxes.services import HealthcheckSpec, ServiceSpec, start_order
 from sandgym.sandboxes.spec import ExecResult
 from sandgym.tasks import TaskLoadError, load_task_dir
 from sandgym.tasks.errors import ComposeUnsupportedError
-from sandgym.tasks.runtime import sandbox_spec_for
+from sandgym.tasks.sandbox_spec import sandbox_spec_for
 
 
 def harbor_task(root: Path, compose: str | None, toml_extra: str = "") -> Path:

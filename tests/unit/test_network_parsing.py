@@ -15,7 +15,7 @@ from sandgym.sandboxes.egress import EgressProxy, split_host_port
 from sandgym.sandboxes.network import NO_NETWORK, PUBLIC, clamp, parse_policy
 from sandgym.tasks.errors import TaskLoadError
 from sandgym.tasks.loaders import load_task_dir
-from sandgym.tasks.runtime import sandbox_spec_for
+from sandgym.tasks.sandbox_spec import sandbox_spec_for
 
 ALLOW_A = NetworkPolicy(mode="allowlist", allowed_hosts=["a.example"])
 

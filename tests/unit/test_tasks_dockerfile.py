@@ -81,7 +81,7 @@ def test_a_copy_of_several_sources_gets_its_destination_slash_for_the_classic_bu
     without the trailing slash, which BuildKit accepts; the rewritten context adds it."""
     from sandgym.tasks.dockerfile.copy_dest import copy_destinations
     from sandgym.tasks.loaders import load_task_dir
-    from sandgym.tasks.runtime import sandbox_spec_for
+    from sandgym.tasks.sandbox_spec import sandbox_spec_for
 
     task_dir = tmp_path / "t"
     shutil.copytree(FIXTURES / "tbench-modern", task_dir)

@@ -21,7 +21,7 @@ from sandgym.tasks import (
     run_verifier,
     sandbox_spec_for,
 )
-from sandgym.tasks.runtime import resolve_env_templates
+from sandgym.tasks.sandbox_spec import resolve_env_templates
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "tasks" / "harbor-compat"
 
@@ -214,7 +214,7 @@ async def test_local_backends_still_refuse_what_needs_a_build() -> None:
 
 
 def test_heredoc_dockerfile_parses_for_local_backends() -> None:
-    from sandgym.tasks.runtime import task_dockerfile
+    from sandgym.tasks.dockerfile.load import task_dockerfile
 
     df = task_dockerfile(load_task_dir(FIXTURES / "harbor-heredoc"))
     assert df is not None and df.workdir == "/app" and df.env["NAME"] == "world"

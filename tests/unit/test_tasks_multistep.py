@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 
 from sandgym.sandboxes.network import NO_NETWORK, PUBLIC, NetworkPolicy
+from sandgym.tasks.episode_models import EpisodeSetup
 from sandgym.tasks.errors import TaskLoadError
 from sandgym.tasks.loaders import load_task_dir
-from sandgym.tasks.runtime import EpisodeSetup, sandbox_spec_for, step_view
+from sandgym.tasks.sandbox_spec import sandbox_spec_for
+from sandgym.tasks.steps import step_view
 
 
 def _task(tmp_path: Path, toml: str, steps: dict[str, dict[str, str]], shared_test: bool = False):
@@ -141,7 +143,7 @@ def test_separate_builds_from_the_tests_dockerfile(tmp_path: Path) -> None:
     task = load_task_dir(_single(tmp_path, toml, tests_dockerfile=True))
     env = task.verifier_environment
     assert env is not None and env.build_context == task.source_dir / "tests"
-    from sandgym.tasks.runtime import verifier_sandbox_spec
+    from sandgym.tasks.verifier.separate import verifier_sandbox_spec
 
     spec = verifier_sandbox_spec(task, workdir="/work")
     assert spec.build_context == task.source_dir / "tests" and spec.workdir == "/work"

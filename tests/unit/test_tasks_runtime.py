@@ -24,7 +24,7 @@ from sandgym.tasks import (
 from sandgym.tasks.errors import RewardOutOfRangeError
 from sandgym.tasks.models import Keystroke, SolutionSpec
 from sandgym.tasks.oracle import SCREEN_MARKER
-from sandgym.tasks.runtime import parse_image_map
+from sandgym.tasks.sandbox_spec import parse_image_map
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "tasks"
 
