@@ -133,7 +133,7 @@ def in_process_settings(args: argparse.Namespace) -> Any:
     """The `ServerSettings` of the in-process server that serves the episode without --server
     (a free port, --backend, --tasks, --image-map)."""
     from sandgym.server.settings import ServerSettings
-    from sandgym.tasks.runtime import parse_image_map
+    from sandgym.tasks.sandbox_spec import parse_image_map
 
     return ServerSettings(
         port=0,

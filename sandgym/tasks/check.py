@@ -27,7 +27,10 @@ from sandgym.sandboxes.spec import SandboxSpec
 from sandgym.tasks.episode_models import VerifierReason
 from sandgym.tasks.errors import TaskError, TaskUnsupportedError, VerifierError
 from sandgym.tasks.models import TaskSpec
-from sandgym.tasks.runtime import prepare_episode, run_oracle, sandbox_spec_for, score_step
+from sandgym.tasks.episode import score_step
+from sandgym.tasks.episode_start import prepare_episode
+from sandgym.tasks.oracle import run_oracle
+from sandgym.tasks.sandbox_spec import sandbox_spec_for
 from sandgym.tasks.verifier import FAIL_STATUSES
 
 log = logging.getLogger(__name__)
