@@ -24,11 +24,11 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 from sandgym.sandboxes.errors import SandboxCreateError
 from sandgym.sandboxes.lifetime import OwnLifetimes
 from sandgym.sandboxes.spec import SandboxSpec
+from sandgym.tasks.episode import score_step
 from sandgym.tasks.episode_models import VerifierReason
+from sandgym.tasks.episode_start import prepare_episode
 from sandgym.tasks.errors import TaskError, TaskUnsupportedError, VerifierError
 from sandgym.tasks.models import TaskSpec
-from sandgym.tasks.episode import score_step
-from sandgym.tasks.episode_start import prepare_episode
 from sandgym.tasks.oracle import run_oracle
 from sandgym.tasks.sandbox_spec import sandbox_spec_for
 from sandgym.tasks.verifier import FAIL_STATUSES
