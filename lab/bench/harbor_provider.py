@@ -304,13 +304,13 @@ def _kill_run(
         deadline = time.monotonic() + idle_timeout_s + 90
         while time.monotonic() < deadline:  # the idle sweep closes them; the pool removes them
             objs = _engine_objects(owner, task_names)
-            left = set(_new(objs, before, "sandgym_containers")) - _pool_ready(pool)
+            left = set(_new(objs, before, "sandgym_containers")) - pool.ready_ids()
             busy = pool.snapshot().totals
             if not server.app.state.sandbox_api.leases and not left and not busy.creating:
                 break
             time.sleep(0.5)
         after = _engine_objects(owner, task_names)
-        ready = _pool_ready(pool)
+        ready = pool.ready_ids()
         result["after_reaper"] = _counts(after, before, len(server.app.state.sandbox_api.leases))
         # the pool's ready replacements (made after each release, for the next trial) are not
         # the killed job's: destroyed at server stop (`sandgym_containers_after_server_stop`)
@@ -329,11 +329,6 @@ def _kill_run(
         for n in _new(at_kill, before, "harbor_networks"):
             subprocess.run(["docker", "network", "rm", n], capture_output=True)
     return result
-
-
-def _pool_ready(pool: Any) -> set[str]:
-    """Ids of the ready sandboxes the pool holds for the next acquire (not leased to anyone)."""
-    return {r.sandbox.id for k in list(pool._keys.values()) for r in list(k.ready)}
 
 
 def _new(objs: dict[str, list[str]], before: dict[str, list[str]], key: str) -> list[str]:

@@ -339,6 +339,11 @@ class SandboxPool:
             acquire_latency_s=s.acquire_latency_snapshot(),
         )
 
+    def ready_ids(self) -> set[str]:
+        """Ids of the ready sandboxes the pool holds for the next acquire (made, not leased to
+        anyone): what a check that counts an engine's containers leaves out as the pool's own."""
+        return {item.sandbox.id for k in list(self._keys.values()) for item in list(k.ready)}
+
     def total(self) -> int:
         """Sandboxes the pool holds now: ready + creating + leased + being destroyed."""
         return sum(k.held() for k in self._keys.values()) + self._destroying
