@@ -19,14 +19,28 @@ Spaces:
 
 It drives `AsyncEnvClient` from a private event loop in a daemon thread, so it works from plain
 synchronous code and from inside another running event loop alike. Imports no server code.
+
+Closing: `close()` tells the server to end the episode, waiting at most `close_timeout_s`. An env
+the program never closes is closed at interpreter exit by an `atexit` hook (which holds the open
+envs weakly, so an env the program drops is closed by its own finalizer instead): the server is
+told `close` within `EXIT_CLOSE_TIMEOUT_S` for all of them together, and an episode it could not
+reach in time is left to the server (a detached episode is released after its resume grace).
+Nothing ever waits on a loop thread the interpreter has already stopped.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
+import logging
 import string
+import sys
 import threading
+import time
+import weakref
 from collections.abc import Coroutine
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FuturesTimeoutError
 from typing import Any, TypeVar
 
 import gymnasium as gym
@@ -37,6 +51,17 @@ from sandgym.client.env_client import AsyncEnvClient
 from sandgym.wire import protocol
 
 T = TypeVar("T")
+
+log = logging.getLogger(__name__)
+
+#: How long the exit hook waits, for all forgotten envs together, for the server to confirm
+#: `close`; what is not confirmed by then is left to the server's sweep.
+EXIT_CLOSE_TIMEOUT_S = 5.0
+#: How long a loop thread gets to stop once its loop is told to.
+THREAD_JOIN_TIMEOUT_S = 2.0
+
+#: Envs not closed yet (weakly held): `_close_forgotten` closes them at interpreter exit.
+_open_envs: weakref.WeakSet[RemoteEnv] = weakref.WeakSet()
 
 #: Server info keys that differ between otherwise identical steps (timings, sandbox identity;
 #: the protocol's info models mark them). Gymnasium expects `info` to be deterministic for a seed,
@@ -77,6 +102,7 @@ class RemoteEnv(gym.Env[dict[str, Any], Any]):
         max_output_chars: int = 65_536,
         max_action_chars: int = 4096,
         request_timeout_s: float | None = 3600.0,
+        close_timeout_s: float = 10.0,
         client_kwargs: dict[str, Any] | None = None,
         volatile_info: bool = False,
     ) -> None:
@@ -89,6 +115,7 @@ class RemoteEnv(gym.Env[dict[str, Any], Any]):
         self.task_id = task_id
         self.max_output_chars = max_output_chars
         self.request_timeout_s = request_timeout_s
+        self.close_timeout_s = close_timeout_s
         self.action_space = AnyText(
             max_length=max_action_chars, min_length=1, charset=SAMPLE_CHARSET
         )
@@ -104,16 +131,17 @@ class RemoteEnv(gym.Env[dict[str, Any], Any]):
                 "exit_code": spaces.Discrete(257, start=-1),
             }
         )
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name="sandgym-remote-env", daemon=True
-        )
-        self._thread.start()
         self._client = AsyncEnvClient(server_url, token, **(client_kwargs or {}))
         self._last_obs: dict[str, Any] | None = None
         self.volatile_info = volatile_info
         self.last_server_info: dict[str, Any] = {}
         self._closed = False
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, name="sandgym-remote-env", daemon=True
+        )
+        self._thread.start()
+        _open_envs.add(self)
 
     def _call(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(self.request_timeout_s)
@@ -159,19 +187,72 @@ class RemoteEnv(gym.Env[dict[str, Any], Any]):
         return self._last_obs["screen"] or self._last_obs["output"]
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        try:
-            self._call(self._client.close())
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
-            self._loop.close()
+        """End the episode on the server (waiting at most `close_timeout_s`; an episode not
+        confirmed closed by then is left to the server's sweep) and stop the loop thread."""
+        self._finish_close(self._begin_close(), self.close_timeout_s)
         super().close()
+
+    def _begin_close(self) -> Future[None] | None:
+        """Mark the env closed and send the server `close`; the future of that request, or None
+        when there is nothing to wait on (already closed, or no live loop thread to run it)."""
+        if self._closed:
+            return None
+        self._closed = True
+        _open_envs.discard(self)
+        if (
+            sys.is_finalizing()  # daemon threads are frozen: nothing scheduled would run
+            or not self._thread.is_alive()
+            or threading.current_thread() is self._thread  # waiting here would deadlock
+            or self._loop.is_closed()
+        ):
+            return None
+        return asyncio.run_coroutine_threadsafe(self._client.close(), self._loop)
+
+    def _finish_close(self, fut: Future[None] | None, timeout_s: float) -> None:
+        """Wait at most `timeout_s` for the server's close, then stop the loop thread."""
+        try:
+            if fut is not None:
+                try:
+                    fut.result(timeout_s)
+                except FuturesTimeoutError:
+                    fut.cancel()
+                    log.warning(
+                        "sandgym env %s: the server did not confirm close within %.1f s; "
+                        "its episode is left to the server's sweep",
+                        self.task_id,
+                        timeout_s,
+                    )
+        finally:
+            self._stop_loop()
+
+    def _stop_loop(self) -> None:
+        if self._loop.is_closed():
+            return
+        if sys.is_finalizing() or threading.current_thread() is self._thread:
+            return  # a frozen (or the current) thread cannot be joined; the process is ending
+        if self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(THREAD_JOIN_TIMEOUT_S)
+        if not self._loop.is_running():
+            self._loop.close()
 
     def __del__(self) -> None:  # a forgotten env must not leak its loop thread
         try:
             self.close()
         except Exception:
             pass
+
+
+@atexit.register
+def _close_forgotten() -> None:
+    """Close, at interpreter exit, every env the program left open: `close` is sent to all of
+    them at once and waited on for `EXIT_CLOSE_TIMEOUT_S` in all (atexit runs while the loop
+    threads still do); each loop thread is then stopped."""
+    envs = list(_open_envs)
+    started = [(env, env._begin_close()) for env in envs]
+    deadline = time.monotonic() + EXIT_CLOSE_TIMEOUT_S
+    for env, fut in started:
+        try:
+            env._finish_close(fut, max(0.0, deadline - time.monotonic()))
+        except Exception as exc:  # one env's failure must not keep the others open
+            log.warning("sandgym env %s: close at exit failed: %r", env.task_id, exc)

@@ -3,7 +3,10 @@
 Trainers call environments from plain functions; sandgym's client is asyncio. Every
 `SyncEpisode` runs its `AsyncEnvClient` on one event loop shared by all of them, in a daemon
 thread, so a batch of episodes costs one thread, not one per episode, and works whether or not
-the caller has an event loop of its own.
+the caller has an event loop of its own. At interpreter exit an `atexit` hook tells the server to
+close every episode still open (all at once, waiting at most `EXIT_CLOSE_TIMEOUT_S`; what is not
+confirmed by then is left to the server's sweep) and stops the loop, so a script that never
+closes its episodes still exits promptly.
 
 Scores (the policy of sandgym/trainer/failures.py): `finish()` submits until the episode ends, so the
 task's own verifier scores the state the policy left (as sandgym's own agents submit at their
@@ -19,7 +22,10 @@ to it, and the episode goes on.
 from __future__ import annotations
 
 import asyncio
+import atexit
+import logging
 import threading
+import weakref
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -32,8 +38,16 @@ AGENT_CAUSABLE_CODES = frozenset({"action_timeout", "verifier_error"})
 #: a refused action: the policy is told, the episode goes on
 POLICY_ERROR_CODES = frozenset({"invalid_message"})
 
+log = logging.getLogger(__name__)
+
+#: how long the exit hook waits, for all open episodes together, for the server's `close`
+EXIT_CLOSE_TIMEOUT_S = 5.0
+
 _loop: asyncio.AbstractEventLoop | None = None
+_loop_thread: threading.Thread | None = None
 _loop_lock = threading.Lock()
+#: every episode made (weakly held): the exit hook closes those still open
+_episodes: weakref.WeakSet[SyncEpisode] = weakref.WeakSet()
 
 
 class EpisodeStateError(RuntimeError):
@@ -49,13 +63,39 @@ class InfrastructureError(RuntimeError):
 
 
 def _shared_loop() -> asyncio.AbstractEventLoop:
-    global _loop
+    global _loop, _loop_thread
     with _loop_lock:
         if _loop is None or _loop.is_closed():
             loop = asyncio.new_event_loop()
-            threading.Thread(target=loop.run_forever, name="sandgym-episodes", daemon=True).start()
-            _loop = loop
+            thread = threading.Thread(target=loop.run_forever, name="sandgym-episodes", daemon=True)
+            thread.start()
+            _loop, _loop_thread = loop, thread
         return _loop
+
+
+@atexit.register
+def _close_at_exit() -> None:
+    """Close the episodes left open, waiting at most `EXIT_CLOSE_TIMEOUT_S` in all (atexit runs
+    while daemon threads still do), then stop and close the shared loop."""
+    with _loop_lock:
+        loop, thread = _loop, _loop_thread
+    if loop is None or loop.is_closed() or thread is None or not thread.is_alive():
+        return
+    clients = [ep._client for ep in list(_episodes)]
+
+    async def close_all() -> None:
+        await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+
+    fut = asyncio.run_coroutine_threadsafe(close_all(), loop)
+    try:
+        fut.result(EXIT_CLOSE_TIMEOUT_S)
+    except Exception as exc:  # a timeout included: the server's sweep releases the rest
+        fut.cancel()
+        log.warning("sandgym episodes not confirmed closed at exit: %r", exc)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(EXIT_CLOSE_TIMEOUT_S)
+    if not loop.is_running():
+        loop.close()
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:
@@ -72,6 +112,7 @@ class SyncEpisode:
         self.server_url = server_url
         self.max_output_chars = max_output_chars
         self._client = AsyncEnvClient(server_url, token)
+        _episodes.add(self)
         self.task_id: str | None = None
         self.seed: int | None = None
         self.running = False
