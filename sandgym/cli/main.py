@@ -12,15 +12,29 @@ import argparse
 import importlib
 import sys
 
-from sandgym.sandboxes.errors import SandboxError
-from sandgym.server.errors import EnvServerError
 from sandgym.server.standalone import configure_logging
-from sandgym.tasks.errors import TaskError
 
-#: errors a user's input can cause (an unknown task id, a bad task directory, a backend that is
-#: not installed): printed as one line with exit code 2; anything else is a bug and keeps its
-#: traceback
-USER_ERRORS = (TaskError, SandboxError, EnvServerError)
+
+def user_errors() -> tuple[type[Exception], ...]:
+    """Errors a user's input can cause (an unknown task id, a bad task directory, a backend that
+    is not installed): printed as one line with exit code 2; anything else is a bug and keeps its
+    traceback. Imported when a command runs: they live in the server's packages, which a client
+    install (`pip install sandgym`) lacks the dependencies of."""
+    from sandgym.sandboxes.errors import SandboxError
+    from sandgym.server.errors import EnvServerError
+    from sandgym.tasks.errors import TaskError
+
+    return (TaskError, SandboxError, EnvServerError)
+
+
+#: subcommand -> the extra whose dependencies it needs (the rest: the server's)
+EXTRAS = {
+    "train": "train",
+    "cluster": "train",
+    "plot": "train",
+    "runs": "train",
+    "eval": "train",
+}
 
 #: subcommand -> (module exposing add_arguments/run, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -45,12 +59,32 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 def _load(module: str):  # type: ignore[no-untyped-def]
+    """(the subcommand's module, None), or (None, the missing module's name) where it is not in
+    this install: the module itself is missing (lab/: a source checkout only), or a dependency
+    outside sandgym (an extra this install lacks)."""
     try:
-        return importlib.import_module(module)
+        return importlib.import_module(module), None
     except ModuleNotFoundError as exc:
-        if exc.name and module.startswith(exc.name):
-            return None
+        if exc.name and (module.startswith(exc.name) or not _ours(exc.name)):
+            return None, exc.name
         raise
+
+
+def _ours(name: str) -> bool:
+    return name.partition(".")[0] in ("sandgym", "lab")
+
+
+def _unavailable(command: str, missing: str | None) -> str:
+    """The one line printed for a subcommand this install cannot run."""
+    module = COMMANDS[command][0]
+    if module.startswith("lab."):
+        return (
+            f"sandgym {command}: not in this install ({module} is developer tooling: "
+            "it runs from a source checkout)"
+        )
+    extra = EXTRAS.get(command, "server")
+    why = f"no module named {missing!r}" if missing else f"{module} cannot be imported"
+    return f"sandgym {command}: not in this install ({why}): pip install 'sandgym[{extra}]'"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,9 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        mod = _load(module)
+        mod, missing = _load(module)
         if mod is None:
-            p.set_defaults(_unavailable=name)
+            p.set_defaults(_unavailable=name, _missing=missing)
             p.add_argument("rest", nargs=argparse.REMAINDER)
         else:
             mod.add_arguments(p)
@@ -80,17 +114,25 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     if getattr(args, "_unavailable", None):
-        print(
-            f"sandgym {args._unavailable}: not in this install ({COMMANDS[args._unavailable][0]} "
-            "cannot be imported; the benchmarks run from a source checkout)",
-            file=sys.stderr,
-        )
+        print(_unavailable(args._unavailable, args._missing), file=sys.stderr)
+        return 3
+    try:
+        errors = user_errors()
+    except ModuleNotFoundError as exc:  # a client install: the server's dependencies are absent
+        if not exc.name or _ours(exc.name):
+            raise
+        print(_unavailable(args.command, exc.name), file=sys.stderr)
         return 3
     try:
         return int(args._run(args) or 0)
-    except USER_ERRORS as exc:  # a typo or a refused request: one line, not a traceback
+    except errors as exc:  # a typo or a refused request: one line, not a traceback
         print(f"sandgym {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:  # a dependency of an extra this install lacks
+        if not exc.name or _ours(exc.name):
+            raise
+        print(_unavailable(args.command, exc.name), file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

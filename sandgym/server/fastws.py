@@ -48,10 +48,23 @@ try:  # websockets' C extension; the pure-Python fallback is the same function, 
 except ImportError:  # pragma: no cover
     from websockets.utils import apply_mask
 
-#: The releases these overrides were written and verified against. pyproject.toml pins exactly
-#: these; tests/unit/test_fastws_pins.py fails when the installed ones (or the pins) differ, and
-#: checks each internal used here, so an upgrade is a deliberate step: re-verify, then bump both.
+#: The releases these overrides were written and verified against. constraints/server.txt (what
+#: setup, CI and the images install) holds exactly these; pyproject.toml allows a range. With any
+#: other release installed, or an internal below missing, sandgym/server/runner.py logs one
+#: warning and uses uvicorn's own websockets-sansio protocol instead (`unusable_reason`).
+#: tests/unit/test_fastws_pins.py checks both; an upgrade is a deliberate step: re-verify
+#: (tests/e2e/test_server_frames.py, `sandgym bench sessions`), then bump this and the constraints.
 VERIFIED_AGAINST = {"uvicorn": "0.54.0", "websockets": "17.4"}
+
+#: methods of uvicorn's protocol classes these overrides call through `super()` or replace
+PROTOCOL_METHODS = (
+    "data_received", "connection_lost", "on_task_complete", "pause_writing", "resume_writing",
+    "send", "run_asgi", "start_keepalive", "handle_events", "handle_parser_exception",
+)  # fmt: skip
+#: what the overrides read or call on websockets' frame-layer `Protocol` (`self.conn`)
+CONN_ATTRS = ("reader", "parser", "parser_exc", "close_rcvd", "state", "receive_data", "send_close")
+#: uvicorn `Config` arguments read here
+CONFIG_ARGS = ("ws_max_size", "ws_per_message_deflate")
 
 #: the app may fall this many messages behind before the socket stops being read
 PAUSE_AFTER = 16
@@ -68,6 +81,58 @@ BATCH = 32
 
 _TEXT, _BINARY, _CLOSE, _PING, _PONG = 0x1, 0x2, 0x8, 0x9, 0xA
 _GUID = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+
+
+def missing_internals() -> list[str]:
+    """The internals of uvicorn and websockets these overrides use that the installed releases
+    lack (empty: all there), checked on the classes, without a connection."""
+    import inspect
+
+    from uvicorn.config import Config
+
+    missing = [
+        f"WebSocketsSansIOProtocol.{m}"
+        for m in PROTOCOL_METHODS
+        if not callable(getattr(WebSocketsSansIOProtocol, m, None))
+    ]
+    if not callable(getattr(HttpToolsProtocol, "handle_websocket_upgrade", None)):
+        missing.append("HttpToolsProtocol.handle_websocket_upgrade")
+    config_args = inspect.signature(Config).parameters
+    missing += [f"Config({a}=)" for a in CONFIG_ARGS if a not in config_args]
+    protocol_args = inspect.signature(Protocol).parameters
+    missing += [
+        f"Protocol({a}=)" for a in ("state", "max_size", "logger") if a not in protocol_args
+    ]
+    if "state" in protocol_args and "max_size" in protocol_args:
+        conn = Protocol(Side.SERVER, state=State.OPEN, max_size=1 << 20)
+        missing += [f"Protocol.{a}" for a in CONN_ATTRS if not hasattr(conn, a)]
+        reader = getattr(conn, "reader", None)
+        if reader is not None and not hasattr(reader, "buffer"):
+            missing.append("Protocol.reader.buffer")
+        _drop_parser(conn)
+    return missing
+
+
+def unusable_reason(
+    installed: Callable[[str], str] | None = None,
+) -> str | None:
+    """Why these overrides must not run on the installed releases (None: they may): a release
+    other than `VERIFIED_AGAINST`, or a missing internal. `installed` maps a distribution to its
+    installed version (default: importlib.metadata)."""
+    import importlib.metadata
+
+    version = installed or importlib.metadata.version
+    for dist, verified in VERIFIED_AGAINST.items():
+        try:
+            found = version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            found = "no release"
+        if found != verified:
+            return f"{dist} {found} is installed, fastws was verified against {dist} {verified}"
+    missing = missing_internals()
+    if missing:
+        return f"internals it uses are missing: {', '.join(missing)}"
+    return None
 
 
 def _data_frame(payload: bytes, b0: int) -> bytes:

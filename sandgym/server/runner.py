@@ -16,7 +16,6 @@ import threading
 import time
 from typing import Any
 
-import psutil
 import uvicorn
 
 from sandgym.sandboxes import SandboxBackend
@@ -48,6 +47,40 @@ def new_event_loop(settings: ServerSettings) -> asyncio.AbstractEventLoop:
     return asyncio.new_event_loop()
 
 
+logger = logging.getLogger(__name__)
+
+#: uvicorn's own protocol, used where fastws steps aside
+STOCK_WS = "websockets-sansio"
+
+
+def fastws_unusable() -> str | None:
+    """Why sandgym's websocket path (sandgym/server/fastws.py) cannot run on the installed uvicorn
+    and websockets (None: it can): it cannot be imported, the releases are not the verified
+    ones, or an internal it overrides is gone."""
+    try:
+        from sandgym.server import fastws
+    except ImportError as exc:
+        return f"sandgym.server.fastws cannot be imported ({exc})"
+    return fastws.unusable_reason()
+
+
+def effective_ws_impl(requested: str) -> str:
+    """`ServerSettings.ws_impl` as it will run: "sandgym" falls back to uvicorn's own
+    websockets-sansio protocol, with one warning line, where fastws cannot run."""
+    if requested != "sandgym":
+        return requested
+    reason = fastws_unusable()
+    if reason is None:
+        return requested
+    logger.warning(
+        "ws_impl=sandgym: %s; using uvicorn's %s protocol instead (pip install -c "
+        "constraints/server.txt pins the verified releases)",
+        reason,
+        STOCK_WS,
+    )
+    return STOCK_WS
+
+
 def _http_protocol(ws_impl: str) -> Any:
     """uvicorn's `http` setting: httptools when installed (ours under `ws_impl = "sandgym"`)."""
     if not _installed("httptools"):
@@ -69,12 +102,13 @@ def _ws_protocol(name: str) -> Any:
 
 
 def uvicorn_config(app: Any, settings: ServerSettings, **overrides: Any) -> uvicorn.Config:
+    ws_impl = effective_ws_impl(settings.ws_impl)
     kwargs: dict[str, Any] = {
         "host": settings.host,
         "port": settings.port,
-        "ws": _ws_protocol(settings.ws_impl),
+        "ws": _ws_protocol(ws_impl),
         "ws_per_message_deflate": settings.ws_per_message_deflate,
-        "http": _http_protocol(settings.ws_impl),
+        "http": _http_protocol(ws_impl),
         "loop": "uvloop" if _use_uvloop(settings) else "asyncio",
         "lifespan": "on",
         "access_log": False,
@@ -305,11 +339,16 @@ class ServerProcess:
         return f"http://{self.host}:{self.port}"
 
     def rss_bytes(self) -> int:
-        """Resident set size of the server process (psutil)."""
+        """Resident set size of the server process (psutil: the `lab` extra; only the
+        benchmarks and their tests read these figures, so a server install goes without it)."""
+        import psutil
+
         return int(psutil.Process(self.pid).memory_info().rss)
 
     def cpu_seconds(self) -> float:
-        """User + system CPU time the server process has used so far (psutil)."""
+        """User + system CPU time the server process has used so far (psutil, as above)."""
+        import psutil
+
         t = psutil.Process(self.pid).cpu_times()
         return float(t.user + t.system)
 
