@@ -21,6 +21,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sandgym.client.env_client import AsyncEnvClient, EnvError
+from sandgym.client.episode_loop import RecordingSession, play_episode
+
 SOLUTION_DIR = "/solution"
 
 
@@ -98,35 +101,50 @@ async def play(
     seed: int | None,
     token: str | None,
 ) -> dict[str, Any]:
-    """One episode: each list of `actions` then a submit, until the episode ends (a
-    multi-step task's steps each get theirs; a no-op agent's lists are empty)."""
-    from sandgym.client.env_client import AsyncEnvClient, EnvError
-
+    """One episode through the shared loop (sandgym.client.episode_loop): each list of
+    `actions` then a submit, until the episode ends (a multi-step task's steps each get theirs;
+    a no-op agent's lists are empty). The record's `outcome` says how it ended: `scored` (the
+    server's reward), `agent_failure` (a code the agent can cause: reward 0.0, `error` set),
+    `masked` (a lost connection, a server fault: reward None, `error` set)."""
     record: dict[str, Any] = {"task_id": task_id, "seed": seed, "steps": [], "error": None}
     started = time.perf_counter()
+
+    async def run_actions(session: RecordingSession) -> str:
+        record.update(instruction=session.observation.get("output"), reset_info=session.info)
+        for step_actions in actions:
+            for action in [*step_actions, {"kind": "submit"}]:
+                await session.step(action)
+                if session.ended:
+                    return "submitted"
+        return "submitted"
+
+    env = AsyncEnvClient(url, token, request_timeout_s=None)  # connects on the reset, in the loop
     try:
-        async with AsyncEnvClient(url, token, request_timeout_s=None) as env:
-            obs, info = await env.reset(task_id, seed=seed)
-            record.update(instruction=obs["output"], reset_info=info)
-            res = None
-            for step_actions in actions:
-                for action in [*step_actions, {"kind": "submit"}]:
-                    res = await env.step(action)
-                    record["steps"].append(
-                        {"action": action, "observation": res.observation, "info": res.info}
-                    )
-                    if res.terminated or res.truncated:
-                        break
-                if res is not None and (res.terminated or res.truncated):
-                    break
-            assert res is not None
-            if isinstance(res.info.get("step"), dict):  # a multi-step task's step rewards
-                record["step_rewards"] = res.info["step"]["rewards"]
-            record.update(reward=res.reward, terminated=res.terminated, truncated=res.truncated)
-    except EnvError as exc:
-        record.update(reward=None, error={"code": exc.code, "message": exc.message})
+        end = await play_episode(
+            env, task_id, run_actions, seed=seed, session_factory=RecordingSession
+        )
+    finally:
+        await env.close()
+    session = end.session
+    if isinstance(session, RecordingSession):
+        record["steps"] = [
+            {"action": s["action"], "observation": s["observation"], "info": s["info"]}
+            for s in session.steps
+        ]
+    res = end.result
+    if res is not None and isinstance(res.info.get("step"), dict):  # multi-step: step rewards
+        record["step_rewards"] = res.info["step"]["rewards"]
+    record.update(
+        reward=end.reward, terminated=end.terminated, truncated=end.truncated, outcome=end.outcome
+    )
+    if end.error is not None:
+        record["error"] = {"code": end.code, "message": _message(end.error)}
     record["duration_s"] = round(time.perf_counter() - started, 4)
     return record
+
+
+def _message(exc: BaseException) -> str:
+    return exc.message if isinstance(exc, EnvError) else f"{type(exc).__name__}: {exc}"
 
 
 def in_process_settings(args: argparse.Namespace) -> Any:
@@ -167,7 +185,7 @@ def run(args: argparse.Namespace) -> int:
         err = record["error"]
         print(f"task {record['task_id']} agent {args.agent}: ", end="")
         if err:
-            print(f"error {err['code']}: {err['message']}")
+            print(f"error {err['code']} ({record['outcome']}): {err['message']}")
         else:
             print(
                 f"reward {record['reward']:g} after {len(record['steps'])} steps "

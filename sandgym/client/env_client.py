@@ -16,8 +16,8 @@ middle of an episode, the client reconnects, sends `resume` with the session's t
 resends the interrupted request under the same request_id; the server answers a resent step
 from its cache, so no action ever runs twice.
 
-`run_episodes(...)` plays many episodes concurrently (bounded) with a user agent callback and
-yields each `EpisodeResult` as soon as it finishes (no lock-step).
+Episodes are played through the one loop every runner shares, `sandgym.client.episode_loop`
+(`run_episodes(...)` there plays many at once and yields each result as it finishes).
 
 Example:
     >>> async def main(url):  # doctest: +SKIP
@@ -27,29 +27,27 @@ Example:
     ...         res = await env.step({"kind": "submit"})
     ...         return res.reward
 
-Why over 500 lines: the reconnect-and-resend logic, the reply parsing and `run_episodes` share
-one connection's state (the session, its token, the request in flight); split, that one state
-machine would be spread over files.
+Why over 400 lines: the reconnect-and-resend logic and the reply parsing share one connection's
+state (the session, its token, the request in flight); split, that one state machine would be
+spread over files.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
 import json
 import logging
 import random
 import secrets
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from sandgym.wire.codes import retryable_for
 from sandgym.wire.protocol import (
     CLOSE_UNAUTHORIZED,
     ERROR_CODES,
@@ -184,7 +182,9 @@ class AsyncEnvClient:
             )
         except InvalidStatus as exc:
             raise ConnectionLostError(
-                "internal", f"websocket handshake refused: {exc}", retryable=True
+                "internal",
+                f"websocket handshake refused: {exc}",
+                retryable=retryable_for("episode", "internal", "connection_lost"),
             ) from exc
 
     @property
@@ -313,7 +313,9 @@ class AsyncEnvClient:
                 r = await http.post(url, json=body.model_dump(), headers=headers)
         except httpx.HTTPError as exc:
             raise ConnectionLostError(
-                "internal", f"prewarm: {url} unreachable: {exc!r}", retryable=True
+                "internal",
+                f"prewarm: {url} unreachable: {exc!r}",
+                retryable=retryable_for("episode", "internal", "connection_lost"),
             ) from exc
         if r.status_code >= 400:
             try:
@@ -343,10 +345,11 @@ class AsyncEnvClient:
                     # it), a close after a drop is moot.
                     if not resumable or self.session_id is None or attempt >= self.max_reconnects:
                         self._ws = None
+                        code: ErrorCode = "sandbox_lost" if self.session_id else "internal"
                         raise ConnectionLostError(
-                            "sandbox_lost" if self.session_id else "internal",
+                            code,
                             f"connection to {self.url} lost: {exc!r}",
-                            retryable=True,
+                            retryable=retryable_for("episode", code, _lost_condition(code)),
                         ) from exc
                     attempt += 1
                     await self._reconnect_and_resume(attempt)
@@ -403,158 +406,22 @@ class AsyncEnvClient:
             self._ws = None
 
 
+def _lost_condition(code: ErrorCode) -> str | None:
+    """The table's condition for a lost connection reported as `code` (sandgym.wire.codes)."""
+    return "connection_lost" if code == "internal" else None
+
+
 def _unexpected(reply: Any, expected: str) -> EnvError:
     return EnvError(
         "internal", f"expected a {expected!r} reply, got {getattr(reply, 'type', reply)!r}"
     )
 
 
-# -- many episodes at once ------------------------------------------------------------------------
-@dataclass
-class EpisodeRequest:
-    """One episode for `run_episodes`: a task, a seed, reset options."""
-
-    task_id: str
-    seed: int | None = None
-    options: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class EpisodeState:
-    """What the agent callback sees: the task, the latest observation and the history."""
-
-    request: EpisodeRequest
-    index: int
-    observation: dict[str, Any]
-    info: dict[str, Any]
-    steps: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass
-class EpisodeResult:
-    """One finished (or failed) episode."""
-
-    index: int
-    task_id: str
-    seed: int | None
-    reward: float
-    terminated: bool
-    truncated: bool
-    steps: list[dict[str, Any]]
-    duration_s: float
-    reset_info: dict[str, Any]
-    error: EnvError | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None
-
-
-#: An agent gets the episode state and returns the next action (dict or command string), or
-#: None to submit. It may be a plain function or a coroutine function.
-Agent = Callable[
-    [EpisodeState], "dict[str, Any] | str | None | Awaitable[dict[str, Any] | str | None]"
-]
-
-
-async def run_episodes(
-    url: str,
-    episodes: Iterable[EpisodeRequest | str],
-    agent: Agent,
-    *,
-    concurrency: int = 8,
-    token: str | None = None,
-    max_steps: int = 100,
-    client_kwargs: dict[str, Any] | None = None,
-) -> AsyncIterator[EpisodeResult]:
-    """Play `episodes` with at most `concurrency` at once; yield each result as it finishes.
-
-    Each worker keeps one connection for all its episodes. An agent returning None submits;
-    after `max_steps` actions without an ending the episode is submitted. Server errors end
-    that episode with `error` set; other episodes carry on.
-    """
-    queue: asyncio.Queue[tuple[int, EpisodeRequest] | None] = asyncio.Queue()
-    n = 0
-    for i, ep in enumerate(episodes):
-        queue.put_nowait((i, EpisodeRequest(ep) if isinstance(ep, str) else ep))
-        n = i + 1
-    results: asyncio.Queue[EpisodeResult | BaseException] = asyncio.Queue()
-    workers_n = max(1, min(concurrency, n))
-    for _ in range(workers_n):
-        queue.put_nowait(None)
-
-    async def worker() -> None:
-        client = AsyncEnvClient(url, token, **(client_kwargs or {}))
-        try:
-            while (item := await queue.get()) is not None:
-                idx, req = item
-                await results.put(await _play(client, idx, req, agent, max_steps))
-        except BaseException as exc:  # surfaced to the consumer, never swallowed
-            await results.put(exc)
-        finally:
-            await client.close()
-
-    tasks = [asyncio.create_task(worker()) for _ in range(workers_n)]
-    try:
-        for _ in range(n):
-            item = await results.get()
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def _play(
-    client: AsyncEnvClient, idx: int, req: EpisodeRequest, agent: Agent, max_steps: int
-) -> EpisodeResult:
-    started = time.perf_counter()
-    steps: list[dict[str, Any]] = []
-    reset_info: dict[str, Any] = {}
-    try:
-        obs, reset_info = await client.reset(req.task_id, seed=req.seed, options=req.options)
-        state = EpisodeState(req, idx, obs, reset_info, steps)
-        while True:
-            action = agent(state)
-            if inspect.isawaitable(action):
-                action = await action
-            if action is None or len(steps) >= max_steps:
-                action = {"kind": "submit"}
-            res = await client.step(action)
-            steps.append(
-                {
-                    "action": to_action(action),
-                    "observation": res.observation,
-                    "reward": res.reward,
-                    "info": res.info,
-                }
-            )
-            state.observation, state.info = res.observation, res.info
-            if res.terminated or res.truncated:
-                return EpisodeResult(
-                    idx, req.task_id, req.seed, res.reward, res.terminated, res.truncated,
-                    steps, time.perf_counter() - started, reset_info,
-                )  # fmt: skip
-    except EnvError as exc:
-        if client.in_episode:
-            await client.close()
-        return EpisodeResult(
-            idx, req.task_id, req.seed, 0.0, False, False, steps,
-            time.perf_counter() - started, reset_info, error=exc,
-        )  # fmt: skip
-
-
 __all__ = [
     "AsyncEnvClient",
     "ConnectionLostError",
     "EnvError",
-    "EpisodeRequest",
-    "EpisodeResult",
-    "EpisodeState",
     "StepResult",
     "http_base",
-    "run_episodes",
     "to_action",
 ]

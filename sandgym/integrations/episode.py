@@ -8,15 +8,17 @@ close every episode still open (all at once, waiting at most `EXIT_CLOSE_TIMEOUT
 confirmed by then is left to the server's sweep) and stops the loop, so a script that never
 closes its episodes still exits promptly.
 
-Scores (the policy of sandgym/trainer/failures.py): `finish()` submits until the episode ends, so the
-task's own verifier scores the state the policy left (as sandgym's own agents submit at their
-turn limit); the reward is the one the server returns, never computed here. An action that blew
-its time limit (`action_timeout`) or a verifier that failed on what the agent left
-(`verifier_error`) ends the episode scored 0: the agent can cause both. Any other failure of the
-server, the sandbox or the connection is raised as `InfrastructureError`, and the episode has no
-reward (`reward is None`), so a trainer drops the rollout instead of scoring the policy for it.
-A refused action (`invalid_message`: a bad path, an unknown kind) is the policy's mistake, told
-to it, and the episode goes on.
+Scores: the episode runs on the loop every runner shares (sandgym.client.episode_loop: its
+`LoopSession`, its closing `submit_to_the_end`, its one classification of an ending), driven one
+action at a time from synchronous code. `finish()` submits until the episode ends, so the task's
+own verifier scores the state the policy left (as sandgym's own agents submit at their turn
+limit); the reward is the one the server returns, never computed here. A failure the agent can
+cause (the `agent` rows of the error-code table, sandgym.wire.codes: `action_timeout`,
+`verifier_error`) ends the episode scored 0. Any other failure of the server, the sandbox or
+the connection is raised as `InfrastructureError`, and the episode has no reward (`reward is
+None`), so a trainer drops the rollout instead of scoring the policy for it. A refused action
+(the table's `goes_on` codes: `invalid_message`, a bad path, an unknown kind) is the policy's
+mistake, told to it, and the episode goes on.
 """
 
 from __future__ import annotations
@@ -30,13 +32,15 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from sandgym.client.env_client import AsyncEnvClient, ConnectionLostError, EnvError, StepResult
+from sandgym.client.episode_loop import ENV_FAILURES, LoopSession, classify
+from sandgym.client.episode_loop import reset as loop_reset
+from sandgym.wire.codes import GOES_ON_CODES
 
 T = TypeVar("T")
 
-#: failures the agent can cause: the episode ends scored 0 (sandgym/trainer/failures.py)
-AGENT_CAUSABLE_CODES = frozenset({"action_timeout", "verifier_error"})
-#: a refused action: the policy is told, the episode goes on
-POLICY_ERROR_CODES = frozenset({"invalid_message"})
+#: a refused action: the policy is told, the episode goes on (the table's `goes_on` codes; the
+#: doors read this name, and `AGENT_CAUSABLE_CODES`, both from sandgym.wire.codes)
+POLICY_ERROR_CODES = GOES_ON_CODES
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +61,9 @@ class EpisodeStateError(RuntimeError):
 class InfrastructureError(RuntimeError):
     """The server or the sandbox failed (not the policy): the rollout should be dropped."""
 
-    def __init__(self, error: EnvError) -> None:
+    def __init__(self, error: BaseException) -> None:
         super().__init__(f"sandgym infrastructure failure: {error}")
+        #: the failure: an `EnvError` (its `code`), or a socket error the client did not wrap
         self.error = error
 
 
@@ -122,35 +127,49 @@ class SyncEpisode:
         self.last: StepResult | None = None
         #: the wire code of the failure that ended the episode, if one did
         self.failure: str | None = None
+        self._session: LoopSession | None = None
 
     def reset(self, task_id: str, seed: int | None = None) -> str:
         """Start an episode (ending a running one); returns the task's instruction."""
-        obs, _info = run_sync(self._client.reset(task_id, seed=seed))
+        obs, info = run_sync(loop_reset(self._client, task_id, seed))
+        self._session = LoopSession(self._client, obs, info)
         self.task_id, self.seed = task_id, seed
         self.running, self.reward, self.last, self.failure = True, None, None, None
         return str(obs.get("output", ""))
 
     def act(self, action: dict[str, Any] | str) -> StepResult:
         """Apply one ACTION; raises `EpisodeStateError` when no episode runs."""
-        if not self.running:
+        session = self._running_session()
+        res: StepResult = self._drive(session.step(action))
+        self.last = res
+        if session.ended:
+            self.running, self.reward = False, float(res.reward)
+        return res
+
+    def _running_session(self) -> LoopSession:
+        if not self.running or self._session is None:
             raise EpisodeStateError(
                 "no episode is running: the last one ended (submitted or truncated) or "
                 "reset() was not called"
             )
+        return self._session
+
+    def _drive(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run one step (or the closing submits) of the episode; a failure ends it as the loop
+        classifies it: a refused action goes on (raised to the policy), the agent's failure is
+        scored 0 (raised), anything else is `InfrastructureError` (no reward)."""
         try:
-            res = run_sync(self._client.step(action))
-        except EnvError as exc:
-            if exc.code in POLICY_ERROR_CODES and not isinstance(exc, ConnectionLostError):
+            return run_sync(coro)
+        except ENV_FAILURES as exc:
+            code = exc.code if isinstance(exc, EnvError) else None
+            if code in POLICY_ERROR_CODES and not isinstance(exc, ConnectionLostError):
                 raise
-            self.running, self.failure = False, exc.code
-            if exc.code in AGENT_CAUSABLE_CODES and not isinstance(exc, ConnectionLostError):
+            self.running = False
+            self.failure = code or type(exc).__name__
+            if classify(exc) == "agent_failure":
                 self.reward = 0.0
                 raise
             raise InfrastructureError(exc) from exc
-        self.last = res
-        if res.terminated or res.truncated:
-            self.running, self.reward = False, float(res.reward)
-        return res
 
     def text(self, res: StepResult) -> str:
         """An observation as the text a model reads: output (cut to `max_output_chars`, keeping
@@ -163,13 +182,23 @@ class SyncEpisode:
 
     def finish(self, max_submits: int = 64) -> float:
         """The episode's reward: submits until it ends (a multi-step task scores each remaining
-        step on the current state) and returns the server's reward."""
-        for _ in range(max_submits):
-            if not self.running:
-                break
-            self.act({"kind": "submit"})
+        step on the current state) and returns the server's reward; 0.0 when a failure the agent
+        can cause ended it (`verifier_error` on these submits included); `InfrastructureError`
+        when anything else did."""
         if self.running:
-            raise EpisodeStateError(f"the episode did not end after {max_submits} submits")
+            session = self._running_session()
+            try:
+                self.last = self._drive(session.submit_to_the_end(max_submits))
+                self.running, self.reward = False, float(self.last.reward)
+            except EnvError:
+                if self.reward is None:  # not the agent's failure: _drive scored it otherwise
+                    raise
+            except RuntimeError as exc:  # the loop's bound: still running after max_submits
+                if isinstance(exc, InfrastructureError):
+                    raise
+                raise EpisodeStateError(
+                    f"the episode did not end after {max_submits} submits"
+                ) from exc
         if self.reward is None:
             raise EpisodeStateError(
                 f"the episode of {self.task_id!r} ended without a reward "

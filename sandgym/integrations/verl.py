@@ -39,12 +39,9 @@ from verl.experimental.agent_loop.agent_loop import (
 )
 
 from sandgym.client.env_client import AsyncEnvClient, ConnectionLostError, EnvError, StepResult
-from sandgym.integrations.episode import (
-    AGENT_CAUSABLE_CODES,
-    POLICY_ERROR_CODES,
-    InfrastructureError,
-)
+from sandgym.integrations.episode import POLICY_ERROR_CODES, InfrastructureError
 from sandgym.trainer.agents import DEFAULT_SYSTEM_PROMPT, NO_ACTION_HINT, parse_action
+from sandgym.wire.codes import AGENT_CAUSABLE_CODES
 
 AGENT_NAME = "sandgym_agent"
 DEFAULT_SERVER_URL = "ws://127.0.0.1:8765/v1/env"

@@ -2,7 +2,9 @@
 
 Every failure the websocket handler meets (a sandbox error, a task error, a pool error, a
 validation error, or one of the errors below) goes through `to_wire_error`, which returns the
-wire `(code, message, retryable)`. Nothing else in the server chooses error codes.
+wire `(code, message, retryable)`. Nothing else in the server chooses error codes; the retryable
+flag is not chosen here either: it is the code's row of `sandgym.wire.codes` (with the row's
+named condition where the code's answer depends on its cause, e.g. `busy`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pydantic import ValidationError
 from sandgym.sandboxes import errors as sbx
 from sandgym.sandboxes.desktop import DesktopActionError, DesktopError
 from sandgym.sandboxes.pool import PoolClosedError, PoolTimeoutError
+from sandgym.wire.codes import retryable_for
 from sandgym.wire.protocol import ErrorCode
 
 log = logging.getLogger(__name__)
@@ -58,6 +61,11 @@ class WireError(NamedTuple):
     retryable: bool
 
 
+def _wire(code: ErrorCode, message: str, condition: str | None = None) -> WireError:
+    """The error `code` with its retryable flag from the one table (sandgym.wire.codes)."""
+    return WireError(code, message, retryable_for("episode", code, condition))
+
+
 def _validation_message(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors()[:5]:
@@ -88,20 +96,20 @@ def to_wire_error(exc: BaseException) -> WireError:
     """Map any exception to the one wire error code that describes it."""
     msg = str(exc) or type(exc).__name__
     if isinstance(exc, ValidationError):
-        return WireError("invalid_message", _validation_message(exc), False)
+        return _wire("invalid_message", _validation_message(exc))
     if isinstance(exc, BusyError):
-        return WireError("invalid_message", msg, True)
+        return _wire("invalid_message", msg, "busy")
     if isinstance(exc, InvalidMessageError):
-        return WireError("invalid_message", msg, False)
+        return _wire("invalid_message", msg)
     if isinstance(exc, NoEpisodeError):
-        return WireError("no_episode", msg, False)
+        return _wire("no_episode", msg)
     if isinstance(exc, CapacityError):
-        return WireError("capacity", msg, True)
+        return _wire("capacity", msg)
     if isinstance(exc, UnauthorizedError):
-        return WireError("unauthorized", msg, False)
+        return _wire("unauthorized", msg)
     task_code = _task_error_code(exc)
     if task_code is not None:
-        return WireError(task_code, msg, False)
+        return _wire(task_code, msg)
     if isinstance(
         exc,
         sbx.NetworkPolicyUnsupportedError
@@ -110,27 +118,27 @@ def to_wire_error(exc: BaseException) -> WireError:
     ):
         # The task's network (or its services, or its users) cannot run on this backend: as
         # final as an unknown id.
-        return WireError("unknown_task", msg, False)
+        return _wire("unknown_task", msg)
     if isinstance(exc, PoolTimeoutError):
-        return WireError("capacity", f"no sandbox available: {msg}", True)
+        return _wire("capacity", f"no sandbox available: {msg}")
     if isinstance(exc, PoolClosedError):
-        return WireError("internal", f"server shutting down: {msg}", True)
+        return _wire("internal", f"server shutting down: {msg}", "pool_closed")
     if isinstance(exc, DesktopActionError):
-        return WireError("invalid_message", msg, False)
+        return _wire("invalid_message", msg)
     if isinstance(exc, DesktopError):  # no X server, app failed to start: not the agent's doing
-        return WireError("internal", f"desktop: {msg}", True)
+        return _wire("internal", f"desktop: {msg}", "desktop")
     if isinstance(exc, sbx.CommandTimeoutError):
-        return WireError("action_timeout", msg, True)
+        return _wire("action_timeout", msg)
     if isinstance(exc, sbx.SandboxLostError | sbx.SandboxClosedError):
-        return WireError("sandbox_lost", msg, True)
+        return _wire("sandbox_lost", msg)
     if isinstance(exc, sbx.SandboxPathError | sbx.SandboxFileNotFoundError):
-        return WireError("invalid_message", msg, False)
+        return _wire("invalid_message", msg)
     if isinstance(exc, sbx.SandboxCreateError):
         # The episode never started; a fresh reset may well succeed.
-        return WireError("internal", f"could not create a sandbox: {msg}", True)
+        return _wire("internal", f"could not create a sandbox: {msg}", "sandbox_create")
     if isinstance(exc, sbx.BackendUnavailableError):
-        return WireError("internal", f"sandbox backend unavailable: {msg}", False)
+        return _wire("internal", f"sandbox backend unavailable: {msg}")
     if isinstance(exc, TimeoutError):
-        return WireError("action_timeout", msg, True)
+        return _wire("action_timeout", msg)
     log.exception("internal error", exc_info=exc)
-    return WireError("internal", f"internal error: {type(exc).__name__}: {msg}", False)
+    return _wire("internal", f"internal error: {type(exc).__name__}: {msg}")

@@ -12,7 +12,7 @@ trials start from a ready sandbox.
 A sandbox whose caller stops asking (a killed Harbor job) is closed after its idle timeout
 (`CreateSandboxRequest.idle_timeout_s`, default `ServerSettings.idle_timeout_s`); sandboxes and
 episodes together stay under `max_sessions`. `to_sandbox_error` is the ONE place an exception
-becomes a sandbox API error code.
+becomes a sandbox API error code; its retryable flag is the code's row of `sandgym.wire.codes`.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from sandgym.sandboxes import Sandbox, SandboxSpec
 from sandgym.sandboxes import errors as sbx
 from sandgym.sandboxes.network import NetworkPolicy, clamp
 from sandgym.sandboxes.pool import PoolClosedError, PoolTimeoutError
+from sandgym.wire.codes import retryable_for
 from sandgym.wire.sandbox_protocol import (
     SANDBOX_API_PREFIX,
     SANDBOX_ERROR_STATUS,
@@ -95,6 +96,11 @@ class ApiError(NamedTuple):
     retryable: bool
 
 
+def _api_error(code: SandboxErrorCode, message: str, condition: str | None = None) -> ApiError:
+    """The error `code` with its retryable flag from the one table (sandgym.wire.codes)."""
+    return ApiError(code, message, retryable_for("sandbox", code, condition))
+
+
 def to_sandbox_error(exc: BaseException) -> ApiError:
     """Map any exception to the one sandbox API error code that describes it."""
     from sandgym.tasks.errors import TaskError
@@ -103,15 +109,15 @@ def to_sandbox_error(exc: BaseException) -> ApiError:
     if isinstance(exc, ValidationError):
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first.get("loc", ())) or "body"
-        return ApiError("invalid_request", f"{where}: {first['msg']}", False)
+        return _api_error("invalid_request", f"{where}: {first['msg']}")
     if isinstance(exc, UnknownSandboxError):
-        return ApiError("unknown_sandbox", msg, False)
+        return _api_error("unknown_sandbox", msg)
     if isinstance(exc, SandboxCapacityError):
-        return ApiError("capacity", msg, True)
+        return _api_error("capacity", msg)
     if isinstance(exc, PoolTimeoutError):
-        return ApiError("capacity", f"no sandbox available: {msg}", True)
+        return _api_error("capacity", f"no sandbox available: {msg}")
     if isinstance(exc, PoolClosedError):
-        return ApiError("internal", f"server shutting down: {msg}", True)
+        return _api_error("internal", f"server shutting down: {msg}", "pool_closed")
     if isinstance(
         exc,
         EnvironmentInvalidError
@@ -119,21 +125,21 @@ def to_sandbox_error(exc: BaseException) -> ApiError:
         | sbx.SandboxGroupUnsupportedError
         | sbx.UserUnsupportedError,
     ):
-        return ApiError("environment_invalid", msg, False)
+        return _api_error("environment_invalid", msg)
     if isinstance(exc, sbx.NetworkPolicyUnsupportedError):
-        return ApiError("network_unsupported", msg, False)
+        return _api_error("network_unsupported", msg)
     if isinstance(exc, sbx.SandboxCreateError):
-        return ApiError("build_failed", msg, False)
+        return _api_error("build_failed", msg)
     if isinstance(exc, sbx.CommandTimeoutError):
-        return ApiError("exec_timeout", msg, False)
+        return _api_error("exec_timeout", msg)
     if isinstance(exc, sbx.SandboxLostError | sbx.SandboxClosedError):
-        return ApiError("sandbox_lost", msg, False)
+        return _api_error("sandbox_lost", msg)
     if isinstance(exc, sbx.SandboxFileNotFoundError):
-        return ApiError("file_not_found", msg, False)
+        return _api_error("file_not_found", msg)
     if isinstance(exc, sbx.SandboxPathError):
-        return ApiError("invalid_request", msg, False)
+        return _api_error("invalid_request", msg)
     log.exception("sandbox API: internal error", exc_info=exc)
-    return ApiError("internal", f"internal error: {type(exc).__name__}: {msg}", False)
+    return _api_error("internal", f"internal error: {type(exc).__name__}: {msg}")
 
 
 # -- environments ------------------------------------------------------------------------------
@@ -506,6 +512,7 @@ def sandbox_router(
             body = SandboxErrorBody(
                 code="unauthorized",
                 message="unauthorized: expected header 'Authorization: Bearer <token>'",
+                retryable=retryable_for("sandbox", "unauthorized"),
             )
             return JSONResponse(body.model_dump(), status_code=401)
         try:

@@ -1,4 +1,8 @@
-"""The one episode loop: reset, the agent's actions, submit to the end, failures classified.
+"""The trainer's episode runner, on the one episode loop every runner shares
+(`sandgym.client.episode_loop.play_episode`: reset, the agent's actions, submit to the end, the
+ending classified by the error-code table of sandgym.wire.codes); this module adds the trainer's
+records on top: model turns and tokens (`EpisodeSession`, a `LoopSession`), step rewards, the
+cost ledger, the in-flight book, the failure reasons of sandgym/trainer/failures.py.
 
 Every agent plays its episodes through `run_episode`: the terminal agent and the no-op and oracle
 agents (`sandgym.trainer.rollout.EpisodeRunner`), the harness agents (`sandgym.trainer.harness.runner`), and the
@@ -21,26 +25,23 @@ environment ends the episode, and returns how it stopped (`"submitted"` when it 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal
 
+from sandgym.client.episode_loop import LoopSession, as_dict, play_episode
 from sandgym.trainer.episode import Episode, Step, Trajectory
 from sandgym.trainer.failures import classify_failure
 
 log = logging.getLogger(__name__)
 
-#: the most steps a multi-step task may have before an episode's closing submits give up
-MAX_TASK_STEPS = 1000
-
 #: how an agent's `play` stopped without the environment ending the episode
 Ending = Literal["submitted", "turn_limit"]
 
 
-class EpisodeSession:
+class EpisodeSession(LoopSession):
     """One episode as an agent's `play` drives it: the env client, and the records kept."""
 
     def __init__(
@@ -51,30 +52,21 @@ class EpisodeSession:
         observation: dict[str, Any],
         info: dict[str, Any],
     ) -> None:
-        self.client = client
+        super().__init__(client, observation, info)
         self.episode = episode
         self.trajectory = trajectory
-        #: the reset's observation and info
-        self.observation = observation
-        self.info = info
-        #: the reply that ended the episode (terminated or truncated), once there is one
-        self.result: Any = None
         #: where the episode in flight is kept for a trainer restart (sandgym/trainer/inflight.py)
         self.book: Any = None
         self.book_key: str | None = None
 
-    @property
-    def ended(self) -> bool:
-        return self.result is not None
-
-    async def step(
+    async def step(  # type: ignore[override]
         self, action: dict[str, Any], turn: Step | None = None, *, record: bool = True
     ) -> Any:
         """Apply `action`. Its answer is written into `turn` (a model turn the agent recorded),
         or recorded as a step of its own without tokens; `record=False` keeps no step (set-up
         actions whose trajectory comes from elsewhere)."""
         t = time.monotonic()
-        res = await self.client.step(action)
+        res = await super().step(action)
         env_s = time.monotonic() - t
         _record_step_rewards(self.episode, res)
         if turn is not None:
@@ -83,20 +75,9 @@ class EpisodeSession:
             turn.reward, turn.done = float(res.reward), bool(res.terminated or res.truncated)
         elif record:
             self.trajectory.steps.append(_env_step(action, res, env_s))
-        if res.terminated or res.truncated:
-            self.result = res
-        elif self.book is not None:
+        if not self.ended and self.book is not None:
             await self.book.stepped(self.book_key, self.episode, self.client)
         return res
-
-    async def submit_to_the_end(self) -> Any:
-        """Submit until the episode ends: once, or once per step left of a multi-step task
-        (a bounded loop: the server ends the episode after its last step)."""
-        for _ in range(MAX_TASK_STEPS):
-            res = await self.step({"kind": "submit"})
-            if self.ended:
-                return res
-        raise RuntimeError(f"the episode did not end after {MAX_TASK_STEPS} submits")
 
 
 Play = Callable[[EpisodeSession], Awaitable[Ending]]
@@ -121,22 +102,36 @@ async def run_episode(
     traj = episode.trajectories[0]
     t0 = time.monotonic()
     kept: list[str | None] = []  # the episode's key in `book`, once it has one
+
+    def session_for(client: Any, obs: dict[str, Any], info: dict[str, Any]) -> EpisodeSession:
+        episode.instruction = str(obs.get("output") or "")
+        return EpisodeSession(client, episode, traj, obs, info)
+
+    async def start(session: Any) -> None:
+        if book is not None:  # kept in the run dir until it ends (sandgym/trainer/inflight.py)
+            session.book, session.book_key = book, await book.opened(episode, session.client)
+            kept.append(session.book_key)
+
     try:
         async with open_client() as client:
             if not episode.server_url:
                 episode.server_url = str(getattr(client, "url", "") or "")
-            obs, info = await _reset(client, episode, reset_options, reset_retries)
-            obs = as_dict(obs)
-            episode.instruction = str(obs.get("output") or "")
-            session = EpisodeSession(client, episode, traj, obs, info or {})
-            if book is not None:  # kept in the run dir until it ends (sandgym/trainer/inflight.py)
-                session.book, session.book_key = book, await book.opened(episode, client)
-                kept.append(session.book_key)
-            ending: str = await play(session)
-            if session.ended:  # one of the agent's own steps ended it
-                res, ending = session.result, "submitted"
-            else:
-                res = await session.submit_to_the_end()
+            end = await play_episode(
+                client,
+                episode.task_id,
+                play,
+                seed=episode.seed,
+                options=reset_options,
+                reset_retries=reset_retries,
+                session_factory=session_for,
+                on_start=start,
+            )
+            if end.error is not None:  # the environment's failure: classified below
+                raise end.error
+            res = end.result
+            assert res is not None
+            # one of the agent's own steps ended it: it submitted, whatever `play` answered
+            ending = "submitted" if end.ended_in_play else end.ending
             traj.reward = float(res.reward)
             episode.tamper = (getattr(res, "info", None) or {}).get("tamper")
             episode.termination = ending if res.terminated else "env_truncated"  # type: ignore[assignment]
@@ -174,22 +169,6 @@ async def run_episode(
     return episode
 
 
-async def _reset(
-    client: Any, episode: Episode, options: dict[str, Any] | None, retries: int
-) -> tuple[Any, Any]:
-    for attempt in range(retries + 1):
-        try:
-            if options:
-                return await client.reset(episode.task_id, seed=episode.seed, options=options)
-            return await client.reset(episode.task_id, seed=episode.seed)
-        except Exception as exc:
-            if getattr(exc, "retryable", False) and attempt < retries:
-                await asyncio.sleep(0.5 * 2**attempt)
-                continue
-            raise
-    raise AssertionError("unreachable")
-
-
 def _record_step_rewards(episode: Episode, res: Any) -> None:
     info = getattr(res, "info", None) or {}
     step = info.get("step")
@@ -197,17 +176,6 @@ def _record_step_rewards(episode: Episode, res: Any) -> None:
         episode.step_rewards = [float(r) for r in step["rewards"]]
     if isinstance(info.get("cost"), dict):  # the reply that ended it: the server's cost ledger
         episode.cost.update(info["cost"])
-
-
-def as_dict(obs: Any) -> dict[str, Any]:
-    """An observation as a dict (the client's, a model's dump, or text as `output`)."""
-    if obs is None:
-        return {}
-    if isinstance(obs, dict):
-        return obs
-    if hasattr(obs, "model_dump"):
-        return dict(obs.model_dump())
-    return {"output": str(obs)}
 
 
 def _env_step(action: dict[str, Any], res: Any, env_s: float) -> Step:

@@ -29,12 +29,20 @@ cause counted. Every update reports the fraction of its episodes left unscored, 
 
 A `verifier_error` whose message mentions a lost sandbox is still `verifier_error`: the code
 decides (issue 19; tests/e2e/test_verifier_gaming.py).
+
+Which wire codes the agent can cause is not decided here: it is the `caused_by` column of the
+one error-code table, `sandgym.wire.codes` (`AGENT_CAUSABLE_CODES`); an agent-causable code is its
+own failure reason, scored 0. The episode loop every runner shares
+(`sandgym.client.episode_loop`) reads the same table, so the trainer and the other runners mask
+and score the same codes.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Literal
+from typing import Literal, cast
+
+from sandgym.wire.codes import AGENT_CAUSABLE_CODES
 
 #: Why an episode ended. The first three are normal ends; the rest are failures, of which only
 #: `INFRA_FAILURES` are masked (see the table above).
@@ -67,7 +75,8 @@ FailureReason = Literal[
 #: failures the agent cannot cause: masked out of their group instead of scored
 INFRA_FAILURES: frozenset[str] = frozenset({"sandbox_lost", "connection", "engine", "error"})
 #: failures the agent can cause: scored 0 like any failed episode, but recorded under their name
-AGENT_CAUSABLE_FAILURES: frozenset[str] = frozenset({"verifier_error", "action_timeout"})
+#: (the wire codes the table sandgym.wire.codes says the agent can cause, each its own reason)
+AGENT_CAUSABLE_FAILURES: frozenset[str] = frozenset(AGENT_CAUSABLE_CODES)
 #: failures the policy can cause that look like infrastructure: the group is dropped, counted
 GROUP_DROPPING_FAILURES: frozenset[str] = frozenset({"policy_output", "idle_timeout", "timeout"})
 
@@ -83,12 +92,10 @@ def classify_failure(exc: BaseException) -> FailureReason:
         return "connection"
     if isinstance(exc, EnvError):
         code = exc.code
+        if code in AGENT_CAUSABLE_CODES:  # the table's agent-causable codes: scored 0
+            return cast(FailureReason, code)
         if code == "sandbox_lost":
             return "sandbox_lost"
-        if code == "action_timeout":
-            return "action_timeout"
-        if code == "verifier_error":
-            return "verifier_error"
         if code == "no_episode":
             return "idle_timeout"
         return "error"

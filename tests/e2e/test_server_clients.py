@@ -11,7 +11,8 @@ import pytest
 from gymnasium.utils.env_checker import check_env
 
 import sandgym.client
-from sandgym.client.env_client import EnvError, EpisodeRequest, EpisodeState, run_episodes
+from sandgym.client.env_client import EnvError
+from sandgym.client.episode_loop import EpisodeRequest, EpisodeState, run_episodes
 from sandgym.client.gym_env import RemoteEnv
 from tests.e2e.conftest import NULL_TASK
 from tests.waiting import wait_until
@@ -64,8 +65,10 @@ async def test_run_episodes_streams_results(null_server):
         order.append(res.seed)
         if len(order) == 5:
             others_received.set()
-        # the null backend's fake shell cannot run the verifier: submit fails with a code
-        assert res.error is not None and res.error.code == "internal"
+        # the null backend's fake shell cannot run the verifier: submit fails with a code, a
+        # server fault, so the episode is masked (no reward), never scored 0
+        assert res.error is not None and res.code == "internal"
+        assert (res.outcome, res.reward) == ("masked", None)
         assert res.steps[0]["observation"]["output"] == f"{res.seed}\n"
     assert sorted(order) == list(range(6))
     assert order[-1] == 0  # yielded as finished, not in submission order

@@ -38,7 +38,7 @@ def _validation_error() -> ValidationError:
         (PoolTimeoutError("waited"), "capacity", True),
         (PoolClosedError("closed"), "internal", True),
         (PoolKeyFailingError("failing", "k", None), "internal", True),
-        (sbx.CommandTimeoutError("slow"), "action_timeout", True),
+        (sbx.CommandTimeoutError("slow"), "action_timeout", False),  # one answer: exec_timeout too
         (sbx.SandboxLostError("dead"), "sandbox_lost", True),
         (sbx.SandboxClosedError("closed"), "sandbox_lost", True),
         (sbx.SandboxPathError("../.."), "invalid_message", False),
