@@ -20,6 +20,7 @@ from sandgym.sandboxes.errors import (
     SandboxFileNotFoundError,
     SandboxLostError,
 )
+from sandgym.sandboxes.health import ensure_healthy
 from sandgym.sandboxes.network import NetworkPolicy
 from sandgym.sandboxes.paths import normalize_sandbox_path
 from sandgym.sandboxes.spec import ExecResult, SandboxSpec, ShellResult
@@ -220,8 +221,6 @@ class NullBackend(SandboxBackend):
         """Any policy: nothing in a null sandbox can reach anything."""
 
     async def create(self, spec: SandboxSpec) -> NullSandbox:
-        from sandgym.sandboxes.health import ensure_healthy
-
         self.check_services(spec)
         if self.create_delay_s:
             await asyncio.sleep(self.create_delay_s)

@@ -36,6 +36,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandgym.sandboxes.docker.engine_info import local_engine_info  # the docker extra
+
 log = logging.getLogger(__name__)
 
 #: how long `clear_stale` waits for the cleaner to drop the subvolumes deleted so far
@@ -121,7 +123,6 @@ def clear_stale(root: str | Path, *, sync_timeout_s: float = SYNC_TIMEOUT_S) -> 
 def docker_btrfs_root() -> Path | None:
     """The local Docker engine's data root when its storage driver is btrfs and the root is
     on this machine's file system; None otherwise (another driver, a remote engine)."""
-    from sandgym.sandboxes.docker.engine_info import local_engine_info  # the docker extra
 
     return local_engine_info().btrfs_root()
 

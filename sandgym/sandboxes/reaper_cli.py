@@ -20,6 +20,7 @@ import asyncio
 import json
 import sys
 
+from sandgym.sandboxes.qgroups import clear_docker_stale
 from sandgym.sandboxes.reaper import BACKENDS, default_backends, reap
 
 
@@ -58,8 +59,6 @@ def run(args: argparse.Namespace) -> int:
         if not report.removed:
             print("nothing to reap")
     if "docker" in backends:
-        from sandgym.sandboxes.qgroups import clear_docker_stale
-
         print(clear_docker_stale(), file=sys.stderr)
     # An unreachable backend counts as a failure only when it was asked for by name.
     failures = [e for e in report.errors if e["id"] or args.backend != "all"]

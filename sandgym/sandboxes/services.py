@@ -24,6 +24,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from sandgym.sandboxes.common.hashing import hash_directory
+
 #: how a service waits for one it depends on (compose's `depends_on.<name>.condition`)
 DependsCondition = Literal["service_started", "service_healthy", "service_completed_successfully"]
 #: a service name: what compose allows, and what a container name and a DNS label accept
@@ -190,7 +192,6 @@ class ServiceSpec(BaseModel):
     def fingerprint_data(self) -> dict[str, Any]:
         """What makes two services interchangeable: everything, with the build context's
         content hash in place of its path."""
-        from sandgym.sandboxes.common.hashing import hash_directory
 
         exclude = {"build_context"} | ({"volumes"} if not self.volumes else set())
         if self.ipv4_address is None:

@@ -34,6 +34,7 @@ from starlette.websockets import WebSocketDisconnect
 from sandgym.sandboxes import SandboxBackend
 from sandgym.server.errors import BusyError, MessageTooLargeError, to_wire_error
 from sandgym.server.fastws import DIRECT_EXTENSION
+from sandgym.server.openenv_wire import OPENENV_PATH, create_openenv_app
 from sandgym.server.sandbox_api import SandboxApi, sandbox_router
 from sandgym.server.sessions import EnvService, Session
 from sandgym.server.settings import ServerSettings
@@ -345,7 +346,6 @@ def create_app(
     app.include_router(sandbox_router(sandbox_api, _token_ok))
     app.env_endpoint = env
     # OpenEnv's wire protocol over the same episodes (sandgym/server/openenv_wire.py).
-    from sandgym.server.openenv_wire import OPENENV_PATH, create_openenv_app
 
     app.mount(
         OPENENV_PATH,

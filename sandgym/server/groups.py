@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from sandgym.sandboxes.errors import SnapshotUnsupportedError
 from sandgym.server.errors import InvalidMessageError
+from sandgym.tasks.episode_start import mark_episode
 from sandgym.wire.protocol import GroupOptions
 
 if TYPE_CHECKING:
@@ -165,7 +166,6 @@ class GroupRegistry:
         """A forked member's set-up: member 0's changed files applied to its sandbox (a backend
         that forks by changes; a snapshot's copy has them already), a copy of member 0's set-up,
         the agent's network, and the tamper baseline."""
-        from sandgym.tasks.episode_start import mark_episode
 
         if prepared.changes is not None:
             await sandbox.apply_changes(prepared.changes)

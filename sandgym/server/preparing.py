@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING
 
 from sandgym.sandboxes import Sandbox, SandboxBackend
 from sandgym.sandboxes.pool import SandboxPool
+from sandgym.server.gateway_bridge import GatewayBridge
 from sandgym.server.groups import Group, GroupRegistry
 from sandgym.server.metrics import ServerMetrics
 from sandgym.server.settings import ServerSettings
 from sandgym.server.specs import SpecCache
+from sandgym.tasks.episode_start import prepare_episode
 from sandgym.wire.protocol import ResetInfo, ResetMsg
 
 if TYPE_CHECKING:
@@ -85,7 +87,6 @@ class Preparer:
         member: int,
     ) -> Ready:
         """The sandbox of `msg`'s episode, acquired and set up (`member` of `group`, if any)."""
-        from sandgym.tasks.episode_start import prepare_episode
 
         spec = self.specs.spec_for(task, backend)
         prepared = None
@@ -115,8 +116,6 @@ class Preparer:
                 await groups.share(group, sandbox, spec, setup)
             bridge = None
             if msg.options.gateway_url is not None:  # a harness in the sandbox calls a gateway
-                from sandgym.server.gateway_bridge import GatewayBridge
-
                 bridge = await GatewayBridge.open(sandbox, msg.options.gateway_url)
             prepare_s = time.perf_counter() - t1
         except BaseException:

@@ -58,6 +58,8 @@ def fastws_unusable() -> str | None:
     and websockets (None: it can): it cannot be imported, the releases are not the verified
     ones, or an internal it overrides is gone."""
     try:
+        # lazy: fastws overrides uvicorn/websockets internals: its import can fail on unverified
+        # releases, and the caller falls back
         from sandgym.server import fastws
     except ImportError as exc:
         return f"sandgym.server.fastws cannot be imported ({exc})"
@@ -86,6 +88,8 @@ def _http_protocol(ws_impl: str) -> Any:
     if not _installed("httptools"):
         return "h11"
     if ws_impl == "sandgym":
+        # lazy: fastws overrides uvicorn/websockets internals: its import can fail on unverified
+        # releases, and the caller falls back
         from sandgym.server.fastws import FastHttpToolsProtocol
 
         return FastHttpToolsProtocol
@@ -95,6 +99,8 @@ def _http_protocol(ws_impl: str) -> Any:
 def _ws_protocol(name: str) -> Any:
     """uvicorn's `ws` setting for `ServerSettings.ws_impl`: our protocol class, or uvicorn's name."""
     if name == "sandgym":
+        # lazy: fastws overrides uvicorn/websockets internals: its import can fail on unverified
+        # releases, and the caller falls back
         from sandgym.server.fastws import FastWebSocketProtocol
 
         return FastWebSocketProtocol

@@ -14,6 +14,7 @@ from sandgym.sandboxes import SandboxBackend
 from sandgym.server.episode_table import Session
 from sandgym.server.metrics import ServerMetrics
 from sandgym.server.settings import ServerSettings
+from sandgym.tasks.episode import score_step
 from sandgym.wire.protocol import Observation, StepInfo, StepMsg, StepResultReply, TaskStepInfo
 
 if TYPE_CHECKING:
@@ -38,7 +39,6 @@ class Scorer:
         end: Callable[[Session, str], Awaitable[None]],
     ) -> StepResultReply:
         """Score the current step of `s`; `end(s, "submit")` once the episode is over."""
-        from sandgym.tasks.episode import score_step
 
         t0 = time.perf_counter()
         done = True

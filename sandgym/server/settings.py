@@ -14,6 +14,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sandgym.sandboxes.createlimit import CreateLimitSettings
+from sandgym.sandboxes.network import parse_policy
 
 if TYPE_CHECKING:
     from sandgym.sandboxes.network import NetworkPolicy
@@ -156,14 +157,10 @@ class ServerSettings(BaseSettings):
     @classmethod
     def _check_ceiling(cls, value: str | None) -> str | None:
         if value:
-            from sandgym.sandboxes.network import parse_policy
-
             parse_policy(value)  # ValueError says what was expected
         return value or None
 
     def network_ceiling_policy(self) -> NetworkPolicy | None:
-        from sandgym.sandboxes.network import parse_policy
-
         return parse_policy(self.network_ceiling) if self.network_ceiling else None
 
     @field_validator("sandbox_grace_s", mode="before")

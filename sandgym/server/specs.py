@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from sandgym.sandboxes import SandboxBackend, SandboxSpec
 from sandgym.server.settings import ServerSettings
+from sandgym.tasks.sandbox_spec import sandbox_spec_for
 
 if TYPE_CHECKING:
     from sandgym.tasks.models import TaskSpec
@@ -24,7 +25,6 @@ class SpecCache:
 
     def spec_for(self, task: TaskSpec, backend: SandboxBackend | None) -> SandboxSpec:
         """The task's spec (the server's network clamp applied), checked against `backend`."""
-        from sandgym.tasks.sandbox_spec import sandbox_spec_for
 
         cached = self._specs.get(task.id)
         if cached is not None and cached[0] is task:

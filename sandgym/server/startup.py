@@ -12,6 +12,7 @@ from sandgym.sandboxes import SandboxBackend
 from sandgym.sandboxes.lifetime import LifetimeSettings, configure_own_lifetimes
 from sandgym.sandboxes.pool import PoolSettings, SandboxPool
 from sandgym.server.settings import ServerSettings
+from sandgym.tasks import TaskRegistry
 
 if TYPE_CHECKING:
     from sandgym.tasks import TaskRegistry
@@ -21,7 +22,6 @@ log = logging.getLogger(__name__)
 
 async def load_tasks(settings: ServerSettings) -> TaskRegistry:
     """Every task the server serves (reading the task directories off the event loop)."""
-    from sandgym.tasks import TaskRegistry
 
     return await asyncio.to_thread(
         TaskRegistry, list(settings.task_dirs), include_builtin=settings.include_builtin

@@ -32,10 +32,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
+from sandgym.sandboxes import get_backend
 from sandgym.tasks.check import TaskCheck, check_task, load_error_check
 from sandgym.tasks.errors import TaskError
 from sandgym.tasks.loaders import load_dataset
 from sandgym.tasks.models import TaskSpec
+from sandgym.tasks.prepare import add_prepare_arguments, run_prepare
 from sandgym.tasks.registry import CATALOG_DIR, TaskRegistry, load_builtin
 from sandgym.tasks.sandbox_spec import parse_image_map
 
@@ -54,8 +56,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     p_list.add_argument("--no-builtin", action="store_true", help="leave out the catalog")
     p_list.add_argument("--json", action="store_true", help="print one JSON document")
-
-    from sandgym.tasks.prepare import add_prepare_arguments
 
     add_prepare_arguments(
         sub.add_parser("prepare", help="build every task's environment ahead of training")
@@ -103,8 +103,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.tasks_command == "prepare":
-        from sandgym.tasks.prepare import run_prepare
-
         return run_prepare(args)
     if args.tasks_command == "list":
         return _list(args)
@@ -256,7 +254,6 @@ async def check_tasks(
 ) -> list[TaskCheck]:
     """Check `tasks` with bounded concurrency; `on_result` sees each check as it finishes.
     The list comes back in the order of `tasks`."""
-    from sandgym.sandboxes import get_backend
 
     backend = get_backend(backend_name)
     sem = asyncio.Semaphore(max(1, concurrency))

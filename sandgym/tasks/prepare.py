@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sandgym.sandboxes import get_backend
 from sandgym.tasks.errors import TaskError
 from sandgym.tasks.loaders import load_dataset
 from sandgym.tasks.models import TaskSpec
@@ -82,8 +83,6 @@ def summarize(entries: list[dict[str, Any]]) -> dict[str, int]:
 
 async def _prepare_all(args: argparse.Namespace) -> int:
     from tqdm import tqdm
-
-    from sandgym.sandboxes import get_backend
 
     try:
         image_map = parse_image_map(args.image_map)

@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from sandgym.sandboxes import Sandbox
+from sandgym.sandboxes.common.hashing import hash_directory
 from sandgym.sandboxes.errors import SandboxHealthcheckError
+from sandgym.sandboxes.health import run_healthcheck
 from sandgym.tasks.cache import cached_tree
 from sandgym.tasks.commands import run_checked
 from sandgym.tasks.episode_models import EpisodeSetup, StepOutcome, VerifierResult
@@ -62,7 +64,6 @@ def step_view(task: TaskSpec, setup: EpisodeSetup) -> TaskSpec:
 def _merged_tests(task_id: str, shared: Path | None, overlay: Path) -> Path:
     """A directory holding the task's tests/ with the step's tests/ copied over it, as Harbor
     uploads them; cached by content."""
-    from sandgym.sandboxes.common.hashing import hash_directory
 
     key = (hash_directory(shared) if shared else "") + hash_directory(overlay)
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -94,8 +95,6 @@ async def begin_step(task: TaskSpec, sandbox: Sandbox, step: StepSpec) -> None:
                 f"timed_out={res.timed_out}): {(res.stderr or res.stdout)[-1500:]}"
             )
     if step.healthcheck is not None:  # after the step's set-up, before its agent
-        from sandgym.sandboxes.health import run_healthcheck
-
         await run_healthcheck(sandbox, step.healthcheck)
 
 

@@ -34,6 +34,7 @@ from sandgym.sandboxes.docker.sandbox import DockerSandbox
 from sandgym.sandboxes.docker.service_life import LIFE_SUBDIR
 from sandgym.sandboxes.egress import proxy_env
 from sandgym.sandboxes.errors import SandboxCreateError
+from sandgym.sandboxes.health import ensure_healthy
 from sandgym.sandboxes.lifetime import first_deadline, write_deadline_file
 from sandgym.sandboxes.spec import SandboxSpec
 
@@ -136,8 +137,6 @@ class DockerBackend(SandboxBackend):
 
     async def create(self, spec: SandboxSpec) -> DockerSandbox:
         import docker.errors
-
-        from sandgym.sandboxes.health import ensure_healthy
 
         await self.ensure_available()
         image = spec.snapshot or await self.image_for(spec)

@@ -44,8 +44,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sandgym.sandboxes.common.tolerated import tolerate
+from sandgym.sandboxes.docker.names import LABEL_BRIDGE_DIR
 from sandgym.sandboxes.docker.service_life import has_shell, run_plain, run_with_deadline
 from sandgym.sandboxes.errors import SandboxCreateError, SandboxHealthcheckError
+from sandgym.sandboxes.labels import LABEL_MANAGED
 from sandgym.sandboxes.services import ServiceSpec, start_order
 from sandgym.sandboxes.spec import SandboxSpec
 
@@ -198,7 +200,6 @@ class DockerGroup:
     ) -> None:
         """`images` builds or finds a service's image; `confine`: the host config its services'
         containers get (the sandbox's own limits, but no storage bound)."""
-        from sandgym.sandboxes.docker.names import LABEL_BRIDGE_DIR
 
         self.engine = engine
         self.images = images
@@ -464,7 +465,6 @@ def reap_group_networks(
 ) -> None:
     """(Thread) remove the managed group networks whose labels `select` accepts (the reaper's
     decision; their containers went first)."""
-    from sandgym.sandboxes.labels import LABEL_MANAGED
 
     for net in api.networks(filters={"label": [f"{LABEL_MANAGED}=1", LABEL_GROUP_OF]}):
         if not select(net.get("Labels") or {}):

@@ -28,7 +28,9 @@ from sandgym.sandboxes.docker.verifier import PrivateVerifier
 from sandgym.sandboxes.egress import EgressProxy
 from sandgym.sandboxes.errors import NetworkPolicyUnsupportedError, SandboxLostError
 from sandgym.sandboxes.lazy_shell import ShellSandbox
+from sandgym.sandboxes.lifetime import write_deadline_file
 from sandgym.sandboxes.network import NetworkPolicy
+from sandgym.sandboxes.shell import PtyShell
 from sandgym.sandboxes.spec import ExecResult, FileChanges, PathChanges, SandboxSpec
 from sandgym.sandboxes.usage import SandboxUsage
 
@@ -97,7 +99,6 @@ class DockerSandbox(ShellSandbox):
     async def _write_deadline(self, deadline: float) -> None:
         """Into the bridge directory (the container reads it at /run/sandgym/deadline), and
         its `life` subdirectory when services beside it read it (docker.service_life)."""
-        from sandgym.sandboxes.lifetime import write_deadline_file
 
         if self._bridge_dir is not None:
             await asyncio.to_thread(write_deadline_file, self._bridge_dir, deadline)
@@ -232,8 +233,6 @@ class DockerSandbox(ShellSandbox):
         await self.container.raise_if_lost("shell")
 
     async def _start_shell(self) -> Any:
-        from sandgym.sandboxes.shell import PtyShell
-
         argv = [self._docker_cli, "exec", "-it", "-w", self.spec.workdir]
         for k, v in self.spec.env.items():
             argv += ["-e", f"{k}={v}"]

@@ -24,6 +24,7 @@ from sandgym.sandboxes.errors import (
     SandboxError,
     SandboxLostError,
 )
+from sandgym.sandboxes.health import ensure_healthy
 from sandgym.sandboxes.labels import LABEL_MANAGED, should_reap
 from sandgym.sandboxes.lifetime import first_deadline
 from sandgym.sandboxes.spec import SandboxSpec
@@ -122,8 +123,6 @@ class E2BBackend(SandboxBackend):
 
     # -- create / kill -----------------------------------------------------------------------
     async def create(self, spec: SandboxSpec) -> E2BSandbox:
-        from sandgym.sandboxes.health import ensure_healthy
-
         self.check_network(spec)  # public or no-network, for the sandbox's whole life
         self.check_services(spec)
         sdk, api = self.api.sdk, self.api.auth()

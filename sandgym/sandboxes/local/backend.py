@@ -22,6 +22,7 @@ from sandgym.sandboxes.errors import (
     SandboxError,
     UserUnsupportedError,
 )
+from sandgym.sandboxes.health import ensure_healthy
 from sandgym.sandboxes.labels import LABEL_OWNER, should_reap
 from sandgym.sandboxes.local.root import local_root, read_local_labels, snapshot_path
 from sandgym.sandboxes.local.sandbox import LocalSandbox, local_user_refusal
@@ -85,8 +86,6 @@ class LocalBackend(SandboxBackend):
             )
 
     async def create(self, spec: SandboxSpec) -> LocalSandbox:
-        from sandgym.sandboxes.health import ensure_healthy
-
         self.check_network(spec)
         self.check_services(spec)
         if not is_root_user(spec.user):

@@ -12,6 +12,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
+from sandgym.sandboxes.common.hashing import hash_directory
 from sandgym.tasks.cache import cached_tree
 from sandgym.tasks.dockerfile.copy_dest import copy_destinations
 from sandgym.tasks.dockerfile.heredoc import has_heredoc, rewrite_heredocs
@@ -64,7 +65,6 @@ def rewritten_context(task: TaskSpec, image_map: Mapping[str, str]) -> Path:
     context = env.build_context
     text = (context / env.dockerfile).read_text(encoding="utf-8")
     new_text = copy_destinations(rewrite_heredocs(map_images(text, image_map)), context)[0]
-    from sandgym.sandboxes.common.hashing import hash_directory
 
     mounted = ""
     for i, (src, target) in enumerate(env.bind_mounts):

@@ -18,6 +18,7 @@ from typing import Any
 from sandgym.tasks.errors import TaskLoadError
 from sandgym.tasks.loaders.common import read_text
 from sandgym.tasks.models import AnswerSpec, EnvironmentSpec, TaskSpec, VerifierSpec
+from sandgym.tasks.verifier.rewards import parse_number
 
 NUMERIC_DOMAINS = {"math", "physics", "chemistry", "chem", "finance"}
 WORKDIR = "/testbed"
@@ -28,8 +29,6 @@ _ID_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def looks_like_number(text: str) -> bool:
-    from sandgym.tasks.verifier.rewards import parse_number
-
     return parse_number(text) is not None
 
 
