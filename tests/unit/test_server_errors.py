@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from sandgym.server import errors as e
 from sandgym.sandboxes import errors as sbx
 from sandgym.sandboxes.desktop import DesktopActionError, DesktopStartError
 from sandgym.sandboxes.pool import PoolClosedError, PoolKeyFailingError, PoolTimeoutError
+from sandgym.server import errors as e
 from sandgym.tasks import errors as terr
 from sandgym.wire.protocol import ERROR_CODES, parse_client_message
 
