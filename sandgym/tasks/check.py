@@ -8,6 +8,15 @@ stopped before any episode (`setup`: no sandbox spec; `load`: the directory did 
 that one error instead. Readers (the CLI, lab/bench/harbor_compat.py) read these fields, never the
 joined text. `TaskCheck.to_entry()` is the JSON line of the command's contract (`task_id`,
 `oracle_reward`, `noop_reward`, `error`, plus `phase_errors`, `shortfall` and the details).
+
+How a phase ends, beside the episode loop every runner of the wire shares
+(sandgym.client.episode_loop): a check drives the sandbox itself, below the wire (this layer may
+import neither the wire nor the client), so no error code arises here; it checks the task, not
+a policy. A phase the environment or the task failed (a lost sandbox, a verifier that gave no
+reward, a task error) is an `error` with no reward (None), never a reward of 0.0: a no-op
+phase "scored 0" by a broken verifier would read as passed. What the table of wire codes scores
+as the agent's (sandgym.wire.codes: an action past its limit) is scored here too: the oracle's
+solution past the task's agent timeout is killed, and the verifier scores what it left.
 """
 
 from __future__ import annotations
