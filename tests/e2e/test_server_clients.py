@@ -132,3 +132,29 @@ async def test_a_dropped_connection_is_connection_lost(make_server):
     finally:
         env._ws = None  # the socket is gone with its server
         await env.close()
+
+
+async def test_run_episodes_masks_a_server_killed_mid_episode(make_server):
+    """A real server stopped between two of the agent's actions: the episode ends masked (no
+    reward, the lost connection recorded), never scored 0.0 (issue 57: the one loop)."""
+    from sandgym.client.env_client import ConnectionLostError
+
+    srv = make_server("null")
+
+    def agent(state: EpisodeState):
+        if state.steps:
+            srv.stop()  # the server dies with the episode running
+        return "echo hi"
+
+    results = [
+        r
+        async for r in run_episodes(
+            srv.url, [NULL_TASK], agent,
+            client_kwargs={"max_reconnects": 1, "reconnect_backoff_s": 0.01},
+        )
+    ]  # fmt: skip
+    assert len(results) == 1
+    res = results[0]
+    assert [s["observation"]["output"] for s in res.steps] == ["hi\n"]
+    assert (res.outcome, res.reward) == ("masked", None)
+    assert isinstance(res.error, ConnectionLostError) and res.code == "sandbox_lost"
