@@ -20,6 +20,8 @@ def user_errors() -> tuple[type[Exception], ...]:
     is not installed): printed as one line with exit code 2; anything else is a bug and keeps its
     traceback. Imported when a command runs: they live in the server's packages, which a client
     install (`pip install sandgym`) lacks the dependencies of."""
+    # lazy: a client install lacks the server's dependencies (ModuleNotFoundError, which main()
+    # turns into the extra to install)
     from sandgym.sandboxes.errors import SandboxError
     from sandgym.server.errors import EnvServerError
     from sandgym.tasks.errors import TaskError

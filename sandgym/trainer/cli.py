@@ -7,6 +7,7 @@ import json
 import sys
 
 from sandgym.trainer.config import ConfigError, describe_fields, load_config
+from sandgym.trainer.train import Trainer
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,7 +50,6 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         print(json.dumps(cfg.model_dump(mode="json"), indent=None if args.json else 2))
         return 0
-    from sandgym.trainer.train import Trainer
 
     trainer = Trainer(cfg, args.run_dir)
     try:

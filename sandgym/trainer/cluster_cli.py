@@ -21,6 +21,14 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from sandgym.trainer.cluster import (
+    NAMESPACE,
+    ClusterError,
+    EnvServerFleet,
+    discover_servers,
+    remove_servers,
+)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=["up", "list", "down"])
@@ -72,14 +80,6 @@ def _print(args: argparse.Namespace, servers: list[Any], note: str = "") -> None
 
 def run(args: argparse.Namespace) -> int:
     import ray
-
-    from sandgym.trainer.cluster import (
-        NAMESPACE,
-        ClusterError,
-        EnvServerFleet,
-        discover_servers,
-        remove_servers,
-    )
 
     ray.init(address=args.address, namespace=NAMESPACE, log_to_driver=False)
     try:

@@ -34,7 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandgym.trainer.episode import Episode, Trajectory
+from sandgym.client.env_client import AsyncEnvClient, EnvError
+from sandgym.trainer.episode import Episode, EpisodeWriter, Trajectory, read_episodes
+from sandgym.trainer.episode_runner import EpisodeSession
 
 log = logging.getLogger(__name__)
 
@@ -144,9 +146,6 @@ class Recovery:
 
 
 async def _recover_one(data: dict[str, Any], open_client: Callable[[str], Any]) -> Episode:
-    from sandgym.client.env_client import EnvError
-    from sandgym.trainer.episode_runner import EpisodeSession
-
     rec = data["episode"]
     episode = Episode.from_dict(rec)
     episode.metrics["recovered"] = 1.0
@@ -195,7 +194,6 @@ async def recover(
     ended unrecorded as they are (module docstring); removes their files. `recorded`: keys of
     episodes already in the run's records (skipped). `open_client(url)`: an async context
     manager giving an env client."""
-    from sandgym.client.env_client import AsyncEnvClient
 
     def default(url: str) -> Any:
         return AsyncEnvClient(url, token=token, request_timeout_s=600, max_reconnects=0)
@@ -234,7 +232,6 @@ def recover_into_run(run_dir: Path, token: str | None, version: int) -> Recovery
     """The trainer's restart hook: recover, append the episodes to episodes.jsonl (marked
     `recovered`), write inflight_recovery.json and log the counts. None when nothing was in
     flight."""
-    from sandgym.trainer.episode import EpisodeWriter, read_episodes
 
     book = run_dir / INFLIGHT_DIR
     if not book.is_dir() or not any(book.glob("*.json")):

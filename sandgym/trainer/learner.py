@@ -47,6 +47,11 @@ from sandgym.trainer.algorithms import (
     merge_stats,
 )
 from sandgym.trainer.config import TrainConfig
+from sandgym.trainer.engines.weight_files import load_weights
+from sandgym.trainer.lora import adapter_state_dict, apply_lora, load_adapter_state
+from sandgym.trainer.models import load_model, load_tokenizer
+from sandgym.trainer.priority import normal_priority
+from sandgym.trainer.update import update_step
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +78,6 @@ class LearnerWorker:
     """One data-parallel rank (a Ray actor; also usable in-process with world_size 1)."""
 
     def __init__(self, config_dict: dict[str, Any], rank: int, world_size: int) -> None:
-        from sandgym.trainer.priority import normal_priority
-
         normal_priority()  # not Ray's nice 15 (sandgym/trainer/priority.py)
         self.config = TrainConfig.model_validate(config_dict)
         self.rank = rank
@@ -98,8 +101,6 @@ class LearnerWorker:
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
         import torch
         import torch.distributed as dist
-
-        from sandgym.trainer.models import load_model, load_tokenizer
 
         cfg = self.config
         self.device = torch.device(
@@ -129,8 +130,6 @@ class LearnerWorker:
         if (
             cfg.learner.lora_rank > 0
         ):  # adapters only: base weights frozen (sandgym/trainer/lora.py)
-            from sandgym.trainer.lora import apply_lora
-
             self.model = apply_lora(self.model, cfg.learner)
         if cfg.learner.gradient_checkpointing and not self.fsdp:
             self.model.gradient_checkpointing_enable()
@@ -190,7 +189,6 @@ class LearnerWorker:
         Under fsdp, `num_micro_batches` (the most any rank has) pads this rank's micro-batches
         with zero-loss ones: every forward/backward is a collective all ranks must join. The
         step itself is `sandgym.trainer.update.update_step` (the GPU check runs the same function)."""
-        from sandgym.trainer.update import update_step
 
         cfg = self.config.learner
         totals = update_step(
@@ -219,8 +217,6 @@ class LearnerWorker:
         Under fsdp every rank must call it: the shards are gathered into rank 0's CPU memory
         (the other ranks return {})."""
         if self.config.learner.lora_rank > 0:
-            from sandgym.trainer.lora import adapter_state_dict
-
             return adapter_state_dict(self.model)
         if self.fsdp:
             return sharding.full_state_dict(self.model)
@@ -277,15 +273,12 @@ class LearnerWorker:
             self.version = int(json.loads((p / "trainer_state.json").read_text())["version"])
             return self.version
         if self.config.learner.lora_rank > 0:  # peft's save_pretrained wrote the adapter alone
-            from sandgym.trainer.lora import load_adapter_state
-
             load_adapter_state(self.model, load_file(str(p / "adapter_model.safetensors")))
             state = torch.load(p / "trainer_state.pt", map_location=self.device, weights_only=False)
             self.optimizer.load_state_dict(state["optimizer"])
             self.version = int(state["version"])
             return self.version
         # save_pretrained shards a large model (model-0000K-of-0000N + index): read either form
-        from sandgym.trainer.engines.weight_files import load_weights
 
         weights = load_weights(p)
         missing, unexpected = self.model.load_state_dict(weights, strict=False)

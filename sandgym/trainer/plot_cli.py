@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sandgym.trainer.metrics import read_metrics
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", help="a run directory written by `sandgym train`")
@@ -20,8 +22,6 @@ def plot_run(run_dir: Path, out: Path) -> dict[str, int]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from sandgym.trainer.metrics import read_metrics
 
     rows = read_metrics(run_dir)
     train = [(r["step"], r["reward/mean"]) for r in rows if "reward/mean" in r]

@@ -26,6 +26,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from sandgym.trainer.episode import read_episodes
+
 #: summed fields of the ledger (peak memory is a maximum)
 SUMMED = (
     "pool_s",
@@ -151,8 +153,6 @@ def plot(summary: dict[str, Any], out: Path, title: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sandgym.trainer.episode import read_episodes
-
     run_dir = Path(args.run_dir)
     path = run_dir / "episodes.jsonl"
     if not path.exists():

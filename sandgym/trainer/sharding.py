@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from sandgym.trainer.engines.weight_files import write_weights
+
 
 def decoder_layers(model: Any) -> list[Any]:
     """The transformer blocks: modules whose class the model lists as `_no_split_modules`
@@ -115,8 +117,6 @@ def write_full_weights(
     (each tensor's all-gather is a collective); rank 0 returns the writer's counts, the others
     None. Replaces `full_state_dict` for weight pushes, which held every tensor at once."""
     import torch.distributed as dist
-
-    from sandgym.trainer.engines.weight_files import write_weights
 
     state = model.state_dict()  # this rank's shards (DTensors): nothing gathered yet
     rank0 = dist.get_rank() == 0

@@ -38,19 +38,26 @@ from typing import Any
 
 import yaml
 
+from sandgym.client.env_client import AsyncEnvClient, EnvError
 from sandgym.trainer.algorithms import (
     Sample,
     batch_advantages,
     episode_to_samples,
     mismatch_metrics,
 )
+from sandgym.trainer.builders import uses_model
 from sandgym.trainer.cluster import EnvServerFleet, ServerBalancer, discover_servers, ray_servers
 from sandgym.trainer.config import TrainConfig
 from sandgym.trainer.episode import Episode, EpisodeWriter
 from sandgym.trainer.failures import unscored_fractions
 from sandgym.trainer.inflight import abandon as abandon_inflight
 from sandgym.trainer.inflight import forget as forget_inflight
+from sandgym.trainer.inflight import recover_into_run
+from sandgym.trainer.learner import LearnerGroup, latest_checkpoint
 from sandgym.trainer.metrics import MetricsLogger
+from sandgym.trainer.priority import local_ray_env
+from sandgym.trainer.roles import role_metrics, role_samples
+from sandgym.trainer.rollout import RolloutWorker
 from sandgym.trainer.schedule import (
     engine_seed,
     prune_checkpoints,
@@ -117,10 +124,6 @@ class Trainer:
     def _start(self) -> None:
         import ray
 
-        from sandgym.trainer.learner import LearnerGroup, latest_checkpoint
-        from sandgym.trainer.priority import local_ray_env
-        from sandgym.trainer.rollout import RolloutWorker
-
         cfg = self.config
         if not ray.is_initialized():
             if cfg.run.ray_address:
@@ -144,8 +147,6 @@ class Trainer:
                 ckpt[0], self.start_version, self.start_group,
             )  # fmt: skip
         if cfg.run.resume:  # episodes a killed trainer had in flight (sandgym/trainer/inflight.py)
-            from sandgym.trainer.inflight import recover_into_run
-
             recover_into_run(self.run_dir, cfg.env.token, self.start_version)
         actor = ray.remote(RolloutWorker).options(
             num_cpus=cfg.rollout.num_cpus_per_worker,
@@ -326,7 +327,6 @@ class Trainer:
     def _prewarm(self, g: int) -> None:
         if not self.config.env.prewarm:
             return
-        from sandgym.client.env_client import AsyncEnvClient, EnvError
 
         # where the next groups will run: the balancer's choices as things stand (the first is
         # group g's own server, its members not yet counted)
@@ -408,8 +408,6 @@ class Trainer:
     def evaluate(self, tag: str) -> dict[str, float]:
         """Greedy episodes on the held-out seeds; mean reward."""
         import ray
-
-        from sandgym.trainer.builders import uses_model
 
         env = self.config.env
         if uses_model(self.config):  # never score other weights as the learner's
@@ -638,7 +636,6 @@ class Trainer:
         per_role: dict[str, float] = {}
         if alg.roles or any(len(e.trajectories) > 1 for g in fresh for e in g):
             # multi-role episodes: per-role advantages over each role's own trajectories
-            from sandgym.trainer.roles import role_metrics, role_samples
 
             per_role = role_metrics(fresh)
 
@@ -700,6 +697,8 @@ class Trainer:
             ray.kill(r)
         if getattr(self, "_completed", False):  # a finished run resumes none of them
             abandon_inflight(self.run_dir)
+            # lazy: a harness run's calls only; loads fastapi (+0.33 s, measured) into every
+            # `sandgym` command's start (trainer/cli.py imports this module)
             from sandgym.trainer.gateway.records import drop_abandoned_calls
 
             drop_abandoned_calls(self.run_dir / "gateway")  # their harness calls likewise

@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from sandgym.trainer.engines.base import Generation, InferenceEngine, SamplingParams
+from sandgym.trainer.engines.sampling import processed_logprobs
+from sandgym.trainer.lora import apply_lora, is_adapter_state, load_adapter_state
 
 
 def _cache_kwarg(out: Any) -> dict[str, Any]:
@@ -38,7 +40,6 @@ class HFEngine(InferenceEngine):
         super().__init__(max_batch_size=max_batch_size, batch_wait_s=batch_wait_s)
         if lora is not None and getattr(lora, "lora_rank", 0) > 0:
             # the learner trains adapters: wrap identically so its adapter pushes load here
-            from sandgym.trainer.lora import apply_lora
 
             model = apply_lora(model, lora)
         self.model = model.to(device).eval()
@@ -47,8 +48,6 @@ class HFEngine(InferenceEngine):
         self.pad_token_id = pad_token_id
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        from sandgym.trainer.lora import is_adapter_state, load_adapter_state
-
         if is_adapter_state(state_dict):
             load_adapter_state(self.model, state_dict)
         else:
@@ -59,8 +58,6 @@ class HFEngine(InferenceEngine):
         distribution (`sandgym/trainer/engines/sampling.py`) and records the logprob of the drawn token
         under that same distribution: the one the learner recomputes."""
         import torch
-
-        from sandgym.trainer.engines.sampling import processed_logprobs
 
         n = len(prompts)
         width = max(len(p) for p in prompts)

@@ -43,6 +43,7 @@ from sandgym.trainer.engines.base import (
     PolicyOutputError,
     SamplingParams,
 )
+from sandgym.trainer.engines.weight_files import write_weights
 
 log = logging.getLogger(__name__)
 
@@ -184,8 +185,6 @@ class OpenAIEngine(InferenceEngine):
         if self.weight_sync == "none":
             return None
         from pathlib import Path
-
-        from sandgym.trainer.engines.weight_files import write_weights
 
         assert self.weight_dir is not None
         out = Path(self.weight_dir) / "serving"

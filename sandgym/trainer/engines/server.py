@@ -22,8 +22,11 @@ from typing import Any
 
 from fastapi import Request  # at module level: FastAPI resolves the handler's annotations here
 
+from sandgym.trainer.config import ModelSettings
 from sandgym.trainer.engines.base import EngineError, InferenceEngine, SamplingParams
+from sandgym.trainer.engines.hf import HFEngine
 from sandgym.trainer.loop_server import LoopServer
+from sandgym.trainer.models import load_model, load_tokenizer
 
 
 def completions_app(engine: InferenceEngine, model_name: str, tokenizer: Any = None) -> Any:
@@ -132,10 +135,6 @@ class CompletionsServer(LoopServer):
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
-
-    from sandgym.trainer.config import ModelSettings
-    from sandgym.trainer.engines.hf import HFEngine
-    from sandgym.trainer.models import load_model, load_tokenizer
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--source", choices=["smollm2", "tiny", "hf"], default="smollm2")

@@ -24,6 +24,7 @@ import logging
 from typing import Any
 
 from sandgym.trainer.engines.base import EngineError, Generation, InferenceEngine, SamplingParams
+from sandgym.trainer.engines.weight_files import write_weights
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +89,6 @@ class VLLMEngine(InferenceEngine):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         from pathlib import Path
-
-        from sandgym.trainer.engines.weight_files import write_weights
 
         out = Path(self.weight_dir) / "serving"
         write_weights(state_dict.items(), out)

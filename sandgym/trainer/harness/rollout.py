@@ -19,6 +19,7 @@ import itertools
 from pathlib import Path
 from typing import Any
 
+from sandgym.client.env_client import AsyncEnvClient
 from sandgym.trainer.config import TrainConfig
 from sandgym.trainer.engines.base import InferenceEngine, SamplingParams
 from sandgym.trainer.episode import Episode, apply_tamper_policy
@@ -49,8 +50,6 @@ class HarnessRollout:
         self._lock = asyncio.Lock()
 
     def _client(self) -> Any:
-        from sandgym.client.env_client import AsyncEnvClient
-
         return AsyncEnvClient(next(self._urls), token=self.config.env.token)
 
     async def _ensure_started(self) -> HarnessRunner:
