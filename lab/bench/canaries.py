@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from lab.bench.report import provenance
+from sandgym.client.env_client import AsyncEnvClient, EnvError
+from sandgym.server.settings import ServerSettings
 
 MODES = ("shared", "pristine", "refuse-tampered")
 DEFAULT_OUT = Path(__file__).parent / "results" / "canaries.json"
@@ -450,7 +452,6 @@ HONEST: dict[str, str] = {
 
 async def play(url: str, task: str, command: str, mode: str) -> dict[str, Any]:
     """One canary episode: reset (verify=mode), the command, submit. What came back."""
-    from sandgym.client.env_client import AsyncEnvClient, EnvError
 
     out: dict[str, Any] = {"reward": None, "error": None, "tamper": None}
     try:
@@ -485,8 +486,8 @@ def _judge(raw: dict[str, Any]) -> dict[str, Any]:
 async def run_backend(
     backend: str, task_root: Path, techs: list[Technique], concurrency: int
 ) -> list[dict[str, Any]]:
+    # lazy: server.runner loads fastapi+uvicorn: +0.44 s at every `sandgym` start (measured)
     from sandgym.server.runner import BackgroundServer
-    from sandgym.server.settings import ServerSettings
 
     settings = ServerSettings(
         host="127.0.0.1", port=0, backend=backend, task_dirs=[task_root], max_steps=10

@@ -52,6 +52,12 @@ from pathlib import Path
 from typing import Any
 
 from lab.bench.report import save_json
+from sandgym.sandboxes.reaper import reap
+from sandgym.trainer.agents import OracleAgent, solutions_from_dir
+from sandgym.trainer.cluster import EnvServerFleet, ServerBalancer
+from sandgym.trainer.config import TrainConfig
+from sandgym.trainer.priority import local_ray_env
+from sandgym.trainer.rollout import EpisodeRunner
 
 TASK_ID = "bench-sleep"
 MB = 1024 * 1024
@@ -253,13 +259,6 @@ def node_loss(
 def measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     import ray
     from ray.cluster_utils import Cluster
-
-    from sandgym.sandboxes.reaper import reap
-    from sandgym.trainer.agents import OracleAgent, solutions_from_dir
-    from sandgym.trainer.cluster import EnvServerFleet, ServerBalancer
-    from sandgym.trainer.config import TrainConfig
-    from sandgym.trainer.priority import local_ray_env
-    from sandgym.trainer.rollout import EpisodeRunner
 
     tasks_root = write_sleep_task(root / "tasks", args.sleep_s)
     sandbox_root = root / "sandboxes"

@@ -33,6 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sandgym.trainer.engines.base import SamplingParams
+from sandgym.trainer.engines.hf import HFEngine
+
 REPO = Path(__file__).resolve().parents[2]
 GIB = 1024**3
 
@@ -60,9 +63,6 @@ def generate(args: argparse.Namespace) -> dict[str, Any]:
     """The hf engine generating `--new-tokens` for `--batch` prompts of `--prompt-tokens`."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from sandgym.trainer.engines.base import SamplingParams
-    from sandgym.trainer.engines.hf import HFEngine
 
     device = torch.device(args.device)
     dtype = torch.bfloat16 if args.device == "cuda" else torch.float32

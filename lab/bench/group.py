@@ -42,6 +42,12 @@ from pathlib import Path
 from typing import Any
 
 from lab.bench.report import save_json
+from sandgym.client.env_client import AsyncEnvClient
+from sandgym.sandboxes import get_backend
+from sandgym.sandboxes.lifetime import OwnLifetimes
+from sandgym.server.settings import ServerSettings
+from sandgym.tasks import TaskRegistry
+from sandgym.tasks.sandbox_spec import sandbox_spec_for
 
 SLOW_TASK = "slow-setup"
 
@@ -94,7 +100,6 @@ def write_slow_task(root: Path, cpu_s: float) -> Path:
 
 async def _resets(url: str, task_id: str, size: int, group: bool) -> tuple[float, list[bool]]:
     """`size` clients reset at once; (seconds until the last reply, forked flags)."""
-    from sandgym.client.env_client import AsyncEnvClient
 
     clients = [AsyncEnvClient(url, request_timeout_s=900) for _ in range(size)]
     for c in clients:
@@ -112,8 +117,6 @@ async def _resets(url: str, task_id: str, size: int, group: bool) -> tuple[float
 
 
 async def _cold_creates(backend: Any, spec: Any, size: int) -> float:
-    from sandgym.sandboxes.lifetime import OwnLifetimes
-
     # deadlines of their own (sandgym.sandboxes.lifetime): they end by themselves if this is killed
     async with OwnLifetimes() as lifetimes:
         t0 = time.perf_counter()
@@ -151,7 +154,6 @@ async def _first_commands(
     (the refill the hit itself starts still runs beside it). Otherwise back to back: the next
     reset goes as soon as a sandbox is ready, the previous episode's sandbox being destroyed and
     the pool refilling on the same cores, as in a busy training run."""
-    from sandgym.client.env_client import AsyncEnvClient
 
     first: list[float] = []
     second: list[float] = []
@@ -200,11 +202,8 @@ def _median(xs: list[float]) -> float | None:
 
 
 async def _bench_backend(name: str, root: Path, args: argparse.Namespace) -> dict[str, Any]:
-    from sandgym.sandboxes import get_backend
+    # lazy: server.runner loads fastapi+uvicorn: +0.44 s at every `sandgym` start (measured)
     from sandgym.server.runner import BackgroundServer
-    from sandgym.server.settings import ServerSettings
-    from sandgym.tasks import TaskRegistry
-    from sandgym.tasks.sandbox_spec import sandbox_spec_for
 
     registry = TaskRegistry([root], include_builtin=True)
     out: dict[str, Any] = {"tasks": {}}

@@ -67,6 +67,7 @@ from lab.bench.harbor_runner import (
     runner_versions,
 )
 from lab.bench.report import save_json
+from sandgym.server.settings import ServerSettings
 
 #: catalog tasks that Harbor alone can run (no procedural generator, no desktop)
 DEFAULT_TASKS = ("hello-file", "csv-to-json", "fix-mean", "dedupe-sort", "word-freq", "json-filter")
@@ -403,8 +404,8 @@ def _images_config(mode: str, public: Path, owner: str) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     if args.summarize is not None:
         return resummarize(args)
+    # lazy: server.runner loads fastapi+uvicorn: +0.44 s at every `sandgym` start (measured)
     from sandgym.server.runner import BackgroundServer
-    from sandgym.server.settings import ServerSettings
 
     image = ensure_runner_image()
     work: Path = args.work_dir

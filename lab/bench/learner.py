@@ -30,6 +30,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sandgym.trainer.algorithms import Sample, aggregation_norm, collate, token_logprobs_and_entropy
+from sandgym.trainer.config import load_config
+from sandgym.trainer.engines import create_engine
+from sandgym.trainer.engines.base import SamplingParams
+from sandgym.trainer.learner import LearnerWorker
+from sandgym.trainer.models import load_model, load_tokenizer
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -37,7 +44,6 @@ def make_samples(
     vocab: int, n: int, length: int, seed: int
 ) -> list[Any]:  # list[sandgym.trainer.algorithms.Sample]
     """`n` sequences of `length` random tokens; the second half carries loss, advantages +-1."""
-    from sandgym.trainer.algorithms import Sample
 
     rng = random.Random(seed)
     out = []
@@ -51,8 +57,6 @@ def make_samples(
 def set_old_logprobs(model: Any, samples: list[Any], pad: int) -> None:
     """Old logprobs = the model's current ones (ratio 1: nothing clipped)."""
     import torch
-
-    from sandgym.trainer.algorithms import collate, token_logprobs_and_entropy
 
     with torch.no_grad():
         for s in samples:
@@ -104,10 +108,6 @@ class BareLoop:
 
 
 def engine_throughput(cfg: Any, n: int, prompt_len: int, new_tokens: int) -> dict[str, Any]:
-    from sandgym.trainer.engines import create_engine
-    from sandgym.trainer.engines.base import SamplingParams
-    from sandgym.trainer.models import load_model, load_tokenizer
-
     tok = load_tokenizer(cfg.model)
     engine = create_engine(
         "hf",
@@ -135,11 +135,6 @@ def engine_throughput(cfg: Any, n: int, prompt_len: int, new_tokens: int) -> dic
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     import torch
-
-    from sandgym.trainer.algorithms import aggregation_norm
-    from sandgym.trainer.config import load_config
-    from sandgym.trainer.learner import LearnerWorker
-    from sandgym.trainer.models import load_model
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)

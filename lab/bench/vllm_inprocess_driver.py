@@ -18,6 +18,10 @@ import sys
 import time
 from typing import Any
 
+from sandgym.trainer.engines import EngineError, create_engine
+from sandgym.trainer.engines.base import SamplingParams
+from sandgym.trainer.engines.weight_files import load_weights
+
 
 def _reply(gen: Any) -> dict[str, Any]:
     return {"token_ids": gen.token_ids, "logprobs": gen.logprobs, "version": gen.version}
@@ -25,10 +29,6 @@ def _reply(gen: Any) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     import asyncio
-
-    from sandgym.trainer.engines import EngineError, create_engine
-    from sandgym.trainer.engines.base import SamplingParams
-    from sandgym.trainer.engines.weight_files import load_weights
 
     model_dir, push_dir, bad_dir, prompt_json, max_new, out_path = argv
     prompt = [int(i) for i in json.loads(prompt_json)]
