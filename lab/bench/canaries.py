@@ -486,7 +486,7 @@ def _judge(raw: dict[str, Any]) -> dict[str, Any]:
 async def run_backend(
     backend: str, task_root: Path, techs: list[Technique], concurrency: int
 ) -> list[dict[str, Any]]:
-    # lazy: server.runner loads fastapi+uvicorn: +0.44 s at every `sandgym` start (measured)
+    # lazy: server.runner loads fastapi+uvicorn: +0.19 s CPU at every `sandgym` start (measured)
     from sandgym.server.runner import BackgroundServer
 
     settings = ServerSettings(

@@ -202,7 +202,7 @@ def _median(xs: list[float]) -> float | None:
 
 
 async def _bench_backend(name: str, root: Path, args: argparse.Namespace) -> dict[str, Any]:
-    # lazy: server.runner loads fastapi+uvicorn: +0.44 s at every `sandgym` start (measured)
+    # lazy: server.runner loads fastapi+uvicorn: +0.19 s CPU at every `sandgym` start (measured)
     from sandgym.server.runner import BackgroundServer
 
     registry = TaskRegistry([root], include_builtin=True)

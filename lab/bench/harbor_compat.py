@@ -1448,7 +1448,7 @@ def _engine_root(backend: str) -> Path | None:
     or where the engine does not say or does not answer."""
     if backend != "docker":
         return None
-    # lazy: the docker backend package (29 modules): +0.15 s at every `sandgym` start (measured)
+    # lazy: the docker backend package (29 modules): +0.05 s CPU at every `sandgym` start (measured)
     from sandgym.sandboxes.docker.engine_info import local_engine_info
 
     try:

@@ -404,7 +404,7 @@ def _images_config(mode: str, public: Path, owner: str) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     if args.summarize is not None:
         return resummarize(args)
-    # lazy: server.runner loads fastapi+uvicorn: +0.44 s at every `sandgym` start (measured)
+    # lazy: server.runner loads fastapi+uvicorn: +0.19 s CPU at every `sandgym` start (measured)
     from sandgym.server.runner import BackgroundServer
 
     image = ensure_runner_image()

@@ -84,7 +84,7 @@ def main() -> int:
     args = ap.parse_args()
     start_run(shlex.join(["python", "-m", "lab.bench.harness_eval", *sys.argv[1:]]))
 
-    # lazy: server.runner loads fastapi+uvicorn: +0.44 s at every `sandgym` start (measured)
+    # lazy: server.runner loads fastapi+uvicorn: +0.19 s CPU at every `sandgym` start (measured)
     from sandgym.server.runner import ServerProcess
 
     load_at_start = [round(x, 2) for x in os.getloadavg()]

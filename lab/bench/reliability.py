@@ -340,7 +340,7 @@ def _ms(x: float | None) -> float | None:
 
 # -- fuzz ------------------------------------------------------------------------------------------
 def bench_fuzz(task_root: Path, frames: int, seed: int) -> dict[str, Any]:
-    # lazy: server.runner loads fastapi+uvicorn: +0.44 s at every `sandgym` start (measured)
+    # lazy: server.runner loads fastapi+uvicorn: +0.19 s CPU at every `sandgym` start (measured)
     from sandgym.server.runner import ServerProcess
 
     env = {"SANDGYM_INCLUDE_BUILTIN": "false", "SANDGYM_RESUME_GRACE_S": "1"}
@@ -528,7 +528,7 @@ async def _abuse_backend(
 def bench_abuse(
     task_root: Path, backend: str, window_s: float, neighbours: int, rounds: int = 1
 ) -> dict[str, Any]:
-    # lazy: server.runner loads fastapi+uvicorn: +0.44 s at every `sandgym` start (measured)
+    # lazy: server.runner loads fastapi+uvicorn: +0.19 s CPU at every `sandgym` start (measured)
     from sandgym.server.runner import ServerProcess
 
     # Neighbours and the repeated abuse take thousands of steps: no max_steps truncation.
@@ -556,7 +556,7 @@ def _containers_of_pid(pid: int) -> list[str]:
 
 
 def _docker_server(task_root: Path, *args: str, env: dict[str, str] | None = None) -> Any:
-    # lazy: server.runner loads fastapi+uvicorn: +0.44 s at every `sandgym` start (measured)
+    # lazy: server.runner loads fastapi+uvicorn: +0.19 s CPU at every `sandgym` start (measured)
     from sandgym.server.runner import ServerProcess
 
     return ServerProcess(
@@ -762,7 +762,7 @@ def _loadavg() -> list[float]:
 
 def _docker_engine() -> dict[str, Any] | None:
     """The engine the Docker parts ran on: version, storage driver, quota label (setup.sh)."""
-    # lazy: the docker backend package (29 modules): +0.15 s at every `sandgym` start (measured)
+    # lazy: the docker backend package (29 modules): +0.05 s CPU at every `sandgym` start (measured)
     from sandgym.sandboxes.docker.engine_info import local_engine_info
 
     try:

@@ -202,7 +202,7 @@ def sandgym_stack() -> dict[str, Any]:
     """What `sandgym serve` runs on, from the same settings its child process reads."""
     import importlib.metadata as md
 
-    # lazy: server.runner loads fastapi+uvicorn: +0.44 s at every `sandgym` start (measured)
+    # lazy: server.runner loads fastapi+uvicorn: +0.19 s CPU at every `sandgym` start (measured)
     from sandgym.server.runner import uvicorn_config
 
     settings = ServerSettings()
@@ -244,7 +244,7 @@ def sandgym_server(
     args: argparse.Namespace, top: int, cpus: list[int] | None = None
 ) -> Iterator[Target]:
     """`sandgym serve` on `args.backend` with the bench-echo task, as a child process."""
-    # lazy: server.runner loads fastapi+uvicorn: +0.44 s at every `sandgym` start (measured)
+    # lazy: server.runner loads fastapi+uvicorn: +0.19 s CPU at every `sandgym` start (measured)
     from sandgym.server.runner import ServerProcess
 
     env = {
@@ -313,7 +313,7 @@ def openenv_server(
                 "OpenEnv create_app (its /ws endpoint) hosting a plain async echo environment "
                 "(EchoAction(message) -> EchoObservation(echoed_message))"
             )
-        # lazy: server.runner loads fastapi+uvicorn: +0.44 s at every `sandgym` start (measured)
+        # lazy: server.runner loads fastapi+uvicorn: +0.19 s CPU at every `sandgym` start (measured)
         from sandgym.server.runner import free_port
 
         port = free_port()

@@ -119,7 +119,7 @@ async def _websocket(
 
 def _bench_backend(name: str, task_root: Path, args: argparse.Namespace) -> dict[str, Any]:
     """The raw record of one backend: every timed round trip (us) and the CPU readings."""
-    # lazy: server.runner loads fastapi+uvicorn: +0.44 s at every `sandgym` start (measured)
+    # lazy: server.runner loads fastapi+uvicorn: +0.19 s CPU at every `sandgym` start (measured)
     from sandgym.server.runner import ServerProcess
 
     # max_steps must exceed the bench's own steps, or the episode truncates mid-run.

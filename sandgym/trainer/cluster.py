@@ -67,7 +67,7 @@ class EnvServerActor:
         import os
 
         # lazy: only the Ray actor that runs an env server loads the server (fastapi, uvicorn:
-        # +0.44 s, measured); the layer rule's one exception
+        # +0.19 s CPU, measured); the layer rule's one exception
         from sandgym.server.runner import BackgroundServer
         from sandgym.server.settings import ServerSettings
 

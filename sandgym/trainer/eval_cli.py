@@ -218,7 +218,7 @@ async def _evaluate(args: argparse.Namespace, urls: list[str]) -> tuple[list[Any
     gateway_server = None
     if args.agent == "harness" and engine is not None:  # (harness uses the model: engine set)
         # lazy: every `sandgym` command builds its parser from this module; the gateway and the
-        # harness load fastapi: +0.33 s at start-up, measured
+        # harness load fastapi: +0.14 s CPU at start-up, measured
         from sandgym.trainer.gateway import CallStore, GatewayServer, ModelGateway
         from sandgym.trainer.harness import HarnessRunner
 

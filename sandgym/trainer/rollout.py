@@ -247,7 +247,7 @@ class RolloutWorker:
             import tempfile
             from pathlib import Path
 
-            # lazy: harness mode only; loads fastapi (+0.40 s, measured) into every `sandgym`
+            # lazy: harness mode only; loads fastapi (+0.14 s CPU, measured) into every `sandgym`
             # command's start (cli/run.py imports this module)
             from sandgym.trainer.harness.rollout import HarnessRollout
 

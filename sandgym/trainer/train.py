@@ -697,7 +697,7 @@ class Trainer:
             ray.kill(r)
         if getattr(self, "_completed", False):  # a finished run resumes none of them
             abandon_inflight(self.run_dir)
-            # lazy: a harness run's calls only; loads fastapi (+0.33 s, measured) into every
+            # lazy: a harness run's calls only; loads fastapi (+0.13 s CPU, measured) into every
             # `sandgym` command's start (trainer/cli.py imports this module)
             from sandgym.trainer.gateway.records import drop_abandoned_calls
 
