@@ -23,8 +23,10 @@ it).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -82,12 +84,15 @@ SCRIPTS: dict[Key, Script] = {
 #: Blocks used by a script above (written beside it), not run on their own.
 FILES: frozenset[Key] = frozenset(k for s in SCRIPTS.values() for k in s.files)
 
+#: docs/integrations.md's `python -m verl.trainer.main_ppo ...` command (GPU only).
+VERL_GPU_BLOCK: Key = ("docs/integrations.md", "verl", 3)
+
 #: Blocks not run here, by heading, with the reason.
 NOT_RUN: dict[Key, str] = {
     ("README.md", "sandgym", 0): "a diagram, not code",
     ("README.md", "Two commands", 0): (
-        "demo.sh installs system packages and a virtualenv, test.sh runs the whole suite: "
-        "CI's fresh-machine check runs both (.ci/run)"
+        "demo.sh installs system packages and builds .venv (a fresh machine's first command); "
+        "test.sh installs everything and runs the whole suite (it is CI: .ci/run runs it)"
     ),
     ("README.md", "2. As sandboxes, or as Harbor's environment", 0): (
         "Harbor needs Python >= 3.12 (this host: 3.11); tests/e2e/test_harbor_provider.py runs "
@@ -104,10 +109,9 @@ NOT_RUN: dict[Key, str] = {
         "creates verl's environment (scripts/setup.sh --train builds it as .venv-verl, the way "
         "the block does)"
     ),
-    ("docs/integrations.md", "verl", 3): (
-        "verl's trainer needs vLLM or SGLang on a GPU; scripts/verl_gpu_check.py is the "
-        "prepared run (its overrides are composed with verl's config in "
-        "tests/e2e/test_integration_verl.py)"
+    VERL_GPU_BLOCK: (
+        "verl's trainer needs vLLM or SGLang on a GPU; its overrides are composed with verl's "
+        "own trainer config by test_verl_gpu_command_composes_with_verls_config"
     ),
     ("docs/integrations.md", "NeMo-Gym", 0): (
         "nemo-gym 0.5 to 0.7 require Python >= 3.13.14, newer than any CPython packaged here "
@@ -381,7 +385,8 @@ async def test_forgotten_episodes_close_at_exit(
     script = tmp_path / "forgotten.py"
     script.write_text(code)
     venv = REPO / ".venv"
-    proc = subprocess.Popen(
+    proc = await asyncio.to_thread(
+        subprocess.Popen,
         [str(venv / "bin" / "python"), str(script)],
         cwd=tmp_path,
         env=_env(venv),
@@ -429,3 +434,45 @@ def test_placeholders_are_filled() -> None:
         url = "ws://127.0.0.1:4321/v1/env"; other = "http://127.0.0.1:4321/openenv"
         """
     )
+
+
+COMPOSE = """\
+import json, sys
+from pathlib import Path
+
+import verl
+from hydra import compose, initialize_config_dir
+
+config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+with initialize_config_dir(config_dir=config_dir, version_base=None):
+    cfg = compose(config_name="ppo_trainer", overrides=json.loads(sys.argv[1]))
+rollout = cfg.actor_rollout_ref.rollout
+print(json.dumps({"mode": rollout.mode, "name": rollout.name,
+                  "agent_loops": rollout.agent.agent_loop_config_path,
+                  "server_url": cfg.sandgym.server_url, "steps": cfg.trainer.total_training_steps}))
+"""
+
+
+def test_verl_gpu_command_composes_with_verls_config(tmp_path: Path) -> None:
+    """The GPU block cannot run here, but every override in it must be a key of verl's released
+    trainer config (Hydra composes them, as `verl.trainer.main_ppo` does at its start): a typo
+    fails here, not on the GPU machine."""
+    venv = REPO / ".venv-verl"
+    if not (venv / "bin" / "python").exists():
+        pytest.skip(".venv-verl not built (scripts/setup.sh --train builds it)")
+    argv = shlex.split(all_blocks()[VERL_GPU_BLOCK].code.replace("\\\n", " "))
+    assert argv[:3] == ["python", "-m", "verl.trainer.main_ppo"], f"got {argv[:3]}"
+    script = tmp_path / "compose.py"
+    script.write_text(COMPOSE)
+    proc = subprocess.run(
+        [str(venv / "bin" / "python"), str(script), json.dumps(argv[3:])],
+        cwd=tmp_path, env=_env(venv), capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"verl's config refused the overrides: {proc.stderr[-3000:]}"
+    assert json.loads(proc.stdout.splitlines()[-1]) == {
+        "mode": "async",
+        "name": "vllm",
+        "agent_loops": "agent_loops.yaml",
+        "server_url": "ws://HOST:8765/v1/env",
+        "steps": 2,
+    }
