@@ -203,9 +203,11 @@ if [ "$WANT_DOCKER" = 1 ]; then
   # packaged here is 3.13.5) in a container on the python:3.13.15-slim-trixie stand-in (CPython
   # 3.13.15 built from Debian's pool copy of its source, made by the build above), for
   # tests/e2e/test_integration_nemo_gym.py (images/nemo-gym-runner; ~1 min once, then cached).
+  # Rebuilt when its Dockerfile changes (the image carries the Dockerfile's hash as a label).
   nemo_runner=sandgym/nemo-gym-runner:0.7.0-python3.13.15-slim-trixie
-  docker image inspect "$nemo_runner" >/dev/null 2>&1 \
-    || DOCKER_BUILDKIT=0 docker build -q -t "$nemo_runner" images/nemo-gym-runner >&2
+  nemo_hash="$(sha256sum images/nemo-gym-runner/Dockerfile | cut -c1-12)"
+  [ "$(docker image inspect -f '{{index .Config.Labels "sandgym.dockerfile"}}' "$nemo_runner" 2>/dev/null)" = "$nemo_hash" ] \
+    || DOCKER_BUILDKIT=0 docker build -q --label "sandgym.dockerfile=$nemo_hash" -t "$nemo_runner" images/nemo-gym-runner >&2
   # btrfs engine: dockerd cannot delete a removed layer's qgroup ("Failed to delete btrfs
   # qgroup ... busy" in its log; the subvolume is not dropped yet). Clear what is left once the
   # subvolumes are dropped, here and in `sandgym reap` (why: sandgym/sandboxes/qgroups.py).
