@@ -66,16 +66,18 @@ class Script:
     venv: str = ".venv"
     files: tuple[Key, ...] = ()
     hang_guard_s: float = 180.0
+    #: the last line the example prints, where the docs say what it prints
+    prints: str | None = None
 
 
 #: Python blocks run here (each in a fresh interpreter, against the live server).
 SCRIPTS: dict[Key, Script] = {
     ("README.md", "1. As a Gym environment", 1): Script(),
-    ("docs/integrations.md", "OpenEnv", 1): Script(),
+    ("docs/integrations.md", "OpenEnv", 1): Script(prints="1.0 True"),
     # a real model on CPU: loads in ~20 s, two GRPO steps of two rollouts; minutes on a busy
     # 2-core machine
     ("docs/integrations.md", "TRL", 1): Script(hang_guard_s=1500.0),
-    ("docs/integrations.md", "SkyRL", 1): Script(),
+    ("docs/integrations.md", "SkyRL", 1): Script(prints="1.0 True"),
     ("docs/integrations.md", "verl", 2): Script(
         venv=".venv-verl", files=(("docs/integrations.md", "verl", 1),), hang_guard_s=900.0
     ),
@@ -345,7 +347,10 @@ async def test_python_block_runs_as_written(key: Key, server: LiveServer, tmp_pa
         (tmp_path / name).write_text(fill(blocks[file_key].code, server.port))
     code = fill(blocks[key].code, server.port)
     assert "8765" not in code and "HOST" not in code, f"a placeholder is left in {key}: {code}"
-    await asyncio.to_thread(run_script, code, venv, tmp_path, how.hang_guard_s)
+    out = await asyncio.to_thread(run_script, code, venv, tmp_path, how.hang_guard_s)
+    if how.prints is not None:
+        last = out.splitlines()[-1] if out.strip() else ""
+        assert last == how.prints, f"expected the example to print {how.prints!r} last, got {out!r}"
     await no_episode_left(server, f"after the example {key}")
 
 
