@@ -42,7 +42,8 @@ from typing import Any
 import pytest
 from packaging.specifiers import SpecifierSet
 
-pytestmark = pytest.mark.slow
+# dry runs of the whole train stack take a minute or two each on 2 busy cores (pytest-timeout: 300 s)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
 
