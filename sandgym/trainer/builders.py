@@ -49,6 +49,7 @@ def build_engine(
             max_batch_size=cfg.engine.max_batch_size,
             batch_wait_s=cfg.engine.batch_wait_s,
             lora=cfg.learner,
+            max_context_tokens=cfg.agent.max_context_tokens,
         )
     if cfg.engine.kind == "vllm":
         path = (
@@ -62,6 +63,7 @@ def build_engine(
             eos_token_ids=eos,
             gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
             weight_dir=weight_dir or cfg.engine.weight_dir,
+            max_context_tokens=cfg.agent.max_context_tokens,
         )
     if cfg.engine.kind == "openai_text":  # llama-cpp-python's server: text in, strings out
         return create_engine(
@@ -71,6 +73,7 @@ def build_engine(
             tokenizer=tokenizer,
             api_key=cfg.engine.api_key,
             eos_token_ids=eos,
+            max_context_tokens=cfg.agent.max_context_tokens,
         )
     sync = "none" if cfg.engine.weight_sync == "auto" else cfg.engine.weight_sync
     return create_engine(
@@ -81,6 +84,7 @@ def build_engine(
         eos_token_ids=eos,
         weight_sync=sync,
         weight_dir=weight_dir or cfg.engine.weight_dir,
+        max_context_tokens=cfg.agent.max_context_tokens,
     )
 
 

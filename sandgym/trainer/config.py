@@ -18,6 +18,11 @@ class ConfigError(ValueError):
     """A trainer config that cannot be used: says which field and what was expected."""
 
 
+class TisConfigError(ConfigError):
+    """`algorithm.tis: off` where the engine's logprobs are raw: off-policy samples would be
+    trained on without correction (`TrainConfig._check_tis`)."""
+
+
 class _Settings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -244,8 +249,11 @@ class AlgorithmSettings(_Settings):
         "auto",
         description="truncated importance sampling for engine/learner mismatch: weight each "
         "token's loss by min(exp(learner_logp - engine_logp), tis_cap) and take the PPO ratio "
-        "against the learner's logprobs; auto = on for vllm/openai engines, off for hf (same "
-        "process, same sampling function: they agree; see the tis/* metrics)",
+        "against the learner's logprobs; auto = on for vllm/openai engines and whenever "
+        "engine.logprobs is raw, off for hf (same process, same sampling function: they agree; "
+        "see the tis/* metrics). off with raw engine logprobs is refused while training: the "
+        "PPO ratio is then taken against the learner's own logprobs, so nothing would correct "
+        "for the engine's samples being another policy's",
     )
     tis_cap: float = Field(
         2.0, ge=1.0, description="cap C of the truncated importance weight (verl/SkyRL use 2)"
@@ -329,7 +337,7 @@ class TrainConfig(_Settings):
     def tis_enabled(self) -> bool:
         """Whether the learner applies truncated importance sampling (`algorithm.tis`)."""
         if self.algorithm.tis == "auto":
-            return self.engine.kind != "hf"
+            return self.engine.kind != "hf" or self.engine.logprobs == "raw"
         return self.algorithm.tis == "on"
 
     @model_validator(mode="after")
@@ -350,6 +358,7 @@ class TrainConfig(_Settings):
                 "engine.logprobs processed with engine.kind openai_text: llama-cpp-python's "
                 "server reports the raw model's logprobs only; expected raw (or auto)"
             )
+        self._check_tis()
         if self.learner.strategy == "fsdp" and self.learner.lora_rank > 0:
             raise ValueError("learner.strategy fsdp with lora_rank > 0 is not supported yet")
         if self.agent.kind == "harness" and self.agent.workflow != "single":
@@ -358,6 +367,23 @@ class TrainConfig(_Settings):
                 f"{self.agent.workflow!r}, expected 'single'"
             )
         return self
+
+    def _check_tis(self) -> None:
+        """`algorithm.tis: off` with raw engine logprobs is refused while training. With raw
+        logprobs the learner takes the PPO ratio against its own (processed) logprobs, never
+        against the engine's (compute_loss in sandgym/trainer/algorithms.py), so the only thing
+        that corrects for the engine's samples coming from another distribution (another
+        kernel, precision or server, weights a push behind) is the importance weight; without it
+        they would be trained on as the learner's own. Processed logprobs with tis off are
+        fine: the PPO ratio is then taken against them (the behaviour policy)."""
+        training = self.run.num_updates > 0 and self.agent.kind not in ("noop", "oracle")
+        if training and self.algorithm.tis == "off" and self.engine.logprobs == "raw":
+            raise TisConfigError(
+                f"algorithm.tis off with engine.logprobs raw (engine.kind {self.engine.kind}): "
+                "the engine's samples would be trained on as the learner's own with nothing "
+                "correcting for the difference; expected algorithm.tis on or auto, or "
+                "engine.logprobs processed (vllm serve --logprobs-mode processed_logprobs)"
+            )
 
     def _check_weight_sync(self) -> None:
         """An engine that cannot take weights trains off-policy on the weights it serves: only

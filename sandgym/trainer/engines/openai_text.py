@@ -23,7 +23,10 @@ What such a server cannot give, and this engine does not pretend to:
 - its logprobs are the raw model's (before temperature, top-p, top-k), not those of the
   distribution it sampled from; the gap shows in the `tis/*` metrics and is corrected by
   truncated importance sampling (`algorithm.tis: auto` is on for this engine);
-- weights cannot be pushed (no reload or adapter endpoint): `supports_weight_sync` is False.
+- weights cannot be pushed (no reload or adapter endpoint): `supports_weight_sync` is False;
+- its context length (`/v1/models` does not report it): a prompt over the configured
+  `agent.max_context_tokens` is refused before it is sent, one over the model's context by the
+  server's 400 ("maximum context length"); either is that request's `PromptTooLongError`.
 
 Sampling options the server would add by default (llama-cpp-python: `top_k` 40, `min_p` 0.05,
 `repeat_penalty` 1.1) are switched off, so it samples from the rule the trainer asked for.
@@ -61,8 +64,17 @@ class TextCompletionEngine(OpenAIEngine):
         eos_token_ids: list[int] | None = None,
         timeout_s: float = 120.0,
         max_concurrency: int = 64,
+        max_context_tokens: int | None = None,
     ) -> None:
-        super().__init__(base_url, model_name, api_key, eos_token_ids, timeout_s, max_concurrency)
+        super().__init__(
+            base_url,
+            model_name,
+            api_key,
+            eos_token_ids,
+            timeout_s,
+            max_concurrency,
+            max_context_tokens=max_context_tokens,
+        )
         if isinstance(tokenizer, str):
             from transformers import AutoTokenizer
 
@@ -103,6 +115,7 @@ class TextCompletionEngine(OpenAIEngine):
         }
 
     async def agenerate(self, prompt_ids: list[int], params: SamplingParams) -> Generation:
+        self.check_prompt(prompt_ids, params)  # the configured budget (the server reports none)
         async with self._sem:
             prompt = self._text(prompt_ids)
             back = await self._tokenize(prompt)
@@ -114,7 +127,9 @@ class TextCompletionEngine(OpenAIEngine):
                     f"became {len(back)} in the server's tokenizer (first difference at {first})"
                 )
             reply = await self._post(
-                f"{self.base_url}/completions", self._text_body(prompt, params)
+                f"{self.base_url}/completions",
+                self._text_body(prompt, params),
+                self._text_body(self._text(prompt_ids[:1]), self._probe_params(params)),
             )
             choice = reply["choices"][0]
             text = str(choice.get("text") or "")

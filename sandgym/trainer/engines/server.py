@@ -8,7 +8,11 @@ reports with `--logprobs-mode processed_logprobs`).
 
     POST /v1/completions   {"prompt": [ids] | "text", "max_tokens", "temperature", "top_p",
                             "top_k", "logprobs": 0, "return_token_ids", "return_tokens_as_token_ids"}
-    GET  /v1/models
+    GET  /v1/models        (each model with its `max_model_len`, as vLLM reports it)
+
+Failures answer as vLLM's do: a prompt over the engine's context is a 400 whose error names the
+parameter `input_tokens`; another failure the request caused (`RequestFailedError`, a
+`PolicyOutputError`) a 400; the engine's own failure a 500.
 
 `python -m sandgym.trainer.engines.server --source smollm2 --port 8000` serves SmolLM2 on CPU.
 """
@@ -23,7 +27,13 @@ from typing import Any
 from fastapi import Request  # at module level: FastAPI resolves the handler's annotations here
 
 from sandgym.trainer.config import ModelSettings
-from sandgym.trainer.engines.base import EngineError, InferenceEngine, SamplingParams
+from sandgym.trainer.engines.base import (
+    EngineError,
+    InferenceEngine,
+    PolicyOutputError,
+    PromptTooLongError,
+    SamplingParams,
+)
 from sandgym.trainer.engines.hf import HFEngine
 from sandgym.trainer.loop_server import LoopServer
 from sandgym.trainer.models import load_model, load_tokenizer
@@ -32,18 +42,24 @@ from sandgym.trainer.models import load_model, load_tokenizer
 def completions_app(engine: InferenceEngine, model_name: str, tokenizer: Any = None) -> Any:
     """The FastAPI application (`tokenizer` decodes `text` and encodes string prompts)."""
     from fastapi import FastAPI, HTTPException
+    from fastapi.responses import JSONResponse
 
     app = FastAPI(title="sandgym completions")
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [{"id": model_name, "object": "model", "owned_by": "sandgym"}],
-        }
+        entry: dict[str, Any] = {"id": model_name, "object": "model", "owned_by": "sandgym"}
+        if engine.context_limit is not None:
+            entry["max_model_len"] = engine.context_limit
+        return {"object": "list", "data": [entry]}
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> dict[str, Any]:
+    def bad_request(exc: PolicyOutputError) -> JSONResponse:
+        param = "input_tokens" if isinstance(exc, PromptTooLongError) else None
+        error = {"message": str(exc), "type": "BadRequestError", "param": param, "code": 400}
+        return JSONResponse({"error": error}, status_code=400)
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(request: Request) -> dict[str, Any] | JSONResponse:
         body = await request.json()
         if not isinstance(body, dict):
             raise HTTPException(400, "expected a JSON object")
@@ -69,6 +85,8 @@ def completions_app(engine: InferenceEngine, model_name: str, tokenizer: Any = N
         )
         try:
             gen = await engine.agenerate(prompt, params)
+        except PolicyOutputError as exc:  # the request caused it (vLLM: a 400)
+            return bad_request(exc)
         except EngineError as exc:
             raise HTTPException(500, str(exc)) from exc
         text = tokenizer.decode(gen.token_ids, skip_special_tokens=True) if tokenizer else ""

