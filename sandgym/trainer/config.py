@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -258,6 +258,14 @@ class AlgorithmSettings(_Settings):
     tis_cap: float = Field(
         2.0, ge=1.0, description="cap C of the truncated importance weight (verl/SkyRL use 2)"
     )
+
+    @field_validator("tis", mode="before")
+    @classmethod
+    def _tis_from_yaml_bool(cls, value: Any) -> Any:
+        """YAML reads a bare `off`/`on` as a boolean: take it as the word the user wrote."""
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        return value
 
 
 class LearnerSettings(_Settings):

@@ -15,10 +15,12 @@ bad score by causing it. Per cause:
 | anything else (a bug, the harness made no model call, a Ray actor lost) | `error` | the trainer | masked |
 | `EnvError` `verifier_error` | `verifier_error` | the agent too: the verifier runs on what it left (a FIFO where the tests read) | **scored 0** |
 | `EnvError` `action_timeout` | `action_timeout` | the agent: an action it chose blocked past its limit | **scored 0** |
-| `PolicyOutputError` (engines), `TokenAlignmentError` (gateway) | `policy_output` | the policy: a reply that does not survive the trip through text, ids that do not line up, a prompt its replies made too long | **group dropped**, counted |
+| `PolicyOutputError` (engines), `TokenAlignmentError` (gateway) | `policy_output` | the policy: a reply that does not survive the trip through text, ids that do not line up | **group dropped**, counted |
+| `PromptTooLongError` (a `PolicyOutputError`) | `policy_output` | the policy: a prompt its replies made longer than the context (the model's, vLLM's `max_model_len`, the server's reported limit or 400, `agent.max_context_tokens`), refused for that request alone | **group dropped**, counted |
+| `RequestFailedError` (a `PolicyOutputError`) | `policy_output` | the request: `generate` failed on it alone while others of its batch got replies (found by bisection), or an HTTP 400/422 it caused (a one-token request with the same settings passes) | **group dropped**, counted |
 | `EnvError` `no_episode` | `idle_timeout` | the policy too: the server ended an episode left idle (a long generation) | **group dropped**, counted |
 | `TimeoutError` | `timeout` | the policy too: something it started outlived a client's limit | **group dropped**, counted |
-| `EngineError` (any other: unreachable, a 5xx, a reply without ids) | `engine` | the inference server | masked |
+| `EngineError` (any other: unreachable, a 5xx, 401/403/404/429, a 400 a one-token request meets too, a failure every request of a batch meets alone, a reply without ids) | `engine` | the inference server | masked |
 
 The last three kinds cannot be told apart from infrastructure by their type, and the policy can
 cause them: an episode that ended so is neither masked (a policy would learn to escape a bad score
@@ -26,6 +28,12 @@ by causing it) nor scored 0 (the server may be to blame), its whole group is dro
 cause counted. Every update reports the fraction of its episodes left unscored, by cause
 (`unscored_fractions`: `masked/<reason>`, `masked/total`), and the trainer stops the run past
 `algorithm.max_masked_frac`.
+
+Engines class their failures by cause before they reach this table
+(`sandgym/trainer/engines/base.py`): a failure one request caused is that request's
+`PolicyOutputError` subclass while the others of its batch get their replies; only a failure
+every request meets alone is the engine's `EngineError` (so one over-long prompt no longer masks
+every episode batched with it).
 
 A `verifier_error` whose message mentions a lost sandbox is still `verifier_error`: the code
 decides (issue 19; tests/e2e/test_verifier_gaming.py).
