@@ -42,6 +42,19 @@ class SandboxSpec(BaseModel):
     dockerfile: str = Field("Dockerfile", description="Dockerfile name inside build_context")
     workdir: str = Field("/app", description="working directory of commands and the shell")
     env: dict[str, str] = Field(default_factory=dict, description="environment variables")
+    own_env: dict[str, str] | None = Field(
+        None,
+        description="the variables the spec sets itself, apart from what was read from a "
+        "Dockerfile (which `env` holds under them, for backends that build no image): a backend "
+        "that runs a built or named image lays only these over the image's own environment, "
+        "which is the truth there. None: all of `env` is the spec's own",
+    )
+    own_workdir: bool = Field(
+        True,
+        description="False: `workdir` was read from a Dockerfile or is the default, and a "
+        "backend that runs a built or named image uses the image's own working directory, "
+        "`workdir` only where the image names none",
+    )
     cpus: float | None = Field(1.0, description="CPU share (docker: nano_cpus)")
     memory_mb: int | None = Field(2048, description="memory limit in MiB")
     pids_limit: int | None = Field(512, description="maximum number of processes")
@@ -200,6 +213,10 @@ class SandboxSpec(BaseModel):
         exclude = {"labels", "build_context", *group}
         if not self.make_dirs:  # (unchanged keys without them)
             exclude.add("make_dirs")
+        if self.own_env is None:
+            exclude.add("own_env")
+        if self.own_workdir:
+            exclude.add("own_workdir")
         exclude.update(
             k
             for k in ("tmpfs", "dns", "extra_hosts", "subnet", "ipv4_address")

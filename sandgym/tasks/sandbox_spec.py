@@ -82,6 +82,9 @@ def sandbox_spec_for(
             build_context = rewritten_context(task, image_map)
     workdir = env.workdir or (df.workdir if df else None) or DEFAULT_WORKDIR
     task_env = resolve_env_templates(env.env, f"task {task.id}: environment.env")
+    # The Dockerfile's ENV as parsed fills in only where no image is built (`env`); a backend
+    # that runs a built or named image takes the image's own environment and working directory
+    # and lays the task's own env over it (`own_env`, `own_workdir`: SandboxSpec).
     spec_env = {**(df.env if df else {}), **task_env}
     policies = [clamp(p, network_ceiling) for p in task.network_policies()]
     later = tuple(dict.fromkeys(p for p in policies[1:] if p != policies[0]))
@@ -91,6 +94,8 @@ def sandbox_spec_for(
         dockerfile=env.dockerfile,
         workdir=workdir,
         env=spec_env,
+        own_env=task_env,
+        own_workdir=env.workdir is not None,
         cpus=env.cpus,
         memory_mb=env.memory_mb,
         storage_mb=env.storage_mb,

@@ -26,6 +26,7 @@ from sandgym.sandboxes.docker.client import DockerEngine
 from sandgym.sandboxes.docker.confine import Confinement
 from sandgym.sandboxes.docker.exec_kill import HELPER_SCRIPT, MAIN_BOOT, MAIN_INIT
 from sandgym.sandboxes.docker.group import DockerGroup, wait_docker_health
+from sandgym.sandboxes.docker.image_config import needs_image_config, spec_over_image
 from sandgym.sandboxes.docker.images import ImageStore
 from sandgym.sandboxes.docker.names import BRIDGE_MOUNT, DEFAULT_IMAGE, LABEL_BRIDGE_DIR
 from sandgym.sandboxes.docker.quota import StorageQuota
@@ -141,6 +142,11 @@ class DockerBackend(SandboxBackend):
         await self.ensure_available()
         image = spec.snapshot or await self.image_for(spec)
         labels = await asyncio.to_thread(self.labels_for, spec)
+        # the image's own Env and WorkingDir are the truth here, the task's own env over them
+        run_spec = spec
+        if needs_image_config(spec):
+            config = await asyncio.to_thread(self.images.config, image)
+            run_spec = spec_over_image(spec, config)
         sandbox_id = "sg-" + uuid.uuid4().hex[:12]
         bridge_dir = self.bridge_root / sandbox_id
         labels[LABEL_BRIDGE_DIR] = str(bridge_dir)
@@ -185,8 +191,8 @@ class DockerBackend(SandboxBackend):
                 name=sandbox_id,
                 hostname=sandbox_id,
                 labels=labels,
-                environment={**(proxy_env() if spec.needs_proxy else {}), **spec.env},
-                working_dir=spec.workdir,  # Docker creates it when missing
+                environment={**(proxy_env() if spec.needs_proxy else {}), **run_spec.env},
+                working_dir=run_spec.workdir,  # Docker creates it when missing
                 host_config=api.create_host_config(**host),
                 **extra,
             )
@@ -257,7 +263,7 @@ class DockerBackend(SandboxBackend):
                 else "storage_mb of the sandbox's own writes",
             )
         sb = DockerSandbox(
-            spec,
+            run_spec,
             self.engine,
             container_id,
             sandbox_id,

@@ -18,6 +18,7 @@ import logging
 import re
 import threading
 from pathlib import Path
+from typing import Any
 
 from sandgym.sandboxes.docker.client import DockerEngine
 from sandgym.sandboxes.docker.names import CTX_REPO, GROUP_SNAPSHOT_REPO
@@ -55,6 +56,16 @@ class ImageStore:
             return True
         except docker.errors.ImageNotFound:
             return False
+
+    def config(self, ref: str) -> dict[str, Any]:
+        """The image's Config (`docker image inspect`: Env, WorkingDir, User, Entrypoint,
+        Cmd); blocking, call it from a thread. Raises SandboxCreateError when it is missing."""
+        import docker.errors
+
+        try:
+            return dict(self.engine.api.inspect_image(ref).get("Config") or {})
+        except docker.errors.ImageNotFound as exc:
+            raise SandboxCreateError(f"docker: image {ref!r} not found: {exc}") from exc
 
     async def remove_snapshot(self, snapshot: str) -> None:
         """Remove a group snapshot (`sandgym/group-snapshot:*`); one in use raises (the caller

@@ -16,7 +16,7 @@ from sandgym.sandboxes import Sandbox
 from sandgym.tasks.commands import run_checked
 from sandgym.tasks.dockerfile.load import task_dockerfile
 from sandgym.tasks.dockerfile.parse import CopyStep, MkdirStep, RunStep
-from sandgym.tasks.errors import TaskLoadError
+from sandgym.tasks.errors import TaskLoadError, TaskUnsupportedError
 from sandgym.tasks.models import TaskSpec
 
 log = logging.getLogger(__name__)
@@ -76,6 +76,15 @@ async def apply_dockerfile(task: TaskSpec, sandbox: Sandbox, warnings: list[str]
     context = task.environment.build_context
     if df is None or context is None:
         return
+    if df.unresolved:  # never a "" where the built image would have had a value
+        more = (
+            f" (and {len(df.unresolved) - 1} more such line(s))" if len(df.unresolved) > 1 else ""
+        )
+        raise TaskUnsupportedError(
+            f"task {task.id}: {df.unresolved[0]}{more}; expected only variables sandgym can "
+            "expand here, where no image is built: run it on a backend that builds images "
+            "(docker)"
+        )
     for step in df.steps:
         if isinstance(step, MkdirStep):
             # a fake shell (null) keeps files in a dict: directories need no creating there

@@ -14,12 +14,15 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import json
 import posixpath
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sandgym.tasks.dockerfile.base_env import BaseEnv, base_image_env
 from sandgym.tasks.errors import TaskLoadError, TaskUnsupportedError
 
 
@@ -66,22 +69,91 @@ class Dockerfile:
     user: str | None = None
     steps: list[Step] = field(default_factory=list)
     ignored: list[str] = field(default_factory=list)  # instructions with no effect here
+    #: lines left out because they use a variable sandgym cannot expand without building the
+    #: image (each names the variable, the line and the base image): refused where no image is
+    #: built, harmless where one is (the image's own configuration is used there)
+    unresolved: list[str] = field(default_factory=list)
 
     @property
     def run_steps(self) -> list[RunStep]:
         return [s for s in self.steps if isinstance(s, RunStep)]
 
 
-_VAR = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
+_VAR = re.compile(
+    r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-+])([^}]*))?\}"  # ${V} ${V:-w} ${V-w} ${V:+w} ${V+w}
+    r"|\{([^}]*)\}"  # ${...} with a modifier Docker's builders do not share (${V:?w}, ${V#p})
+    r"|([A-Za-z_][A-Za-z0-9_]*))"  # $V
+)
 
 
-def _substitute(text: str, variables: dict[str, str]) -> str:
+class UnknownVariableError(Exception):
+    """A `$VAR` the parser cannot expand: neither an earlier ARG or ENV line nor the base
+    image's known environment (`sandgym.tasks.dockerfile.base_env`) sets it."""
+
+    def __init__(self, name: str, why: str) -> None:
+        super().__init__(name)
+        self.name = name
+        self.why = why
+
+
+@dataclass
+class _Scope:
+    """The variables a line can use: the base image's known environment, then the Dockerfile's
+    ARG (None: declared without a value, so unset) and ENV lines so far."""
+
+    base: BaseEnv | None = None
+    image: str | None = None  # the FROM line's image
+    args: dict[str, str | None] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+    #: variables whose ARG or ENV line could not be expanded: using one is refused in turn
+    poisoned: dict[str, str] = field(default_factory=dict)
+
+    def lookup(self, name: str) -> str | None:
+        """The value of `name` (None: known to be unset); raises UnknownVariableError."""
+        if name in self.poisoned:
+            raise UnknownVariableError(name, self.poisoned[name])
+        if name in self.env:
+            return self.env[name]
+        if name in self.args:
+            return self.args[name]
+        if self.base is None:
+            raise UnknownVariableError(
+                name,
+                f"no ARG or ENV line before it sets it, and base image {self.image!r} is not one "
+                "sandgym knows the environment of",
+            )
+        if name in self.base.unknowable:
+            raise UnknownVariableError(
+                name,
+                f"base image {self.image!r} sets it, but its value is not in the image's name "
+                "(and no ARG or ENV line before it sets it)",
+            )
+        return self.base.env.get(name)  # one the image does not set: unset, as docker build has
+
+
+def _substitute(text: str, scope: _Scope) -> str:
+    """`text` with `$VAR`, `${VAR}`, `${VAR:-word}`, `${VAR-word}`, `${VAR:+word}` and
+    `${VAR+word}` expanded by Docker's rules (with the colon an empty value counts as unset;
+    `word` is expanded in turn). Raises UnknownVariableError for what it cannot know."""
+
     def repl(m: re.Match[str]) -> str:
-        name = m.group(1) or m.group(3)
-        default = m.group(2)
-        if name in variables and variables[name] != "":
-            return variables[name]
-        return default if default is not None else ""
+        if m.group(4) is not None:
+            raise UnknownVariableError(
+                m.group(0),
+                "a substitution form the classic builder and BuildKit do not share (expected "
+                "$V, ${V}, ${V:-word}, ${V-word}, ${V:+word} or ${V+word})",
+            )
+        name = m.group(1) or m.group(5)
+        op, word = m.group(2), m.group(3)
+        if op is None:
+            return scope.lookup(name) or ""
+        # `${V:-w}` needs V only where it is set; an unknowable V is still refused
+        value = scope.lookup(name)
+        is_set = value is not None and (value != "" or not op.startswith(":"))
+        if op.endswith("-"):
+            return value if is_set and value is not None else _substitute(word, scope)
+        return _substitute(word, scope) if is_set else ""
 
     return _VAR.sub(repl, text)
 
@@ -131,19 +203,45 @@ def _parse_kv(args: str, line: int) -> dict[str, str]:
 
 
 def parse_dockerfile(text: str) -> Dockerfile:
-    """Parse Dockerfile text. Raises `TaskUnsupportedError` for multi-stage builds."""
+    """Parse Dockerfile text. Raises `TaskUnsupportedError` for multi-stage builds. A variable
+    it cannot expand (`_Scope.lookup`) leaves its line out and is named in
+    `Dockerfile.unresolved`, which backends that build no image refuse."""
     df = Dockerfile()
-    args: dict[str, str] = {}
+    scope = _Scope()
     workdir = "/"
     from_count = 0
+
+    def expand(value: str, line: int, keyword: str, record: bool = True) -> str | None:
+        try:
+            return _substitute(value, scope)
+        except UnknownVariableError as exc:
+            var = exc.name if exc.name.startswith("$") else f"${exc.name}"
+            why = (
+                f"Dockerfile line {line}: {keyword} uses {var}, which sandgym cannot expand "
+                f"without building the image: {exc.why}"
+            )
+            if record:
+                df.unresolved.append(why)
+            last_error[0] = why
+            return None
+
+    last_error = [""]
+
     for line, instr in _logical_lines(text):
         keyword, _, rest = instr.partition(" ")
         keyword = keyword.upper()
         rest = rest.strip()
-        variables = {**args, **df.env}
         if keyword == "ARG":
-            for k, v in _parse_kv(rest, line).items() if "=" in rest else [(rest, "")]:
-                args.setdefault(k, _substitute(v, variables))
+            pairs = _parse_kv(rest, line).items() if "=" in rest else [(rest, None)]
+            for k, v in pairs:
+                if k in scope.args and scope.args[k] is not None:
+                    continue  # a redeclared ARG keeps its value (a global one in its stage)
+                value = None if v is None else expand(v, line, keyword, record=False)
+                if v is not None and value is None:  # refused where it is used, if it is
+                    scope.poisoned[k] = last_error[0]
+                else:
+                    scope.poisoned.pop(k, None)
+                    scope.args[k] = value
         elif keyword == "FROM":
             from_count += 1
             if from_count > 1:
@@ -152,19 +250,35 @@ def parse_dockerfile(text: str) -> Dockerfile:
                     "use the docker backend"
                 )
             tokens = [t for t in rest.split() if not t.startswith("--")]
-            df.base_image = _substitute(tokens[0], args) if tokens else None
+            df.base_image = expand(tokens[0], line, keyword) if tokens else None
+            scope.image, scope.base = df.base_image, base_image_env(df.base_image)
         elif keyword == "WORKDIR":
-            path = _substitute(rest, variables).strip().strip('"')
-            workdir = posixpath.normpath(posixpath.join(workdir, path))
+            path = expand(rest, line, keyword)
+            if path is None:
+                continue
+            workdir = posixpath.normpath(posixpath.join(workdir, path.strip().strip('"')))
             df.workdir = workdir
             df.steps.append(MkdirStep(workdir, line))
         elif keyword == "ENV":
             for k, v in _parse_kv(rest, line).items():
-                df.env[k] = _substitute(v, {**args, **df.env})
+                value = expand(v, line, keyword)
+                if value is None:  # left out of the environment, and refused where it is used
+                    scope.poisoned[k] = last_error[0]
+                    df.env.pop(k, None)
+                    scope.env.pop(k, None)
+                else:
+                    scope.poisoned.pop(k, None)
+                    df.env[k] = scope.env[k] = value
         elif keyword == "USER":
-            df.user = _substitute(rest, variables).strip() or None
+            user = expand(rest, line, keyword)
+            if user is not None:
+                df.user = user.strip() or None
         elif keyword in ("COPY", "ADD"):
-            df.steps.append(_parse_copy(keyword, rest, line, workdir, variables))
+            step = _parse_copy(
+                keyword, rest, line, workdir, functools.partial(expand, line=line, keyword=keyword)
+            )
+            if step is not None:
+                df.steps.append(step)
         elif keyword == "RUN":
             command = rest
             if rest.startswith("["):
@@ -181,8 +295,8 @@ def parse_dockerfile(text: str) -> Dockerfile:
 
 
 def _parse_copy(
-    keyword: str, rest: str, line: int, workdir: str, variables: dict[str, str]
-) -> CopyStep:
+    keyword: str, rest: str, line: int, workdir: str, expand: Callable[[str], str | None]
+) -> CopyStep | None:
     chown = chmod = None
     body = rest
     flags: list[str] = []
@@ -201,7 +315,10 @@ def _parse_copy(
             chown = value
         elif name == "chmod":
             chmod = value
-    body = _substitute(body, variables)
+    expanded = expand(body)
+    if expanded is None:
+        return None
+    body = expanded
     if body.startswith("["):
         try:
             items = [str(x) for x in json.loads(body)]
