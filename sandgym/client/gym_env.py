@@ -226,21 +226,48 @@ class RemoteEnv(gym.Env[dict[str, Any], Any]):
             self._stop_loop()
 
     def _stop_loop(self) -> None:
-        if self._loop.is_closed():
-            return
-        if sys.is_finalizing() or threading.current_thread() is self._thread:
-            return  # a frozen (or the current) thread cannot be joined; the process is ending
-        if self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(THREAD_JOIN_TIMEOUT_S)
-        if not self._loop.is_running():
-            self._loop.close()
+        stop_loop_thread(self._loop, self._thread, THREAD_JOIN_TIMEOUT_S)
 
     def __del__(self) -> None:  # a forgotten env must not leak its loop thread
         try:
             self.close()
         except Exception:
             pass
+
+
+async def _cancel_pending(grace_s: float) -> None:
+    """Cancel every other task of the running loop and give them `grace_s` to unwind; twice, as
+    a task's cleanup may itself await (a websocket's closing handshake with a silent server)."""
+    me = asyncio.current_task()
+    for _ in range(2):
+        tasks = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+        if not tasks:
+            return
+        for task in tasks:
+            task.cancel()
+        await asyncio.wait(tasks, timeout=grace_s)
+
+
+def stop_loop_thread(
+    loop: asyncio.AbstractEventLoop, thread: threading.Thread, timeout_s: float
+) -> None:
+    """Stop `loop`, running in `thread`, within about `timeout_s`: its pending tasks are
+    cancelled (a close the server never answered), then it is stopped, joined and closed. Never
+    waits on a thread the interpreter has frozen (at finalization) or on the calling thread."""
+    if loop.is_closed():
+        return
+    if sys.is_finalizing() or threading.current_thread() is thread:
+        return  # a frozen (or the current) thread cannot be joined; the process is ending
+    if thread.is_alive():
+        fut = asyncio.run_coroutine_threadsafe(_cancel_pending(timeout_s / 4), loop)
+        try:
+            fut.result(timeout_s)
+        except Exception as exc:  # the loop stops below all the same
+            log.debug("cancelling the tasks of %s: %r", thread.name, exc)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout_s)
+    if not loop.is_running():
+        loop.close()
 
 
 @atexit.register

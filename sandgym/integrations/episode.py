@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 from sandgym.client.env_client import AsyncEnvClient, ConnectionLostError, EnvError, StepResult
 from sandgym.client.episode_loop import ENV_FAILURES, LoopSession, classify
 from sandgym.client.episode_loop import reset as loop_reset
+from sandgym.client.gym_env import THREAD_JOIN_TIMEOUT_S, stop_loop_thread
 from sandgym.wire.codes import GOES_ON_CODES
 
 T = TypeVar("T")
@@ -97,10 +98,7 @@ def _close_at_exit() -> None:
     except Exception as exc:  # a timeout included: the server's sweep releases the rest
         fut.cancel()
         log.warning("sandgym episodes not confirmed closed at exit: %r", exc)
-    loop.call_soon_threadsafe(loop.stop)
-    thread.join(EXIT_CLOSE_TIMEOUT_S)
-    if not loop.is_running():
-        loop.close()
+    stop_loop_thread(loop, thread, THREAD_JOIN_TIMEOUT_S)
 
 
 def run_sync(coro: Coroutine[Any, Any, T]) -> T:

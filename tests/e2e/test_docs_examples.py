@@ -481,3 +481,85 @@ def test_verl_gpu_command_composes_with_verls_config(tmp_path: Path) -> None:
         "server_url": "ws://HOST:8765/v1/env",
         "steps": 2,
     }
+
+
+FORGOTTEN_BOTH = """\
+import sys
+
+import gymnasium as gym
+import sandgym.client
+from sandgym.integrations.episode import SyncEpisode
+
+env = gym.make("sandgym/Terminal-v0", server_url="ws://127.0.0.1:{port}/v1/env",
+               task_id="builtin/hello-file")
+env.reset(seed=0)
+episode = SyncEpisode("ws://127.0.0.1:{port}/v1/env")
+episode.reset("builtin/hello-file", seed=1)
+sys.stdin.readline()
+"""
+
+
+async def test_forgotten_episodes_exit_when_the_server_is_silent(tmp_path: Path) -> None:
+    """A server that holds the connection but answers nothing (stopped with SIGSTOP) cannot
+    keep a script that forgot its episodes from exiting: each exit hook waits its bound, says
+    the episode is left to the server's sweep, and the process ends with status 0."""
+    venv = REPO / ".venv"
+    port = _free_port()
+    server = await asyncio.to_thread(
+        subprocess.Popen,
+        [str(venv / "bin" / "sandgym"), "serve", "--backend", "null", "--port", str(port)],
+        cwd=tmp_path,
+        env=_env(venv),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    srv = LiveServer(port, server)
+    script = tmp_path / "forgotten.py"
+    script.write_text(FORGOTTEN_BOTH.format(port=port))
+    proc: subprocess.Popen[str] | None = None
+    try:
+
+        def up() -> bool:
+            assert server.poll() is None, f"sandgym serve exited with {server.returncode}"
+            try:
+                return httpx.get(f"{srv.http_url}/healthz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        await wait_until(up, 90, 0.2, "sandgym serve --backend null answering /healthz")
+        proc = await asyncio.to_thread(
+            subprocess.Popen,
+            [str(venv / "bin" / "python"), str(script)],
+            cwd=tmp_path,
+            env=_env(venv),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        script_proc = proc
+        await wait_until(
+            lambda: script_proc.poll() is not None or len(srv.sessions()) == 2,
+            120,
+            0.1,
+            "the script's two episodes open on the server",
+        )
+        assert proc.poll() is None, f"the script ended early: {proc.communicate()[1][-3000:]}"
+        server.send_signal(signal.SIGSTOP)
+        try:
+            _out, err = await asyncio.to_thread(proc.communicate, "\n", 120)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                "expected the script to exit by itself with the server silent; still running "
+                "after the 120 s hang guard"
+            ) from None
+        assert proc.returncode == 0, f"expected exit status 0, got {proc.returncode}: {err[-3000:]}"
+        left = [line for line in err.splitlines() if "sweep" in line or "not confirmed" in line]
+        assert len(left) == 2, f"expected both exit hooks to report their bound, got: {err[-3000:]}"
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        server.send_signal(signal.SIGCONT)
+        server.terminate()
+        server.wait(60)
