@@ -64,6 +64,7 @@ def build_engine(
             gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
             weight_dir=weight_dir or cfg.engine.weight_dir,
             max_context_tokens=cfg.agent.max_context_tokens,
+            require_processed_logprobs=not cfg.tis_enabled,
         )
     if cfg.engine.kind == "openai_text":  # llama-cpp-python's server: text in, strings out
         return create_engine(

@@ -227,6 +227,40 @@ def test_vllm_push_advances_when_the_cache_reset_fails(
     assert "prefix" in caplog.text
 
 
+def test_a_vllm_without_processed_logprobs_is_refused_when_tis_is_off(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A vLLM before `logprobs_mode` reports raw logprobs: with tis off nothing would correct
+    for them, so the engine refuses to start; with tis on it warns and runs."""
+
+    class OldLLM(_FakeLLM):
+        def __init__(self, **kw: Any) -> None:
+            if "logprobs_mode" in kw:
+                raise TypeError("unexpected keyword argument 'logprobs_mode'")
+            super().__init__(**kw)
+
+    monkeypatch.setattr(_FakeLLM, "reset", True)
+    module = types.ModuleType("vllm")
+    module.LLM = OldLLM  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    kw = {"model_path": "/m", "eos_token_ids": [2], "weight_dir": str(tmp_path / "w")}
+    with pytest.raises(EngineError, match="no logprobs_mode.*algorithm.tis is off"):
+        create_engine("vllm", **kw, require_processed_logprobs=True)
+    with caplog.at_level(logging.WARNING, logger="sandgym.trainer.engines.vllm"):
+        engine = create_engine("vllm", **kw)
+    assert isinstance(engine.llm, OldLLM) and "raw model's" in caplog.text
+    # the trainer's builder asks for it exactly when the config turns tis off
+    from sandgym.trainer.builders import build_engine
+
+    vllm_cfg = ["engine.kind=vllm", "model.source=hf", "model.path=/m"]
+    tok = NS(eos_token_id=2, pad_token_id=0)
+    off = load_config(CONFIGS / "smoke.yaml", [*vllm_cfg, "algorithm.tis=off"])
+    with pytest.raises(EngineError, match="no logprobs_mode"):
+        build_engine(off, tok, weight_dir=str(tmp_path / "b"))
+    auto = load_config(CONFIGS / "smoke.yaml", vllm_cfg)
+    assert isinstance(build_engine(auto, tok, weight_dir=str(tmp_path / "b")).llm, OldLLM)
+
+
 # --- HTTP engines -------------------------------------------------------------------------
 
 

@@ -19,7 +19,9 @@ the GPU build: `scripts/gpu_vllm_push_check.py`.
 The engine asks for `logprobs_mode="processed_logprobs"` (vLLM >= 0.10.2), so the recorded
 logprobs are of the distribution after temperature, top-k and top-p, which the learner recomputes;
 an older vLLM reports the raw model's (a warning says so) and the learner's truncated importance
-sampling (`algorithm.tis`, on by default for this engine) is then all that corrects the update.
+sampling (`algorithm.tis`, on by default for this engine) is then all that corrects the update:
+with `algorithm.tis: off` such a vLLM is refused when the engine is built
+(`require_processed_logprobs`).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ class VLLMEngine(InferenceEngine):
         weight_dir: str | None = None,
         llm_args: dict[str, Any] | None = None,
         max_context_tokens: int | None = None,
+        require_processed_logprobs: bool = False,
     ) -> None:
         super().__init__(
             max_batch_size=max_batch_size,
@@ -71,7 +74,13 @@ class VLLMEngine(InferenceEngine):
         }
         try:
             self.llm = vllm.LLM(**kwargs, logprobs_mode="processed_logprobs")
-        except TypeError:  # vLLM before logprobs_mode
+        except TypeError as exc:  # vLLM before logprobs_mode
+            if require_processed_logprobs:
+                raise EngineError(
+                    "this vLLM has no logprobs_mode: its logprobs are the raw model's, and "
+                    "algorithm.tis is off, so nothing would correct for samples of another "
+                    "distribution; expected vLLM >= 0.10.2 or algorithm.tis on (or auto)"
+                ) from exc
             log.warning(
                 "this vLLM has no logprobs_mode: its logprobs are the raw model's, not the "
                 "sampled (temperature/top-p) distribution's; keep algorithm.tis on"
