@@ -17,7 +17,11 @@ grow an example nobody runs.
 `test_forgotten_*` check the exit path alone: an episode left in progress (no submit, no close)
 by a Gymnasium env and by the doors' `SyncEpisode`, in a fresh interpreter: it exits by itself
 and the server's episode is closed (well before the server's 60 s resume grace would release
-it).
+it); with the server stopped (SIGSTOP), it still exits, each exit hook reporting its bound.
+
+verl's GPU command cannot run here; `test_verl_gpu_command_composes_with_verls_config` composes
+its overrides with verl's own trainer config instead. Run time here: about 2.5 min, most of it
+the TRL block (~100 s: two GRPO steps of SmolLM2-135M on CPU) and verl's (~35 s).
 """
 
 from __future__ import annotations
