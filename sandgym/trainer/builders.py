@@ -35,6 +35,9 @@ def build_engine(
     weights from files gets them written (default `cfg.engine.weight_dir`)."""
 
     eos = [tokenizer.eos_token_id]
+    # the prompt budget the trainer's agent keeps (it drops old turns to fit): a prompt over it
+    # is refused as the policy's; a harness keeps its own conversation, bounded by the model's
+    budget = cfg.agent.max_context_tokens if cfg.agent.kind != "harness" else None
     if cfg.engine.kind == "hf":
         import torch
 
@@ -49,7 +52,7 @@ def build_engine(
             max_batch_size=cfg.engine.max_batch_size,
             batch_wait_s=cfg.engine.batch_wait_s,
             lora=cfg.learner,
-            max_context_tokens=cfg.agent.max_context_tokens,
+            max_context_tokens=budget,
         )
     if cfg.engine.kind == "vllm":
         path = (
@@ -63,7 +66,7 @@ def build_engine(
             eos_token_ids=eos,
             gpu_memory_utilization=cfg.engine.gpu_memory_utilization,
             weight_dir=weight_dir or cfg.engine.weight_dir,
-            max_context_tokens=cfg.agent.max_context_tokens,
+            max_context_tokens=budget,
             require_processed_logprobs=not cfg.tis_enabled,
         )
     if cfg.engine.kind == "openai_text":  # llama-cpp-python's server: text in, strings out
@@ -74,7 +77,7 @@ def build_engine(
             tokenizer=tokenizer,
             api_key=cfg.engine.api_key,
             eos_token_ids=eos,
-            max_context_tokens=cfg.agent.max_context_tokens,
+            max_context_tokens=budget,
         )
     sync = "none" if cfg.engine.weight_sync == "auto" else cfg.engine.weight_sync
     return create_engine(
@@ -85,7 +88,7 @@ def build_engine(
         eos_token_ids=eos,
         weight_sync=sync,
         weight_dir=weight_dir or cfg.engine.weight_dir,
-        max_context_tokens=cfg.agent.max_context_tokens,
+        max_context_tokens=budget,
     )
 
 

@@ -151,6 +151,19 @@ async def test_a_failure_every_request_meets_alone_is_the_engines() -> None:
     assert len(lone) == 1 and type(lone[0]) is EngineError
 
 
+def test_the_trainer_builds_engines_with_the_agents_context_budget() -> None:
+    from sandgym.trainer.builders import build_engine
+
+    served = ["engine.kind=openai", "engine.base_url=http://h:8000/v1"]
+    served += ["engine.weight_sync=vllm_http", "engine.weight_dir=/tmp/w"]
+    tok = NS(eos_token_id=2, pad_token_id=0)
+    cfg = load_config(CONFIGS / "smoke.yaml", [*served, "agent.max_context_tokens=300"])
+    assert build_engine(cfg, tok).max_context_tokens == 300
+    # a harness keeps its own conversation (no turns dropped): only the model's limit holds
+    harness = load_config(CONFIGS / "smoke.yaml", [*served, "agent.kind=harness"])
+    assert build_engine(harness, tok).max_context_tokens is None
+
+
 def test_the_in_process_engines_know_their_models_context(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
