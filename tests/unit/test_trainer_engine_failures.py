@@ -344,6 +344,55 @@ async def test_a_4xx_the_request_caused_is_its_own_and_one_every_request_meets_t
     assert classify_failure(refused) == "engine"
 
 
+class _Chars:
+    """A character tokenizer: id = code point + 10 (0 is BOS)."""
+
+    bos_token_id = 0
+
+    def decode(self, ids: list[int], **_: Any) -> str:
+        return "".join("<s>" if i == 0 else chr(i - 10) for i in ids)
+
+
+async def test_the_text_engine_classes_its_4xx_by_cause() -> None:
+    """llama-cpp-python's server: its context error is a 400 naming the maximum context length
+    (`context_length_exceeded`); a request it refuses for its content alone is the request's."""
+    from sandgym.trainer.engines.openai_text import TextCompletionEngine
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if request.url.path == "/extras/tokenize":
+            return httpx.Response(200, json={"tokens": [0, *(ord(c) + 10 for c in body["input"])]})
+        if len(body["prompt"]) > 8:
+            msg = "This model's maximum context length is 8 tokens. However, you requested 14"
+            error = {"message": msg, "param": "messages", "code": "context_length_exceeded"}
+            return httpx.Response(400, json={"error": error})
+        if "!" in body["prompt"]:
+            return httpx.Response(400, json={"error": {"message": "invalid grammar"}})
+        toks = ["o", "k"]
+        lp = {"tokens": toks, "token_logprobs": [-0.1, -0.2]}
+        return httpx.Response(
+            200, json={"choices": [{"text": "ok", "logprobs": lp, "finish_reason": "length"}]}
+        )
+
+    def engine(**kw: Any) -> TextCompletionEngine:
+        eng = TextCompletionEngine("http://llama/v1", "m", tokenizer=_Chars(), **kw)
+        eng._client = httpx.AsyncClient(transport=httpx.MockTransport(handler))
+        return eng
+
+    def ids(text: str) -> list[int]:
+        return [ord(c) + 10 for c in text]
+
+    too_long = await _one(engine(), ids("abcdefghijkl"))
+    assert type(too_long) is PromptTooLongError, too_long
+    caused = await _one(engine(), ids("ab!"))
+    assert type(caused) is RequestFailedError, caused  # its first character alone is taken
+    fine = await _one(engine(), ids("abc"))
+    assert isinstance(fine, Generation) and fine.token_ids == ids("ok")
+    # the configured budget refuses before anything is sent
+    budget = await _one(engine(max_context_tokens=4), ids("abc"), max_new=2)
+    assert type(budget) is PromptTooLongError and "context of 4 tokens" in str(budget)
+
+
 async def test_the_limit_a_server_reports_refuses_a_prompt_before_it_is_sent() -> None:
     """Our own completions server in front of a fake engine: it reports the engine's context as
     `max_model_len` (as vLLM does) and answers a prompt over it with vLLM's 400."""
