@@ -151,6 +151,27 @@ async def test_a_failure_every_request_meets_alone_is_the_engines() -> None:
     assert len(lone) == 1 and type(lone[0]) is EngineError
 
 
+async def test_a_real_hf_model_serves_the_batch_and_refuses_the_prompt_past_its_positions() -> None:
+    """A transformers Llama with 32 positions: a 40-token prompt fails alone as the policy's,
+    the other prompts of its batch are generated."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from sandgym.trainer.engines.hf import HFEngine
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
+    )  # fmt: skip
+    engine = HFEngine(LlamaForCausalLM(config), [1], 0, max_batch_size=3, batch_wait_s=30.0)
+    results = await _run(engine, [[5] * 10, [6] * 40, [7] * 12], max_new=4)
+    assert len(results) == 3
+    assert type(results[1]) is PromptTooLongError and "32 tokens" in str(results[1])
+    for r in (results[0], results[2]):
+        assert isinstance(r, Generation) and 1 <= len(r.token_ids) <= 4
+        assert len(r.logprobs) == len(r.token_ids)
+
+
 def test_the_trainer_builds_engines_with_the_agents_context_budget() -> None:
     from sandgym.trainer.builders import build_engine
 
