@@ -20,8 +20,8 @@ and the server's episode is closed (well before the server's 60 s resume grace w
 it); with the server stopped (SIGSTOP), it still exits, each exit hook reporting its bound.
 
 verl's GPU command cannot run here; `test_verl_gpu_command_composes_with_verls_config` composes
-its overrides with verl's own trainer config instead. Run time here: about 2.5 min, most of it
-the TRL block (~100 s: two GRPO steps of SmolLM2-135M on CPU) and verl's (~35 s).
+its overrides with verl's own trainer config instead. Run time here: 2.5 to 4 min, most of it
+the TRL block (100 to 150 s: two GRPO steps of SmolLM2-135M on CPU) and verl's (35 to 45 s).
 """
 
 from __future__ import annotations
