@@ -134,6 +134,17 @@ def test_image_config_is_the_truth_where_an_image_runs() -> None:
     assert spec_over_image(spec, {"Env": []}).workdir == "/app"
     own = spec.model_copy(update={"own_workdir": True, "workdir": "/mine"})
     assert spec_over_image(own, config).workdir == "/mine"
+    # sandgym's own variables (the egress proxy's) lie over the image's, the task's over both
+    proxied = spec_over_image(
+        spec.model_copy(update={"own_env": {"TASK_OWN": "1", "NO_PROXY": "task"}}),
+        {"Env": ["HTTP_PROXY=http://image:1", "NO_PROXY=image"]},
+        between={"HTTP_PROXY": "http://127.0.0.1:3128", "NO_PROXY": "sandgym"},
+    )
+    assert proxied.env == {
+        "HTTP_PROXY": "http://127.0.0.1:3128",
+        "NO_PROXY": "task",
+        "TASK_OWN": "1",
+    }
     # a spec of its own (the sandbox API's: no Dockerfile read) is left as it is
     plain = SandboxSpec(env={"A": "1"})
     assert spec_over_image(plain, config) is plain

@@ -146,7 +146,9 @@ class DockerBackend(SandboxBackend):
         run_spec = spec
         if needs_image_config(spec):
             config = await asyncio.to_thread(self.images.config, image)
-            run_spec = spec_over_image(spec, config)
+            run_spec = spec_over_image(
+                spec, config, between=proxy_env() if spec.needs_proxy else None
+            )
         sandbox_id = "sg-" + uuid.uuid4().hex[:12]
         bridge_dir = self.bridge_root / sandbox_id
         labels[LABEL_BRIDGE_DIR] = str(bridge_dir)

@@ -26,16 +26,19 @@ def needs_image_config(spec: SandboxSpec) -> bool:
     return spec.own_env is not None or not spec.own_workdir
 
 
-def spec_over_image(spec: SandboxSpec, config: dict[str, Any]) -> SandboxSpec:
+def spec_over_image(
+    spec: SandboxSpec, config: dict[str, Any], between: dict[str, str] | None = None
+) -> SandboxSpec:
     """The spec a sandbox of `spec` runs under on an image whose Config is `config`: its `env`
-    the image's environment with `own_env` over it (a Dockerfile's ENV as sandgym parsed it is
-    dropped: the built image has the real one), its `workdir` the image's `WorkingDir` unless the
-    spec names its own (`own_workdir`) or the image has none."""
+    the image's environment, then `between` (sandgym's own: the egress proxy's variables), then
+    `own_env` (a Dockerfile's ENV as sandgym parsed it is dropped: the built image has the real
+    one), its `workdir` the image's `WorkingDir` unless the spec names its own (`own_workdir`)
+    or the image has none."""
     if not needs_image_config(spec):
         return spec
     update: dict[str, Any] = {}
     if spec.own_env is not None:
-        update["env"] = {**image_env(config), **spec.own_env}
+        update["env"] = {**image_env(config), **(between or {}), **spec.own_env}
     working_dir = str(config.get("WorkingDir") or "")
     if not spec.own_workdir and working_dir.startswith("/"):
         update["workdir"] = working_dir
