@@ -171,3 +171,22 @@ async def test_image_less_backend_refuses_what_the_parser_cannot_know(tmp_path: 
     assert "Dockerfile line 2: ENV uses $PATH" in str(err.value)
     assert "'example.org/go:1.22'" in str(err.value)
     assert "PATH" not in sandbox.spec.env  # the sandbox never got a PATH cut short
+
+
+def test_a_separate_verifier_runs_in_the_agents_workdir_not_its_images(tmp_path: Path) -> None:
+    from sandgym.tasks.verifier.separate import verifier_sandbox_spec
+
+    task_dir = tmp_path / "t"
+    (task_dir / "environment").mkdir(parents=True)
+    (task_dir / "tests").mkdir()
+    (task_dir / "task.toml").write_text(
+        'version = "1.0"\n[verifier]\nenvironment_mode = "separate"\n'
+    )
+    (task_dir / "instruction.md").write_text("x\n")
+    (task_dir / "tests" / "test.sh").write_text("#!/bin/bash\n")
+    (task_dir / "tests" / "Dockerfile").write_text("FROM python:3.13-slim\nWORKDIR /grader\n")
+    (task_dir / "environment" / "Dockerfile").write_text("FROM python:3.13-slim\nWORKDIR /app\n")
+    spec = verifier_sandbox_spec(load_task_dir(task_dir), workdir="/srv/agent")
+    run = spec_over_image(spec, {"Env": ["PATH=/usr/bin:/bin"], "WorkingDir": "/grader"})
+    assert run.workdir == "/srv/agent"
+    assert run.env == {"PATH": "/usr/bin:/bin"}

@@ -48,8 +48,9 @@ def verifier_sandbox_spec(
     spec = sandbox_spec_for(vtask, image_map, network_ceiling=network_ceiling)
     policy = clamp(task.verifier_network or task.verifier_environment.network, network_ceiling)
     update: dict[str, Any] = {"network": policy, "network_later": ()}
-    if workdir is not None:
+    if workdir is not None:  # the agent's, named: not the verifier image's own (own_workdir)
         update["workdir"] = workdir
+        update["own_workdir"] = True
     return spec.model_copy(update=update)
 
 
