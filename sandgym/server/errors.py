@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from sandgym.sandboxes import errors as sbx
 from sandgym.sandboxes.desktop import DesktopActionError, DesktopError
 from sandgym.sandboxes.pool import PoolClosedError, PoolTimeoutError
+from sandgym.tasks import errors as terr
 from sandgym.wire.codes import retryable_for
 from sandgym.wire.protocol import ErrorCode
 
@@ -76,11 +77,7 @@ def _validation_message(exc: ValidationError) -> str:
 
 
 def _task_error_code(exc: BaseException) -> ErrorCode | None:
-    """Codes for `sandgym.tasks.errors` types; imported lazily so this module loads without `tasks`."""
-    try:
-        from sandgym.tasks import errors as terr
-    except ImportError:  # sandgym/tasks/ not installed in a client-only environment
-        return None
+    """Codes for `sandgym.tasks.errors` types."""
     if isinstance(exc, terr.UnknownTaskError):
         return "unknown_task"
     if isinstance(exc, terr.VerifierError):

@@ -42,6 +42,11 @@ from sandgym.sandboxes import Sandbox, SandboxSpec
 from sandgym.sandboxes import errors as sbx
 from sandgym.sandboxes.network import NetworkPolicy, clamp
 from sandgym.sandboxes.pool import PoolClosedError, PoolTimeoutError
+from sandgym.tasks.cache import cached_tree
+from sandgym.tasks.errors import TaskError
+from sandgym.tasks.loaders.compose import harbor_environment
+from sandgym.tasks.models import AnswerSpec, EnvironmentSpec, TaskSpec, VerifierSpec
+from sandgym.tasks.sandbox_spec import sandbox_spec_for
 from sandgym.wire.codes import retryable_for
 from sandgym.wire.sandbox_protocol import (
     SANDBOX_API_PREFIX,
@@ -103,7 +108,6 @@ def _api_error(code: SandboxErrorCode, message: str, condition: str | None = Non
 
 def to_sandbox_error(exc: BaseException) -> ApiError:
     """Map any exception to the one sandbox API error code that describes it."""
-    from sandgym.tasks.errors import TaskError
 
     msg = str(exc) or type(exc).__name__
     if isinstance(exc, ValidationError):
@@ -159,7 +163,6 @@ def _wire(policy: NetworkPolicy) -> SandboxNetwork:
 def _unpack_environment(data: str) -> Path:
     """The caller's environment tar, unpacked once per content: `<cache>/sandbox-envs/env-<sha>`
     holding `environment/` (a Harbor task directory's layout, as the task loader reads it)."""
-    from sandgym.tasks.cache import cached_tree
 
     try:
         raw = base64.b64decode(data, validate=True)
@@ -193,9 +196,6 @@ def _spec_of(
 ) -> tuple[SandboxSpec, bool]:
     """The `SandboxSpec` of a create request and whether the ceiling clamped a policy. Blocking
     (reads and hashes files): run in a thread."""
-    from sandgym.tasks.loaders.compose import harbor_environment
-    from sandgym.tasks.models import AnswerSpec, EnvironmentSpec, TaskSpec, VerifierSpec
-    from sandgym.tasks.runtime import sandbox_spec_for
 
     env = req.environment
     if env.gpus:

@@ -15,6 +15,8 @@ __all__ = ["SandgymEnvironment"]
 
 def __getattr__(name: str) -> Any:
     if name == "SandgymEnvironment":
+        # lazy: environment.py imports Harbor (Python >= 3.12, an extra); this package imports
+        # without it
         from sandgym.integrations.harbor.environment import SandgymEnvironment
 
         return SandgymEnvironment
