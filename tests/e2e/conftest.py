@@ -12,6 +12,8 @@ shell has no `rm`/`bash`, so its verifier cannot run there: full episodes with r
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -24,6 +26,26 @@ from sandgym.server.runner import BackgroundServer
 from sandgym.server.settings import ServerSettings
 
 NULL_TASK = "echo-task"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel of this checkout, built once per session from a copy (no build/ in the tree);
+    tests/e2e/test_resolution.py and test_door_envs.py install it."""
+    src = tmp_path_factory.mktemp("src")
+    shutil.copy(REPO / "pyproject.toml", src)
+    shutil.copy(REPO / "README.md", src)
+    shutil.copytree(REPO / "sandgym", src / "sandgym", ignore=shutil.ignore_patterns("__pycache__"))
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         str(src), "-w", str(out)],
+        check=True, timeout=300,
+    )  # fmt: skip
+    wheels = sorted(out.glob("sandgym-*.whl"))
+    assert len(wheels) == 1, f"expected one sandgym wheel in {out}, found {wheels}"
+    return wheels[0]
 
 
 @pytest.fixture(scope="session")

@@ -30,7 +30,6 @@ import json
 import os
 import platform
 import re
-import shutil
 import ssl
 import subprocess
 import sys
@@ -101,24 +100,6 @@ def releases(name: str) -> list[str]:
     m = re.search(r"^Available versions: (.+)$", out.stdout, re.M)
     assert m, f"pip index versions {name} listed no release:\n{out.stdout}{out.stderr}"
     return [v.strip() for v in m.group(1).split(",")]
-
-
-@pytest.fixture(scope="session")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel of this checkout (built once per session, from a copy: no build/ in the tree)."""
-    src = tmp_path_factory.mktemp("src")
-    shutil.copy(REPO / "pyproject.toml", src)
-    shutil.copy(REPO / "README.md", src)
-    shutil.copytree(REPO / "sandgym", src / "sandgym", ignore=shutil.ignore_patterns("__pycache__"))
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-         str(src), "-w", str(out)],
-        check=True, timeout=300,
-    )  # fmt: skip
-    wheels = sorted(out.glob("sandgym-*.whl"))
-    assert len(wheels) == 1, f"expected one sandgym wheel in {out}, found {wheels}"
-    return wheels[0]
 
 
 @pytest.fixture(scope="session")
