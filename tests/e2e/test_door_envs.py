@@ -25,8 +25,9 @@ Each venv must hold the partner at VERSION and none of the server's packages unl
 partner's own dependency tree requires it (named in `DOORS`, checked to be reachable from the
 partner's requirements). The server holds no episode after each script has exited.
 
-Run time here (2 shared cores, pip cache warm): about 3 minutes, most of it pip installing
-(TRL's venv: torch and transformers, ~100 s; OpenEnv's ~35 s; SkyRL's ~20 s).
+Run time here (2 cores shared with another suite, pip cache warm; 2026-12-07): 3 passed in
+140 s, most of it pip installing (TRL's venv, torch then trl: ~100 s; OpenEnv's ~35 s; SkyRL's
+~20 s); the episodes take a few seconds each.
 """
 
 from __future__ import annotations
