@@ -6,7 +6,8 @@
 
 Its users: `run_episodes` (below: many episodes at once, each result as it finishes), `sandgym run` (sandgym.cli.run_cli), the
 trainer's `run_episode` (sandgym.trainer.episode_runner, which adds its model turns and token
-records by subclassing `LoopSession`), and the doors' `SyncEpisode` (sandgym.integrations.episode,
+records by subclassing `LoopSession`), verl's agent loop (sandgym.integrations.verl: its
+model turns are `play`), and the doors' `SyncEpisode` (sandgym.integrations.episode,
 which is driven one action at a time from outside, so it takes the session, `classify` and
 `submit_to_the_end` from here rather than `play_episode`).
 

@@ -203,3 +203,93 @@ def test_verl_gpu_script_overrides_compose_with_verls_own_config() -> None:
         ("sandgym_agent", "sandgym.integrations.verl.SandgymAgentLoop")
     ]
     assert cfg.sandgym.server_url.startswith("ws://")
+
+
+class FixedServerManager:
+    """verl's server-manager interface answering turn k with `replies[k]` (no model)."""
+
+    def __init__(self, replies: list[list[int]]) -> None:
+        self.replies = replies
+        self.calls = 0
+
+    async def generate(
+        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **_: Any
+    ) -> Any:
+        from verl.workers.rollout.replica import TokenOutput
+
+        ids = self.replies[min(self.calls, len(self.replies) - 1)]
+        self.calls += 1
+        return TokenOutput(token_ids=ids, log_probs=[-0.5] * len(ids), stop_reason="completed")
+
+
+@pytest.mark.parametrize("mode", ["scored", "action_timeout", "killed", "internal"])
+def test_verl_door_ends_on_the_one_episode_loop(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The door plays on sandgym.client.episode_loop: what the server scores is the reward, an
+    `action_timeout` (the agent's) is 0.0, a killed server or a server fault raises
+    `InfrastructureError` (never a 0 the policy is trained on). Against tests/fakes/env_ws.py."""
+    import functools
+
+    import hydra
+    from omegaconf import OmegaConf
+    from verl.experimental.agent_loop.agent_loop import (
+        DictConfigWrap,
+        ToolListWrap,
+        _agent_loop_registry,
+    )
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    import sandgym.integrations.verl as door
+    from sandgym.integrations.episode import InfrastructureError
+    from sandgym.trainer.config import ModelSettings
+    from sandgym.trainer.models import load_tokenizer
+    from tests.fakes.env_ws import FakeEnvServer
+
+    # a client that gives up on a dead server at once (the default retries for seconds)
+    monkeypatch.setattr(
+        door,
+        "AsyncEnvClient",
+        functools.partial(AsyncEnvClient, max_reconnects=1, reconnect_backoff_s=0.01),
+    )
+    tok = load_tokenizer(ModelSettings())
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    command = tok.encode("```bash\necho hi\n```", add_special_tokens=False) + [im_end]
+    submit = tok.encode("<submit/>", add_special_tokens=False) + [im_end]
+
+    async def run() -> Any:
+        async with FakeEnvServer(mode) as fake:  # type: ignore[arg-type]
+            cfg = OmegaConf.create(
+                {
+                    "actor_rollout_ref": {
+                        "rollout": {"prompt_length": 512, "response_length": 256}
+                    },
+                    "data": {},
+                    "sandgym": {"server_url": fake.url, "max_turns": 4},
+                }
+            )
+            loop = hydra.utils.instantiate(
+                config=_agent_loop_registry[door.AGENT_NAME],
+                trainer_config=DictConfigWrap(config=cfg),
+                server_manager=FixedServerManager([command, submit]),
+                tokenizer=tok,
+                processor=None,
+                hf_model_type="llama",
+                dataset_cls=RLHFDataset,
+                data_config=DictConfigWrap(cfg.data),
+                tools=ToolListWrap([]),
+            )
+            try:
+                return await loop.run(
+                    {"temperature": 1.0, "max_new_tokens": 16},
+                    raw_prompt=[{"role": "user", "content": "Solve the task."}],
+                    extra_info={"task_id": "t", "seed": 0},
+                )
+            except InfrastructureError as exc:
+                return exc
+
+    out = asyncio.run(run())
+    if mode == "scored":
+        assert out.reward_score == 1.0, out
+    elif mode == "action_timeout":
+        assert out.reward_score == 0.0, out
+    else:
+        assert isinstance(out, InfrastructureError), f"expected a masked ending, got {out!r}"
