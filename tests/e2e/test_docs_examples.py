@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import shlex
@@ -45,6 +46,7 @@ import pytest
 from tests.e2e.conftest import local_available
 from tests.waiting import wait_until
 
+log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
 DOCS = ("README.md", "docs/integrations.md")
 
@@ -566,4 +568,13 @@ async def test_forgotten_episodes_exit_when_the_server_is_silent(tmp_path: Path)
             proc.wait(10)
         server.send_signal(signal.SIGCONT)
         server.terminate()
-        server.wait(60)
+        try:
+            server.wait(60)
+        except subprocess.TimeoutExpired:
+            # The subject here is the client's exit, checked above. A server stopped and
+            # continued once took longer than 60 s to end on SIGTERM under load (2026-12-07, an
+            # open question in the session note): it is killed so that it cannot outlive the
+            # test, and the stop is logged, not asserted.
+            log.warning("the SIGCONT'ed server did not end within 60 s of SIGTERM; killed")
+            server.kill()
+            server.wait(10)
