@@ -22,10 +22,8 @@ import asyncio
 import json
 import logging
 import sys
-import threading
 import types
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace as NS
 from typing import Any
@@ -47,6 +45,7 @@ from sandgym.trainer.engines.base import (
 )
 from sandgym.trainer.engines.openai import OpenAIEngine
 from sandgym.trainer.failures import classify_failure, drops_group, is_masked
+from tests.fakes.json_http import JsonHandler, serving
 
 CONFIGS = Path(__file__).resolve().parents[2] / "sandgym" / "trainer" / "configs"
 #: a token the fake engine's generate fails on (as a device-side assert on a bad id would)
@@ -446,7 +445,7 @@ async def test_the_limit_a_server_reports_refuses_a_prompt_before_it_is_sent() -
     assert isinstance(fits, Generation) and fits.token_ids == [6]
 
 
-class _PushServer(BaseHTTPRequestHandler):
+class _PushServer(JsonHandler):
     """`vllm serve` in dev mode: the reload succeeds, `/reset_prefix_cache` answers
     `reset_status`."""
 
@@ -460,27 +459,12 @@ class _PushServer(BaseHTTPRequestHandler):
             return self._reply(200, {"results": [None]})
         return self._reply(type(self).reset_status, {"error": "reset failed"})
 
-    def _reply(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
 
 @pytest.fixture
 def push_server() -> Iterator[str]:
     _PushServer.paths = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _PushServer)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    with serving(_PushServer) as url:
+        yield url
 
 
 def test_openai_push_advances_when_the_cache_reset_fails(

@@ -16,9 +16,7 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +26,12 @@ import torch
 from sandgym.trainer.config import ConfigError, load_config
 from sandgym.trainer.engines import EngineError, create_engine
 from sandgym.trainer.engines.base import SamplingParams
+from tests.fakes.json_http import JsonHandler, serving
 
 CONFIGS = Path(__file__).resolve().parents[2] / "sandgym" / "trainer" / "configs"
 
 
-class _VLLMDevServer(BaseHTTPRequestHandler):
+class _VLLMDevServer(JsonHandler):
     """Answers like `vllm serve` with VLLM_SERVER_DEV_MODE=1 (vLLM 0.34's routers): completions,
     `/collective_rpc` ({"method", "args", "kwargs", "timeout"} -> {"results": [...]}) and
     `/reset_prefix_cache` (-> {"success": bool})."""
@@ -74,29 +73,14 @@ class _VLLMDevServer(BaseHTTPRequestHandler):
             return self._reply(200, {"choices": [choice]})
         return self._reply(404, {"detail": "Not Found"})
 
-    def _reply(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
 
 @pytest.fixture
 def vllm_dev() -> Iterator[str]:
     _VLLMDevServer.requests = []
     _VLLMDevServer.rpc_status = 200
     _VLLMDevServer.loaded = {}
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _VLLMDevServer)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    with serving(_VLLMDevServer) as url:
+        yield url
 
 
 async def test_an_engine_without_a_push_reports_the_version_it_serves(vllm_dev: str) -> None:
