@@ -24,6 +24,7 @@ BENCHES: dict[str, str] = {
     "vllm_cpu_push": "lab.bench.vllm_cpu_push",
     "canaries": "lab.bench.canaries",
     "compat_replication": "lab.bench.compat_replication",
+    "host_scale": "lab.bench.host_scale",
 }
 
 
