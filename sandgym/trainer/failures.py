@@ -34,6 +34,11 @@ Engines class their failures by cause before they reach this table
 `PolicyOutputError` subclass while the others of its batch get their replies; only a failure
 every request meets alone is the engine's `EngineError` (so one over-long prompt no longer masks
 every episode batched with it).
+Behind the model gateway (harness agents) the same classes hold: the gateway answers the harness
+as OpenAI's API does (400 `context_length_exceeded`, 503 for the engine's own failure), keeps the
+session's first failure, and the harness episode ends by it before any submit
+(`sandgym.trainer.harness.runner`), so the verifier never scores what an agent left after a model
+call failed.
 
 A `verifier_error` whose message mentions a lost sandbox is still `verifier_error`: the code
 decides (issue 19; tests/e2e/test_verifier_gaming.py).

@@ -175,3 +175,56 @@ async def test_real_tiny_model_calls_convert_to_matching_steps(
         assert step.response_ids == gen.token_ids
         assert step.response_logprobs == gen.logprobs
         assert step.loss_mask == [1] * len(gen.token_ids)
+
+
+class ShrinkingEngine(ScriptedEngine):
+    """The scripted model, whose context shrinks to `after` tokens once it has replied
+    `replies_before` times (so the next prompt is over it), or whose generation then raises
+    `error` (the engine's own failure)."""
+
+    def __init__(
+        self, tok: Any, replies: list[str], after: int | None, error: Exception | None
+    ) -> None:
+        super().__init__(tok, replies)
+        self.after, self.error, self.replied = after, error, 0
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        if self.replied >= 1 and self.error is not None:
+            raise self.error
+        out = super().generate(prompts, params)
+        self.replied += 1
+        self.max_context_tokens = self.after
+        return out
+
+
+@pytest.mark.parametrize(
+    ("after", "error", "termination"),
+    [(16, None, "policy_output"), (None, RuntimeError("CUDA error: device lost"), "engine")],
+    ids=["prompt-over-context", "engine-fault"],
+)
+async def test_a_failed_model_call_ends_the_episode_by_its_cause_not_by_the_verifier(
+    make_server: Callable[..., BackgroundServer],
+    tok: Any,
+    tmp_path: Path,
+    after: int | None,
+    error: Exception | None,
+    termination: str,
+) -> None:
+    # the first call solves the task (the verifier would pay 1.0); the second fails: by the
+    # policy's over-long prompt (its group dropped) or by the engine (masked), never scored
+    srv = make_server("local")
+    engine = ShrinkingEngine(
+        tok, [SOLVE, '<tool_call>{"name": "submit"}</tool_call>'], after, error
+    )
+    gw = ModelGateway([engine], tok, CallStore(tmp_path / "gateway.sqlite"))
+    async with GatewayServer(gw) as gsrv:
+        runner = HarnessRunner(gw, gsrv.root, lambda: AsyncEnvClient(srv.url), max_turns=5)
+        ep = await runner.run_episode("builtin/hello-file", 0)
+    assert engine.replied == 1 and len(engine.replies) == 1  # the second call never generated
+    assert ep.termination == termination, (ep.termination, ep.error)
+    assert ep.reward == 0.0
+    if termination == "engine":
+        assert ep.is_infra_failure and not ep.drops_group
+    else:
+        assert ep.drops_group and not ep.is_infra_failure
+    assert not gw._failures  # forgotten with the session

@@ -271,3 +271,43 @@ def test_a_call_finishing_after_its_episode_was_consumed_is_dropped(tmp_path: Pa
     assert store.calls("done") == [] and store.late_calls_dropped == 1
     with sqlite3.connect(store.path) as db:
         assert db.execute("SELECT session_id FROM calls").fetchall() == [("live",)]
+
+
+class FailingEngine(ScriptedEngine):
+    """The scripted model, whose generation raises `error` (the engine's own failure)."""
+
+    def __init__(self, tok: Any, error: Exception) -> None:
+        super().__init__(tok, [])
+        self.error = error
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[Generation]:
+        raise self.error
+
+
+async def test_engine_failures_answer_as_openai_does_and_stay_with_the_session(
+    tok: Any, tmp_path: Path
+) -> None:
+    # a prompt over the context: the request's own 400, code context_length_exceeded
+    short = ScriptedEngine(tok, ["never sent"])
+    short.max_context_tokens = 8
+    gw = ModelGateway([short], tok, CallStore(tmp_path / "a.sqlite"))
+    sid = gw.new_session()
+    body = {"messages": [{"role": "user", "content": "list the files in /app, please"}]}
+    async with _client(gw) as http:
+        r = await http.post(f"/sessions/{sid}/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "context_length_exceeded"
+    assert type(gw.failure(sid)).__name__ == "PromptTooLongError"
+    assert short.prompts == []  # refused before generating
+    # the engine's own failure: a 503 (retryable), an EngineError kept for the session
+    broken = FailingEngine(tok, RuntimeError("CUDA error: an illegal memory access"))
+    gw = ModelGateway([broken], tok, CallStore(tmp_path / "b.sqlite"))
+    sid = gw.new_session()
+    async with _client(gw) as http:
+        r = await http.post(f"/sessions/{sid}/v1/chat/completions", json=body)
+    assert r.status_code == 503, r.text
+    assert r.json()["error"]["type"] == "server_error" and "illegal memory" in r.text
+    assert type(gw.failure(sid)).__name__ == "EngineError"
+    assert gw.failure(gw.new_session()) is None  # another session met nothing
+    gw.consume(sid)
+    assert gw.failure(sid) is None  # forgotten with its calls

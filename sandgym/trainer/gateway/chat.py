@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sandgym.trainer.agents import parse_action
-from sandgym.trainer.engines.base import InferenceEngine, SamplingParams
+from sandgym.trainer.engines.base import EngineError, InferenceEngine, SamplingParams
 from sandgym.trainer.episode import Step
 from sandgym.trainer.gateway.errors import GatewayError, UnknownSessionError
 from sandgym.trainer.gateway.records import CallRecord, CallStore, calls_to_steps
@@ -98,6 +98,10 @@ class ModelGateway:
         # consumed) starts a new sequence at its next call, which is still exact, only unmerged
         self._sessions: OrderedDict[str, _SessionState] = OrderedDict()
         self._locks: dict[str, asyncio.Lock] = {}
+        #: the first engine failure of each session's calls, kept until the session is consumed:
+        #: the harness saw an HTTP error, and its episode ends by that failure's cause
+        #: (`failure`, sandgym/trainer/failures.py), never by what the verifier makes of it
+        self._failures: dict[str, EngineError] = {}
 
     # -- sessions --------------------------------------------------------------------------------
     def new_session(self) -> str:
@@ -125,7 +129,14 @@ class ModelGateway:
         """The session's recorded calls (then forgotten): call when its episode is consumed."""
         self._sessions.pop(sid, None)
         self._locks.pop(sid, None)
+        self._failures.pop(sid, None)
         return self.store.consume(sid)
+
+    def failure(self, sid: str) -> EngineError | None:
+        """The first engine failure one of the session's calls met (None when none did): a
+        `PolicyOutputError` the session's own request caused (a prompt over the context), or an
+        `EngineError` of the inference engine."""
+        return self._failures.get(sid)
 
     def steps(self, sid: str, consume: bool = True) -> list[Step]:
         calls = self.consume(sid) if consume else self.store.calls(sid)
@@ -259,7 +270,11 @@ class ModelGateway:
             )
             engine = self.engines[st.replica]
             t0 = time.monotonic()
-            gen = await engine.agenerate(prompt, params)
+            try:
+                gen = await engine.agenerate(prompt, params)
+            except EngineError as exc:
+                self._failures.setdefault(sid, exc)
+                raise
             latency = time.monotonic() - t0
             text = str(self.tokenizer.decode(gen.token_ids, skip_special_tokens=True))
             message, finish = self._reply_message(text, tools, gen.finish_reason)

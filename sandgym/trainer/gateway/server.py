@@ -4,6 +4,9 @@ with uvicorn on the engines' own event loop.
     POST /sessions/{sid}/v1/chat/completions   (tools, tool_calls, `stream: true` as SSE)
     GET  /sessions/{sid}/v1/models
 
+An engine failure answers as OpenAI's API does: 400 for what the request caused (a prompt over
+the context: code `context_length_exceeded`), 503 for the engine's own failure.
+
 Streaming (`stream: true`) sends OpenAI `chat.completion.chunk` events: the role, then one
 content chunk per generated token that adds text (decoded incrementally; a token that ends in the
 middle of a UTF-8 character waits for the next), then the tool calls, then a final chunk with
@@ -19,6 +22,7 @@ from typing import Any
 
 from fastapi import Request  # at module level: FastAPI resolves the handler's annotations here
 
+from sandgym.trainer.engines.base import EngineError, PolicyOutputError, PromptTooLongError
 from sandgym.trainer.gateway.chat import ModelGateway
 from sandgym.trainer.gateway.errors import GatewayError
 from sandgym.trainer.loop_server import LoopServer
@@ -50,12 +54,27 @@ def gateway_app(gateway: ModelGateway) -> Any:
             resp, ids = await gateway.complete(sid, body)
         except GatewayError as exc:
             return JSONResponse({"error": {"message": str(exc), "type": "gateway"}}, 400)
+        except EngineError as exc:
+            return JSONResponse(*_engine_error_reply(exc))
         if not body.get("stream"):
             return resp
         deltas = await asyncio.to_thread(gateway.token_deltas, ids)
         return StreamingResponse(_sse(resp, deltas), media_type="text/event-stream")
 
     return app
+
+
+def _engine_error_reply(exc: EngineError) -> tuple[dict[str, Any], int]:
+    """An engine failure as the OpenAI API answers it: a 400 the request caused
+    (`context_length_exceeded` for a prompt over the context, as OpenAI's own servers and vLLM
+    answer), else a 503 (the server's, retryable). The session's episode ends by the failure's
+    cause either way (`ModelGateway.failure`)."""
+    if isinstance(exc, PromptTooLongError):
+        err = {"type": "invalid_request_error", "code": "context_length_exceeded"}
+        return {"error": {"message": str(exc), **err}}, 400
+    if isinstance(exc, PolicyOutputError):
+        return {"error": {"message": str(exc), "type": "invalid_request_error"}}, 400
+    return {"error": {"message": str(exc), "type": "server_error"}}, 503
 
 
 def _sse(resp: dict[str, Any], deltas: list[str]) -> Any:

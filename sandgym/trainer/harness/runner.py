@@ -15,6 +15,9 @@ One episode (`HarnessRunner.run_episode`):
 The loop, its submits and its failure classification are the one episode loop's
 (`sandgym.trainer.episode_runner`). A harness that made no model call (it crashed at once) gives an episode
 with no steps, recorded as termination `error` with the agent's output, so the trainer masks it.
+A model call the engine failed on (the gateway answered 400 or 503) ends the episode by that
+failure's cause before any submit: `policy_output` for a prompt the policy made too long (its
+group dropped), `engine` for the engine's own failure (masked); the verifier is not asked.
 """
 
 from __future__ import annotations
@@ -111,6 +114,12 @@ class HarnessRunner:
             run_obs = as_dict(run.observation)
             agent_output = str(run_obs.get("output", ""))
             episode.metrics["agent_exit_code"] = float(run_obs.get("exit_code") or 0)
+            failure = self.gateway.failure(sid)
+            if failure is not None:
+                # a model call failed: the episode ends by that failure's cause (the policy's
+                # over-long prompt: its group dropped; the engine's: masked), not by a verifier
+                # scoring what the agent left after an error the policy did not choose
+                raise failure
             return "submitted"
 
         async def finish(ep: Episode) -> None:
