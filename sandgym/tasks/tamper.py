@@ -28,7 +28,7 @@ import posixpath
 import sys
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from sandgym.sandboxes import Sandbox
 from sandgym.sandboxes.errors import ChangesUnsupportedError
@@ -50,6 +50,12 @@ Category = Literal[
     "environment_files",
     "task_inputs",
     "verifier_links",
+    "verifier_opened",
+    "search_path",
+    "tool_stores",
+    "name_resolution",
+    "git_files",
+    "certificates",
 ]
 
 #: the home directories whose dotfiles, caches and user site-packages a verifier reads
@@ -209,6 +215,42 @@ CATEGORIES: tuple[tuple[Category, tuple[str, ...]], ...] = (
     ),
 )
 
+#: what the verifier may run or read beyond `CATEGORIES`, named where its run cannot be traced
+#: (`sandgym.tasks.tamper_trace`: inotify unavailable, or the pristine mode, whose verifier runs
+#: apart from the agent's files); the sandbox's own PATH directories are added to these then
+#: (category `search_path`)
+FALLBACK_CATEGORIES: tuple[tuple[Category, tuple[str, ...]], ...] = (
+    (
+        "tool_stores",
+        (
+            *_in_homes(".local/share/uv/**", ".local/share/pipx/**", ".pyenv/**", ".nvm/**"),
+            "/opt/conda/**",
+            "/usr/local/cargo/**",
+            "/usr/local/go/**",
+            "/usr/local/rustup/**",
+        ),
+    ),
+    (
+        "name_resolution",
+        ("/etc/hosts", "/etc/resolv.conf", "/etc/host.conf", "/etc/gai.conf", "/etc/hostname"),
+    ),
+    ("git_files", ("**/.git/hooks/**", "**/.git/config", "**/.gitattributes", "**/.git/info/**")),
+    (
+        "certificates",
+        (
+            "/etc/ssl/**",
+            "/etc/ca-certificates/**",
+            "/etc/ca-certificates.conf",
+            "/usr/local/share/ca-certificates/**",
+            "/usr/share/ca-certificates/**",
+            "/etc/pki/**",
+        ),
+    ),
+)
+#: files the engine mounts into a container (not in its diff): fingerprinted at the baseline, so
+#: that an agent's change to them enters its change set
+ENGINE_MOUNTED_FILES = ("/etc/hosts", "/etc/resolv.conf", "/etc/hostname")
+
 #: modules a `python -m pytest` (or any `python -m` / `-c`) run from the working directory would
 #: import from there first: the standard library's and the test tools'
 SHADOWED_MODULES = (frozenset(sys.stdlib_module_names) - {"test", "this", "antigravity"}) | {
@@ -281,6 +323,18 @@ def classify(
     return None
 
 
+def classify_fallback(path: str, search_path: tuple[str, ...] = ()) -> Category | None:
+    """The category of a change the list of `CATEGORIES` leaves out, for a report made without
+    a trace of the verifier: `FALLBACK_CATEGORIES`, or a file in one of `search_path` (the
+    sandbox's own PATH directories) or below it."""
+    for category, patterns in FALLBACK_CATEGORIES:
+        if any(path_matches(p, path) for p in patterns):
+            return category
+    if any(_under(path, d) and path != d.rstrip("/") for d in search_path if d.startswith("/")):
+        return "search_path"
+    return None
+
+
 def _str_list(task: TaskSpec, key: str) -> tuple[str, ...]:
     raw = task.metadata.get(key)
     if raw is None:
@@ -315,6 +369,28 @@ class TamperedPath(BaseModel):
     category: Category
 
 
+class TraceSummary(BaseModel):
+    """How the report knows what the verifier ran or read (`TamperReport.trace`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: Literal["inotify", "paths"] = Field(
+        description="inotify: the verifier's run was traced (the agent's files it opened are "
+        "`verifier_opened`); paths: it was not, and the agent's changes were classed by "
+        "`FALLBACK_CATEGORIES` and the sandbox's PATH instead"
+    )
+    watched: int = Field(0, description="inotify: the agent's files watched during the run")
+    opened: int = Field(0, description="inotify: how many of them the run opened")
+    unwatched: int = Field(
+        0, description="inotify: files that could not be watched (classed by paths)"
+    )
+    overflow: bool = Field(False, description="inotify: events were lost (all watched counted)")
+    search_path: list[str] = Field(
+        default_factory=list, description="paths: the sandbox's PATH directories used"
+    )
+    note: str | None = Field(None, description="why this method (when not inotify)")
+
+
 class TamperReport(BaseModel):
     """The tamper report of one scored episode (`info.tamper` on the wire)."""
 
@@ -331,6 +407,12 @@ class TamperReport(BaseModel):
         0, description="sensitive paths left out because the task declares them expected"
     )
     reason: str | None = Field(None, description="checked: false: why there is no report")
+    trace: TraceSummary | None = Field(
+        None,
+        description="how the verifier's own reads were followed (absent: only `CATEGORIES`)",
+    )
+    #: the agent's changes the report was made from (not on the wire)
+    _changes: dict[str, Change] = PrivateAttr(default_factory=dict)
 
     def summary(self, limit: int = 5) -> str:
         if not self.checked:
@@ -374,7 +456,7 @@ async def mark_baseline(task: TaskSpec, sandbox: Sandbox, workdir: str) -> Chang
     outputs = declared_outputs(task)
     # a later change to any of these would be reported: fingerprint them now
     watch = [p for p in kinds if _sensitive(p, "modified", workdir, outputs)]
-    watch = watch[:MAX_BASELINE_FINGERPRINTS]
+    watch = [*ENGINE_MOUNTED_FILES, *watch[:MAX_BASELINE_FINGERPRINTS]]
     fps = await sandbox.path_fingerprints(watch) if watch else {}
     return ChangeBaseline(kinds=kinds, fingerprints=fps)  # type: ignore[arg-type]
 
@@ -443,7 +525,7 @@ async def tamper_report(
     # a directory the agent created is named by what it put in it
     below = {posixpath.dirname(t.path) for t in found}
     found = [t for t in found if not (t.change == "created" and _has_below(t.path, below))]
-    return TamperReport(
+    report = TamperReport(
         checked=True,
         tampered=bool(found),
         paths=found[:MAX_LISTED],
@@ -451,3 +533,5 @@ async def tamper_report(
         changed=len(changes),
         expected=skipped,
     )
+    report._changes = changes
+    return report

@@ -22,6 +22,7 @@ from sandgym.tasks.episode_models import EpisodeSetup, VerifierResult
 from sandgym.tasks.errors import VerifierError
 from sandgym.tasks.models import TaskSpec
 from sandgym.tasks.tamper import tamper_report
+from sandgym.tasks.tamper_trace import fallback_report, run_traced
 from sandgym.tasks.verifier.choice import resolve_verify_mode
 from sandgym.tasks.verifier.pristine import pristine_verifier_sandbox
 from sandgym.tasks.verifier.run import reward_range, run_verifier
@@ -55,6 +56,9 @@ async def verify_episode(
             tamper=report,
             verify=mode,
         )
+    if mode == "pristine":  # its verifier runs apart from the agent's files: classed by paths
+        note = "pristine: the verifier ran apart from the agent's files"
+        report = await fallback_report(task, sandbox, report, setup.workdir, note)
     try:
         if mode == "pristine":
             async with pristine_verifier_sandbox(
@@ -69,10 +73,25 @@ async def verify_episode(
                     "dropped": pv.dropped[:100],
                     "deleted": pv.deleted[:100],
                 }
-        else:
-            result = await run_verifier(
-                task, sandbox, setup, backend=backend, image_map=image_map, **verifier_kw
+        else:  # traced: what of the agent's the run opened is added to the report
+            result, report = await run_traced(
+                task,
+                sandbox,
+                report,
+                setup.workdir,
+                lambda: run_verifier(
+                    task, sandbox, setup, backend=backend, image_map=image_map, **verifier_kw
+                ),
             )
+            if mode == "refuse-tampered" and report.tampered:  # seen only by the trace
+                return VerifierResult(
+                    reward=reward_range(task)[0],
+                    output=f"[sandgym: not paid ({mode}): {report.summary()}]",
+                    duration_s=time.perf_counter() - start,
+                    details={"refused": report.summary(limit=20), "verified": result.reward},
+                    tamper=report,
+                    verify=mode,
+                )
     except VerifierError as exc:
         if report.tampered:
             exc.tamper = report.summary()
