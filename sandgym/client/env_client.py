@@ -11,6 +11,10 @@ resumed, or could not be opened, raises `ConnectionLostError` (an `EnvError`, so
 only catches `EnvError` still catches it). `prewarm()` asks the server's pool to keep sandboxes
 ready (`POST /v1/pool/prewarm`).
 
+`url` may also be a fleet (`sandgym.client.fleet`: a comma-separated list of servers, or
+`ray:ADDRESS`): each fresh connection goes to the server with the most room that answers (one
+that refuses is held down and the next tried); a resume stays on the episode's server.
+
 One client drives one episode at a time over one websocket. When the connection drops in the
 middle of an episode, the client reconnects, sends `resume` with the session's token, and
 resends the interrupted request under the same request_id; the server answers a resent step
@@ -47,6 +51,13 @@ from pydantic import ValidationError
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from sandgym.client.fleet import (
+    Fleet,
+    FleetUnavailableError,
+    is_ray_address,
+    parse_fleet,
+    ws_url_of,
+)
 from sandgym.wire.codes import retryable_for
 from sandgym.wire.protocol import (
     CLOSE_UNAUTHORIZED,
@@ -136,6 +147,11 @@ class AsyncEnvClient:
         max_message_bytes: int | None = 64 * 1024 * 1024,
         ping_interval_s: float | None = 20.0,
     ) -> None:
+        #: the servers behind a fleet address (None for one server's URL, used as given)
+        self.fleet: Fleet | None = None
+        if "," in url or is_ray_address(url):
+            self.fleet = Fleet(parse_fleet(url), token)
+            url = ws_url_of(next(iter(self.fleet.servers)))
         self.url = url
         self.token = token
         self.connect_timeout_s = connect_timeout_s
@@ -166,7 +182,38 @@ class AsyncEnvClient:
         await self.close()
 
     async def connect(self) -> None:
-        """Open the websocket (done lazily by the first request if not called)."""
+        """Open the websocket (done lazily by the first request if not called). With a fleet
+        and no episode to resume, on the best server that answers."""
+        if self.fleet is None or self.session_id is not None:
+            await self._connect_once()
+            return
+        try:
+            servers = await self.fleet.candidates()
+        except FleetUnavailableError as exc:
+            raise ConnectionLostError(
+                "internal",
+                str(exc),
+                retryable=retryable_for("episode", "internal", "connection_lost"),
+            ) from exc
+        failures = []
+        for base in servers:
+            self.url = ws_url_of(base)
+            try:
+                await self._connect_once()
+            except (OSError, TimeoutError, ConnectionLostError) as exc:
+                self.fleet.mark_down(base, f"{type(exc).__name__}: {exc}")
+                failures.append(f"{base}: {exc}")
+                continue
+            self.fleet.placed(base)
+            return
+        raise ConnectionLostError(
+            "internal",
+            "expected a server of the fleet to accept the connection, found none: "
+            + "; ".join(failures),
+            retryable=retryable_for("episode", "internal", "connection_lost"),
+        )
+
+    async def _connect_once(self) -> None:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else None
         try:
             self._ws = await asyncio.wait_for(

@@ -6,6 +6,15 @@ server's dependencies. Every call sends one request model and returns one reply 
 request raises the `SandboxApiError` subclass of its code (`error_for_code`), so callers decide
 by type, never by message.
 
+One address, one server or a fleet: `url` (or `SANDGYM_URL`) may be one server, a
+comma-separated list, or `ray:auto` / `ray://HEAD:PORT` (`sandgym.client.fleet`). With a fleet,
+`create` places the sandbox on a server (warm pool first, then most room; a server that refuses
+for capacity or does not answer is skipped for the next) and every later call for that sandbox
+goes to the server holding it. A call whose server does not answer (refused, reset, died) raises
+`ServerLostError`, a `SandboxLostError`: the infrastructure's failure, never the command's; the
+fleet holds that server down for a backoff and asks it again after, so one that comes back gets
+work again.
+
 Files travel as tar: `upload_file` / `upload_dir` pack a host file or directory,
 `download_file` / `download_dir` unpack what the server sends (members that would land outside
 the target, links out of it and device files are left out: `tarfile`'s `data` filter).
@@ -38,6 +47,12 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from sandgym.client.fleet import (
+    Fleet,
+    FleetUnavailableError,
+    parse_fleet,
+    request_key,
+)
 from sandgym.wire.sandbox_protocol import (
     SANDBOX_API_PREFIX,
     TAR_CONTENT_TYPE,
@@ -118,6 +133,15 @@ class SandboxLostError(SandboxApiError, ConnectionError):
     """The sandbox died under the request."""
 
     code = "sandbox_lost"
+
+
+class ServerLostError(SandboxLostError):
+    """The server holding the sandbox (or asked to make one) did not answer: refused, reset,
+    died mid-request. `server` is its HTTP base. Retryable on another sandbox."""
+
+    def __init__(self, message: str, *, server: str) -> None:
+        super().__init__(message, retryable=True)
+        self.server = server
 
 
 class ExecTimeoutError(SandboxApiError, TimeoutError):
@@ -226,8 +250,10 @@ def _data_or_skip(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
 # -- the client --------------------------------------------------------------------------------
 class SandboxClient:
     """One HTTP client of the sandbox API. `url` is the server's base (`http://HOST:PORT`; a
-    `ws://` URL is taken as its HTTP twin); `token` its bearer token. Both default to
-    `SANDGYM_URL` / `SANDGYM_TOKEN`."""
+    `ws://` URL is taken as its HTTP twin), a comma-separated list of them, or `ray:ADDRESS`
+    (a fleet: `sandgym.client.fleet`); `token` the servers' bearer token. Both default to
+    `SANDGYM_URL` / `SANDGYM_TOKEN`. `fleet` passes a `Fleet` made elsewhere (shared by
+    several clients); the client then does not close it."""
 
     def __init__(
         self,
@@ -236,22 +262,37 @@ class SandboxClient:
         *,
         timeout_s: float = 60.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        fleet: Fleet | None = None,
     ) -> None:
-        url = url or os.environ.get(URL_ENV)
-        if not url:
-            raise ValueError(f"expected the server's URL (argument or ${URL_ENV}), found none")
         token = token if token is not None else os.environ.get(TOKEN_ENV)
-        base = url.rstrip("/")
-        for ws, http in (("ws://", "http://"), ("wss://", "https://")):
-            if base.startswith(ws):
-                base = http + base[len(ws) :]
-        base = base.removesuffix("/v1/env")
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.base_url = base
+        if fleet is None:
+            url = url or os.environ.get(URL_ENV)
+            if not url:
+                raise ValueError(f"expected the server's URL (argument or ${URL_ENV}), found none")
+            fleet = Fleet(parse_fleet(url), token, transport=transport)
+            self._owns_fleet = True
+        else:
+            self._owns_fleet = False
+        self.fleet = fleet
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._transport = transport
+        self.base_url = next(iter(fleet.servers))
         self._timeout_s = timeout_s
-        self._http = httpx.AsyncClient(
-            base_url=base, headers=headers, timeout=timeout_s, transport=transport
-        )
+        self._clients: dict[str, httpx.AsyncClient] = {}
+        #: sandbox id -> the HTTP base of the server holding it
+        self.placement: dict[str, str] = {}
+        self._http = self._client(self.base_url)
+
+    def _client(self, base: str) -> httpx.AsyncClient:
+        c = self._clients.get(base)
+        if c is None:
+            c = self._clients[base] = httpx.AsyncClient(
+                base_url=base,
+                headers=self._headers,
+                timeout=self._timeout_s,
+                transport=self._transport,
+            )
+        return c
 
     async def __aenter__(self) -> SandboxClient:
         return self
@@ -260,33 +301,101 @@ class SandboxClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        for c in list(self._clients.values()):
+            await c.aclose()
+        if self._owns_fleet:
+            await self.fleet.aclose()
+
+    async def _server_of(self, sandbox_id: str) -> str:
+        """The server holding `sandbox_id`: the one that made it for this client, the only one,
+        or (an id made by another client of the fleet) the first that knows it."""
+        where = self.placement.get(sandbox_id)
+        if where is not None:
+            return where
+        if self.fleet.single:
+            return self.base_url
+        for base in self.fleet.servers:
+            try:
+                r = await self._send(base, "GET", f"{SANDBOX_API_PREFIX}/{sandbox_id}")
+            except ServerLostError:
+                continue
+            if r.status_code == 200:
+                self.placement[sandbox_id] = base
+                return base
+        raise UnknownSandboxError(
+            f"expected sandbox {sandbox_id!r} on a server of the fleet, found it on none "
+            f"({', '.join(self.fleet.servers)})"
+        )
+
+    async def _send(self, base: str, method: str, path: str, **kw: Any) -> httpx.Response:
+        """One HTTP request to `base`; a transport failure raises ServerLostError (and holds
+        the server down in the fleet)."""
+        try:
+            return await self._client(base).request(method, path, **kw)
+        except httpx.TransportError as exc:
+            reason = f"{type(exc).__name__}: {exc}"
+            if not isinstance(exc, httpx.TimeoutException) or isinstance(exc, httpx.ConnectTimeout):
+                self.fleet.mark_down(base, reason)
+            raise ServerLostError(
+                f"sandgym server {base} did not answer {method} {path} ({reason})", server=base
+            ) from exc
 
     async def _request(
-        self, method: str, path: str, *, timeout_s: float | None = None, **kw: Any
+        self,
+        method: str,
+        path: str,
+        *,
+        timeout_s: float | None = None,
+        sandbox_id: str | None = None,
+        **kw: Any,
     ) -> httpx.Response:
         timeout = httpx.USE_CLIENT_DEFAULT if timeout_s is None else timeout_s
-        response = await self._http.request(
-            method, SANDBOX_API_PREFIX + path, timeout=timeout, **kw
-        )
+        base = self.base_url if sandbox_id is None else await self._server_of(sandbox_id)
+        response = await self._send(base, method, SANDBOX_API_PREFIX + path, timeout=timeout, **kw)
         _raise_for(response)
         return response
 
     # -- lifecycle -----------------------------------------------------------------------------
     async def create(self, request: CreateSandboxRequest) -> SandboxInfo:
         """A sandbox of `request`'s environment (built first when needed: allow for its build
-        timeout)."""
-        r = await self._request(
-            "POST",
-            "",
-            content=request.model_dump_json(),
-            headers={"Content-Type": "application/json"},
-            timeout_s=request.environment.build_timeout_s + self._timeout_s,
-        )
-        return SandboxInfo.model_validate_json(r.content)
+        timeout). With a fleet: on the best server (`Fleet.candidates`), the next one when a
+        server refuses for capacity or does not answer; `CapacityError` when none has room."""
+        key = request_key(request.environment.model_dump_json(), request.environment_tar)
+        try:
+            servers = await self.fleet.candidates(key)
+        except FleetUnavailableError as exc:
+            raise CapacityError(str(exc), retryable=True) from exc
+        body = request.model_dump_json()
+        last: SandboxApiError | None = None
+        for base in servers:
+            try:
+                r = await self._send(
+                    base,
+                    "POST",
+                    SANDBOX_API_PREFIX,
+                    content=body,
+                    headers={"Content-Type": "application/json"},
+                    timeout=request.environment.build_timeout_s + self._timeout_s,
+                )
+                _raise_for(r)
+            except (ServerLostError, CapacityError) as exc:
+                if self.fleet.single:
+                    raise
+                last = exc
+                continue
+            info = SandboxInfo.model_validate_json(r.content)
+            self.placement[info.sandbox_id] = base
+            self.fleet.learn(key, info.fingerprint)
+            self.fleet.placed(base, key)
+            return info
+        assert last is not None
+        raise CapacityError(
+            f"expected a server of the fleet to make the sandbox, found none could: {last}",
+            retryable=True,
+        ) from last
 
     async def info(self, sandbox_id: str) -> SandboxInfo:
-        r = await self._request("GET", f"/{sandbox_id}")
+        r = await self._request("GET", f"/{sandbox_id}", sandbox_id=sandbox_id)
         return SandboxInfo.model_validate_json(r.content)
 
     async def is_alive(self, sandbox_id: str) -> bool:
@@ -297,21 +406,34 @@ class SandboxClient:
             return False
 
     async def list(self) -> SandboxList:
-        r = await self._request("GET", "")
-        return SandboxList.model_validate_json(r.content)
+        """Every sandbox the server holds (with a fleet: every server that answers)."""
+        out: list[SandboxInfo] = []
+        for base in self.fleet.servers:
+            try:
+                r = await self._send(base, "GET", SANDBOX_API_PREFIX)
+            except ServerLostError:
+                if self.fleet.single:
+                    raise
+                continue
+            _raise_for(r)
+            out += SandboxList.model_validate_json(r.content).sandboxes
+        return SandboxList(count=len(out), sandboxes=out)
 
     async def close(self, sandbox_id: str) -> bool:
         """Destroy the sandbox; False when it was already closed (or reaped)."""
         try:
-            r = await self._request("DELETE", f"/{sandbox_id}")
+            r = await self._request("DELETE", f"/{sandbox_id}", sandbox_id=sandbox_id)
         except UnknownSandboxError:
+            self.placement.pop(sandbox_id, None)
             return False
+        self.placement.pop(sandbox_id, None)
         return SandboxClosedReply.model_validate_json(r.content).closed
 
     async def set_network(self, sandbox_id: str, network: SandboxNetwork) -> SandboxInfo:
         r = await self._request(
             "POST",
             f"/{sandbox_id}/network",
+            sandbox_id=sandbox_id,
             content=SetNetworkRequest(network=network).model_dump_json(),
             headers={"Content-Type": "application/json"},
         )
@@ -322,7 +444,8 @@ class SandboxClient:
         """Run one command; a non-zero exit is `ExecReply.exit_code`, a timeout
         `ExecTimeoutError`. With no `timeout_s` the HTTP request waits as long as it takes."""
         wait = None if request.timeout_s is None else request.timeout_s + self._timeout_s
-        r = await self._http.request(
+        r = await self._send(
+            await self._server_of(sandbox_id),
             "POST",
             f"{SANDBOX_API_PREFIX}/{sandbox_id}/exec",
             content=request.model_dump_json(),
@@ -338,6 +461,7 @@ class SandboxClient:
         r = await self._request(
             "PUT",
             f"/{sandbox_id}/files",
+            sandbox_id=sandbox_id,
             params={"path": directory},
             content=tar,
             headers={"Content-Type": TAR_CONTENT_TYPE},
@@ -350,6 +474,7 @@ class SandboxClient:
         r = await self._request(
             "GET",
             f"/{sandbox_id}/files",
+            sandbox_id=sandbox_id,
             params={"path": path},
             timeout_s=max(self._timeout_s, 600.0),
         )
@@ -413,6 +538,7 @@ __all__ = [
     "SandboxApiError",
     "SandboxClient",
     "SandboxLostError",
+    "ServerLostError",
     "UnauthorizedError",
     "UnknownSandboxError",
     "error_for_code",
