@@ -20,7 +20,7 @@ from sandgym.tasks.errors import TaskError, TaskUnsupportedError
 from sandgym.tasks.models import TaskSpec
 from sandgym.tasks.steps import begin_step
 from sandgym.tasks.tamper import ChangeBaseline, mark_baseline
-from sandgym.tasks.verifier.choice import resolve_verify_mode
+from sandgym.tasks.verifier.choice import pristine_needs_outputs, resolve_verify_mode
 
 #: where a generator may write its seed's instruction (see `_run_generator`)
 INSTRUCTION_FILE_ENV = "SANDGYM_INSTRUCTION_FILE"
@@ -122,6 +122,12 @@ async def mark_episode(
         raise TaskUnsupportedError(
             f"task {task.id}: verify 'refuse-tampered' needs a tamper report, and the "
             f"{sandbox.backend_name} backend cannot list the paths a sandbox changed"
+        )
+    why = pristine_needs_outputs(task)
+    if setup.change_baseline is None and setup.verify == "pristine" and why is not None:
+        raise TaskUnsupportedError(
+            f"task {task.id} cannot be verified pristine on the {sandbox.backend_name} "
+            f"backend: {why}"
         )
 
 

@@ -65,6 +65,7 @@ VERIFIER_CAUSES = (
     "weights_mismatch",
     "setup",
     "task",
+    "outputs",
     "failed",
 )
 

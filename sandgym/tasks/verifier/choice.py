@@ -9,6 +9,7 @@ from sandgym.tasks.desktop import is_desktop_task
 from sandgym.tasks.episode_models import VERIFY_MODES, VerifyMode
 from sandgym.tasks.errors import TaskError, TaskUnsupportedError
 from sandgym.tasks.models import TaskSpec
+from sandgym.tasks.tamper import declared_outputs
 
 
 def pristine_unsupported(task: TaskSpec) -> str | None:
@@ -18,6 +19,19 @@ def pristine_unsupported(task: TaskSpec) -> str | None:
     if is_desktop_task(task.metadata):
         return "a desktop task's state is its running programs"
     return None
+
+
+def pristine_needs_outputs(task: TaskSpec) -> str | None:
+    """Why `task` cannot be verified pristine on a backend that lists no changed paths (e2b), or
+    None: without `metadata.outputs` its outputs are derived from the change set
+    (sandgym.tasks.verifier.pristine.output_plan), which such a backend cannot give."""
+    if declared_outputs(task):
+        return None
+    return (
+        "it declares no metadata.outputs, and its outputs (what the agent created under its "
+        "working directory) can only be derived on a backend that lists a sandbox's changed "
+        "paths (local, docker); declare outputs in task.toml to verify it pristine here"
+    )
 
 
 def resolve_verify_mode(task: TaskSpec, *requested: str | None) -> VerifyMode:

@@ -72,6 +72,10 @@ async def verify_episode(
                     "copied": pv.copied,
                     "dropped": pv.dropped[:100],
                     "deleted": pv.deleted[:100],
+                    "outputs": "derived" if pv.plan and pv.plan.derived else "declared",
+                    "kept_inputs": list(pv.plan.kept_inputs[:100]) if pv.plan else [],
+                    "copy_bytes": pv.copy_bytes,
+                    "copy_files": pv.copy_files,
                 }
         else:  # traced: what of the agent's the run opened is added to the report
             result, report = await run_traced(
