@@ -196,7 +196,8 @@ async def claims(
     errors: list[str] = []
     for i in range(n):
         deadline = time.monotonic() + 60
-        while await pool_ready(client) < 1 and time.monotonic() < deadline:
+        # polling the remote server (no event reaches this client)
+        while await pool_ready(client) < 1 and time.monotonic() < deadline:  # noqa: ASYNC110
             await asyncio.sleep(0.05)
         t0 = time.perf_counter()
         try:

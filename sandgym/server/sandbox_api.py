@@ -10,9 +10,11 @@ network clamp), and acquired from the pool; equal environments share one pool ke
 trials start from a ready sandbox.
 
 A sandbox whose caller stops asking (a killed Harbor job) is closed after its idle timeout
-(`CreateSandboxRequest.idle_timeout_s`, default `ServerSettings.idle_timeout_s`); sandboxes and
-episodes together stay under `max_sessions`. `to_sandbox_error` is the ONE place an exception
-becomes a sandbox API error code; its retryable flag is the code's row of `sandgym.wire.codes`.
+(`CreateSandboxRequest.idle_timeout_s`, default `ServerSettings.idle_timeout_s`); sandboxes
+and episodes together stay under `max_sessions` (one limit shared by both APIs), and below the
+host's memory floor the pool refuses a new one (`HostMemoryError`, answered `capacity`).
+`to_sandbox_error` is the ONE place an exception becomes a sandbox API error code; its retryable
+flag is the code's row of `sandgym.wire.codes`.
 """
 
 from __future__ import annotations
@@ -372,8 +374,10 @@ class SandboxApi:
         held = len(svc.sessions) + svc.resetting + len(self.leases) + self._creating
         if held >= svc.settings.max_sessions:
             raise SandboxCapacityError(
-                f"server is at capacity: {len(self.leases)} sandboxes and "
-                f"{len(svc.sessions)} episodes held, max_sessions={svc.settings.max_sessions}"
+                f"server is at capacity: expected fewer than max_sessions="
+                f"{svc.settings.max_sessions} (one limit shared by sandboxes and episodes), found "
+                f"{len(self.leases) + self._creating} sandboxes and "
+                f"{len(svc.sessions) + svc.resetting} episodes held or starting"
             )
         self._creating += 1
         try:

@@ -54,7 +54,20 @@ class ServerSettings(BaseSettings):
         description="the most open network any episode phase gets: 'no-network', "
         "'allowlist:HOST,...' or 'public' (None: each task's own policy); reported in info.network",
     )
-    max_sessions: int = Field(256, ge=1, description="live episodes at most (else `capacity`)")
+    max_sessions: int = Field(
+        1024,
+        ge=1,
+        description="ONE limit shared by both APIs: live episodes (episode API) plus sandboxes "
+        "(sandbox API) held or being made, at most this many (else `capacity`); the default lets "
+        "a host hold a thousand where its memory allows (min_available_memory_mb guards that)",
+    )
+    min_available_memory_mb: float | None = Field(
+        1024.0,
+        ge=0,
+        description="a new sandbox (either API) is refused with `capacity` (HostMemoryError) "
+        "while the host has less memory available than this (MemAvailable), before it swaps; "
+        "None: no floor",
+    )
     openenv_max_concurrent_envs: int | None = Field(
         None,
         ge=1,

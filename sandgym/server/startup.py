@@ -64,6 +64,7 @@ def make_pool(settings: ServerSettings, backend: SandboxBackend) -> SandboxPool:
         PoolSettings(
             min_ready=settings.pool_size,
             max_total=max(settings.pool_max_total, settings.max_sessions),
+            min_available_memory_mb=settings.min_available_memory_mb,
             lifetime=lifetime,
             host_limits=settings.create_limits.get(backend.name),
         ),

@@ -15,6 +15,8 @@ background. Rules it keeps:
 - When capped, capacity is shared fairly: a waiting acquire gets the next freed slot before any
   background refill, waiting keys are served by fewest-slots-held first, an idle ready sandbox
   of another key is evicted for a starved one, and refill goes round-robin by deficit.
+- Below the host's memory floor (`min_available_memory_mb`, MemAvailable) a miss is refused
+  with `HostMemoryError` and no refill starts: the host is never driven into swap.
 - `close()` destroys everything, including sandboxes still being created, even when the task
   calling it is cancelled.
 - Every `sweep_interval_s` the live pool lists the sandboxes labelled with its owner id on the
@@ -62,12 +64,14 @@ from sandgym.sandboxes.createlimit import HostCreateLimiter
 from sandgym.sandboxes.errors import SandboxCreateError
 from sandgym.sandboxes.lifetime import LifetimeKeeper, set_first_lifetime
 from sandgym.sandboxes.pool.errors import (
+    HostMemoryError,
     PoolClosedError,
     PoolKeyFailingError,
     PoolTimeoutError,
     describe,
 )
 from sandgym.sandboxes.pool.keys import KeyState, Ready, TokenBucket
+from sandgym.sandboxes.pool.memory import check_memory_floor
 from sandgym.sandboxes.pool.settings import PoolSettings
 from sandgym.sandboxes.pool.stats import (
     LatencyHistogram,
@@ -203,6 +207,8 @@ class SandboxPool:
         # Miss path: wait for a creation (ours, or one already in flight for this key). The
         # key may have turned failing during a health check above: no waiter for it then.
         self._raise_if_failing(k, time.monotonic())
+        # A new sandbox needs memory: refused by name below the host's floor, before it swaps.
+        check_memory_floor(self.settings.min_available_memory_mb, self.total())
         fut: asyncio.Future[Sandbox] = asyncio.get_running_loop().create_future()
         k.waiters.append(fut)
         self._dispatch()
@@ -519,8 +525,12 @@ class SandboxPool:
                     continue
             break
 
-        # 2) refill towards targets, one sandbox per key per round (round-robin by deficit).
-        if not any(k.unserved() > 0 and not k.failing(now) for k in self._keys.values()):
+        # 2) refill towards targets, one sandbox per key per round (round-robin by deficit);
+        # none while the host is below its memory floor (acquires are refused then, too).
+        if (
+            not any(k.unserved() > 0 and not k.failing(now) for k in self._keys.values())
+            and self._memory_allows_refill()
+        ):
             while self.total() < cap:
                 best: KeyState | None = None
                 best_rank: tuple[int, int] = (0, 0)
@@ -538,6 +548,13 @@ class SandboxPool:
                     break
                 self._start_create(best)
         self._update_idle()
+
+    def _memory_allows_refill(self) -> bool:
+        try:
+            check_memory_floor(self.settings.min_available_memory_mb, self.total())
+        except HostMemoryError:
+            return False
+        return True
 
     def _start_create(self, k: KeyState) -> None:
         self._seq += 1

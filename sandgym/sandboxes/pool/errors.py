@@ -1,4 +1,5 @@
-"""The pool's named errors: no sandbox in time, a key whose creations keep failing, a closed pool."""
+"""The pool's named errors: no sandbox in time, too little host memory, a key whose creations
+keep failing, a closed pool."""
 
 from __future__ import annotations
 
@@ -7,6 +8,17 @@ from sandgym.sandboxes.errors import SandboxCreateError, SandboxError
 
 class PoolTimeoutError(SandboxError, TimeoutError):
     """No sandbox became available within the acquire timeout."""
+
+
+class HostMemoryError(PoolTimeoutError):
+    """The host has less memory available than the pool's floor (`min_available_memory_mb`):
+    no sandbox is created until some are closed. A capacity refusal, answered like a pool
+    timeout (`capacity`, retryable), so it subclasses PoolTimeoutError."""
+
+    def __init__(self, message: str, *, available_mib: float, floor_mib: float) -> None:
+        super().__init__(message)
+        self.available_mib = available_mib
+        self.floor_mib = floor_mib
 
 
 class PoolKeyFailingError(SandboxCreateError):

@@ -103,6 +103,13 @@ class PoolSettings(BaseModel):
         description="a creation rate and a cap on sandboxes being started, shared with every "
         "other process on the host using the same directory (sandgym.sandboxes.createlimit)",
     )
+    min_available_memory_mb: float | None = Field(
+        default=None,
+        ge=0,
+        description="refuse a creation (HostMemoryError) while the host has less memory "
+        "available than this (MemAvailable, /proc/meminfo), so the host never swaps; None: no "
+        "floor",
+    )
     lifetime: LifetimeSettings = Field(
         default_factory=LifetimeSettings,
         description="deadlines after which the started pool's sandboxes end themselves, moved "
