@@ -55,7 +55,7 @@ from sandgym.client.fleet import (
     Fleet,
     FleetUnavailableError,
     is_ray_address,
-    parse_fleet,
+    shared_fleet,
     ws_url_of,
 )
 from sandgym.wire.codes import retryable_for
@@ -150,7 +150,7 @@ class AsyncEnvClient:
         #: the servers behind a fleet address (None for one server's URL, used as given)
         self.fleet: Fleet | None = None
         if "," in url or is_ray_address(url):
-            self.fleet = Fleet(parse_fleet(url), token)
+            self.fleet = shared_fleet(url, token)
             url = ws_url_of(next(iter(self.fleet.servers)))
         self.url = url
         self.token = token

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -145,6 +146,22 @@ def request_key(*parts: str | None) -> str:
     return h.hexdigest()[:24]
 
 
+_SHARED: dict[tuple[str, str | None], Fleet] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_fleet(address: str, token: str | None = None) -> Fleet:
+    """The process's one `Fleet` of `address` (made on first use): every client and door of the
+    process given that address shares its picture (placements, servers held down), so episodes
+    and sandboxes made one by one still spread, and a dead server is learnt once."""
+    key = (address.strip(), token)
+    with _SHARED_LOCK:
+        fleet = _SHARED.get(key)
+        if fleet is None:
+            fleet = _SHARED[key] = Fleet.from_address(address, token)
+        return fleet
+
+
 @dataclass
 class ServerState:
     """What the fleet knows of one server."""
@@ -187,7 +204,6 @@ class Fleet:
         self._transport = transport
         #: request key -> the pool key (fingerprint) a server reported for it
         self._fingerprints: dict[str, str] = {}
-        self._poll_lock = asyncio.Lock()
 
     @classmethod
     def from_address(cls, spec: str, token: str | None = None, **kw: Any) -> Fleet:
@@ -248,20 +264,21 @@ class Fleet:
         s.placed_since_poll, s.taken = 0, {}
 
     async def refresh(self, force: bool = False) -> None:
-        """Ask every server not held down (or whose backoff ended) for its room and pool."""
-        async with self._poll_lock:
-            now = time.monotonic()
-            due = [
-                s
-                for s in self.servers.values()
-                if (s.healthy and (force or now - s.checked_at >= self.poll_interval_s))
-                or (not s.healthy and now >= s.down_until)
-            ]
-            if due:
-                async with httpx.AsyncClient(
-                    headers=self._headers, timeout=self._probe_timeout_s, transport=self._transport
-                ) as http:
-                    await asyncio.gather(*(self._probe(http, s) for s in due))
+        """Ask every server not held down (or whose backoff ended) for its room and pool. No
+        lock: a fleet is shared by clients on different event loops, and two polls at once
+        only ask twice."""
+        now = time.monotonic()
+        due = [
+            s
+            for s in self.servers.values()
+            if (s.healthy and (force or now - s.checked_at >= self.poll_interval_s))
+            or (not s.healthy and now >= s.down_until)
+        ]
+        if due:
+            async with httpx.AsyncClient(
+                headers=self._headers, timeout=self._probe_timeout_s, transport=self._transport
+            ) as http:
+                await asyncio.gather(*(self._probe(http, s) for s in due))
 
     # -- placement --------------------------------------------------------------------------------
     def learn(self, key: str, fingerprint: str) -> None:
@@ -332,5 +349,6 @@ __all__ = [
     "parse_fleet",
     "request_key",
     "resolve_ray",
+    "shared_fleet",
     "ws_url_of",
 ]

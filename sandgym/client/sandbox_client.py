@@ -52,6 +52,7 @@ from sandgym.client.fleet import (
     FleetUnavailableError,
     parse_fleet,
     request_key,
+    shared_fleet,
 )
 from sandgym.wire.sandbox_protocol import (
     SANDBOX_API_PREFIX,
@@ -252,8 +253,8 @@ class SandboxClient:
     """One HTTP client of the sandbox API. `url` is the server's base (`http://HOST:PORT`; a
     `ws://` URL is taken as its HTTP twin), a comma-separated list of them, or `ray:ADDRESS`
     (a fleet: `sandgym.client.fleet`); `token` the servers' bearer token. Both default to
-    `SANDGYM_URL` / `SANDGYM_TOKEN`. `fleet` passes a `Fleet` made elsewhere (shared by
-    several clients); the client then does not close it."""
+    `SANDGYM_URL` / `SANDGYM_TOKEN`. Clients of one address share the process's `Fleet`
+    (`shared_fleet`); `fleet` passes another."""
 
     def __init__(
         self,
@@ -269,10 +270,11 @@ class SandboxClient:
             url = url or os.environ.get(URL_ENV)
             if not url:
                 raise ValueError(f"expected the server's URL (argument or ${URL_ENV}), found none")
-            fleet = Fleet(parse_fleet(url), token, transport=transport)
-            self._owns_fleet = True
-        else:
-            self._owns_fleet = False
+            fleet = (
+                Fleet(parse_fleet(url), token, transport=transport)
+                if transport is not None
+                else shared_fleet(url, token)
+            )
         self.fleet = fleet
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._transport = transport
@@ -303,8 +305,6 @@ class SandboxClient:
     async def aclose(self) -> None:
         for c in list(self._clients.values()):
             await c.aclose()
-        if self._owns_fleet:
-            await self.fleet.aclose()
 
     async def _server_of(self, sandbox_id: str) -> str:
         """The server holding `sandbox_id`: the one that made it for this client, the only one,

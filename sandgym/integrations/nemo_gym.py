@@ -7,6 +7,10 @@ API (protocol 1.2, sandgym/client/sandbox_client.py).
     #   sandbox_provider:
     #     sandgym: {server_url: http://127.0.0.1:8765, default_image: sandgym/terminal}
 
+`server_url` may be a fleet (`sandgym.client.fleet`): `http://a:8765,http://b:8765` or
+`ray:auto`; sandboxes are placed over its servers and a command in a sandbox whose server is
+lost comes back as NeMo-Gym's infrastructure result (125, "sandbox").
+
 Mapping: `create(SandboxSpec)` -> `POST /v1/sandboxes` (image, workdir, env, cpu, memory_mib,
 disk_gib, gpu; the provider's network policy), `exec` -> an exec request (stdout, stderr and
 exit code apart; a timeout or a lost sandbox comes back as NeMo-Gym's providers report them:

@@ -104,6 +104,17 @@ def test_parse_fleet_forms() -> None:
         parse_fleet("a:1,http://b:2")
 
 
+def test_ray_names_agree_with_cluster_up() -> None:
+    """The client finds `sandgym cluster up`'s servers by the names the trainer gives them."""
+    from sandgym.client import fleet
+    from sandgym.trainer import cluster
+
+    assert (fleet.RAY_NAMESPACE, fleet.RAY_ACTOR_PREFIX) == (
+        cluster.NAMESPACE,
+        cluster.ACTOR_PREFIX,
+    )
+
+
 async def test_spread_route_kill_and_come_back(fleet2: list[Server]) -> None:
     a, b = fleet2
     address = f"{a.url},{b.url}"

@@ -7,7 +7,12 @@ network policies (no-network, allowlist of hosts, switched per phase) and its la
 (a killed job's sandboxes are closed after their idle timeout, or by `sandgym reap`).
 
 Configuration: `SANDGYM_URL` / `SANDGYM_TOKEN`, or `--ek url=... --ek token=...`
-(`SandgymOptions`). Imports only Harbor, httpx and sandgym's client side (DESIGN.md's import
+(`SandgymOptions`). The URL may be a fleet (`sandgym.client.fleet`): `http://a:8765,http://b:8765`
+or `ray:auto` (the servers `sandgym cluster up` placed); every trial of the job shares one
+picture of it, each trial's sandbox is placed there (warm pool first, then most room) and its
+calls go to that server. A server lost under a trial raises `ServerLostError` (a
+`SandboxLostError`, a `ConnectionError`), which Harbor's trial retry covers (its default
+`exclude_exceptions` names only timeouts and reward-file errors), never a task failure. Imports only Harbor, httpx and sandgym's client side (DESIGN.md's import
 direction: `integrations` -> `sandgym.client.env_client`/`sandgym.wire.protocol`).
 
 Harbor's semantics, and where this provider follows them (the server's own defaults differ):
@@ -74,7 +79,9 @@ class SandgymOptions(EnvironmentOptions):
     """`--ek` options of the sandgym environment."""
 
     url: str | None = Field(
-        None, description="the sandgym server, http://HOST:PORT (default: $SANDGYM_URL)"
+        None,
+        description="the sandgym server, http://HOST:PORT, or a fleet: a comma-separated "
+        "list or ray:ADDRESS (default: $SANDGYM_URL)",
     )
     token: str | None = Field(None, description="its bearer token (default: $SANDGYM_TOKEN)")
     idle_timeout_sec: float | None = Field(
