@@ -20,6 +20,16 @@ is one host. Every process must be given the same numbers: each one applies its 
 
 The waiting is counted (`stats()`: waits, seconds waited, waiting now), and the pool reports it
 in its snapshot, which `/metrics` exports as `sandgym_pool_create_limits_*`.
+
+Every creation, not only the pool's: one limiter per backend name serves the whole process
+(`shared_limiter`). A pool made with limits registers its limiter there while it lives; without
+a pool (`sandgym tasks check`, a benchmark) the limits come from `SANDGYM_CREATE_LIMITS` (JSON,
+`{"docker": {"max_starting": 2}}`, the same shape as the server's `create_limits`). Sandboxes
+made outside the pool (a separate or pristine verifier's, `tasks check`'s: they all go through
+`sandgym.sandboxes.lifetime.OwnLifetimes.create`) and a docker sandbox's private verifier
+container each hold a slot and take a token (`creating`); a compose service is started inside
+its sandbox's creation, under the slot that creation holds, and takes a token of its own
+(`take_token`): a group of N services is one creation for the cap and 1 + N for the rate.
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import json
 import os
 import re
 import threading
@@ -35,10 +46,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import IO
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 #: where the shared state lives unless configured (per host: /tmp is not shared)
 DEFAULT_DIRECTORY = Path(os.environ.get("SANDGYM_CREATE_LIMIT_DIR", "/tmp/sandgym-create-limits"))
+
+#: the limits of a process without a pool: JSON, backend name -> `CreateLimitSettings`
+LIMITS_ENV = "SANDGYM_CREATE_LIMITS"
 
 #: how often a creation waiting for a slot looks again (no event crosses processes)
 SLOT_POLL_S = 0.05
@@ -104,6 +118,8 @@ class HostCreateLimiter:
         self._held_lock = threading.Lock()
         self._bucket_lock = threading.Lock()
         self.last_grant: float | None = None
+        self.granted = 0  # creations let through (a slot held and a token taken), in all
+        self.tokens_taken = 0  # tokens taken (creations, and the services inside them)
 
     # -- the cap ---------------------------------------------------------------------------
     def _try_slot(self) -> tuple[int, IO[bytes]] | None:
@@ -160,6 +176,7 @@ class HostCreateLimiter:
                 if tokens >= 1.0:
                     tokens -= 1.0
                     self.last_grant = now
+                    self.tokens_taken += 1
                 else:
                     wait = (1.0 - tokens) / rate
                 f.seek(0)
@@ -201,6 +218,7 @@ class HostCreateLimiter:
                 self.waits += 1
                 self.wait_s += time.monotonic() - t0
         self.started_now += 1
+        self.granted += 1
         try:
             yield
         finally:
@@ -219,3 +237,92 @@ class HostCreateLimiter:
             waiting=self.waiting,
             starting=self.started_now,
         )
+
+    async def take_token(self) -> None:
+        """Take one token of the rate (nothing without one): a container started inside a
+        creation that already holds its slot (a compose service of a group)."""
+        if self.settings.rate_per_s is None:
+            return
+        t0 = time.monotonic()
+        waited = False
+        self.waiting += 1
+        try:
+            while (wait := await asyncio.to_thread(self._take_token)) > 0:
+                waited = True
+                await asyncio.sleep(wait)
+        finally:
+            self.waiting -= 1
+            if waited:
+                self.waits += 1
+                self.wait_s += time.monotonic() - t0
+
+
+class CreateLimitsEnvError(ValueError):
+    """`SANDGYM_CREATE_LIMITS` does not hold backend name -> creation limits."""
+
+
+# -- the process's limiters, one per backend name ----------------------------------------------
+_registered: dict[str, HostCreateLimiter] = {}
+#: the limiters `SANDGYM_CREATE_LIMITS` made, for the value they were made from
+_from_env: dict[tuple[str, str], HostCreateLimiter | None] = {}
+_ADAPTER = TypeAdapter(dict[str, CreateLimitSettings])
+
+
+def limits_from_env(raw: str | None = None) -> dict[str, CreateLimitSettings]:
+    """The limits `SANDGYM_CREATE_LIMITS` names (none when unset or empty)."""
+    raw = os.environ.get(LIMITS_ENV, "") if raw is None else raw
+    if not raw.strip():
+        return {}
+    try:
+        return _ADAPTER.validate_python(json.loads(raw))
+    except (ValueError, ValidationError) as exc:
+        raise CreateLimitsEnvError(
+            f"{LIMITS_ENV}: expected JSON of backend name -> limits such as "
+            f'{{"docker": {{"max_starting": 2, "rate_per_s": 5}}}}, found {raw!r} ({exc})'
+        ) from None
+
+
+def register(backend: str, settings: CreateLimitSettings) -> HostCreateLimiter:
+    """Make a limiter with `settings` the process's limiter of `backend` (a pool does, while it
+    lives) and return it; `unregister` undoes it."""
+    limiter = HostCreateLimiter(backend, settings)
+    _registered[limiter.backend] = limiter
+    return limiter
+
+
+def unregister(limiter: HostCreateLimiter) -> None:
+    """Drop `limiter` from the process's limiters, if it is still the registered one."""
+    if _registered.get(limiter.backend) is limiter:
+        del _registered[limiter.backend]
+
+
+def shared_limiter(backend: str) -> HostCreateLimiter | None:
+    """The process's limiter of `backend`: the registered one (a pool's), else the one
+    `SANDGYM_CREATE_LIMITS` configures (made once), else None (no limits)."""
+    if backend in _registered:
+        return _registered[backend]
+    raw = os.environ.get(LIMITS_ENV, "")
+    if (backend, raw) not in _from_env:
+        settings = limits_from_env(raw).get(backend)
+        limiter = None
+        if settings is not None and settings.active:
+            limiter = HostCreateLimiter(backend, settings)
+        _from_env[(backend, raw)] = limiter
+    return _from_env[(backend, raw)]
+
+
+def creating(backend: str) -> contextlib.AbstractAsyncContextManager[None]:
+    """The limits of `backend` around one creation (a slot and a token; nothing without
+    limits): `async with creating(backend.name): await backend.create(spec)`."""
+    limiter = shared_limiter(backend)
+    if limiter is None:
+        return contextlib.nullcontext()
+    return limiter.starting()
+
+
+async def take_token(backend: str) -> None:
+    """One token of `backend`'s rate, for a container started inside a creation (nothing
+    without a rate)."""
+    limiter = shared_limiter(backend)
+    if limiter is not None:
+        await limiter.take_token()

@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandgym.sandboxes.createlimit import creating
+
 if TYPE_CHECKING:
     from sandgym.sandboxes.base import Sandbox, SandboxBackend
     from sandgym.sandboxes.spec import SandboxSpec
@@ -257,10 +259,12 @@ class OwnLifetimes:
         """`backend.create(spec)`, with a deadline `limit_s + grace_s` from when it is written
         (none with deadlines off); kept moving while this block runs."""
         if not self.settings.enabled:
-            return await backend.create(spec)
+            async with creating(backend.name):  # the creation limits the pool's obey too
+                return await backend.create(spec)
         token = set_first_lifetime(limit_s + self.settings.grace_s)
         try:
-            sb = await backend.create(spec)
+            async with creating(backend.name):
+                sb = await backend.create(spec)
         finally:
             _FIRST_LIFETIME.reset(token)
         if sb.deadline is not None:  # a backend without deadlines keeps none

@@ -404,6 +404,22 @@ class ResetInfo(_Info):
     verify: VerifyMode | None = Field(None, description="how the episode will be verified")
 
 
+class CompanionCost(BaseModel):
+    """A container that ran beside an episode's sandbox (a compose service, a private verifier
+    run): its seconds and what its cgroup says it consumed."""
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: str = Field(description="`service` or `verifier`")
+    name: str
+    seconds: float | None = None
+    cpu_s: float | None = None
+    peak_memory_bytes: int | None = None
+    peak_memory_unavailable: str | None = Field(
+        None, description="why peak_memory_bytes is None (sandgym.sandboxes.usage)"
+    )
+
+
 class EpisodeCost(BaseModel):
     """`info.cost` of the reply that ends an episode: what it cost in sandbox time, by phase,
     and what its sandbox consumed by its own accounting (None: the backend cannot say)."""
@@ -420,6 +436,16 @@ class EpisodeCost(BaseModel):
     peak_memory_bytes: int | None = Field(None, description="the sandbox cgroup's peak memory")
     bytes_written: int | None = Field(None, description="bytes its writes keep on disk")
     commands: int = Field(0, description="command actions run")
+    peak_memory_unavailable: str | None = Field(
+        None,
+        description="why peak_memory_bytes is None: cgroup_not_visible, no_memory_peak, "
+        "not_read, unsupported (sandgym.sandboxes.usage)",
+    )
+    companions: list[CompanionCost] = Field(
+        default_factory=list,
+        description="the containers beside the sandbox: its compose services, its private "
+        "verifier runs",
+    )
 
 
 class StepInfo(_Info):

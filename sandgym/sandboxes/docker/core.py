@@ -10,7 +10,7 @@ from typing import Any
 
 from sandgym.sandboxes.docker.client import DockerEngine
 from sandgym.sandboxes.errors import SandboxLostError
-from sandgym.sandboxes.usage import SandboxUsage
+from sandgym.sandboxes.usage import SandboxUsage, container_peak_memory
 
 
 def _proc_start_time(pid: int) -> str | None:
@@ -110,11 +110,15 @@ class Container:
             cpu_ns = (stats.get("cpu_stats") or {}).get("cpu_usage", {}).get("total_usage")
             mem = stats.get("memory_stats") or {}
             peak = mem.get("max_usage")  # cgroup v1; v2 engines report no peak
+            why = None
+            if peak is None:  # v2: the group's memory.peak, where this process sees it
+                peak, why = container_peak_memory(self.id, self.host_pid)
             rows = self.api.containers(all=True, filters={"id": self.id}, size=True)
             size = rows[0].get("SizeRw", 0) if rows else None  # 0 is left out
             return SandboxUsage(
                 cpu_s=None if cpu_ns is None else cpu_ns / 1e9,
                 peak_memory_bytes=peak,
+                peak_memory_unavailable=why,
                 bytes_written=size,
             )
 

@@ -44,6 +44,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from sandgym.sandboxes.common.tolerated import tolerate
+from sandgym.sandboxes.createlimit import take_token
 from sandgym.sandboxes.docker.names import LABEL_BRIDGE_DIR
 from sandgym.sandboxes.docker.service_life import has_shell, run_plain, run_with_deadline
 from sandgym.sandboxes.errors import SandboxCreateError, SandboxHealthcheckError
@@ -248,6 +249,9 @@ class DockerGroup:
         async def bring_up(svc: ServiceSpec) -> None:
             for dep, cond in svc.depends_on.items():
                 await condition(dep, cond)
+            # a container of its own: a token of the creation rate (the cap's slot is the
+            # sandbox's creation's, which this runs inside: sandgym.sandboxes.createlimit)
+            await take_token("docker")
             await asyncio.to_thread(self._create_and_start, svc, image_of[svc.name])
 
         for svc in services:

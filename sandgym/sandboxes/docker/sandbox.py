@@ -19,6 +19,7 @@ from sandgym.sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES
 from sandgym.sandboxes.docker.bridge import _remove_bridge_dir
 from sandgym.sandboxes.docker.changes import ContainerChanges
 from sandgym.sandboxes.docker.client import DockerEngine
+from sandgym.sandboxes.docker.companions import service_usage
 from sandgym.sandboxes.docker.confine import Confinement
 from sandgym.sandboxes.docker.core import Container
 from sandgym.sandboxes.docker.exec_kill import ContainerExec
@@ -106,7 +107,10 @@ class DockerSandbox(ShellSandbox):
             await asyncio.to_thread(write_deadline_file, self._group.life_dir, deadline)
 
     async def usage(self) -> SandboxUsage:
-        return await self.container.usage()
+        """Its container's, with its services' (read now) and its verifier runs' beside."""
+        used = await self.container.usage()
+        used.companions = [*await service_usage(self._group, self.created_at), *self._verifier.runs]
+        return used
 
     async def is_alive(self) -> bool:
         if self._closed:

@@ -60,7 +60,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sandgym.sandboxes.base import Sandbox, SandboxBackend
-from sandgym.sandboxes.createlimit import HostCreateLimiter
+from sandgym.sandboxes.createlimit import register, unregister
 from sandgym.sandboxes.errors import SandboxCreateError
 from sandgym.sandboxes.lifetime import LifetimeKeeper, set_first_lifetime
 from sandgym.sandboxes.pool.errors import (
@@ -125,10 +125,10 @@ class SandboxPool:
         self._sweep_task: asyncio.Task[None] | None = None
         self._keeper = LifetimeKeeper(self.settings.lifetime)
         limits = self.settings.host_limits
+        # The process's limiter of this backend while the pool lives: the sandboxes made
+        # outside the pool (verifiers, pristine copies) wait on the same one (createlimit).
         self._host_limiter = (
-            HostCreateLimiter(backend.name, limits)
-            if limits is not None and limits.active
-            else None
+            register(backend.name, limits) if limits is not None and limits.active else None
         )
 
     # -- public API ------------------------------------------------------------------------------
@@ -799,6 +799,8 @@ class SandboxPool:
         while self._destroy_tasks:
             await asyncio.wait(set(self._destroy_tasks))
         self._idle_event.set()
+        if self._host_limiter is not None:
+            unregister(self._host_limiter)
         # Retrieve results so no "exception was never retrieved" noise is left behind.
         for k in self._keys.values():
             k.ready.clear()
