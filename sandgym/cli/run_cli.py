@@ -41,7 +41,11 @@ def add_arguments(
         "--backend", choices=["local", "docker", "e2b", "null"], default=None,
         help="backend of the in-process server (default local)",
     )  # fmt: skip
-    parser.add_argument("--server", help="ws://HOST:PORT/v1/env of a running server")
+    parser.add_argument(
+        "--server",
+        help="ws://HOST:PORT/v1/env of a running server, or a fleet: a comma-separated list "
+        "of servers, or ray:ADDRESS (the episode goes to the one with the most room)",
+    )
     parser.add_argument("--token", help="bearer token of --server")
     parser.add_argument("--tasks", action="append", type=Path, metavar="DIR", default=[])
     parser.add_argument("--image-map", action="append", metavar="FROM=TO", default=[])

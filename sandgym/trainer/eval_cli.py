@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from sandgym.client.env_client import AsyncEnvClient
+from sandgym.client.fleet import parse_fleet, ws_url_of
 from sandgym.trainer.builders import build_agent, load_engine, uses_model
 from sandgym.trainer.cluster import NAMESPACE, ClusterError, ray_servers
 from sandgym.trainer.config import TrainConfig
@@ -57,7 +58,8 @@ def pass_at_k(n: int, c: int, k: int) -> float | None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--server-url",
-        help=f"env server (default {DEFAULT_SERVER}, unless --ray-servers finds servers)",
+        help=f"env server (default {DEFAULT_SERVER}, unless --ray-servers finds servers), or "
+        "a fleet: a comma-separated list of servers, or ray:ADDRESS (cluster up's servers)",
     )
     parser.add_argument(
         "--ray-servers",
@@ -187,7 +189,7 @@ def check_task_ids(urls: list[str], task_ids: list[str], token: str | None) -> N
 def server_urls(args: argparse.Namespace) -> tuple[list[str], Any]:
     """(the env servers' URLs, the fleet this run placed or None): `--server-url`, and with
     `--ray-servers` those found (or placed) through Ray (initialised by the caller)."""
-    urls = [args.server_url] if args.server_url else []
+    urls = [ws_url_of(u) for u in parse_fleet(args.server_url)] if args.server_url else []
     if args.ray_servers == "off":
         return urls or [DEFAULT_SERVER], None
 

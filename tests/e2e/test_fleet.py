@@ -104,6 +104,16 @@ def test_parse_fleet_forms() -> None:
         parse_fleet("a:1,http://b:2")
 
 
+def test_eval_takes_a_fleet_address() -> None:
+    """`sandgym eval --server-url A,B` evaluates on both servers (their episode URLs)."""
+    import argparse
+
+    from sandgym.trainer.eval_cli import server_urls
+
+    args = argparse.Namespace(server_url="http://a:1, ws://b:2/v1/env", ray_servers="off")
+    assert server_urls(args) == (["ws://a:1/v1/env", "ws://b:2/v1/env"], None)
+
+
 def test_ray_names_agree_with_cluster_up() -> None:
     """The client finds `sandgym cluster up`'s servers by the names the trainer gives them."""
     from sandgym.client import fleet
