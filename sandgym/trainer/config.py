@@ -73,9 +73,11 @@ class EnvSettings(_Settings):
     )
     connect_retries: int = Field(2, ge=0, description="reconnect attempts on a dropped connection")
     verify: Literal["shared", "pristine", "refuse-tampered"] | None = Field(
-        None,
+        "refuse-tampered",
         description="reset.options.verify of every episode (None: the server's or task's "
-        "choice); docs/verification.md",
+        "choice). Default refuse-tampered: no canary paid, no cost over shared, services and "
+        "edited shipped files keep working (docs/verification.md, 'The default of sandgym "
+        "train'); a backend without a change set (e2b) refuses it at reset: set shared there",
     )
     tampered: Literal["zero", "keep"] = Field(
         "zero",
@@ -303,7 +305,12 @@ class RunSettings(_Settings):
     name: str = Field("run", description="run name (subdirectory of output_dir)")
     output_dir: str = Field("runs", description="parent directory of run directories")
     num_updates: int = Field(2, ge=0, description="policy updates to perform")
-    checkpoint_every: int = Field(0, ge=0, description="checkpoint every N updates (0 = at end)")
+    checkpoint_every: int = Field(
+        5,
+        ge=0,
+        description="checkpoint every N updates (0 = at the end only); a killed run resumes "
+        "from the newest one (docs/training.md, Resume)",
+    )
     eval_every: int = Field(0, ge=0, description="evaluate on held-out seeds every N updates")
     eval_before: bool = Field(False, description="evaluate on held-out seeds before training")
     resume: bool = Field(

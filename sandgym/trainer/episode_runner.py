@@ -116,6 +116,8 @@ async def run_episode(
         async with open_client() as client:
             if not episode.server_url:
                 episode.server_url = str(getattr(client, "url", "") or "")
+            if book is not None:  # before the reset: an orphan is found (trainer/inflight.py)
+                kept.append(await book.intent(episode, episode.server_url))
             end = await play_episode(
                 client,
                 episode.task_id,

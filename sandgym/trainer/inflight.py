@@ -17,6 +17,18 @@ resend that never runs the verifier twice). One
 whose server or session is gone is recorded masked as infrastructure (`connection`), and the
 counts are reported (log, and `<run_dir>/inflight_recovery.json`).
 
+Orphans. A worker killed between the server's reset reply and writing the session into the
+episode's file would leave a session no file names: it kept a server slot until `resume_grace_s`
+ended, and the episode was neither resumed nor counted. So the worker first writes an *intent*
+(`InflightBook.intent`: server, task, seed, group, the time, before the reset is sent), which
+`opened` then overwrites with the session. On restart an intent still there is an orphan: the
+restart looks for its session in the server's `GET /v1/sessions` (a detached session of the same
+task and seed, started after the intent was written; each session matched once), records the
+episode masked as infrastructure (`connection`, its error naming the session found or saying none
+was) and counts it (`orphaned`, `orphan_sessions` in inflight_recovery.json). It cannot resume
+or close it (the resume token never reached the file): the server ends the detached session
+when its `resume_grace_s` runs out, as it ends any episode nobody came back for.
+
 A recovered episode is scored but not trained on: its group's other members were in the killed
 trainer's memory, so its advantage group cannot be formed again.
 """
@@ -33,6 +45,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
 
 from sandgym.client.env_client import AsyncEnvClient, EnvError
 from sandgym.trainer.episode import Episode, EpisodeWriter, Trajectory, read_episodes
@@ -80,6 +95,21 @@ class InflightBook:
         tmp = self.dir / f".{key}.tmp"
         tmp.write_text(json.dumps(data))
         os.replace(tmp, self.dir / f"{key}.json")
+
+    async def intent(self, episode: Episode, server_url: str) -> str:
+        """Before the reset is sent: the episode is about to open a session on `server_url`
+        (an orphan if the worker dies before `opened`: module docstring). Returns its key."""
+        key = episode_key(episode)
+        data = {
+            "intent": True,
+            "server_url": server_url,
+            "task_id": episode.task_id,
+            "seed": episode.seed,
+            "intent_at": time.time(),
+            "episode": episode.to_dict(with_tokens=True),
+        }
+        await asyncio.to_thread(self._write, key, data)
+        return key
 
     async def opened(self, episode: Episode, client: Any) -> str | None:
         """After the reset: the episode's session, so a new trainer can resume it. None when
@@ -135,14 +165,85 @@ class Recovery:
     resumed: int = 0  # resumed on their server and scored
     lost: int = 0  # server or session gone: masked as infrastructure
     ended: int = 0  # ended before the restart, never recorded: recorded as they ended
+    orphaned: int = 0  # a reset sent, no session written: masked as infrastructure
+    orphan_sessions: list[str] = field(default_factory=list)  # their sessions found detached
 
     def to_json(self) -> dict[str, Any]:
         return {
             "resumed": self.resumed,
             "lost": self.lost,
             "ended": self.ended,
+            "orphaned": self.orphaned,
+            "orphan_sessions": self.orphan_sessions,
             "episodes": len(self.episodes),
         }
+
+
+def sessions_url(server_url: str) -> str:
+    """`GET /v1/sessions` of the server whose episode endpoint is `server_url` (ws:// or wss://)."""
+    parts = urlsplit(server_url)
+    scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+    return urlunsplit((scheme, parts.netloc, "/v1/sessions", "", ""))
+
+
+async def _detached_sessions(server_url: str, token: str | None) -> list[dict[str, Any]] | str:
+    """The server's detached sessions, or why they could not be listed."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        async with httpx.AsyncClient(timeout=30) as http:
+            reply = await http.get(sessions_url(server_url), headers=headers)
+            reply.raise_for_status()
+            listed = reply.json().get("sessions", [])
+    except (httpx.HTTPError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return [s for s in listed if isinstance(s, dict) and not s.get("attached", True)]
+
+
+async def find_orphans(
+    intents: list[dict[str, Any]], token: str | None, now: float | None = None
+) -> list[tuple[str | None, str]]:
+    """For each intent (in order): (the session id found for it or None, what was found). A
+    session matches an intent when it is detached, of the same task and seed, and no older than
+    the intent; each session is matched once, the youngest intent first served its oldest match."""
+    now = time.time() if now is None else now
+    listings: dict[str, list[dict[str, Any]] | str] = {}
+    for url in sorted({str(d.get("server_url", "")) for d in intents}):
+        listings[url] = await _detached_sessions(url, token)
+    taken: set[str] = set()
+    out: list[tuple[str | None, str]] = []
+    for d in intents:
+        listed = listings[str(d.get("server_url", ""))]
+        if isinstance(listed, str):
+            out.append((None, f"the server's sessions could not be listed ({listed})"))
+            continue
+        since = now - float(d.get("intent_at", 0.0))
+        match = [
+            s
+            for s in listed
+            if s.get("task_id") == d.get("task_id")
+            and s.get("seed") == d.get("seed")
+            and float(s.get("age_s", 0.0)) <= since
+            and s.get("session_id") not in taken
+        ]
+        if not match:
+            out.append(
+                (
+                    None,
+                    "no detached session of its task and seed on its server (the reset "
+                    "never arrived, or the server already ended it)",
+                )
+            )
+            continue
+        sid = str(max(match, key=lambda s: float(s.get("age_s", 0.0)))["session_id"])
+        taken.add(sid)
+        out.append(
+            (
+                sid,
+                f"its session {sid} found detached on its server, which ends it when "
+                "its resume_grace_s runs out",
+            )
+        )
+    return out
 
 
 async def _recover_one(data: dict[str, Any], open_client: Callable[[str], Any]) -> Episode:
@@ -209,7 +310,23 @@ async def recover(
         except (OSError, ValueError) as exc:
             log.warning("inflight: unreadable %s left alone: %s", path, exc)
     done = [(p, d) for p, d in loaded if d.get("ended")]
-    live = [(p, d) for p, d in loaded if not d.get("ended")]
+    intents = [(p, d) for p, d in loaded if not d.get("ended") and d.get("intent")]
+    live = [(p, d) for p, d in loaded if not d.get("ended") and not d.get("intent")]
+    found = await find_orphans([d for _, d in intents], token) if intents else []
+    for (path, data), (sid, what) in zip(intents, found, strict=True):
+        ep = Episode.from_dict(data["episode"])
+        ep.metrics["recovered"] = 1.0
+        ep.termination = "connection"
+        ep.error = (
+            "orphaned: its rollout worker died between the reset and writing its session; " + what
+        )
+        for t in ep.trajectories:
+            t.reward = 0.0
+        out.episodes.append(ep)
+        out.orphaned += 1
+        if sid is not None:
+            out.orphan_sessions.append(sid)
+        path.unlink(missing_ok=True)
     for path, data in done:
         if path.stem not in (recorded or set()):
             ep = Episode.from_dict(data["episode"])
@@ -249,10 +366,14 @@ def recover_into_run(run_dir: Path, token: str | None, version: int) -> Recovery
     log.info(
         "restart: %d episodes in flight before it: %d resumed on their servers and scored, "
         "%d lost with their server or session (masked as infrastructure), %d had ended "
-        "unrecorded (recorded as they ended)",
+        "unrecorded (recorded as they ended), %d orphaned (reset sent, session never written; "
+        "masked; %d of their sessions found detached: %s)",
         len(result.episodes),
         result.resumed,
         result.lost,
         result.ended,
+        result.orphaned,
+        len(result.orphan_sessions),
+        ", ".join(result.orphan_sessions) or "-",
     )
     return result

@@ -222,3 +222,74 @@ async def test_an_episode_killed_in_its_submit_is_scored_once(
             trainer.kill()
             await trainer.wait()
         await asyncio.to_thread(srv.stop)
+
+
+ORPHAN = """
+import asyncio, os, signal, sys
+from pathlib import Path
+from sandgym.client.env_client import AsyncEnvClient
+from sandgym.trainer.episode import Episode
+from sandgym.trainer.episode_runner import run_episode
+from sandgym.trainer.inflight import InflightBook
+
+class DiesAfterTheReset(InflightBook):
+    async def opened(self, episode, client):  # the server replied; its session is never written
+        os.kill(os.getpid(), signal.SIGKILL)
+
+async def play(session):
+    raise AssertionError("never reached")
+
+asyncio.run(run_episode(
+    lambda: AsyncEnvClient(sys.argv[1]), Episode(task_id=sys.argv[3], seed=12, group_id="g12"),
+    play, book=DiesAfterTheReset(Path(sys.argv[2])),
+))
+"""
+
+
+def _sessions(srv: ServerProcess) -> list[dict[str, Any]]:
+    reply = httpx.get(f"{srv.http_url}/v1/sessions", timeout=10)
+    return list(reply.json()["sessions"])
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+async def test_an_orphaned_session_is_found_and_counted(task_dir: Path, tmp_path: Path) -> None:
+    """A worker killed between the server's reset reply and writing its session (issue 58 item
+    6): the restart finds the detached session from the intent the worker wrote before the
+    reset, records the episode masked and counts it; the server ends the session at its grace."""
+    srv = await asyncio.to_thread(
+        ServerProcess,
+        "local",
+        args=["--tasks", str(task_dir)],
+        env={
+            "SANDGYM_INCLUDE_BUILTIN": "false",
+            "SANDGYM_RESUME_GRACE_S": "15",
+            "SANDGYM_SWEEP_INTERVAL_S": "0.2",
+        },
+    )
+    run_dir = tmp_path / "run"
+    try:
+        worker = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", ORPHAN, srv.url, str(run_dir), NULL_TASK
+        )
+        assert await asyncio.wait_for(worker.wait(), 120) == -signal.SIGKILL
+        left = [json.loads(p.read_text()) for p in (run_dir / INFLIGHT_DIR).glob("*.json")]
+        assert len(left) == 1 and left[0]["intent"] and "session_id" not in left[0], left
+        await wait_until(
+            lambda: [s["attached"] for s in _sessions(srv)] == [False], 30.0, 0.1, "detached"
+        )
+        orphan = _sessions(srv)[0]["session_id"]
+
+        result = await asyncio.to_thread(recover_into_run, run_dir, None, 4)
+        assert result is not None and (result.orphaned, result.resumed, result.lost) == (1, 0, 0)
+        assert result.orphan_sessions == [orphan]
+        report = json.loads((run_dir / "inflight_recovery.json").read_text())
+        assert report["orphaned"] == 1 and report["orphan_sessions"] == [orphan]
+        assert not list((run_dir / INFLIGHT_DIR).glob("*.json"))
+        (record,) = read_episodes(run_dir / "episodes.jsonl")
+        assert record["seed"] == 12 and record["recovered"]
+        assert record["termination"] == "connection" and is_masked(record["termination"])
+        assert orphan in record["error"] and "orphaned" in record["error"]
+        # the server ends it when its grace runs out: its slot is free again
+        await wait_until(lambda: not _sessions(srv), 60.0, 0.2, "the orphan's session ended")
+    finally:
+        await asyncio.to_thread(srv.stop)

@@ -60,4 +60,8 @@ async def test_a_clean_report_changes_nothing() -> None:
     client = _Recording([_res(1.0, terminated=True, info={"tamper": clean})])
     ep = await _runner(client).run_episode("t", 0)
     assert ep.reward == 1.0 and "tampered" not in ep.metrics and ep.tamper == clean
-    assert not client.options  # no verify asked: the server's or the task's choice
+    # the trainer's default mode (docs/verification.md, 'The default of sandgym train')
+    assert client.options == {"verify": "refuse-tampered"}
+    client = _Recording([_res(1.0, terminated=True, info={"tamper": clean})])
+    await _runner(client, verify=None).run_episode("t", 0)
+    assert not client.options  # none asked: the server's or the task's choice
