@@ -19,9 +19,10 @@ import pytest
 from sandgym.cli.main import main as sandgym_main
 from sandgym.client.env_client import AsyncEnvClient
 from sandgym.server.runner import BackgroundServer
+from sandgym.server.settings import ServerSettings
 from sandgym.trainer.episode import Episode, EpisodeWriter
 from sandgym.trainer.episode_runner import EpisodeSession, run_episode
-from tests.e2e.conftest import NULL_TASK, REAL_BACKENDS
+from tests.e2e.conftest import NULL_TASK, REAL_BACKENDS, docker_image_available
 
 MIB = 2**20
 
@@ -97,3 +98,72 @@ async def test_episode_cost_reaches_reply_metrics_record_and_report(
     assert money["items"]["token_trained"] == 8
     assert set(money["unpriced"]) == {"cpu_second", "token_generated"}  # nothing invented
     assert Path(report["png"]).read_bytes()[:4] == b"\x89PNG"  # noqa: ASYNC240
+
+
+COMPOSE = """\
+services:
+  main:
+    environment:
+      FROM_COMPOSE: "yes"
+  svc:
+    image: sandgym/terminal
+    command: ["sleep", "infinity"]
+"""
+
+#: the tests hold 48 MiB in their container's /dev/shm (charged to its cgroup), then score 1
+HOLDING_TESTS = """\
+#!/bin/bash
+dd if=/dev/zero of=/dev/shm/held bs=1M count=48 2>/dev/null
+mkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt
+"""
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(not docker_image_available(), reason="sandgym/terminal not built")
+async def test_ledger_counts_the_compose_service_and_the_private_verifier(tmp_path: Path) -> None:
+    """An episode on docker whose task has a compose service and whose tests run in the private
+    verifier's own container: `info.cost.companions` holds both, each with its seconds, CPU
+    seconds and peak memory (the verifier's at least the 48 MiB its tests held), and /metrics
+    sums their seconds by kind."""
+    t = tmp_path / "tasks" / "with-service"
+    for sub in ("environment", "tests", "solution"):
+        (t / sub).mkdir(parents=True)
+    (t / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 60\n')
+    (t / "instruction.md").write_text("Nothing to do.\n")
+    (t / "environment" / "Dockerfile").write_text("FROM sandgym/terminal\nWORKDIR /app\n")
+    (t / "environment" / "docker-compose.yaml").write_text(COMPOSE)
+    (t / "tests" / "test.sh").write_text(HOLDING_TESTS)
+    (t / "solution" / "solve.sh").write_text("#!/bin/bash\ntrue\n")
+    settings = ServerSettings(
+        host="127.0.0.1", port=0, backend="docker", task_dirs=[tmp_path / "tasks"],
+        include_builtin=False, pool_size=0,
+    )  # fmt: skip
+    srv = BackgroundServer(settings, None)
+    srv.start()
+    try:
+
+        async def play(session: EpisodeSession) -> Any:
+            await session.step({"kind": "command", "command": "echo $FROM_COMPOSE"})
+            return "submitted"
+
+        def client() -> AsyncEnvClient:
+            return AsyncEnvClient(srv.url, request_timeout_s=180)
+
+        ep = await run_episode(client, Episode(task_id="with-service", seed=0), play)
+        assert ep.termination == "submitted", ep.error
+        cost = ep.cost
+        assert cost["peak_memory_bytes"] is not None and cost["peak_memory_unavailable"] is None
+        kinds = sorted(c["kind"] for c in cost["companions"])
+        assert kinds == ["service", "verifier"], cost["companions"]
+        for c in cost["companions"]:
+            assert c["seconds"] > 0 and c["cpu_s"] is not None, c
+            assert c["peak_memory_bytes"] is not None and c["peak_memory_unavailable"] is None, c
+        service = next(c for c in cost["companions"] if c["kind"] == "service")
+        verifier = next(c for c in cost["companions"] if c["kind"] == "verifier")
+        assert service["name"] == "svc" and verifier["peak_memory_bytes"] >= 48 * MIB
+        async with httpx.AsyncClient() as http:
+            text = (await http.get(f"{srv.http_url}/metrics")).text
+        got = _metric(text, 'sandgym_companion_seconds_total{kind="verifier"}')
+        assert abs(got - verifier["seconds"]) < 1e-6
+    finally:
+        srv.stop()
