@@ -15,7 +15,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from sandgym.sandboxes import Sandbox
-from sandgym.sandboxes.usage import SandboxUsage
+from sandgym.sandboxes.usage import SandboxUsage, counted_beside
 from sandgym.wire.protocol import CompanionCost, EpisodeCost
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,10 @@ async def episode_cost(
         bytes_written=used.bytes_written,
         commands=commands,
         peak_memory_unavailable=_why(used),
-        companions=[CompanionCost.model_validate(c.model_dump()) for c in used.companions],
+        companions=[
+            CompanionCost.model_validate(c.model_dump())
+            for c in [*used.companions, *counted_beside(sandbox)]
+        ],
     )
 
 

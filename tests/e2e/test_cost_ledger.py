@@ -167,3 +167,22 @@ async def test_ledger_counts_the_compose_service_and_the_private_verifier(tmp_pa
         assert abs(got - verifier["seconds"]) < 1e-6
     finally:
         srv.stop()
+
+
+@pytest.mark.parametrize("backend", REAL_BACKENDS)
+async def test_ledger_counts_the_pristine_verifier_sandbox(
+    backend: str, make_server: Callable[..., BackgroundServer]
+) -> None:
+    """A pristine verify makes a sandbox of its own for the tests: the ledger of the episode
+    counts it (`kind: pristine`, its seconds, CPU and peak memory, read before it closed)."""
+    srv = make_server(backend)
+    async with AsyncEnvClient(srv.url, request_timeout_s=180) as env:
+        await env.reset(NULL_TASK, seed=0, options={"verify": "pristine"})
+        await env.step("echo hello > /app/hello.txt")
+        res = await env.step({"kind": "submit"})
+    assert res.terminated and res.reward == 1.0, res.info.get("verifier_output")
+    companions = res.info["cost"]["companions"]
+    pristine = [c for c in companions if c["kind"] == "pristine"]
+    assert len(pristine) == 1, companions
+    assert pristine[0]["seconds"] > 0 and pristine[0]["cpu_s"] is not None, pristine
+    assert pristine[0]["peak_memory_bytes"] is not None, pristine

@@ -46,6 +46,7 @@ from sandgym.sandboxes import Sandbox, SandboxBackend, SandboxFileNotFoundError
 from sandgym.sandboxes.errors import ChangesUnsupportedError, SandboxError, SandboxLostError
 from sandgym.sandboxes.lifetime import OwnLifetimes
 from sandgym.sandboxes.spec import PathChanges
+from sandgym.sandboxes.usage import close_counted
 from sandgym.tasks.commands import run_checked
 from sandgym.tasks.episode_models import EpisodeSetup
 from sandgym.tasks.episode_start import prepare_episode
@@ -276,4 +277,4 @@ async def pristine_verifier_sandbox(
                 fresh, vsetup, copied, dropped, deleted, plan, total_bytes, total_files
             )
         finally:
-            await asyncio.shield(fresh.close())
+            await asyncio.shield(close_counted(fresh, beside=sandbox, kind="pristine"))

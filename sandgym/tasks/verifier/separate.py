@@ -19,6 +19,7 @@ from typing import Any
 from sandgym.sandboxes import Sandbox, SandboxBackend, SandboxFileNotFoundError, SandboxSpec
 from sandgym.sandboxes.lifetime import OwnLifetimes
 from sandgym.sandboxes.network import NetworkPolicy, clamp
+from sandgym.sandboxes.usage import close_counted
 from sandgym.tasks.dockerfile import apply_dockerfile
 from sandgym.tasks.episode_models import EpisodeSetup
 from sandgym.tasks.errors import TaskUnsupportedError
@@ -134,4 +135,4 @@ async def separate_verifier_sandbox(
             vsetup = setup.model_copy(update={"network": None, "desktop": None})
             yield SeparateVerifier(vtask, vsb, vsetup, copied)
         finally:
-            await asyncio.shield(vsb.close())
+            await asyncio.shield(close_counted(vsb, beside=sandbox, kind="separate_verifier"))
