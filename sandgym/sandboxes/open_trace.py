@@ -86,19 +86,26 @@ class OpenTrace:
     def start(self) -> None:
         """Watch every path (a link is watched as itself: resolve it first), then read events in
         a thread until `stop`."""
-        assert self._fd is not None
-        for label, host in self.paths.items():
-            if len(self._wds) >= self.max_watches:
-                self._result.unwatched.append(label)
-                continue
-            wd = self._libc.inotify_add_watch(self._fd, os.fsencode(host), IN_OPEN | IN_DONT_FOLLOW)
-            if wd < 0:
-                self._result.unwatched.append(label)
-                continue
-            self._wds[wd] = label
-        self._result.watched = len(self._wds)
+        self.watch(self.paths)
         self._thread = threading.Thread(target=self._loop, name="open-trace", daemon=True)
         self._thread.start()
+
+    def watch(self, paths: dict[str, str]) -> None:
+        """Watch more paths (label -> host path), also while the trace runs."""
+        with self._lock:
+            if self._fd is None:
+                return
+            for label, host in paths.items():
+                if self._result.watched >= self.max_watches or not host:
+                    self._result.unwatched.append(label)
+                    continue
+                mask = IN_OPEN | IN_DONT_FOLLOW
+                wd = self._libc.inotify_add_watch(self._fd, os.fsencode(host), mask)
+                if wd < 0:
+                    self._result.unwatched.append(label)
+                    continue
+                self._wds[wd] = label
+                self._result.watched += 1
 
     def _read(self) -> None:
         assert self._fd is not None

@@ -19,7 +19,7 @@ from sandgym.tasks.episode_models import EpisodeSetup
 from sandgym.tasks.errors import TaskError, TaskUnsupportedError
 from sandgym.tasks.models import TaskSpec
 from sandgym.tasks.steps import begin_step
-from sandgym.tasks.tamper import ChangeBaseline, mark_baseline
+from sandgym.tasks.tamper import engine_baseline, mark_baseline
 from sandgym.tasks.verifier.choice import pristine_needs_outputs, resolve_verify_mode
 
 #: where a generator may write its seed's instruction (see `_run_generator`)
@@ -93,7 +93,7 @@ async def prepare_episode(
     if baseline and sandbox.lists_changes and sandbox.builds_images and not wrote:
         # nothing written since the image: the agent's changes are all the changes (spares a
         # diff per reset, which the engine makes slowly on btrfs: about 1.6 s measured here)
-        setup.change_baseline = ChangeBaseline()
+        setup.change_baseline = await engine_baseline(sandbox)  # /etc/hosts and co
     elif baseline:
         await mark_episode(task, sandbox, setup)
     return setup

@@ -461,6 +461,13 @@ async def mark_baseline(task: TaskSpec, sandbox: Sandbox, workdir: str) -> Chang
     return ChangeBaseline(kinds=kinds, fingerprints=fps)  # type: ignore[arg-type]
 
 
+async def engine_baseline(sandbox: Sandbox) -> ChangeBaseline:
+    """The baseline of a sandbox nothing was written to since its image: no changed paths, and
+    the fingerprints of the files the engine mounts into it (`ENGINE_MOUNTED_FILES`)."""
+    fps = await sandbox.path_fingerprints(list(ENGINE_MOUNTED_FILES))
+    return ChangeBaseline(fingerprints=fps)
+
+
 def _has_below(path: str, parents: set[str]) -> bool:
     return any(p == path or p.startswith(path + "/") for p in parents)
 

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import os
 import posixpath
+import stat
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -38,6 +39,7 @@ from sandgym.tasks.errors import VerifierError
 from sandgym.tasks.models import TaskSpec
 from sandgym.tasks.paths import AGENT_LOGS, ARTIFACTS_DIR
 from sandgym.tasks.tamper import (
+    ENGINE_MOUNTED_FILES,
     MAX_LISTED,
     TamperedPath,
     TamperReport,
@@ -59,17 +61,17 @@ async def sandbox_host_root(sandbox: Sandbox) -> tuple[str | None, str]:
     """The host directory that is the sandbox's `/` (local: its tree; docker: the container's
     init's `/proc/<pid>/root`), or None and why not."""
     fs = getattr(sandbox, "fs", None)
-    if sandbox.backend_name == "local" and fs is not None:
+    if isinstance(fs, os.PathLike):  # local: the sandbox's tree is a host directory
         return os.fspath(fs), ""
     container = getattr(sandbox, "container", None)
-    if sandbox.backend_name == "docker" and container is not None:
+    if container is not None and hasattr(container, "api"):  # docker
         info = await asyncio.to_thread(container.api.inspect_container, container.id)
         pid = int((info.get("State") or {}).get("Pid") or 0)
         root = f"/proc/{pid}/root"
         if pid <= 0 or not os.access(root, os.R_OK | os.X_OK):
             return None, f"the container's root is not reachable from the host ({root})"
         return root, ""
-    return None, f"the {sandbox.backend_name} backend's files are not on this host"
+    return None, f"the {type(sandbox).__name__}'s files are not on this host"
 
 
 async def sandbox_search_path(sandbox: Sandbox) -> tuple[str, ...]:
@@ -77,7 +79,7 @@ async def sandbox_search_path(sandbox: Sandbox) -> tuple[str, ...]:
     laid under the task's; local: the sandbox's environment)."""
     value = ""
     container = getattr(sandbox, "container", None)
-    if sandbox.backend_name == "docker" and container is not None:
+    if container is not None and hasattr(container, "api"):
         info = await asyncio.to_thread(container.api.inspect_container, container.id)
         for item in (info.get("Config") or {}).get("Env") or []:
             if str(item).startswith("PATH="):
@@ -175,17 +177,49 @@ class VerifierTrace:
         return out
 
 
-def _watch_list(task: TaskSpec, report: TamperReport, workdir: str, root: str) -> dict[str, str]:
-    """sandbox path -> host path of every agent-changed file to watch (see the module docstring)."""
+def _candidates(task: TaskSpec, report: TamperReport, workdir: str) -> list[str]:
+    """The agent's changed paths to watch (see the module docstring)."""
     named = {p.path for p in report.paths}
+    return [
+        path
+        for path, change in sorted(report._changes.items())
+        if change != "deleted" and path not in named and not _excluded(task, path, workdir)
+    ]
+
+
+def _watch_list(paths: list[str], root: str) -> dict[str, str]:
+    """sandbox path -> host path of each of `paths` that is a file under `root` (links followed
+    inside it)."""
     out: dict[str, str] = {}
-    for path, change in sorted(report._changes.items()):
-        if change == "deleted" or path in named or _excluded(task, path, workdir):
-            continue
+    for path in paths:
         host = resolve_in_root(root, path)
         if host is not None and os.path.isfile(host):
             out[path] = host
     return out
+
+
+def _layer_files(paths: list[str], layer: str) -> dict[str, str]:
+    """sandbox path -> host path of each of `paths` that is a regular file in the image layer
+    directory `layer` (links not followed: a layer is not a root)."""
+    out: dict[str, str] = {}
+    for path in paths:
+        host = os.path.join(layer, path.lstrip("/"))
+        with contextlib.suppress(OSError):
+            if stat.S_ISREG(os.lstat(host).st_mode):
+                out[path] = host
+    return out
+
+
+def _snapshot_layer(api: Any, cid: str) -> str | None:
+    """(Thread) the host directory of the top image layer of the created container `cid` (its
+    snapshot of the sandbox, `docker commit`: overlay2's first lower directory below the init
+    layer)."""
+    info = api.inspect_container(cid)
+    data = (info.get("GraphDriver") or {}).get("Data") or {}
+    for layer in str(data.get("LowerDir") or "").split(":"):
+        if layer and not layer.rstrip("/").endswith("-init/diff"):
+            return layer
+    return None
 
 
 @contextlib.asynccontextmanager
@@ -203,16 +237,38 @@ async def traced_verifier(
     else:
         root, why = await sandbox_host_root(sandbox)
         vt.note = why
+    private = getattr(sandbox, "_verifier", None)  # docker: the verifier's own container
+    hooked = False
     if root is not None:
+        paths = _candidates(task, report, workdir)
         try:
-            watch = await asyncio.to_thread(_watch_list, task, report, workdir, root)
-            vt.trace = OpenTrace(watch)
+            if private is not None and hasattr(private, "on_created"):
+                # the verifier runs in a container of a snapshot of the sandbox: its files are
+                # the snapshot's layer, watched once that container is made, before it starts;
+                # the engine-mounted files it shares with the sandbox are watched here
+                mounted = [p for p in paths if p in ENGINE_MOUNTED_FILES]
+                vt.trace = OpenTrace(await asyncio.to_thread(_watch_list, mounted, root))
+                rest = [p for p in paths if p not in ENGINE_MOUNTED_FILES]
+                trace, api = vt.trace, sandbox.container.api  # type: ignore[attr-defined]
+
+                def on_created(cid: str) -> None:
+                    layer = _snapshot_layer(api, cid)
+                    if layer is not None:
+                        trace.watch(_layer_files(rest, layer))
+                    else:
+                        trace.watch({p: "" for p in rest})  # all unwatched: classed by paths
+
+                private.on_created, hooked = on_created, True
+            else:
+                vt.trace = OpenTrace(await asyncio.to_thread(_watch_list, paths, root))
             await asyncio.to_thread(vt.trace.start)
         except TraceUnavailableError as exc:
             vt.trace, vt.note = None, f"inotify unavailable: {exc}"
     try:
         yield vt
     finally:
+        if hooked and private is not None:
+            private.on_created = None
         if vt.trace is not None:
             vt.result = await asyncio.to_thread(vt.trace.stop)
 

@@ -3,8 +3,11 @@ every verify mode: on local a link to the expected answer the tests bring (`veri
 rewritten test input of a task that declares its outputs (`task_inputs`) and a `/conftest.py`
 that marks every test passed; on docker a replaced `diff`, a program the test script runs (the
 case the issue was filed for). Each is paid in `shared` and reported there, and paid in neither
-`pristine` nor `refuse-tampered`; the honest solution is paid in every mode. The whole suite is
-a bench (`sandgym bench canaries`), not run here."""
+`pristine` nor `refuse-tampered`; the honest solution is paid in every mode. Then the families only the
+trace of the verifier's run names (`TRACED`): paid in `shared` and reported there as
+`verifier_opened` by the inotify trace, refused after the run in `refuse-tampered`, unpaid in
+`pristine` (reported there by the fallback's paths). The whole suite is a bench (`sandgym bench
+canaries`), not run here."""
 
 from __future__ import annotations
 
@@ -21,6 +24,13 @@ from tests.e2e.conftest import docker_image_available, local_available
 BY_BACKEND = {
     "local": ("symlink-to-expected", "edit-test-inputs", "root-conftest"),
     "docker": ("replace-coreutil",),
+}
+#: the families only a trace of the verifier names (sandgym/tasks/tamper_trace.py): a program in
+#: a PATH directory of the image's own, a tool store, git hooks and config, name resolution
+#: (local's /etc is the host's, read-only: no /etc/hosts canary there)
+TRACED = {
+    "local": ("image-path-venv-python", "uv-managed-python", "git-hook", "git-config-hookspath"),
+    "docker": ("image-path-venv-python", "uv-managed-python", "git-hook", "hosts-fake-service"),
 }
 
 
@@ -75,3 +85,28 @@ async def test_canaries_per_mode(server: BackgroundServer) -> None:
         assert honest["reward"] == 1.0 and not honest["tamper"]["tampered"], honest
         honest = await play(server.url, tech.task, HONEST[tech.task], "pristine")
         assert honest["reward"] == 1.0, honest
+
+
+async def test_traced_families_per_mode(server: BackgroundServer) -> None:
+    backend = server.settings.backend
+    chosen = [t for t in techniques() if t.id in TRACED[backend]]
+    assert len(chosen) == len(TRACED[backend])
+    for tech in chosen:
+        seen = {}
+        for mode in MODES:
+            out = await play(server.url, tech.task, tech.command, mode)
+            assert out["error"] is None, (tech.id, mode, out)
+            assert out["agent_exit_code"] == 0, (tech.id, out.get("agent_output"))
+            tamper = out["tamper"]
+            cats = {p["category"] for p in tamper["paths"]}
+            seen[mode] = (out["reward"], bool(tamper["tampered"]), tamper["trace"]["method"])
+            if mode != "pristine":  # the verifier ran in the agent's sandbox: traced
+                assert "verifier_opened" in cats, (tech.id, mode, tamper)
+        assert seen == {
+            "shared": (1.0, True, "inotify"),
+            "pristine": (0.0, True, "paths"),
+            "refuse-tampered": (0.0, True, "inotify"),
+        }, tech.id
+        honest = await play(server.url, tech.task, HONEST[tech.task], "refuse-tampered")
+        assert honest["reward"] == 1.0 and not honest["tamper"]["tampered"], honest
+        assert honest["tamper"]["trace"]["method"] == "inotify", honest
