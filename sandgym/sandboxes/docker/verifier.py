@@ -17,6 +17,7 @@ from typing import Any
 
 from sandgym.sandboxes.common.files import one_file_tar
 from sandgym.sandboxes.common.output import CappedBuffer
+from sandgym.sandboxes.createlimit import creating
 from sandgym.sandboxes.docker.core import Container
 from sandgym.sandboxes.docker.names import (
     LABEL_BRIDGE_DIR,
@@ -29,6 +30,7 @@ from sandgym.sandboxes.errors import SandboxError
 from sandgym.sandboxes.lifetime import own_lifetime_settings
 from sandgym.sandboxes.paths import normalize_sandbox_path
 from sandgym.sandboxes.spec import ExecResult, SandboxSpec
+from sandgym.sandboxes.usage import CompanionUsage, VerifierCgroup
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,22 @@ log = logging.getLogger(__name__)
 #: of their reach; with it the tests may read the agent's processes' /proc entries, as Harbor's
 #: tests running beside them can.
 VERIFIER_EXTRA_CAP = "SYS_PTRACE"
+
+#: the backend name whose creation limits a verifier container obeys (`DockerBackend.name`)
+DOCKER_BACKEND = "docker"
+
+#: each engine's cgroup driver, asked once (the API client's id -> `CgroupDriver`)
+_DRIVERS: dict[int, str] = {}
+
+
+def _cgroup_driver(api: Any) -> str:
+    """(Thread) the engine's cgroup driver (`cgroupfs`, `systemd`), asked once per client."""
+    if id(api) not in _DRIVERS:
+        try:
+            _DRIVERS[id(api)] = str(api.info().get("CgroupDriver") or "")
+        except Exception:  # an engine that does not say: no parent group is set
+            _DRIVERS[id(api)] = ""
+    return _DRIVERS[id(api)]
 
 
 #: the verifier container's entrypoint (`sh -c _STDIN_BOOT STDIN_FILE LIFE CMD...`): its stdin
@@ -78,6 +96,8 @@ class PrivateVerifier:
         self.host = host
         self.labels = labels
         self.max_output_bytes = max_output_bytes
+        #: what each verifier container consumed (its episode's cost ledger counts them)
+        self.runs: list[CompanionUsage] = []
         #: called (in a thread) with each verifier container's id once it is created, before it
         #: starts: the tamper trace watches its snapshot's files then (sandgym/tasks/tamper_trace.py)
         self.on_created: Callable[[str], None] | None = None
@@ -162,6 +182,11 @@ class PrivateVerifier:
             host["pid_mode"] = f"container:{self.container.id}"
             host["cap_add"] = [*host.get("cap_add", ()), VERIFIER_EXTRA_CAP]
         host.pop("storage_opt", None)  # the verifier writes little; its writes are discarded
+        # Its figures outlive it in a parent group of its own (the ledger reads them at the end).
+        cgroup: VerifierCgroup | None = None
+        if await asyncio.to_thread(_cgroup_driver, api) == "cgroupfs":
+            cgroup = VerifierCgroup(name)
+            host["cgroup_parent"] = cgroup.parent
         life = own_lifetime_settings()  # its own end, should its server die mid-run
         life_s = f"{int(-(-(timeout_s + life.grace_s) // 1))}" if life.enabled else ""
         start = time.perf_counter()
@@ -210,11 +235,13 @@ class PrivateVerifier:
         exit_code: int | None = None
         try:
             try:
-                cid = await asyncio.shield(thread(prepare))
-                params = {"stdout": 1, "stderr": 1, "stream": 1}  # attached before the start
-                sock = await asyncio.shield(thread(api.attach_socket, cid, params=params))
-                reader = thread(_demux, sock, out, err)
-                await asyncio.shield(thread(api.start, cid))
+                # a container creation like a sandbox's: under the same creation limits
+                async with creating(DOCKER_BACKEND):
+                    cid = await asyncio.shield(thread(prepare))
+                    params = {"stdout": 1, "stderr": 1, "stream": 1}  # attached before start
+                    sock = await asyncio.shield(thread(api.attach_socket, cid, params=params))
+                    reader = thread(_demux, sock, out, err)
+                    await asyncio.shield(thread(api.start, cid))
             except docker.errors.APIError as exc:
                 await self.container.raise_if_lost("private exec", exc)
                 raise SandboxError(
@@ -238,8 +265,34 @@ class PrivateVerifier:
                 exit_code = int(status.get("StatusCode", -1))
         finally:
             await asyncio.shield(self._drop_verifier(in_flight, name, image))
+            await asyncio.shield(self._count_run(name, cgroup, time.perf_counter() - start))
         return ExecResult.from_buffers(
             out, err, exit_code=exit_code, timed_out=timed_out, started=start
+        )
+
+    async def _count_run(self, name: str, cgroup: VerifierCgroup | None, seconds: float) -> None:
+        """Add what the verifier container `name` consumed to `runs` (read from its parent group,
+        which is then removed)."""
+        if cgroup is None:
+            self.runs.append(
+                CompanionUsage(
+                    kind="verifier",
+                    name=name,
+                    seconds=seconds,
+                    peak_memory_unavailable="cgroup_not_visible",
+                )
+            )
+            return
+        used = await asyncio.to_thread(cgroup.read_and_remove)
+        self.runs.append(
+            CompanionUsage(
+                kind="verifier",
+                name=name,
+                seconds=seconds,
+                cpu_s=used.cpu_s,
+                peak_memory_bytes=used.peak_memory_bytes,
+                peak_memory_unavailable=used.peak_memory_unavailable,
+            )
         )
 
     async def _drop_verifier(
