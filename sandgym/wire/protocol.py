@@ -319,6 +319,20 @@ class TamperedPathInfo(BaseModel):
     category: str = Field(description="verifier_mounts, executables, loader, python_startup, ...")
 
 
+class TamperTraceInfo(BaseModel):
+    """`info.tamper.trace`: how the report followed what the verifier ran or read."""
+
+    model_config = ConfigDict(extra="allow")
+
+    method: str = Field(description="inotify (the verifier's run traced) or paths (not traced)")
+    watched: int = 0
+    opened: int = 0
+    unwatched: int = 0
+    overflow: bool = False
+    search_path: list[str] = Field(default_factory=list)
+    note: str | None = None
+
+
 class TamperInfo(BaseModel):
     """`info.tamper` of a scored `submit`: the episode's tamper report (docs/verification.md)."""
 
@@ -331,6 +345,7 @@ class TamperInfo(BaseModel):
     changed: int = Field(0, description="paths the agent changed in all")
     expected: int = Field(0, description="sensitive paths the task declares expected")
     reason: str | None = None
+    trace: TamperTraceInfo | None = Field(None, description="absent from older servers")
 
 
 class TaskStepInfo(BaseModel):
