@@ -92,7 +92,8 @@ def resolve_ray(address: str) -> list[str]:
             f"expected `ray` installed to resolve the fleet address {address!r}, found none"
         ) from exc
     target = address.strip()
-    target = "auto" if target in ("ray:", "ray:auto") else target
+    if not target.startswith("ray://"):  # ray:auto, ray:HOST:PORT (the GCS), ray: = auto
+        target = target.removeprefix("ray:") or "auto"
     started = not ray.is_initialized()
     if started:
         ray.init(address=target, namespace=RAY_NAMESPACE, log_to_driver=False)
