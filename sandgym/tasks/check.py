@@ -9,6 +9,13 @@ that one error instead. Readers (the CLI, lab/bench/harbor_compat.py) read these
 joined text. `TaskCheck.to_entry()` is the JSON line of the command's contract (`task_id`,
 `oracle_reward`, `noop_reward`, `error`, plus `phase_errors`, `shortfall` and the details).
 
+The check also says how `verify = "pristine"` would take the task's outputs
+(`TaskCheck.pristine`, read after the oracle's solution ran: sandgym.tasks.verifier.pristine):
+`declared` (its `metadata.outputs`), `derived` (what the solution created under the working
+directory; `pristine_kept_inputs` then lists the shipped files the solution edited, which a
+pristine verifier would not carry: declare them as outputs), or `refused: WHY` (a backend
+without a change set and no declared outputs, or a task pristine cannot verify at all).
+
 How a phase ends, beside the episode loop every runner of the wire shares
 (sandgym.client.episode_loop): a check drives the sandbox itself, below the wire (this layer may
 import neither the wire nor the client), so no error code arises here; it checks the task, not
@@ -30,17 +37,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-from sandgym.sandboxes.errors import SandboxCreateError
+from sandgym.sandboxes.errors import ChangesUnsupportedError, SandboxCreateError
 from sandgym.sandboxes.lifetime import OwnLifetimes
 from sandgym.sandboxes.spec import SandboxSpec
 from sandgym.tasks.episode import score_step
-from sandgym.tasks.episode_models import VerifierReason
+from sandgym.tasks.episode_models import EpisodeSetup, VerifierReason
 from sandgym.tasks.episode_start import prepare_episode
 from sandgym.tasks.errors import TaskError, TaskUnsupportedError, VerifierError
 from sandgym.tasks.models import TaskSpec
 from sandgym.tasks.oracle import run_oracle
 from sandgym.tasks.sandbox_spec import sandbox_spec_for
+from sandgym.tasks.tamper import declared_outputs
 from sandgym.tasks.verifier import FAIL_STATUSES
+from sandgym.tasks.verifier.choice import pristine_needs_outputs, pristine_unsupported
+from sandgym.tasks.verifier.pristine import output_plan
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +174,16 @@ class TaskCheck(BaseModel):
     )
     oracle: PhaseCheck | None = None
     noop: PhaseCheck | None = None
+    pristine: str | None = Field(
+        None,
+        description="how verify='pristine' takes the outputs: `declared`, `derived` or "
+        "`refused: why` (module docstring); None where the oracle's solution did not run",
+    )
+    pristine_kept_inputs: list[str] = Field(
+        default_factory=list,
+        description="shipped files under the working directory the oracle's solution edited: "
+        "derived outputs leave them out, so a pristine verifier sees the shipped ones",
+    )
 
     @property
     def oracle_reward(self) -> float | None:
@@ -256,9 +276,65 @@ class TaskCheck(BaseModel):
                 entry[f"{p.phase}_failed_tests"] = p.failed_tests
             if detail and p.verifier_output is not None:
                 entry[f"{p.phase}_verifier_output"] = p.verifier_output[-DETAIL_CHARS:]
+        if self.pristine is not None:
+            entry["pristine"] = self.pristine
+            if self.pristine_kept_inputs:
+                entry["pristine_kept_inputs"] = self.pristine_kept_inputs
         entry["phase_errors"] = [e.model_dump() for e in self.phase_errors]
         entry["shortfall"] = self.shortfall()
         return entry
+
+
+#: the most shipped files under the working directory whose content a check compares
+MAX_SHIPPED_COMPARED = 2000
+
+
+def _shipped(setup: EpisodeSetup) -> list[str]:
+    """The files the task's set-up wrote under the working directory (on a backend that builds
+    no image, its shipped files: their kind is `created` in the baseline as well)."""
+    if setup.change_baseline is None:
+        return []
+    top = setup.workdir.rstrip("/") or "/"
+    return sorted(
+        p
+        for p, kind in setup.change_baseline.kinds.items()
+        if kind != "deleted" and p.startswith(top + "/")
+    )[:MAX_SHIPPED_COMPARED]
+
+
+async def shipped_fingerprints(sandbox: Any, setup: EpisodeSetup) -> dict[str, str | None]:
+    """Fingerprints of `_shipped` files, taken before the oracle's solution runs."""
+    paths = _shipped(setup)
+    if not paths:
+        return {}
+    try:
+        return dict(await sandbox.path_fingerprints(paths))
+    except (ChangesUnsupportedError, NotImplementedError):
+        return {}
+
+
+async def pristine_note(
+    task: TaskSpec, sandbox: Any, setup: EpisodeSetup, before: dict[str, str | None] | None = None
+) -> tuple[str, list[str]]:
+    """(how verify='pristine' takes this task's outputs, the shipped files it would leave out)
+    for the sandbox as the oracle's solution left it (module docstring); `before`: the
+    `shipped_fingerprints` taken before it ran (the set-up's files it rewrote count too)."""
+    why = pristine_unsupported(task)
+    if why is not None:
+        return f"refused: {why}", []
+    if declared_outputs(task):
+        return "declared", []
+    try:
+        changes = await sandbox.changed_paths()
+    except ChangesUnsupportedError:
+        return f"refused: {pristine_needs_outputs(task)}", []
+    baseline = setup.change_baseline.kinds if setup.change_baseline is not None else {}
+    plan = output_plan(task, setup.workdir, changes, baseline)
+    kept = set(plan.kept_inputs)
+    if before:
+        after = await sandbox.path_fingerprints(list(before))
+        kept |= {p for p, fp in before.items() if after.get(p) != fp and after.get(p) is not None}
+    return "derived", sorted(kept)
 
 
 def _failing_tests_text(phase: PhaseCheck | None) -> str:
@@ -355,10 +431,15 @@ async def _check_phase(
         setup = await prepare_episode(task, sandbox, seed)
         while True:  # once, or once per step of a multi-step task
             if phase == "oracle":
+                before = await shipped_fingerprints(sandbox, setup) if not task.steps else {}
                 res = await run_oracle(task, sandbox, setup)
                 result.solution_ran = True
                 result.solution_exit_code = res.exit_code
                 result.solution_output = (res.stdout or "") + (res.stderr or "")
+                if not task.steps:
+                    check.pristine, check.pristine_kept_inputs = await pristine_note(
+                        task, sandbox, setup, before
+                    )
                 if res.exit_code != 0:
                     log.warning(
                         "task %s: oracle exited %s: %s",

@@ -320,4 +320,12 @@ async def _check_all(args: argparse.Namespace) -> int:
                 f"{mark} {e['task_id']}: oracle={e['oracle_reward']} noop={e['noop_reward']}"
                 + (f" -- {e['shortfall']}" if e.get("shortfall") else "")
             )
+            if e.get("pristine_kept_inputs"):  # what verify=pristine would not carry
+                print(
+                    f"     pristine: outputs derived; the solution edits shipped "
+                    f"{', '.join(e['pristine_kept_inputs'][:5])}, which a pristine verifier "
+                    "would not see: declare them in metadata.outputs"
+                )
+            elif str(e.get("pristine", "")).startswith("refused"):
+                print(f"     pristine: {e['pristine']}")
     return 0 if all(entry_ok(e) for e in entries) else 1

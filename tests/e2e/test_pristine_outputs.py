@@ -4,10 +4,12 @@ local backend (docs/verification.md, sandgym/tasks/verifier/pristine.py):
 - the outputs are derived: what the agent created under the working directory; a shipped input
   it rewrote stays the fresh sandbox's own, so the `edit-test-inputs` canary (rewrite the input
   the tests derive the expected answer from, then answer to match) is not paid, while the honest
-  answer is (and `shared` pays the canary: the hole this closes);
+  answer is (and `shared` and `refuse-tampered` pay the canary: the hole this closes);
 - the copy is bounded: outputs past the bound end the step as `verifier_error` (scored by the
   trainer, never masked), naming what was expected and what was found;
 - a copy that fails is a `verifier_error` too, not `internal`;
+- `sandgym tasks check` says how pristine takes each task's outputs: declared, derived (naming
+  the shipped files the solution edits, which a pristine verifier would not see), or refused;
 - a backend that lists no changed paths (null, like e2b) refuses `pristine` at reset for a task
   without `outputs`, by name.
 """
@@ -35,8 +37,8 @@ HONEST = "sort /app/data/input.txt > /app/out.txt"
 EDIT_INPUTS = "echo z > /app/data/input.txt && echo z > /app/out.txt"
 
 
-def _task(root: Path) -> None:
-    d = root / "sorted"
+def _task(root: Path, name: str = "sorted", solve: str = HONEST, toml: str = "") -> Path:
+    d = root / name
     for sub in ("environment/data", "tests", "solution"):
         (d / sub).mkdir(parents=True)
     (d / "task.toml").write_text(
@@ -49,6 +51,7 @@ def _task(root: Path) -> None:
             network_mode = "no-network"
             """
         )
+        + toml
     )
     (d / "instruction.md").write_text(
         "Write the lines of /app/data/input.txt, sorted, to /app/out.txt\n"
@@ -62,7 +65,8 @@ def _task(root: Path) -> None:
         "if cmp -s /tmp/expected.txt /app/out.txt; then echo 1; else echo 0; fi"
         " > /logs/verifier/reward.txt\n"
     )
-    (d / "solution" / "solve.sh").write_text(f"#!/bin/bash\n{HONEST}\n")
+    (d / "solution" / "solve.sh").write_text(f"#!/bin/bash\n{solve}\n")
+    return d
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +94,8 @@ async def _episode(url: str, command: str, verify: str) -> Any:
 async def test_derived_outputs_keep_the_shipped_inputs(server: BackgroundServer) -> None:
     res = await _episode(server.url, EDIT_INPUTS, "shared")
     assert res.reward == 1.0  # the hole: the tests read the input the agent rewrote
+    res = await _episode(server.url, EDIT_INPUTS, "refuse-tampered")
+    assert res.reward == 1.0  # not reported either: no category names an undeclared input
     res = await _episode(server.url, EDIT_INPUTS, "pristine")
     assert res.terminated and res.reward == 0.0, res.info.get("verifier_output")
     res = await _episode(server.url, HONEST, "pristine")
@@ -137,3 +143,33 @@ async def test_no_change_set_refuses_pristine_without_outputs_at_reset(make_serv
             await env.reset(NULL_TASK, seed=0, options={"verify": "pristine"})
         assert err.value.code == "unknown_task"
         assert "declares no metadata.outputs" in err.value.message
+
+
+async def test_tasks_check_says_how_pristine_takes_the_outputs(tmp_path: Path) -> None:
+    from sandgym.sandboxes import get_backend
+    from sandgym.tasks import load_task_dir
+    from sandgym.tasks.check import check_task
+
+    derived = _task(tmp_path, "derived")
+    # an answer that is an edit of a shipped file (the tests then read the edited input)
+    edits = _task(tmp_path, "edits", f"echo z >> /app/data/input.txt && {HONEST}")
+    declared = _task(tmp_path, "declared", toml='[metadata]\noutputs = ["/app/out.txt"]\n')
+    local = get_backend("local")
+    try:
+        checks = [await check_task(load_task_dir(d), local, {}, 0) for d in (derived, edits)]
+        checks.append(await check_task(load_task_dir(declared), local, {}, 0))
+    finally:
+        await local.aclose()
+    entries = {c.task_id: c.to_entry() for c in checks}
+    assert all(c.ok for c in checks), entries
+    assert entries["derived"]["pristine"] == "derived"
+    assert "pristine_kept_inputs" not in entries["derived"]
+    assert entries["edits"]["pristine"] == "derived"
+    assert entries["edits"]["pristine_kept_inputs"] == ["/app/data/input.txt"]
+    assert entries["declared"]["pristine"] == "declared"
+    null = get_backend("null")
+    try:
+        check = await check_task(load_task_dir(derived), null, {}, 0)
+    finally:
+        await null.aclose()
+    assert str(check.pristine).startswith("refused: it declares no metadata.outputs"), check
