@@ -59,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
 async def _play_llm(args: argparse.Namespace, url: str, token: str | None) -> dict[str, Any]:
     cfg = TrainConfig.model_validate(
         {
-            "env": {"server_urls": [url], "token": token, "task_ids": [args.task]},
+            # verify: the server's or task's choice (refuse-tampered is the trainer's default)
+            "env": {"server_urls": [url], "token": token, "task_ids": [args.task], "verify": None},
             "model": {"source": args.model},
             "agent": {"kind": "terminal", "max_turns": args.max_turns},
             "sampling": {"temperature": args.temperature, "max_new_tokens": args.max_new_tokens},

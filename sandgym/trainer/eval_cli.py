@@ -135,7 +135,13 @@ def eval_config(args: argparse.Namespace, server_urls: list[str]) -> Any:
 
     return TrainConfig.model_validate(
         {
-            "env": {"server_urls": server_urls, "token": args.token, "task_ids": args.tasks},
+            # verify: the server's or task's choice (refuse-tampered is the trainer's default)
+            "env": {
+                "server_urls": server_urls,
+                "token": args.token,
+                "task_ids": args.tasks,
+                "verify": None,
+            },
             "model": {"source": args.model},
             "agent": {
                 "kind": AGENT_KINDS[args.agent],
