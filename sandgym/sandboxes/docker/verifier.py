@@ -12,6 +12,7 @@ import logging
 import socket
 import time
 import uuid
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -46,18 +47,21 @@ VERIFIER_EXTRA_CAP = "SYS_PTRACE"
 #: the backend name whose creation limits a verifier container obeys (`DockerBackend.name`)
 DOCKER_BACKEND = "docker"
 
-#: each engine's cgroup driver, asked once (the API client's id -> `CgroupDriver`)
-_DRIVERS: dict[int, str] = {}
+#: each engine's cgroup driver, asked once (the API client -> `CgroupDriver`)
+_DRIVERS: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 
 
 def _cgroup_driver(api: Any) -> str:
     """(Thread) the engine's cgroup driver (`cgroupfs`, `systemd`), asked once per client."""
-    if id(api) not in _DRIVERS:
+    driver = _DRIVERS.get(api)
+    if driver is None:
         try:
-            _DRIVERS[id(api)] = str(api.info().get("CgroupDriver") or "")
+            driver = str(api.info().get("CgroupDriver") or "")
         except Exception:  # an engine that does not say: no parent group is set
-            _DRIVERS[id(api)] = ""
-    return _DRIVERS[id(api)]
+            driver = ""
+        with contextlib.suppress(TypeError):  # a client that takes no weak reference: ask again
+            _DRIVERS[api] = driver
+    return driver
 
 
 #: the verifier container's entrypoint (`sh -c _STDIN_BOOT STDIN_FILE LIFE CMD...`): its stdin
