@@ -13,8 +13,10 @@ import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import pytest
 
+from sandgym.client.env_client import AsyncEnvClient
 from sandgym.sandboxes import get_backend
 from sandgym.sandboxes.base import Sandbox, SandboxBackend
 from sandgym.sandboxes.createlimit import CreateLimitSettings, HostCreateLimiter, shared_limiter
@@ -24,6 +26,8 @@ from sandgym.sandboxes.pool import PoolSettings, SandboxPool
 from sandgym.sandboxes.services import ServiceSpec
 from sandgym.sandboxes.spec import SandboxSpec
 from sandgym.sandboxes.usage import CGROUP_ROOT
+from sandgym.server.runner import BackgroundServer
+from sandgym.server.settings import ServerSettings
 from sandgym.tasks import load_task_dir
 from sandgym.tasks.check import check_task
 from sandgym.tasks.registry import CATALOG_DIR
@@ -148,3 +152,56 @@ async def test_usage_counts_the_service_and_the_verifier_container(_: None) -> N
     finally:
         await sb.close()
         await backend.aclose()
+
+
+async def test_pristine_verifier_waits_on_the_servers_limits(tmp_path: Path) -> None:
+    """Through a real server: its pool's limits (`create_limits`) also hold back the sandbox a
+    pristine verify makes at submit. The test holds the one slot from outside the server, as
+    another server process on the host would (the slot files' locks), and the server's
+    `/metrics` shows the submit's creation waiting for it."""
+    backend = _backend("local")
+    await backend.aclose()
+    task = tmp_path / "tasks" / "hello"
+    for sub in ("environment", "tests", "solution"):
+        (task / sub).mkdir(parents=True)
+    (task / "task.toml").write_text('version = "1.0"\n[verifier]\ntimeout_sec = 30\n')
+    (task / "instruction.md").write_text("Write hello to /app/hello.txt\n")
+    (task / "environment" / "Dockerfile").write_text("FROM sandgym/terminal\nWORKDIR /app\n")
+    (task / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nmkdir -p /logs/verifier\n"
+        '[ "$(cat /app/hello.txt)" = hello ] && echo 1 > /logs/verifier/reward.txt'
+        " || echo 0 > /logs/verifier/reward.txt\n"
+    )
+    (task / "solution" / "solve.sh").write_text("#!/bin/bash\necho hello > /app/hello.txt\n")
+    limits = CreateLimitSettings(max_starting=1, directory=tmp_path / "limits")
+    settings = ServerSettings(
+        host="127.0.0.1", port=0, backend="local", task_dirs=[tmp_path / "tasks"],
+        include_builtin=False, pool_size=0, create_limits={"local": limits},
+    )  # fmt: skip
+    srv = BackgroundServer(settings, None)
+    srv.start()
+    other = HostCreateLimiter("local", limits)  # another process's view of the same slots
+
+    async def waiting() -> float:
+        async with httpx.AsyncClient() as http:
+            text = (await http.get(f"{srv.http_url}/metrics")).text
+        line = next(
+            x for x in text.splitlines() if x.startswith("sandgym_pool_create_limits_waiting")
+        )
+        return float(line.split()[-1])
+
+    try:
+        async with AsyncEnvClient(srv.url, request_timeout_s=120) as env:
+            await env.reset("hello", seed=0, options={"verify": "pristine"})
+            await env.step("echo hello > /app/hello.txt")
+            async with other.starting():
+                submit = asyncio.create_task(env.step({"kind": "submit"}))
+                await wait_until(
+                    lambda: submit.done() or waiting(), 60, what="the pristine sandbox waiting"
+                )
+                assert not submit.done()
+            res = await asyncio.wait_for(submit, 120)
+        assert res.terminated and res.reward == 1.0, res.info.get("verifier_output")
+        assert await waiting() == 0
+    finally:
+        srv.stop()
