@@ -186,3 +186,35 @@ async def test_ledger_counts_the_pristine_verifier_sandbox(
     assert len(pristine) == 1, companions
     assert pristine[0]["seconds"] > 0 and pristine[0]["cpu_s"] is not None, pristine
     assert pristine[0]["peak_memory_bytes"] is not None, pristine
+
+
+@pytest.mark.parametrize("backend", REAL_BACKENDS)
+async def test_ledger_counts_the_separate_verifier_sandbox(backend: str, tmp_path: Path) -> None:
+    """A Harbor separate verifier (`environment_mode = "separate"`) runs the tests in a sandbox
+    of their own: the episode's ledger counts it (`kind: separate_verifier`)."""
+    t = tmp_path / "tasks" / "sep"
+    for sub in ("environment", "tests"):
+        (t / sub).mkdir(parents=True)
+    (t / "task.toml").write_text(
+        'version = "1.0"\n[verifier]\ntimeout_sec = 60\nenvironment_mode = "separate"\n'
+    )
+    (t / "instruction.md").write_text("Nothing to do.\n")
+    (t / "environment" / "Dockerfile").write_text("FROM sandgym/terminal:latest\nWORKDIR /app\n")
+    (t / "tests" / "Dockerfile").write_text("FROM sandgym/terminal:latest\n")
+    (t / "tests" / "test.sh").write_text(
+        "#!/bin/bash\nmkdir -p /logs/verifier && echo 1 > /logs/verifier/reward.txt\n"
+    )
+    settings = ServerSettings(
+        host="127.0.0.1", port=0, backend=backend, task_dirs=[tmp_path / "tasks"],
+        include_builtin=False, pool_size=0,
+    )  # fmt: skip
+    with BackgroundServer(settings) as srv:
+        async with AsyncEnvClient(srv.url, request_timeout_s=180) as env:
+            await env.reset("sep", seed=0)
+            res = await env.step({"kind": "submit"})
+    assert res.terminated and res.reward == 1.0, res.info.get("verifier_output")
+    companions = res.info["cost"]["companions"]
+    separate = [c for c in companions if c["kind"] == "separate_verifier"]
+    assert len(separate) == 1, companions
+    assert separate[0]["seconds"] > 0 and separate[0]["cpu_s"] is not None, separate
+    assert separate[0]["peak_memory_bytes"] is not None, separate
