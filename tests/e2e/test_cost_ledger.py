@@ -2,7 +2,9 @@
 that ends the episode carries `info.cost` (sandbox seconds by phase, CPU seconds and peak memory
 from the sandbox's cgroup, bytes written, commands), the server's /metrics sums it, the trainer's
 episode record keeps it with the tokens, and `sandgym runs cost` sums records per update and per
-run, prices only what the price table names, and draws the PNG."""
+run, prices only what the price table names, and draws the PNG. What ran beside the sandbox is
+counted with it (`companions`): a compose service and the private verifier's container (docker),
+the sandbox a pristine or separate verifier made (local and docker)."""
 
 from __future__ import annotations
 
