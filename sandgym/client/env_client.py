@@ -49,7 +49,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 from sandgym.client.fleet import (
     Fleet,
@@ -200,7 +200,8 @@ class AsyncEnvClient:
             self.url = ws_url_of(base)
             try:
                 await self._connect_once()
-            except (OSError, TimeoutError, ConnectionLostError) as exc:
+            except (OSError, TimeoutError, ConnectionLostError, InvalidHandshake) as exc:
+                # InvalidHandshake: a server dying under the handshake (no valid HTTP reply)
                 self.fleet.mark_down(base, f"{type(exc).__name__}: {exc}")
                 failures.append(f"{base}: {exc}")
                 continue
