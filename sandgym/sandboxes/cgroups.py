@@ -108,9 +108,16 @@ class CgroupSet:
     def usage(self) -> SandboxUsage:
         """CPU seconds and peak memory of the group so far (its exec sub-groups included)."""
         if self.v2:
-            return cgroup_v2_usage(self.dirs["unified"])
+            used = cgroup_v2_usage(self.dirs["unified"])
+            if used.peak_memory_bytes is None:  # kernels before 5.19 have no memory.peak
+                missing = not (self.dirs["unified"] / "memory.peak").exists()
+                used.peak_memory_unavailable = "no_memory_peak" if missing else "not_read"
+            return used
         cpuacct = self.dirs.get("cpuacct") or self.dirs.get("cpu")  # cpu,cpuacct mounted as one
-        return cgroup_v1_usage(cpuacct, self.dirs.get("memory"))
+        used = cgroup_v1_usage(cpuacct, self.dirs.get("memory"))
+        if used.peak_memory_bytes is None:
+            used.peak_memory_unavailable = "not_read"
+        return used
 
     def oom_killed(self) -> bool:
         """True if the kernel OOM-killed something in this group (v1: failcnt > 0)."""

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from sandgym.sandboxes import cgroups
 from sandgym.sandboxes.createlimit import (
     LIMITS_ENV,
     CreateLimitsEnvError,
@@ -87,3 +88,19 @@ def test_limits_from_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: 
     assert shared_limiter("e2b") is None
     with pytest.raises(CreateLimitsEnvError, match="expected JSON of backend name -> limits"):
         limits_from_env('{"e2b": {"max_starting": 0}}')
+
+
+def test_local_cgroup_set_names_a_missing_v2_peak(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The local backend's groups on a v2 kernel without memory.peak: the reason, not a null."""
+    (tmp_path / "cgroup.controllers").write_text("cpu memory pids\n")
+    monkeypatch.setattr(cgroups, "ROOT", tmp_path)
+    cg = cgroups.CgroupSet("sb-1")
+    cg.dirs["unified"].mkdir(parents=True)
+    (cg.dirs["unified"] / "cpu.stat").write_text("usage_usec 1000000\n")
+    used = cg.usage()
+    assert used.cpu_s == 1.0 and used.peak_memory_unavailable == "no_memory_peak"
+    (cg.dirs["unified"] / "memory.peak").write_text("4096\n")
+    used = cg.usage()
+    assert used.peak_memory_bytes == 4096 and used.peak_memory_unavailable is None
