@@ -198,14 +198,19 @@ class AsyncEnvClient:
         failures = []
         for base in servers:
             self.url = ws_url_of(base)
+            self.fleet.placed(base)  # before connecting: concurrent connects see it
             try:
                 await self._connect_once()
-            except (OSError, TimeoutError, ConnectionLostError, InvalidHandshake) as exc:
+            except BaseException as exc:
+                self.fleet.unplace(base)
                 # InvalidHandshake: a server dying under the handshake (no valid HTTP reply)
+                if not isinstance(
+                    exc, (OSError, TimeoutError, ConnectionLostError, InvalidHandshake)
+                ):
+                    raise
                 self.fleet.mark_down(base, f"{type(exc).__name__}: {exc}")
                 failures.append(f"{base}: {exc}")
                 continue
-            self.fleet.placed(base)
             return
         raise ConnectionLostError(
             "internal",

@@ -317,13 +317,23 @@ class Fleet:
         return [s.url for s in sorted(up, key=lambda s: self._rank(s, key))]
 
     def placed(self, url: str, key: str | None = None) -> None:
-        """New work of `key` went to `url`: it counts against its room (and a ready sandbox)."""
+        """New work of `key` goes to `url`: it counts against its room (and a ready sandbox)
+        from now on. Callers mark it before sending, so concurrent placements see each other."""
         s = self.servers[http_base_of(url)]
         s.placed += 1
         s.placed_since_poll += 1
         fp = self._fingerprints.get(key) if key else None
         if fp is not None:
             s.taken[fp] = s.taken.get(fp, 0) + 1
+
+    def unplace(self, url: str, key: str | None = None) -> None:
+        """Work `placed` on `url` did not get there (refused, no answer): take it back."""
+        s = self.servers[http_base_of(url)]
+        s.placed = max(0, s.placed - 1)
+        s.placed_since_poll = max(0, s.placed_since_poll - 1)
+        fp = self._fingerprints.get(key) if key else None
+        if fp is not None and s.taken.get(fp):
+            s.taken[fp] -= 1
 
     def describe(self) -> list[dict[str, Any]]:
         """Each server's state (for logs and records)."""

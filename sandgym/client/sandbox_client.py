@@ -368,6 +368,7 @@ class SandboxClient:
         body = request.model_dump_json()
         last: SandboxApiError | None = None
         for base in servers:
+            self.fleet.placed(base, key)  # before the request: concurrent creates see it
             try:
                 r = await self._send(
                     base,
@@ -378,15 +379,15 @@ class SandboxClient:
                     timeout=request.environment.build_timeout_s + self._timeout_s,
                 )
                 _raise_for(r)
-            except (ServerLostError, CapacityError) as exc:
-                if self.fleet.single:
+            except BaseException as exc:
+                self.fleet.unplace(base, key)
+                if self.fleet.single or not isinstance(exc, (ServerLostError, CapacityError)):
                     raise
                 last = exc
                 continue
             info = SandboxInfo.model_validate_json(r.content)
             self.placement[info.sandbox_id] = base
             self.fleet.learn(key, info.fingerprint)
-            self.fleet.placed(base, key)
             return info
         assert last is not None
         raise CapacityError(

@@ -164,6 +164,16 @@ async def test_spread_route_kill_and_come_back(fleet2: list[Server]) -> None:
             assert await client.close(info.sandbox_id)
 
 
+async def test_concurrent_creations_spread(fleet2: list[Server]) -> None:
+    """Creations sent at once see each other's placement (counted before the request)."""
+    a, b = fleet2
+    async with SandboxClient(f"{a.url},{b.url}", timeout_s=30) as client:
+        infos = await asyncio.gather(*(client.create(request("c")) for _ in range(4)))
+        assert Counter(client.placement[i.sandbox_id] for i in infos) == {a.url: 2, b.url: 2}
+        for info in infos:
+            assert await client.close(info.sandbox_id)
+
+
 async def test_warm_pool_is_preferred(fleet2: list[Server]) -> None:
     a, b = fleet2
     async with SandboxClient(f"{a.url},{b.url}", timeout_s=30) as client:
