@@ -60,6 +60,10 @@ INFLIGHT_DIR = "inflight"
 #: submit in the verifier: a verifier's own limit is rarely longer), and how often it looks
 BUSY_WAIT_S = 1800.0
 BUSY_POLL_S = 0.5
+#: how many times a restart asks a server for its sessions (the orphan search)
+LIST_ATTEMPTS = 3
+#: clock slack when an orphan's session is matched by age (its server's clock, ours)
+AGE_SLACK_S = 2.0
 
 
 def episode_key(episode: Episode | dict[str, Any]) -> str:
@@ -189,14 +193,19 @@ def sessions_url(server_url: str) -> str:
 async def _detached_sessions(server_url: str, token: str | None) -> list[dict[str, Any]] | str:
     """The server's detached sessions, or why they could not be listed."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        async with httpx.AsyncClient(timeout=30) as http:
-            reply = await http.get(sessions_url(server_url), headers=headers)
-            reply.raise_for_status()
-            listed = reply.json().get("sessions", [])
-    except (httpx.HTTPError, ValueError) as exc:
-        return f"{type(exc).__name__}: {exc}"
-    return [s for s in listed if isinstance(s, dict) and not s.get("attached", True)]
+    why = ""
+    for attempt in range(LIST_ATTEMPTS):  # a busy server may miss one request
+        try:
+            async with httpx.AsyncClient(timeout=30) as http:
+                reply = await http.get(sessions_url(server_url), headers=headers)
+                reply.raise_for_status()
+                listed = reply.json().get("sessions", [])
+            return [s for s in listed if isinstance(s, dict) and not s.get("attached", True)]
+        except (httpx.HTTPError, ValueError) as exc:
+            why = f"{type(exc).__name__}: {exc}"
+            log.warning("inflight: listing %s failed (try %d): %s", server_url, attempt + 1, why)
+            await asyncio.sleep(0.5 * (attempt + 1))
+    return why
 
 
 async def find_orphans(
@@ -222,7 +231,7 @@ async def find_orphans(
             for s in listed
             if s.get("task_id") == d.get("task_id")
             and s.get("seed") == d.get("seed")
-            and float(s.get("age_s", 0.0)) <= since
+            and float(s.get("age_s", 0.0)) <= since + AGE_SLACK_S
             and s.get("session_id") not in taken
         ]
         if not match:

@@ -281,7 +281,7 @@ async def test_an_orphaned_session_is_found_and_counted(task_dir: Path, tmp_path
 
         result = await asyncio.to_thread(recover_into_run, run_dir, None, 4)
         assert result is not None and (result.orphaned, result.resumed, result.lost) == (1, 0, 0)
-        assert result.orphan_sessions == [orphan]
+        assert result.orphan_sessions == [orphan], result.episodes[0].error
         report = json.loads((run_dir / "inflight_recovery.json").read_text())
         assert report["orphaned"] == 1 and report["orphan_sessions"] == [orphan]
         assert not list((run_dir / INFLIGHT_DIR).glob("*.json"))
