@@ -1,5 +1,5 @@
 """`pristine` for tasks that declare no `outputs` (issue 58 item 4), through a real server on the
-local backend (docs/verification.md, sandgym/tasks/verifier/pristine.py):
+local and docker backends (docs/verification.md, sandgym/tasks/verifier/pristine.py):
 
 - the outputs are derived: what the agent created under the working directory; a shipped input
   it rewrote stays the fresh sandbox's own, so the `edit-test-inputs` canary (rewrite the input
@@ -28,9 +28,7 @@ from sandgym.sandboxes.errors import SandboxError
 from sandgym.server.runner import BackgroundServer
 from sandgym.server.settings import ServerSettings
 from sandgym.tasks.verifier import pristine
-from tests.e2e.conftest import local_available
-
-pytestmark = pytest.mark.skipif(not local_available(), reason="bubblewrap not installed")
+from tests.e2e.conftest import REAL_BACKENDS, local_available
 
 HONEST = "sort /app/data/input.txt > /app/out.txt"
 #: the canary of lab/bench/canaries.py, on a task that (like every shipped one) declares no outputs
@@ -69,12 +67,14 @@ def _task(root: Path, name: str = "sorted", solve: str = HONEST, toml: str = "")
     return d
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BackgroundServer]:
+@pytest.fixture(scope="module", params=REAL_BACKENDS)
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BackgroundServer]:
     root = tmp_path_factory.mktemp("pristine-outputs")
     _task(root)
     srv = BackgroundServer(
-        ServerSettings(host="127.0.0.1", port=0, backend="local", task_dirs=[root])
+        ServerSettings(host="127.0.0.1", port=0, backend=request.param, task_dirs=[root])
     )
     srv.start()
     yield srv
@@ -122,12 +122,14 @@ async def test_outputs_past_the_bound_are_a_verifier_error(
 async def test_a_failed_copy_is_a_verifier_error(
     server: BackgroundServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from sandgym.sandboxes.docker.sandbox import DockerSandbox
     from sandgym.sandboxes.local.sandbox import LocalSandbox
 
     async def broken(self: Any, src: str, dst: Path) -> None:
         raise SandboxError(f"reading {src}: input/output error")
 
     monkeypatch.setattr(LocalSandbox, "download", broken)
+    monkeypatch.setattr(DockerSandbox, "download", broken)
     with pytest.raises(EnvError) as err:
         await _episode(server.url, HONEST, "pristine")
     assert err.value.code == "verifier_error", err.value
@@ -145,6 +147,7 @@ async def test_no_change_set_refuses_pristine_without_outputs_at_reset(make_serv
         assert "declares no metadata.outputs" in err.value.message
 
 
+@pytest.mark.skipif(not local_available(), reason="bubblewrap not installed")
 async def test_tasks_check_says_how_pristine_takes_the_outputs(tmp_path: Path) -> None:
     from sandgym.sandboxes import get_backend
     from sandgym.tasks import load_task_dir
