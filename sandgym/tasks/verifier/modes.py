@@ -4,7 +4,11 @@
   tamper report says what of the agent's the verifier may have run;
 - `pristine`: in a fresh sandbox holding only the agent's outputs (`sandgym.tasks.verifier.pristine`);
 - `refuse-tampered`: as `shared`, unless the report names a path: then the verifier does not
-  run and the step scores the task's lowest reward (0 on the default range), with the reason.
+  run and the step scores the task's lowest reward (0 on the default range), with the reason;
+  a path only the trace of the run names (`verifier_opened`) scores the same after the run.
+
+`shared` and `refuse-tampered` run the verifier under the tamper trace
+(`sandgym.tasks.tamper_trace.run_traced`); `pristine` adds the paths fallback to its report.
 
 The mode comes from the reset (`options.verify`), else the server (`verify`), else the task
 (`metadata.verify` in task.toml), else `shared`: `resolve_verify_mode` (`sandgym.tasks.verifier.choice`,
