@@ -3,8 +3,9 @@
 `exec` uses the low-level exec API and reads the multiplexed stream itself (`streams`), so output
 is capped while it streams. Each exec carries a unique `SANDGYM_EXEC_ID` in its environment; on
 timeout every process that still carries it is stopped and killed, by a `docker exec`ed killer and
-by the container's main process, the kill helper (`HELPER_SCRIPT`), which needs no new pid and so
-still works when a fork bomb fills the pids limit. If leftovers of earlier execs exhaust the pids
+by the container's pid 1, which is also the kill helper (`HELPER_SCRIPT`): it needs no new pid and so
+still works when a fork bomb fills the pids limit. The same pid 1 keeps the sandbox's deadline, where
+no process inside can stop it (see HELPER_SCRIPT). If leftovers of earlier execs exhaust the pids
 limit, the next exec kills them and retries once."""
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from typing import Any
 from sandgym.sandboxes.common.files import files_tar
 from sandgym.sandboxes.common.kill import (
     EXEC_MARKER_ENV,
-    KILL_ALL_BUT_INIT_SCRIPT,
     kill_marked_bash_script,
     kill_marked_script,
 )
@@ -30,6 +30,7 @@ from sandgym.sandboxes.common.output import CappedBuffer
 from sandgym.sandboxes.common.tolerated import tolerate
 from sandgym.sandboxes.common.users import is_root_user
 from sandgym.sandboxes.docker.core import Container
+from sandgym.sandboxes.docker.names import BRIDGE_MOUNT
 from sandgym.sandboxes.docker.streams import _demux, _raw_socket
 from sandgym.sandboxes.errors import SandboxError
 from sandgym.sandboxes.paths import normalize_sandbox_path
@@ -43,55 +44,73 @@ log = logging.getLogger(__name__)
 #: the helper fell back to `sleep infinity` (seen: no helper ran in any sandbox).
 HELPER_DIR = "/run/sandgym-helper/kill"
 
-#: The sandbox's deadline (`sandgym.sandboxes.lifetime`): in the read-only bridge directory, which the
-#: host side writes and the agent cannot.
-DEADLINE_PATH = "/run/sandgym/deadline"
-
-#: The exit status with which the helper tells the init that the deadline passed.
-DEADLINE_EXIT = 99
+#: In the bridge directory (bind-mounted read-only, BRIDGE_MOUNT), the sandbox's deadline
+#: (`sandgym.sandboxes.lifetime`) lies: the host side writes it and the agent cannot.
+DEADLINE_PATH = BRIDGE_MOUNT + "/deadline"
 
 
-#: The container's kill helper (a child of its init, MAIN_INIT): a bash loop that forks
-#: nothing once started. Every 0.2 s it looks for non-empty files in HELPER_DIR, named by an
-#: exec's marker, kills the processes carrying that marker and truncates the file. Requests arrive through
-#: put_archive, which needs no process inside the container, so a timed-out command is killed
-#: even when a fork bomb holds every pid the pids limit allows and no `docker exec` can start.
-#: (As root without CAP_SYS_PTRACE it cannot read other users' environments; execs run as
-#: another user rely on the exec-based killer.) Images without bash get `sleep infinity`.
+#: The container's pid 1 when the image has bash (MAIN_INIT execs it): one bash loop that keeps
+#: the deadline and is the kill helper, and forks nothing once started. The kernel shields a
+#: namespace's pid 1 from the signals sent inside it (SIGKILL and SIGSTOP never arrive, others
+#: only when it has a handler, and it ignores the terminating ones), so no process in the
+#: sandbox, root with CAP_KILL included, can stop or kill it; it waits on no child, so stopping
+#: or killing any other process cannot block it; it runs from memory, so replacing /bin/bash or
+#: /bin/sh on disk changes nothing; it needs no new pid, page of disk or fork, so a fork bomb at
+#: the pids limit or a full disk leaves it running (a memory hog is the OOM killer's to end; if
+#: it ever picked pid 1, the container would end, which is the deadline's own outcome).
+#:
+#: - Deadline: it holds the read-only bridge directory as its working directory (so renaming
+#:   /run or building a fake /run/sandgym elsewhere moves nothing under it) and, once a second,
+#:   reads `deadline` there with builtins (`printf '%(%s)T'` for the time); past it, it exits,
+#:   which ends the container. The check also runs between every step of a kill request, so
+#:   request files or processes the agent piles up cannot hold it past a second or so.
+#: - Kill helper: every 0.2 s it looks for non-empty files in HELPER_DIR, named by an exec's
+#:   marker, kills the processes carrying that marker and truncates the file. Requests arrive
+#:   through put_archive, which needs no process inside the container, so a timed-out command is
+#:   killed even when a fork bomb holds every pid the pids limit allows and no `docker exec` can
+#:   start. (As root without CAP_SYS_PTRACE it cannot read other users' environments; execs run
+#:   as another user rely on the exec-based killer.)
+#: - Init: bash reaps any child that ends, orphans adopted by pid 1 included (its SIGCHLD
+#:   handler waits for any pid); a SIGCHLD sent from inside only wakes its sleep early.
+#: It sleeps with `read -t` on a pipe it holds both ends of (`3<> <(:)`): nothing on disk.
 HELPER_SCRIPT = (
-    "mkdir -p %s && { [ -p /run/sandgym-helper/tick ] || mkfifo /run/sandgym-helper/tick; } "
-    "&& exec 3<>/run/sandgym-helper/tick || exec sleep infinity\n"
-    'while :; do for f in %s/*; do [[ -s $f ]] || continue; m="%s=${f##*/}"; '
-    "for r in 1 2 3 4 5 6; do hit=(); for e in /proc/[0-9]*/environ; do "
-    "p=${e#/proc/}; p=${p%%/environ}; "
-    "while IFS= read -r -d '' v; do if [[ $v == \"$m\" ]]; then "
+    "trap '' HUP INT QUIT TERM USR1 USR2 ALRM PIPE VTALRM PROF XCPU XFSZ TSTP TTIN TTOU; "
+    "cd %s 2>/dev/null || cd /; exec 3<> <(:); mkdir -p %s 2>/dev/null; t=0; "
+    "due() { printf -v n '%%(%%s)T' -1; ((n == t)) && return; t=$n; "
+    "if read -r d 2>/dev/null < deadline && [[ $d =~ ^[0-9]+$ ]] && ((n > d)); then exit 0; fi; }\n"
+    'while :; do for f in %s/*; do due; [[ -s $f ]] || continue; m="%s=${f##*/}"; '
+    "for r in 1 2 3 4 5 6; do hit=(); for e in /proc/[0-9]*/environ; do due; "
+    "p=${e#/proc/}; p=${p%%/environ}; ((p == 1)) && continue; "
+    "while IFS= read -r -d '' v; do due; if [[ $v == \"$m\" ]]; then "
     'kill -STOP "$p" 2>/dev/null; hit+=("$p"); break; fi; done 2>/dev/null < "$e"; done; '
     '((${#hit[@]})) || break; kill -KILL "${hit[@]}" 2>/dev/null; done; : > "$f"; done; '
-    # once a second: past the deadline the host side wrote, end (the init then exits)
-    "printf -v n '%%(%%s)T' -1; if ((n != t)); then t=$n; "
-    "if read -r d 2>/dev/null < %s && [[ $d =~ ^[0-9]+$ ]] && ((n > d)); then exit %d; fi; fi; "
-    "read -t 0.2 -u 3; done"
-) % (HELPER_DIR, HELPER_DIR, EXEC_MARKER_ENV, DEADLINE_PATH, DEADLINE_EXIT)
+    "due; read -t 0.2 -u 3; done"
+) % (BRIDGE_MOUNT, HELPER_DIR, HELPER_DIR, EXEC_MARKER_ENV)
 
 
-#: sh starts the helper under bash when the image has bash; else a plain sh loop keeps the
-#: deadline (forking `sleep` and `date`: it is the helper, not the init, whose forks may fail).
+#: pid 1 of an image without bash (MAIN_INIT evals it in the image's sh): a loop that reads the
+#: deadline once a second, from the bridge directory held as its working directory. It must fork
+#: `sleep` and `date` and wait for them, so it is the one weaker case: a root agent that stops
+#: those children (`kill -STOP -1` at the right moment) holds it, and a full pids limit makes its
+#: forks fail (then it tries again, a second later). There is no kill helper in such an image.
+#: `wait`ing on its foreground children, the sh reaps adopted orphans too.
 MAIN_BOOT = (
-    'if command -v bash >/dev/null 2>&1; then exec bash -c "$0"; fi; '
-    'while sleep 5; do read d < %s && [ "$(date +%%s)" -gt "$d" ] && exit %d; done 2>/dev/null; '
-    "exec sleep infinity"
-) % (DEADLINE_PATH, DEADLINE_EXIT)
+    "cd %s 2>/dev/null || cd /; "
+    'while :; do read d < deadline && [ "$(date +%%s)" -gt "$d" ] && exit 0; sleep 1; '
+    "done 2>/dev/null"
+) % BRIDGE_MOUNT
 
-#: The container's pid 1 (no Docker init above it): runs MAIN_BOOT ($0, with the helper as its
-#: $0) as a child and starts it again whenever it ends. From inside, pid 1 gets only the signals
-#: it has a handler for, and this one has none, so the agent's `kill -9 -1` ends the helper and
-#: its own processes but never the container: a sandbox it could lose would be masked as
-#: infrastructure by the trainer. `wait` reaps any child, so adopted orphans too (as an init
-#: must); the `sleep 1` keeps a helper that cannot start from spinning. The helper ending with
-#: DEADLINE_EXIT (the sandbox's deadline passed, `sandgym.sandboxes.lifetime`) ends the init, and with
-#: it the container: nothing else can give that status (a signal's is 128+n).
-MAIN_INIT = 'while :; do sh -c "$0" "$1" & wait $!; [ $? = %d ] && exit 0; sleep 1; done' % (
-    DEADLINE_EXIT
+#: The container's entrypoint: `/bin/sh -c MAIN_INIT MAIN_BOOT HELPER_SCRIPT` (no Docker init
+#: above it). With bash in the image, pid 1 becomes bash running HELPER_SCRIPT ($1); without,
+#: the sh itself runs MAIN_BOOT ($0). Either way pid 1 gets, from inside, only the signals it
+#: has a handler for: the agent's `kill -9 -1` ends its own processes but never the container,
+#: which would turn its episode into a lost sandbox (masked as infrastructure by the trainer).
+MAIN_INIT = 'if command -v bash >/dev/null 2>&1; then exec bash -c "$1"; fi; eval "$0"'
+
+#: kills every process but pid 1 (the init and kill helper) and itself: what the agent left
+KILL_ALL_BUT_PID1_SCRIPT = (
+    'for p in /proc/[0-9]*; do pid=${p#/proc/}; [ "$pid" = 1 ] || [ "$pid" = $$ ] || '
+    'kill -9 "$pid" 2>/dev/null; done; exit 0'
 )
 
 
@@ -354,8 +373,7 @@ class ContainerExec:
         return await asyncio.to_thread(go)
 
     async def kill_agent_processes(self) -> None:
-        """Kill every process in the container but its init (pid 1), the kill helper and the
-        killer: what the agent left running. The helper is told apart as the oldest process
-        after pid 1 (it starts with the container; nothing the agent starts is older)."""
+        """Kill every process in the container but its init (pid 1, the kill helper too) and the
+        killer: what the agent left running."""
         for _ in range(3):  # a process forking while the list is made is caught next round
-            await self.raw_exec(["sh", "-c", KILL_ALL_BUT_INIT_SCRIPT], user="root")
+            await self.raw_exec(["sh", "-c", KILL_ALL_BUT_PID1_SCRIPT], user="root")

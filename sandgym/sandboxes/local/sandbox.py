@@ -62,19 +62,22 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 #: directory `<sandbox dir>/life`, which the server writes and the agent cannot.
 LIFE_MOUNT = "/run/sandgym-life"
 
-#: The deadline checker, the init's one child: bash (the host's, bound read-only) that forks
-#: nothing once started; about once a second it ends with 99 once the deadline has passed.
-CHECKER_SCRIPT = (
-    "exec 3<> <(:); while :; do read -t 1 -u 3; printf -v n '%%(%%s)T' -1; "
-    "if read -r d 2>/dev/null < %s/deadline && [[ $d =~ ^[0-9]+$ ]] && ((n > d)); then "
-    "exit 99; fi; done"
+#: The sandbox's pid 1 (bwrap's `--as-pid-1` child): the host's bash, bound read-only, that says
+#: it is up and then keeps the deadline with builtins alone, forking nothing and waiting on no
+#: child. The kernel shields a namespace's pid 1 from the signals sent inside it (SIGKILL and
+#: SIGSTOP never arrive, others only when it has a handler, and it ignores the terminating ones),
+#: so no process in the sandbox can stop or kill it, and stopping or killing any other process
+#: cannot block it; it needs no new pid, memory or disk, so neither a fork bomb nor a full disk
+#: holds it. It holds LIFE_MOUNT as its working directory and, once a second (`read -t 1` on a
+#: pipe it holds both ends of), reads `deadline` there; past it, it exits, which ends the
+#: sandbox. As pid 1 it reaps the namespace's orphans (bash's SIGCHLD handler waits for any pid).
+INIT_SCRIPT = (
+    "trap '' HUP INT QUIT TERM USR1 USR2 ALRM PIPE VTALRM PROF XCPU XFSZ TSTP TTIN TTOU; "
+    "cd %s 2>/dev/null || cd /; exec 3<> <(:); echo ready; "
+    "while :; do printf -v n '%%(%%s)T' -1; "
+    "if read -r d 2>/dev/null < deadline && [[ $d =~ ^[0-9]+$ ]] && ((n > d)); then "
+    "exit 0; fi; read -t 1 -u 3; done"
 ) % LIFE_MOUNT
-
-#: the sandbox's pid 1: says it is up, then runs the checker ($0) and waits on children forever
-#: (`wait` reaps any child, adopted orphans too); it exits, ending the sandbox, only when the
-#: checker reports the deadline passed (99: no signal gives that status). A checker the agent
-#: killed is started again; the `sleep 1` keeps one that cannot start from spinning.
-INIT_SCRIPT = 'echo ready; while :; do bash -c "$0" & wait $!; [ $? = 99 ] && exit 0; sleep 1; done'
 
 
 def local_user_refusal(user: object) -> str:
@@ -246,11 +249,12 @@ class LocalSandbox(ShellSandbox):
         for k, v in self.env.items():
             argv += ["--setenv", k, v]
         # The init is the namespace's pid 1 itself (--as-pid-1: no bwrap reaper above it). From
-        # inside, pid 1 only gets the signals it has a handler for, and this one has none: the
+        # inside, pid 1 only gets the signals it has a handler for, and this one has none but
+        # SIGCHLD's (the terminating ones it ignores, INIT_SCRIPT): the
         # agent's `kill -9 -1` (or `kill 1`) ends its own processes, never the sandbox, so it
         # cannot turn its episode into a lost sandbox (masked as infrastructure). As pid 1 it
-        # reaps the namespace's orphans: `wait` collects any child, adopted ones included.
-        argv += ["--as-pid-1", "sh", "-c", INIT_SCRIPT, CHECKER_SCRIPT]
+        # reaps the namespace's orphans; it also keeps the deadline (INIT_SCRIPT).
+        argv += ["--as-pid-1", "bash", "-c", INIT_SCRIPT]
         return argv
 
     def _join_prefix(self, cg: cgroups.CgroupSet | None = None) -> list[str]:
