@@ -3,11 +3,23 @@
 A sandbox's deadline is a unix time its backend keeps where the sandbox itself can read it and
 the agent cannot change it (docker: `/run/sandgym/deadline`, the bridge directory bind-mounted
 read-only; local: `/run/sandgym-life/deadline`, a read-only bind of a host directory; E2B: the
-provider's own sandbox timeout, `set_timeout`). Inside, the sandbox's pid-1 init (docker's
-`MAIN_INIT` with its helper, local's `INIT_SCRIPT` with its checker) reads it about once a second
-and exits once it has passed, which ends everything in the sandbox; E2B kills the VM at its
-timeout. So a sandbox whose server was killed (or hangs) ends by itself, without any server or
-reaper running.
+provider's own sandbox timeout, `set_timeout`). Inside, the sandbox's pid 1 itself (docker:
+bash running `HELPER_SCRIPT`, which `MAIN_INIT` execs; local: bash running `INIT_SCRIPT`) reads it
+about once a second and exits once it has passed, which ends everything in the sandbox; E2B kills
+the VM at its timeout. So a sandbox whose server was killed (or hangs) ends by itself, without any
+server or reaper running.
+
+Nothing inside can keep it alive past its deadline: the kernel delivers no SIGSTOP or SIGKILL sent
+inside a pid namespace to its pid 1, nor any signal it has no handler for (it ignores the
+terminating ones); it forks nothing and waits on no child once started (bash builtins only), so
+stopping or killing the other processes, a fork bomb, a full disk or replaced shells on disk leave
+it running; it reads the deadline relative to its working directory, the read-only mount. Bound:
+it ends within about 2.5 s of the deadline (whole seconds, checked once a second;
+tests/integration/test_deadline_attacks.py allows 10 s under load). Not covered: a docker image
+without bash, whose pid 1 is its `sh` forking `sleep` and `date` (a root agent that stops those
+holds it), and a compose service's watcher, a child of tini that the service's own root processes
+could stop (docs/operations.md). A private verifier's container shares the sandbox's pid namespace
+and ends with its pid 1 at the latest.
 
 What the deadline is (`desired_deadline`):
 - a sandbox waiting in the pool: `grace_s` from now, moved on while its server is alive;
