@@ -176,10 +176,11 @@ class ServerSettings(BaseSettings):
     def network_ceiling_policy(self) -> NetworkPolicy | None:
         return parse_policy(self.network_ceiling) if self.network_ceiling else None
 
-    @field_validator("sandbox_grace_s", mode="before")
+    @field_validator("sandbox_grace_s", "min_available_memory_mb", mode="before")
     @classmethod
     def _grace_off(cls, value: object) -> object:
-        # `SANDGYM_SANDBOX_GRACE_S=off` (or empty, none, null): no deadlines
+        # `SANDGYM_SANDBOX_GRACE_S=off` (or empty, none, null): no deadlines; the same for
+        # `SANDGYM_MIN_AVAILABLE_MEMORY_MB` (no memory floor)
         if isinstance(value, str) and value.strip().lower() in ("", "off", "none", "null"):
             return None
         return value

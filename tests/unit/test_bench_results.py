@@ -86,6 +86,9 @@ WRITERS: dict[str, tuple[str, ...]] = {
         "sandgym/wire/protocol.py",
     ),
     "pool.json": ("lab/bench/pool.py", "lab/bench/report.py"),
+    # `sandgym bench host_scale` (issue 59): its per-sandbox timings beside it
+    "host_scale.json": ("lab/bench/host_scale.py", "lab/bench/report.py"),
+    "host_scale.raw.jsonl": ("lab/bench/host_scale.py",),
     "reliability.json": ("lab/bench/reliability.py", "lab/bench/report.py"),
     "sandbox_latency.json": ("lab/bench/sandbox.py", "lab/bench/report.py"),
     "sessions.json": ("lab/bench/sessions.py", "lab/bench/report.py"),
@@ -197,6 +200,8 @@ DATA_MAPS: dict[str, tuple[str, ...]] = {
     "harness_eval.json": (),
     "harness_eval.episodes.jsonl": (),
     "pool.json": ("backends",),
+    "host_scale.json": ("backends",),
+    "host_scale.raw.jsonl": (),
     "reliability.json": (
         "abuse",
         "abuse/*/abuses",

@@ -42,6 +42,7 @@ def s(ms: float) -> str:
 
 
 SB, GR, HC, RE = "sandbox_latency.json", "group.json", "harbor_compat.json", "reliability.json"
+HS = "host_scale.json"  # `sandgym bench host_scale` (issue 59)
 SE, ST = "sessions.json", "step.json"
 GF = "group_first_command.json"
 OL = "openai_llamacpp.json"
@@ -291,6 +292,27 @@ FIGURES: list[tuple[str, Callable[[], str]]] = [
             f"{s(at(SB, 'backends/docker/create/min_ms'))}-"
             f"{s(at(SB, 'backends/docker/create/max_ms'))} s, "
             f"p50 {s(at(SB, 'backends/docker/create/p50_ms'))} s (`bench sandbox`)"
+        ),
+    ),
+    (
+        "host_scale local",
+        lambda: (
+            "| local | {made:,} | {rate} creates/s (first 100: {first}/s, last 100: {last}/s, "
+            "{ratio}x) | {close} closes/s | {mem} MiB (bare sleep {bare} MiB) | {p50} ms / "
+            "{p99} ms | {errors} / {left} |"
+        ).format(
+            made=at(HS, "backends/local/create/made"),
+            rate=at(HS, "backends/local/create/rate_per_s"),
+            first=at(HS, "backends/local/create/first_rate_per_s"),
+            last=at(HS, "backends/local/create/last_rate_per_s"),
+            ratio=at(HS, "backends/local/create/last_over_first"),
+            close=at(HS, "backends/local/close/rate_per_s"),
+            mem=at(HS, "backends/local/memory/per_sandbox_mib"),
+            bare=at(HS, "backends/local/bare/per_mib"),
+            p50=round(at(HS, "backends/local/claim/hit/p50_s") * 1000, 1),
+            p99=round(at(HS, "backends/local/claim/hit/p99_s") * 1000, 1),
+            errors=at(HS, "backends/local/create/errors"),
+            left=at(HS, "backends/local/leftovers_after_stop"),
         ),
     ),
     (
