@@ -259,3 +259,78 @@ async def test_local_sandbox_ends_by_its_deadline_whatever_root_does_inside(
         creator.wait()
         backend = LocalBackend(owner_id=owner)
         await backend.reap(only_expired=False)
+
+
+VERIFIER_CREATOR = textwrap.dedent(
+    """
+    import asyncio, json, subprocess, sys
+    from sandgym.sandboxes.docker import LABEL_VERIFIER_OF, DockerBackend
+    from sandgym.sandboxes.lifetime import set_first_lifetime
+    from sandgym.sandboxes.spec import SandboxSpec
+
+    async def main():
+        life, owner, image = sys.argv[1:4]
+        backend = DockerBackend(owner_id=owner)
+        set_first_lifetime(float(life))
+        sb = await backend.create(SandboxSpec(image=image, memory_mb=128, pids_limit=64))
+        # the verifier's tests hang; its own watcher would end them only after their timeout
+        # plus the grace (minutes): the sandbox's deadline must come first
+        run = asyncio.create_task(sb.exec_private(["sleep", "1000"], b"", timeout_s=600))
+        label = f"label={LABEL_VERIFIER_OF}={sb.id}"
+        while True:
+            ids = subprocess.run(["docker", "ps", "-q", "--no-trunc", "--filter", label],
+                                 capture_output=True, text=True).stdout.split()
+            if ids or run.done():
+                break
+            await asyncio.sleep(0.2)
+        print(json.dumps({"ref": sb.container_id, "deadline": sb.deadline,
+                          "verifier": ids[0] if ids else None}), flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+    """
+)
+
+
+def _spawn_verifier_creator(owner: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", VERIFIER_CREATOR, str(LIFE_S), owner, IMAGE],
+        cwd=REPO, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(not docker_ready(), reason=f"no Docker engine or no {IMAGE}")
+async def test_private_verifier_ends_with_its_sandbox_whatever_root_stops(
+    reaped: list[subprocess.Popen[str]],
+) -> None:
+    """The private verifier's container shares the sandbox's pid namespace: with every process
+    in it stopped by the agent's leftovers (its watcher and tests included), it still ends when
+    the sandbox's pid 1 does, by the sandbox's deadline plus the bound."""
+    creator = _spawn_verifier_creator("test-dlv-" + os.urandom(4).hex())
+    reaped.append(creator)
+    assert creator.stdout is not None
+    line = await asyncio.to_thread(creator.stdout.readline)
+    assert line, f"the creator exited ({creator.poll()}) before printing its sandbox"
+    made = json.loads(line)
+    cid, vid = str(made["ref"]), made["verifier"]
+    try:
+        assert vid is not None, "the private verifier's container never ran"
+        creator.send_signal(signal.SIGSTOP)  # nothing moves the deadline on or reaps any more
+        await asyncio.to_thread(
+            subprocess.run,
+            ["docker", "exec", "-u", "root", cid, "sh", "-c", "kill -STOP -1"],
+            check=True, timeout=30,
+        )  # fmt: skip
+        both = [
+            {"ref": cid, "deadline": made["deadline"]},
+            {"ref": vid, "deadline": made["deadline"]},
+        ]
+        await _assert_all_gone_in_time(both, ["sandbox", "private verifier"], _docker_running)
+    finally:
+        creator.send_signal(signal.SIGKILL)
+        creator.wait()
+        await asyncio.to_thread(
+            subprocess.run, ["docker", "rm", "-f", cid, *([vid] if vid else [])],
+            capture_output=True, timeout=60,
+        )  # fmt: skip
