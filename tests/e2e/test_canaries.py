@@ -11,6 +11,7 @@ canaries`), not run here."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -91,10 +92,14 @@ async def test_traced_families_per_mode(server: BackgroundServer) -> None:
     backend = server.settings.backend
     chosen = [t for t in techniques() if t.id in TRACED[backend]]
     assert len(chosen) == len(TRACED[backend])
-    for tech in chosen:
+    for tech in chosen:  # the three modes and the honest control at once (they are apart)
         seen = {}
-        for mode in MODES:
-            out = await play(server.url, tech.task, tech.command, mode)
+        outs = await asyncio.gather(
+            *(play(server.url, tech.task, tech.command, mode) for mode in MODES),
+            play(server.url, tech.task, HONEST[tech.task], "refuse-tampered"),
+        )
+        honest = outs[-1]
+        for mode, out in zip(MODES, outs[:-1], strict=True):
             assert out["error"] is None, (tech.id, mode, out)
             assert out["agent_exit_code"] == 0, (tech.id, out.get("agent_output"))
             tamper = out["tamper"]
@@ -107,6 +112,5 @@ async def test_traced_families_per_mode(server: BackgroundServer) -> None:
             "pristine": (0.0, True, "paths"),
             "refuse-tampered": (0.0, True, "inotify"),
         }, tech.id
-        honest = await play(server.url, tech.task, HONEST[tech.task], "refuse-tampered")
         assert honest["reward"] == 1.0 and not honest["tamper"]["tampered"], honest
         assert honest["tamper"]["trace"]["method"] == "inotify", honest
