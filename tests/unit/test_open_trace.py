@@ -36,10 +36,13 @@ def test_opened_files_are_seen(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs root")
 def test_read_through_a_bind_mount_elsewhere_is_seen(tmp_path: Path) -> None:
-    (tmp_path / "data.txt").write_text("x\n")
-    trace = OpenTrace({"/data.txt": str(tmp_path / "data.txt")})
+    src, mnt = tmp_path / "src", tmp_path / "mnt"
+    src.mkdir()
+    mnt.mkdir()
+    (src / "data.txt").write_text("x\n")
+    trace = OpenTrace({"/data.txt": str(src / "data.txt")})
     trace.start()
-    script = f"mkdir -p /mnt/tr && mount --bind {tmp_path} /mnt/tr && cat /mnt/tr/data.txt"
+    script = f"mount --bind {src} {mnt} && cat {mnt}/data.txt"
     subprocess.run(["unshare", "-m", "sh", "-c", script], check=True, capture_output=True)
     assert trace.stop().opened == ["/data.txt"]
 
