@@ -11,23 +11,17 @@ where this process sees it (the server beside dockerd): `container_peak_memory`.
 What ran beside a sandbox for its episode is counted with it (`companions`): a docker sandbox's
 compose services (read when the usage is) and each private verifier container (read when its
 run ends, from the group the engine put it under: `VerifierCgroup`); and the sandboxes made for
-its verifier (a pristine or separate verifier's: `close_counted` reads them before closing them,
-with their own companions)."""
+its verifier (a pristine or separate verifier's: `sandgym.sandboxes.companions.close_counted`
+reads them before closing them, with their own companions)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
-import time
-import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field
-
-if TYPE_CHECKING:
-    from sandgym.sandboxes.base import Sandbox
 
 #: the host's cgroup file system as this process sees it
 CGROUP_ROOT = Path(os.environ.get("SANDGYM_CGROUP_ROOT", "/sys/fs/cgroup"))
@@ -200,38 +194,3 @@ class VerifierCgroup:
             with contextlib.suppress(OSError):
                 d.rmdir()
         return used
-
-
-#: what was counted beside a sandbox and is not part of its own usage (`close_counted`)
-_BESIDE: weakref.WeakKeyDictionary[Sandbox, list[CompanionUsage]] = weakref.WeakKeyDictionary()
-
-#: a companion sandbox's usage read for longer than this is left out (its figures None)
-READ_TIMEOUT_S = 10.0
-
-
-def counted_beside(sandbox: Sandbox) -> list[CompanionUsage]:
-    """What `close_counted` recorded beside `sandbox` (its episode's ledger adds it)."""
-    return list(_BESIDE.get(sandbox, ()))
-
-
-async def close_counted(companion: Sandbox, *, beside: Sandbox, kind: CompanionKind) -> None:
-    """Close `companion` (a sandbox made for `beside`'s episode: a pristine or separate
-    verifier's), having read its usage first and recorded it, and its own companions, beside
-    `beside`. The close happens whatever the read does."""
-    try:
-        try:
-            used = await asyncio.wait_for(companion.usage(), READ_TIMEOUT_S)
-        except Exception:  # gone, or a slow engine: the figures are unknown, not 0
-            used = SandboxUsage(peak_memory_unavailable="not_read")
-        seconds = max(0.0, time.time() - companion.created_at)
-        entry = CompanionUsage(
-            kind=kind,
-            name=companion.id,
-            seconds=seconds,
-            cpu_s=used.cpu_s,
-            peak_memory_bytes=used.peak_memory_bytes,
-            peak_memory_unavailable=used.peak_memory_unavailable,
-        )
-        _BESIDE.setdefault(beside, []).extend([entry, *used.companions])
-    finally:
-        await companion.close()

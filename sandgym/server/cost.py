@@ -15,7 +15,8 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from sandgym.sandboxes import Sandbox
-from sandgym.sandboxes.usage import SandboxUsage, counted_beside
+from sandgym.sandboxes.companions import counted_beside
+from sandgym.sandboxes.usage import SandboxUsage
 from sandgym.wire.protocol import CompanionCost, EpisodeCost
 
 log = logging.getLogger(__name__)

@@ -43,10 +43,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandgym.sandboxes import Sandbox, SandboxBackend, SandboxFileNotFoundError
+from sandgym.sandboxes.companions import close_counted
 from sandgym.sandboxes.errors import ChangesUnsupportedError, SandboxError, SandboxLostError
 from sandgym.sandboxes.lifetime import OwnLifetimes
 from sandgym.sandboxes.spec import PathChanges
-from sandgym.sandboxes.usage import close_counted
 from sandgym.tasks.commands import run_checked
 from sandgym.tasks.episode_models import EpisodeSetup
 from sandgym.tasks.episode_start import prepare_episode

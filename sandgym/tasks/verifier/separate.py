@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from sandgym.sandboxes import Sandbox, SandboxBackend, SandboxFileNotFoundError, SandboxSpec
+from sandgym.sandboxes.companions import close_counted
 from sandgym.sandboxes.lifetime import OwnLifetimes
 from sandgym.sandboxes.network import NetworkPolicy, clamp
-from sandgym.sandboxes.usage import close_counted
 from sandgym.tasks.dockerfile import apply_dockerfile
 from sandgym.tasks.episode_models import EpisodeSetup
 from sandgym.tasks.errors import TaskUnsupportedError
