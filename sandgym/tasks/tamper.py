@@ -18,7 +18,10 @@ What a report cannot see: a process the agent left running that changes a path a
 was taken (the report is taken just before the verifier starts); a change to what a task's own
 set-up wrote that keeps the same fingerprint (docker: a file over 4 MiB rewritten with its old
 size and mtime); and anything outside the categories (a test that reads a file of the agent's
-whose content it trusts). See docs/verification.md.
+whose content it trusts). The last is what `sandgym.tasks.tamper_trace` adds after the verifier's
+run: each changed file the run opened (`verifier_opened`), or, where the run cannot be traced,
+the changes `FALLBACK_CATEGORIES` and the sandbox's PATH name (`TamperReport.trace` says which).
+See docs/verification.md.
 """
 
 from __future__ import annotations
