@@ -252,7 +252,10 @@ async def traced_verifier(
                 trace, api = vt.trace, sandbox.container.api  # type: ignore[attr-defined]
 
                 def on_created(cid: str) -> None:
-                    layer = _snapshot_layer(api, cid)
+                    try:  # never the verifier's failure: unwatched, classed by paths instead
+                        layer = _snapshot_layer(api, cid)
+                    except Exception:
+                        layer = None
                     if layer is not None:
                         trace.watch(_layer_files(rest, layer))
                     else:
