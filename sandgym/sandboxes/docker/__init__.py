@@ -7,8 +7,9 @@ capabilities dropped except the few a root user needs to work on its own files,
 the engine's bridge, attached or detached per phase; no-network = loopback only; allowlist =
 loopback plus an egress proxy listening in the container's network namespace,
 `sandgym.sandboxes.egress`).
-The init's child is a small fork-free bash loop, the kill helper (`HELPER_SCRIPT`; plain
-`sleep infinity` in images without bash). Images come by name (default
+With bash in the image the init execs a fork-free bash loop as pid 1 (`HELPER_SCRIPT`): the
+kill helper and the deadline keeper, which no process inside can stop; without bash the image's
+sh keeps the deadline (`MAIN_BOOT`) and there is no helper. Images come by name (default
 `sandgym/terminal:latest`, made offline by `images/bootstrap-base.sh`), or are built from
 `spec.build_context` once per content hash (`sandgym/ctx:<hash16>`, reused while it exists;
 concurrent creates of one context share one build).
