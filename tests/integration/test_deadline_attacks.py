@@ -215,7 +215,13 @@ def _start_docker_attacks(ids: list[str], names: list[str]) -> None:
 
 
 def _start_local_attacks(refs: list[int], names: list[str]) -> list[subprocess.Popen[bytes]]:
-    """Each attack as root in its own local sandbox, entered as its exec enters it (nsenter)."""
+    """Each attack as root in its own local sandbox, entered as its exec enters it (nsenter).
+    Refused for a pid not in a pid namespace of its own: `kill -STOP -1` entered into this
+    host's namespace would stop every process of the machine."""
+    own = _pid_ns(os.getpid())
+    for ref in refs:
+        ns = _pid_ns(ref)
+        assert ns is not None and ns != own, f"pid {ref} is not a sandbox's init (pid ns {ns})"
     return [
         subprocess.Popen(
             ["nsenter", "-t", str(ref), "-a", "sh", "-c", LOCAL_ATTACKS[name]],
