@@ -318,7 +318,8 @@ class SandboxApi:
         pool = self.service.pool
         try:
             if pool is not None:
-                await pool.release(lease.sandbox)
+                # no one-for-one refill: the warm target is the operator's, not the count held
+                await pool.release(lease.sandbox, replace=False)
             else:
                 await lease.sandbox.close()
         except Exception:

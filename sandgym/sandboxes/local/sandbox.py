@@ -39,6 +39,7 @@ from sandgym.sandboxes.local.changes import (
     tree_manifest,
 )
 from sandgym.sandboxes.local.root import snapshot_path
+from sandgym.sandboxes.local.spawn import Spawned, spawn
 from sandgym.sandboxes.local.streams import _Capture, _feed, _read_all
 from sandgym.sandboxes.local.tree import (
     PRIVATE_DIRS,
@@ -118,7 +119,7 @@ class LocalSandbox(ShellSandbox):
         self.dir = root / sandbox_id
         self.fs = self.dir / "fs"
         self.cg: cgroups.CgroupSet | None = None
-        self.init_proc: asyncio.subprocess.Process | None = None
+        self.init_proc: Spawned | None = None
         self.init_pid: int | None = None  # host pid of the namespace init (bwrap's child)
         self.env = {"PATH": DEFAULT_PATH, "HOME": "/root", "TERM": "xterm", "LANG": "C.UTF-8"}
         if spec.needs_proxy:
@@ -146,14 +147,8 @@ class LocalSandbox(ShellSandbox):
         info_r, info_w = os.pipe()
         argv = self._join_prefix() + self._bwrap_argv(info_fd=info_w)
         try:
-            self.init_proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                pass_fds=(info_w,),
-                start_new_session=True,
-            )
+            # started off the loop (spawn.py): a fork on the loop grows with the number held
+            self.init_proc = await spawn(argv, pass_fds=(info_w,))
         finally:
             os.close(info_w)
         try:
@@ -429,14 +424,9 @@ class LocalSandbox(ShellSandbox):
         full_env = {**self.env, **(env or {})}
         cg = self.cg.child("x" + uuid.uuid4().hex[:8]) if self.cg is not None else None
         host_cwd = None if self.init_pid is not None else str(self.fs / workdir.lstrip("/"))
-        proc = await asyncio.create_subprocess_exec(
-            *self._join_prefix(cg),
-            *self._enter_argv(workdir, full_env, caps=caps),
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            start_new_session=True,
+        proc = await spawn(
+            [*self._join_prefix(cg), *self._enter_argv(workdir, full_env, caps=caps), *argv],
+            stdin=stdin is not None,
             cwd=host_cwd,
         )
         feeder = None
@@ -464,6 +454,7 @@ class LocalSandbox(ShellSandbox):
                 feeder.cancel()
         stdout, t1 = await out.finish(0.2)
         stderr, t2 = await err.finish(0.05)
+        proc.close_pipes()
         return ExecResult(
             exit_code=None if timed_out else proc.returncode,
             stdout=stdout,

@@ -240,8 +240,13 @@ class SandboxPool:
         self._observe(started, hit=False)
         return sb
 
-    async def release(self, sandbox: Sandbox) -> None:
-        """Give a sandbox back: it is destroyed in the background and never reused."""
+    async def release(self, sandbox: Sandbox, *, replace: bool = True) -> None:
+        """Give a sandbox back: it is destroyed in the background and never reused.
+
+        `replace` (an episode's end: another is likely to start) raises the key's ready target
+        by one while the key is in demand. The sandbox API passes False: closing a thousand
+        sandboxes made by hand must not leave a thousand fresh ones behind; its warm target
+        stays what the operator configured (`min_ready`, prewarm)."""
         k = self._leased.get(sandbox.id)
         if k is None:
             if not sandbox.closed:
@@ -253,7 +258,7 @@ class SandboxPool:
             return
         self._unlease(sandbox)
         now = time.monotonic()
-        if not self._closing and k.in_demand(now, self.settings.demand_window_s):
+        if replace and not self._closing and k.in_demand(now, self.settings.demand_window_s):
             k.replace_credit = min(k.replace_credit + 1, self.settings.max_total)
         self._destroy_bg(sandbox)
         self._dispatch()
