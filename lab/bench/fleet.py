@@ -83,16 +83,15 @@ class Server:
 
 def rollout(address: str, phase: str, trial: int, attempt: int) -> dict[str, Any]:
     t0 = time.perf_counter()
-    env = SandgymEnvironment(address)
     error = None
-    try:
-        env.reset(task_id=TASK, seed=trial)
-        env.run(SOLVE)
-        reward = env.get_reward()
-    except Exception as exc:  # a reset or a step the lost server did not answer: dropped
-        error, reward = f"{type(exc).__name__}: {exc}"[:300], None
-    server = env._episode._client.url
-    env._close()
+    with SandgymEnvironment(address) as env:
+        try:
+            env.reset(task_id=TASK, seed=trial)
+            env.run(SOLVE)
+            reward = env.get_reward()
+        except Exception as exc:  # a reset or a step the lost server did not answer: dropped
+            error, reward = f"{type(exc).__name__}: {exc}"[:300], None
+        server = env.server_url
     return {
         "error": error,
         "phase": phase,

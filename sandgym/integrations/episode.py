@@ -127,6 +127,12 @@ class SyncEpisode:
         self.failure: str | None = None
         self._session: LoopSession | None = None
 
+    @property
+    def server_url(self) -> str:
+        """The server this episode runs on (with a fleet address, the one placement chose at
+        the last reset)."""
+        return str(self._client.url)
+
     def reset(self, task_id: str, seed: int | None = None) -> str:
         """Start an episode (ending a running one); returns the task's instruction."""
         obs, info = run_sync(loop_reset(self._client, task_id, seed))

@@ -122,6 +122,18 @@ class SandgymEnvironment:
         self.rewards.append(reward)
         return reward
 
+    @property
+    def server_url(self) -> str:
+        """The server the rollout runs on (with a fleet address, the one placement chose). A
+        property: TRL offers only functions to the model as tools."""
+        return self._episode.server_url
+
+    def __enter__(self) -> SandgymEnvironment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._close()
+
     def _close(self) -> None:
         """Close the connection (the server ends a running episode). Private on purpose: TRL
         offers every public method to the model as a tool."""

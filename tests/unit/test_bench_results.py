@@ -105,6 +105,12 @@ WRITERS: dict[str, tuple[str, ...]] = {
     "learner.json": ("lab/bench/learner.py",),
     # `sandgym bench canaries`: exploit techniques per backend and verify mode
     "canaries.json": ("lab/bench/canaries.py", "lab/bench/report.py"),
+    # the same, `--only` the traced families (issue 58 item 3: PATH of the image, tool store,
+    # name resolution, git hooks and config)
+    "canaries-traced.json": ("lab/bench/canaries.py", "lab/bench/report.py"),
+    # `sandgym bench fleet`: TRL's door on two servers behind one address, one killed mid-run
+    "fleet.json": ("lab/bench/fleet.py", "lab/bench/report.py"),
+    "fleet.raw.jsonl": ("lab/bench/fleet.py",),
     # `sandgym bench cluster`: its per-episode records beside it (every figure recomputes)
     "cluster.json": ("lab/bench/cluster.py", "lab/bench/report.py"),
     "cluster.raw.jsonl": ("lab/bench/cluster.py",),
@@ -169,6 +175,9 @@ REPLICATION_MAPS: tuple[str, ...] = (
 #: key paths (`*`: any key of a data map, `[]`: any list item) of the maps whose keys are data
 DATA_MAPS: dict[str, tuple[str, ...]] = {
     "canaries.json": ("summary",),
+    "canaries-traced.json": ("summary",),
+    "fleet.json": ("fleet_attempts_per_server",),
+    "fleet.raw.jsonl": (),
     "group.json": ("backends", "backends/*/tasks"),
     "group_first_command.json": ("backends",),
     "harbor_compat.json": (
