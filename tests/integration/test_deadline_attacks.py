@@ -340,3 +340,84 @@ async def test_private_verifier_ends_with_its_sandbox_whatever_root_stops(
             subprocess.run, ["docker", "rm", "-f", cid, *([vid] if vid else [])],
             capture_output=True, timeout=60,
         )  # fmt: skip
+
+
+#: a compose service's own (root) process attacks its container's other processes, over and over
+SERVICE_ATTACKS: dict[str, str] = {
+    "stopper": "while :; do kill -STOP -1 2>/dev/null; sleep 1; done",
+    "killer": "while :; do kill -KILL -1 2>/dev/null; sleep 1; done",
+}
+
+SERVICE_CREATOR = textwrap.dedent(
+    """
+    import asyncio, json, subprocess, sys
+    from sandgym.sandboxes.docker import DockerBackend
+    from sandgym.sandboxes.lifetime import set_first_lifetime
+    from sandgym.sandboxes.services import ServiceSpec
+    from sandgym.sandboxes.spec import SandboxSpec
+
+    async def main():
+        life, owner, image, attacks = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+        backend = DockerBackend(owner_id=owner)
+        set_first_lifetime(float(life))
+        services = [ServiceSpec(name=n, image=image, command=("sh", "-c", s))
+                    for n, s in attacks.items()]
+        sb = await backend.create(
+            SandboxSpec(image=image, memory_mb=128, pids_limit=64, services=services))
+        made = {}
+        for name in attacks:
+            out = subprocess.run(
+                ["docker", "ps", "-q", "--no-trunc", "--filter", f"name={sb.id}-{name}"],
+                capture_output=True, text=True).stdout.split()
+            made[name] = out[0] if out else None
+        print(json.dumps({"id": sb.id, "deadline": sb.deadline, "services": made}), flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.docker
+@pytest.mark.skipif(not docker_ready(), reason=f"no Docker engine or no {IMAGE}")
+async def test_compose_services_end_by_the_deadline_whatever_their_root_processes_do(
+    reaped: list[subprocess.Popen[str]],
+) -> None:
+    """A service's own root process stops (or kills) every other process of its container, over
+    and over, with the creator stopped: each service container still ends by the sandbox's
+    deadline plus the bound, because its pid 1 is sandgym's keeper (service_life.SERVICE_KEEPER),
+    which nothing inside can signal to stop or kill."""
+    creator = subprocess.Popen(
+        [sys.executable, "-c", SERVICE_CREATOR, str(LIFE_S), "test-dls-" + os.urandom(4).hex(),
+         IMAGE, json.dumps(SERVICE_ATTACKS)],
+        cwd=REPO, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    reaped.append(creator)
+    assert creator.stdout is not None
+    line = await asyncio.to_thread(creator.stdout.readline)
+    assert line, f"the creator exited ({creator.poll()}) before printing its sandbox"
+    made = json.loads(line)
+    ids = {n: c for n, c in made["services"].items() if c is not None}
+    try:
+        assert sorted(ids) == sorted(SERVICE_ATTACKS), f"service containers not running: {made}"
+        creator.send_signal(signal.SIGSTOP)  # nothing moves the deadline on or reaps any more
+        names = list(ids)
+        await _assert_all_gone_in_time(
+            [{"ref": ids[n], "deadline": made["deadline"]} for n in names], names, _docker_running
+        )
+    finally:
+        creator.send_signal(signal.SIGKILL)
+        creator.wait()
+        found = await asyncio.to_thread(
+            subprocess.run,
+            ["docker", "ps", "-aq", "--filter", f"name={made['id']}"],  # main and services
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        await asyncio.to_thread(
+            subprocess.run, ["docker", "rm", "-f", *found.stdout.split()],
+            capture_output=True, timeout=60,
+        )  # fmt: skip
+        await asyncio.to_thread(
+            subprocess.run, ["docker", "network", "rm", f"{made['id']}-net"],
+            capture_output=True, timeout=60,
+        )  # fmt: skip

@@ -26,8 +26,9 @@ healthcheck, handed to Docker, or its image's HEALTHCHECK) reports healthy, as `
 up --wait` does. A service that turns unhealthy, or never gets healthy in the time its
 healthcheck allows, is a `SandboxHealthcheckError` carrying Docker's last probe output.
 
-Hard lifetime: when the sandbox has a deadline (`life_dir`), every service runs under a small
-init that ends it by that deadline, with no server running (`sandgym.sandboxes.docker.service_life`).
+Hard lifetime: when the sandbox has a deadline (`life_dir`), every service ends by that deadline
+with no server running: sandgym's deadline keeper is its pid 1 (an image with /bin/bash), else a
+watcher under Docker's init (`sandgym.sandboxes.docker.service_life`).
 
 Labels: the network and every service container carry the sandbox's labels (owner, owner pid,
 lease) plus `sandgym.group_of=<sandbox id>`, so closing the sandbox, the pool's sweep
@@ -46,7 +47,13 @@ from typing import TYPE_CHECKING, Any
 from sandgym.sandboxes.common.tolerated import tolerate
 from sandgym.sandboxes.createlimit import take_token
 from sandgym.sandboxes.docker.names import LABEL_BRIDGE_DIR
-from sandgym.sandboxes.docker.service_life import has_shell, run_plain, run_with_deadline
+from sandgym.sandboxes.docker.service_life import (
+    DeadlineForm,
+    has_bash,
+    has_shell,
+    run_plain,
+    run_with_deadline,
+)
 from sandgym.sandboxes.errors import SandboxCreateError, SandboxHealthcheckError
 from sandgym.sandboxes.labels import LABEL_MANAGED
 from sandgym.sandboxes.services import ServiceSpec, start_order
@@ -335,11 +342,14 @@ class DockerGroup:
                 f"{self.sandbox_id}: {exc}"
             ) from exc
 
-    def _create_and_start(self, svc: ServiceSpec, image: str, plain: bool = False) -> None:
+    def _create_and_start(
+        self, svc: ServiceSpec, image: str, form: DeadlineForm = "keeper"
+    ) -> None:
         """(Thread) one service container: on the group network under its name and aliases,
         confined like the sandbox (limits, capabilities), on the bridge only when the
-        environment is public; started through the deadline's wrapper when the sandbox has a
-        deadline (unless `plain`, or its image has no /bin/sh: then as written)."""
+        environment is public; when the sandbox has a deadline, started under sandgym's keeper as
+        pid 1 (`form` "keeper"), or, when its image has no /bin/bash, under tini and the watcher
+        ("watcher"), or, with no /bin/sh either, as written ("none")."""
         import docker.errors
 
         api = self._api
@@ -347,13 +357,15 @@ class DockerGroup:
         limits = self.spec.model_copy(update={"storage_mb": None})
         run = (
             run_plain(svc)
-            if plain or self.life_dir is None
-            else run_with_deadline(svc, api.inspect_image(image).get("Config") or {}, self.life_dir)
+            if self.life_dir is None
+            else run_with_deadline(
+                svc, api.inspect_image(image).get("Config") or {}, self.life_dir, form
+            )
         )
         host = api.create_host_config(
             network_mode=self.network,
             binds=run.binds or None,
-            **self.confine.host(limits),
+            **self.confine.host(limits, docker_init=run.docker_init),
         )
         endpoint = api.create_endpoint_config(
             aliases=[svc.name, *svc.aliases], ipv4_address=svc.ipv4_address
@@ -380,16 +392,18 @@ class DockerGroup:
                 networking_config=api.create_networking_config({self.network: endpoint}),
             )
             self.containers[svc.name] = resp["Id"]
-            if run.wrapped and not has_shell(api, resp["Id"]):  # as written, no deadline
-                log.warning(
-                    "service %r of sandbox %s: image %s has no /bin/sh to start the watcher "
-                    "that ends it by the sandbox's deadline; it runs as written, without one",
-                    svc.name,
-                    self.sandbox_id,
-                    image,
-                )
+            fallback = self._fallback(run.form, resp["Id"])
+            if fallback is not None:
+                if fallback == "none":
+                    log.warning(
+                        "service %r of sandbox %s: image %s has neither /bin/bash nor /bin/sh "
+                        "to keep the sandbox's deadline; it runs as written, without one",
+                        svc.name,
+                        self.sandbox_id,
+                        image,
+                    )
                 api.remove_container(self.containers.pop(svc.name), force=True, v=True)
-                self._create_and_start(svc, image, plain=True)
+                self._create_and_start(svc, image, fallback)
                 return
             api.start(resp["Id"])
             if self.spec.network.mode == "public":
@@ -404,6 +418,16 @@ class DockerGroup:
                 f"docker could not start service {svc.name!r} ({image}) of sandbox "
                 f"{self.sandbox_id}: {exc}"
             ) from exc
+
+    def _fallback(self, form: DeadlineForm, container_id: str) -> DeadlineForm | None:
+        """(Thread) the weaker form created container `container_id` must be made again with,
+        when its image lacks the shell its form runs (/bin/bash for the keeper, /bin/sh for the
+        watcher); None when it can start as it is."""
+        if form == "keeper" and not has_bash(self._api, container_id):
+            return "watcher" if has_shell(self._api, container_id) else "none"
+        if form == "watcher" and not has_shell(self._api, container_id):
+            return "none"
+        return None
 
     async def remove(self) -> None:
         """Remove every service container and the network (idempotent)."""

@@ -1,32 +1,44 @@
 """The hard lifetime of the services beside a docker sandbox (`sandgym.sandboxes.lifetime`): each ends by
-its sandbox's deadline, with no server running.
+its sandbox's deadline, with no server running, whatever the service's own processes do.
 
-A group's services (`sandgym.sandboxes.docker.group`) are the task authors' containers, not ours, so the
-sandbox's own init cannot run in them. Every service container already runs under Docker's init
-(tini, `--init`: the backend's `confinement`), with the service's argv as its child. When the
-sandbox has a deadline, that argv (the compose file's entrypoint and command, else the image's
-ENTRYPOINT and CMD, combined as the engine combines them: `service_argv`) is handed to
-`SERVICE_INIT` under the image's `/bin/sh`, which starts a watcher and then `exec`s the argv: the
-service keeps its place (tini's child, pid 2), its signal dispositions, the signals tini
-forwards to it (`docker stop`) and its exit status (the container's). The watcher, left as the
-service's child, reads the deadline from `/run/sandgym-life/deadline` (a read-only bind of
-`<bridge dir>/life`, which the host side writes with the main container's deadline) once a
-second; past it, it sends SIGTERM to every process in the container but tini, SIGKILL 10 s
-later; tini then exits with the service's status, and the container stops (and stays, for the
-reaper, as the main container does).
+A group's services (`sandgym.sandboxes.docker.group`) are the task authors' containers, not ours.
+When the sandbox has a deadline, the service's argv (the compose file's entrypoint and command,
+else the image's ENTRYPOINT and CMD, combined as the engine combines them: `service_argv`) is
+started by sandgym's own deadline keeper, `SERVICE_KEEPER`, which is the container's pid 1 (no
+Docker init): `/bin/bash -c SERVICE_KEEPER sandgym-keeper ARGV...`.
 
-What differs from the container as written: one more process in it (the watcher, with a `sleep`
-and a `date` a second). An image without `/bin/sh` cannot run the wrapper: its service runs
-exactly as written, without a deadline (`has_shell` is checked before it starts; a warning
-says so). An image without `sleep` or `date` runs the wrapper, which then starts no watcher: no
-deadline either.
+- The keeper is the same kind of pid 1 as the sandbox's own (`exec_kill.HELPER_SCRIPT`): bash
+  running only builtins once the service is started, never waiting on anything but that one
+  child, so the kernel's shield of a namespace's init covers it: SIGSTOP and SIGKILL sent from
+  inside never arrive, and the other signals only run its handlers. Once a second it reads the
+  deadline (`/run/sandgym-life/deadline`, a read-only bind of `<bridge dir>/life`, which the host
+  side writes with the main container's deadline, held as its working directory); past it, it
+  sends SIGTERM to every process in the container, waits up to 2 s for the service to end, and
+  exits (137), which makes the kernel kill whatever is left: the container stops (and stays, for
+  the reaper, as the main container does). A service's root process that stops or kills every
+  other process (`kill -STOP -1`, `kill -KILL -1`) or replaces /bin/bash on disk cannot hold it.
+- The service runs as the keeper's child (pid 2 or so), forked before anything else: with the
+  container's environment, working directory and user (bash adds `PWD` and `SHLVL=1` to the
+  environment, as a shell entrypoint does), every signal at its default disposition (the
+  `SIGINT`/`SIGQUIT` a background job would ignore are reset). The keeper forwards HUP, INT,
+  QUIT, TERM, USR1, USR2 and WINCH to it (so `docker stop` ends the service as it would under
+  Docker's init) and exits with its status when it ends. Bash reaps every child that ends,
+  orphans adopted by pid 1 included.
+
+Images without `/bin/bash` (checked on the created container, `has_bash`) keep the older,
+weaker form: Docker's init (tini) runs `/bin/sh -c SERVICE_INIT init ARGV...`, which starts a
+watcher subshell and then `exec`s the argv; a root process of the service can stop or kill that
+watcher (it is an ordinary process), and then the service outlives its deadline until the
+server or the reaper removes it. An image without `/bin/sh` either runs exactly as written,
+without a deadline (a warning says so); so does one without `sleep` or `date` under
+SERVICE_INIT.
 """
 
 from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -38,7 +50,26 @@ LIFE_MOUNT = "/run/sandgym-life"
 #: the host directory, inside the sandbox's bridge directory, that holds the services' deadline
 LIFE_SUBDIR = "life"
 
-#: What a service container runs when its sandbox has a deadline, under Docker's init:
+#: pid 1 of a service container whose image has bash, when its sandbox has a deadline (see the
+#: module docstring): `/bin/bash -c SERVICE_KEEPER sandgym-keeper ARGV...`. `f` forwards a signal
+#: to the service; every trap is a handler, not an ignore, so the service's fork starts with the
+#: default dispositions (and `trap -` undoes bash's SIGINT/SIGQUIT ignore of background jobs). It
+#: sleeps with `read -t` on a pipe it holds both ends of: no fork, nothing on disk.
+SERVICE_KEEPER = (
+    'f() { [[ -n $c ]] && kill -s "$1" "$c" 2>/dev/null; }; '
+    'for s in HUP INT QUIT TERM USR1 USR2 WINCH; do trap "f $s" "$s"; done; '
+    "trap : PIPE ALRM VTALRM PROF XCPU XFSZ TSTP TTIN TTOU; "
+    '(trap - INT QUIT; exec "$@") & c=$!; '
+    "cd %s 2>/dev/null || cd /; exec 3<> <(:)\n"
+    "while :; do read -t 1 -u 3; "
+    'kill -0 "$c" 2>/dev/null || { wait "$c"; exit; }; '
+    "printf -v n '%%(%%s)T' -1; "
+    "if read -r d 2>/dev/null < deadline && [[ $d =~ ^[0-9]+$ ]] && ((n > d)); then "
+    "kill -TERM -1 2>/dev/null; for i in 1 2 3 4 5 6 7 8 9 10; do read -t 0.2 -u 3; "
+    'kill -0 "$c" 2>/dev/null || break; done; exit 137; fi; done'
+) % LIFE_MOUNT
+
+#: The weaker form, for an image without bash, under Docker's init:
 #: `sh -c SERVICE_INIT init ARGV...`. Where `sleep` and `date` exist it starts the watcher (a
 #: background subshell that reads the deadline once a second and, past it, sends SIGTERM to every
 #: process but tini and itself, then SIGKILL 10 s later), then execs the service's own argv, so
@@ -65,16 +96,27 @@ def service_argv(svc: ServiceSpec, image_config: dict[str, Any]) -> list[str]:
     return [*entrypoint, *command]
 
 
+#: how a service container keeps its sandbox's deadline: `keeper` (SERVICE_KEEPER is pid 1),
+#: `watcher` (tini, SERVICE_INIT: images without bash), `none` (as written)
+DeadlineForm = Literal["keeper", "watcher", "none"]
+
+
 class ServiceRun(BaseModel):
-    """How a service container is started: `create_container`'s entrypoint and command, and the
-    binds its host config adds."""
+    """How a service container is started: `create_container`'s entrypoint and command, the
+    binds its host config adds, and whether Docker's init runs above it."""
 
     model_config = ConfigDict(frozen=True)
 
     entrypoint: list[str] | None = Field(description="None: the image's")
     command: list[str] | None = Field(description="None: the image's (unless an entrypoint is set)")
     binds: dict[str, dict[str, str]] = Field(default_factory=dict, description="host dir -> mount")
-    wrapped: bool = Field(description="through SERVICE_INIT: it ends by the sandbox's deadline")
+    form: DeadlineForm = Field(description="how it ends by the sandbox's deadline")
+    docker_init: bool = Field(True, description="Docker's init (tini) as pid 1")
+
+    @property
+    def wrapped(self) -> bool:
+        """Whether it ends by the sandbox's deadline (keeper or watcher)."""
+        return self.form != "none"
 
 
 def run_plain(svc: ServiceSpec) -> ServiceRun:
@@ -82,35 +124,61 @@ def run_plain(svc: ServiceSpec) -> ServiceRun:
     return ServiceRun(
         entrypoint=list(svc.entrypoint) if svc.entrypoint is not None else None,
         command=list(svc.command) if svc.command is not None else None,
-        wrapped=False,
+        form="none",
     )
 
 
 def run_with_deadline(
-    svc: ServiceSpec, image_config: dict[str, Any], life_dir: Path | None
+    svc: ServiceSpec,
+    image_config: dict[str, Any],
+    life_dir: Path | None,
+    form: DeadlineForm = "keeper",
 ) -> ServiceRun:
-    """The service under SERVICE_INIT, reading its deadline from `life_dir`; as written when the
-    sandbox has no deadline (`life_dir` None) or there is no argv (the engine's own error)."""
+    """The service under SERVICE_KEEPER as pid 1 (`form` "keeper", for an image with
+    /bin/bash) or under tini and SERVICE_INIT ("watcher"), reading its deadline from `life_dir`;
+    as written when the sandbox has no deadline (`life_dir` None), `form` is "none", or there is
+    no argv (the engine's own error)."""
     argv = service_argv(svc, image_config)
-    if life_dir is None or not argv:
+    if life_dir is None or not argv or form == "none":
         return run_plain(svc)
+    binds = {str(life_dir): {"bind": LIFE_MOUNT, "mode": "ro"}}
+    # with an entrypoint set, the engine adds no CMD of the image's (command None)
+    if form == "keeper":
+        return ServiceRun(
+            entrypoint=["/bin/bash", "-c", SERVICE_KEEPER, "sandgym-keeper", *argv],
+            command=None,
+            binds=binds,
+            form="keeper",
+            docker_init=False,
+        )
     return ServiceRun(
         entrypoint=["/bin/sh", "-c", SERVICE_INIT, "init", *argv],
-        command=None,  # with an entrypoint set, the engine adds no CMD of the image's
-        binds={str(life_dir): {"bind": LIFE_MOUNT, "mode": "ro"}},
-        wrapped=True,
+        command=None,
+        binds=binds,
+        form="watcher",
     )
 
 
-def has_shell(api: Any, container_id: str) -> bool:
-    """(Thread) whether created container `container_id` holds a `/bin/sh` to run SERVICE_INIT
-    (the engine's stat of the path; the archive itself is not read)."""
+def has_file(api: Any, container_id: str, path: str) -> bool:
+    """(Thread) whether created container `container_id` holds `path` (the engine's stat of it,
+    symlinked directories above it followed; the archive itself is not read)."""
     import docker.errors
 
     try:
-        chunks, _stat = api.get_archive(container_id, "/bin/sh")
+        chunks, _stat = api.get_archive(container_id, path)
     except docker.errors.NotFound:
         return False
     with contextlib.suppress(Exception):
         chunks.close()
     return True
+
+
+def has_shell(api: Any, container_id: str) -> bool:
+    """(Thread) whether created container `container_id` holds a `/bin/sh` to run SERVICE_INIT."""
+    return has_file(api, container_id, "/bin/sh")
+
+
+def has_bash(api: Any, container_id: str) -> bool:
+    """(Thread) whether created container `container_id` holds a `/bin/bash` to run
+    SERVICE_KEEPER."""
+    return has_file(api, container_id, "/bin/bash")
