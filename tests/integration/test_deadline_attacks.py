@@ -378,6 +378,14 @@ SERVICE_CREATOR = textwrap.dedent(
 )
 
 
+def _spawn_service_creator(owner: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", SERVICE_CREATOR, str(LIFE_S), owner, IMAGE,
+         json.dumps(SERVICE_ATTACKS)],
+        cwd=REPO, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
 @pytest.mark.docker
 @pytest.mark.skipif(not docker_ready(), reason=f"no Docker engine or no {IMAGE}")
 async def test_compose_services_end_by_the_deadline_whatever_their_root_processes_do(
@@ -387,11 +395,7 @@ async def test_compose_services_end_by_the_deadline_whatever_their_root_processe
     and over, with the creator stopped: each service container still ends by the sandbox's
     deadline plus the bound, because its pid 1 is sandgym's keeper (service_life.SERVICE_KEEPER),
     which nothing inside can signal to stop or kill."""
-    creator = subprocess.Popen(
-        [sys.executable, "-c", SERVICE_CREATOR, str(LIFE_S), "test-dls-" + os.urandom(4).hex(),
-         IMAGE, json.dumps(SERVICE_ATTACKS)],
-        cwd=REPO, stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    creator = _spawn_service_creator("test-dls-" + os.urandom(4).hex())
     reaped.append(creator)
     assert creator.stdout is not None
     line = await asyncio.to_thread(creator.stdout.readline)
