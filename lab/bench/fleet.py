@@ -91,7 +91,7 @@ def rollout(address: str, phase: str, trial: int, attempt: int) -> dict[str, Any
             reward = env.get_reward()
         except Exception as exc:  # a reset or a step the lost server did not answer: dropped
             error, reward = f"{type(exc).__name__}: {exc}"[:300], None
-        server = env.server_url
+        server = env.served_by
     return {
         "error": error,
         "phase": phase,

@@ -128,9 +128,9 @@ class SyncEpisode:
         self._session: LoopSession | None = None
 
     @property
-    def server_url(self) -> str:
-        """The server this episode runs on (with a fleet address, the one placement chose at
-        the last reset)."""
+    def served_by(self) -> str:
+        """The server this episode runs on (`server_url` itself, or with a fleet address the
+        one placement chose at the last reset)."""
         return str(self._client.url)
 
     def reset(self, task_id: str, seed: int | None = None) -> str:

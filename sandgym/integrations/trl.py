@@ -123,10 +123,10 @@ class SandgymEnvironment:
         return reward
 
     @property
-    def server_url(self) -> str:
+    def served_by(self) -> str:
         """The server the rollout runs on (with a fleet address, the one placement chose). A
         property: TRL offers only functions to the model as tools."""
-        return self._episode.server_url
+        return self._episode.served_by
 
     def __enter__(self) -> SandgymEnvironment:
         return self
