@@ -17,7 +17,11 @@ drives the sandbox API (`POST /v1/sandboxes`) with one async client at `--concur
 
 On docker it also times the engine's own `docker run -d IMAGE sleep infinity` at the same
 concurrency in the same run (`--engine-runs`), the physical bound of docker creation here.
-Every per-sandbox timing goes to `--raw-out` (JSON lines); the summary to `--out`.
+`--count 100,1000` runs each count with a fresh server in the same run; the backend's figures
+are the largest count's, `scale` sets the counts' creation rates side by side (and, on docker,
+each beside the engine's rate measured just before it), `smaller_counts` keeps the other runs.
+Every per-sandbox timing goes to `--raw-out` (JSON lines, phases tagged `backend@count`); the
+summary to `--out`.
 The host is shared and noisy: the load average is recorded before and after each phase.
 """
 
@@ -41,7 +45,15 @@ MIB = 1024 * 1024
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backends", default="local", help="comma list: local, docker")
-    parser.add_argument("--count", type=int, default=1000, help="sandboxes held at the burst's end")
+    parser.add_argument(
+        "--count",
+        default="1000",
+        help="sandboxes held at the burst's end; a comma list (100,1000) runs each, a fresh "
+        "server per count, in one run: the record's `scale` compares their creation rates",
+    )
+    parser.add_argument(
+        "--docker-count", default=None, help="docker's counts when they differ (e.g. 100,300)"
+    )
     parser.add_argument("--window", type=int, default=100, help="creations per rate window")
     parser.add_argument("--concurrency", type=int, default=32, help="requests in flight")
     parser.add_argument("--claims", type=int, default=50, help="warm claims with the burst held")
@@ -304,19 +316,22 @@ def bare_docker(image: str, n: int, concurrency: int) -> dict[str, Any]:
 
 
 # -- one backend ---------------------------------------------------------------------------------
-async def bench_backend(backend: str, args: argparse.Namespace, raw: list[dict[str, Any]]) -> dict:
+async def bench_backend(
+    backend: str, count: int, args: argparse.Namespace, raw: list[dict[str, Any]]
+) -> dict:
     from sandgym.client.sandbox_client import SandboxClient
     from sandgym.server.runner import ServerProcess
 
     image = args.image if backend == "docker" else args.local_image
-    top = args.count + args.claims + 16
+    top = count + args.claims + 16
+    tag = f"{backend}@{count}"
     env = {
         "SANDGYM_MAX_SESSIONS": str(top),
         "SANDGYM_POOL_MAX_TOTAL": str(top + args.pool_size),
         "SANDGYM_POOL_SIZE": str(args.pool_size),
         "SANDGYM_INCLUDE_BUILTIN": "false",
     }
-    out: dict[str, Any] = {"backend": backend, "image": image, "env": env}
+    out: dict[str, Any] = {"backend": backend, "count": count, "image": image, "env": env}
     out["bare"] = (
         bare_docker(args.image, args.engine_runs, min(args.concurrency, 8))
         if backend == "docker"
@@ -330,12 +345,12 @@ async def bench_backend(backend: str, args: argparse.Namespace, raw: list[dict[s
             rss0 = srv.rss_bytes()
             out["load_before"] = loadavg()
             ids, ends, start, errs = await burst(
-                client, image, args.count, args.concurrency, raw, f"{backend}/burst"
+                client, image, count, args.concurrency, raw, f"{tag}/burst"
             )
             wall = max(ends) - start if ends else 0.0
-            creates = [r["s"] for r in raw if r.get("phase") == f"{backend}/burst" and "s" in r]
+            creates = [r["s"] for r in raw if r.get("phase") == f"{tag}/burst" and "s" in r]
             out["create"] = {
-                "count": args.count,
+                "count": count,
                 "concurrency": args.concurrency,
                 "made": len(ids),
                 "errors": len(errs),
@@ -370,11 +385,11 @@ async def bench_backend(backend: str, args: argparse.Namespace, raw: list[dict[s
                 total = cg + shims + (rss1 - rss0)
             mem["per_sandbox_mib"] = round(total / max(1, len(ids)) / MIB, 3)
             out["memory"] = mem
-            hits, misses, cerrs = await claims(client, image, args.claims, raw, f"{backend}/claim")
+            hits, misses, cerrs = await claims(client, image, args.claims, raw, f"{tag}/claim")
             out["claim"] = {"held": len(ids), "hits": len(hits), "misses": misses,
                             "errors": len(cerrs), "hit": summary(hits)}  # fmt: skip
             close_wall, ctimes, close_errs = await close_all(
-                client, ids, args.concurrency, raw, f"{backend}/close"
+                client, ids, args.concurrency, raw, f"{tag}/close"
             )
             out["close"] = {
                 "closed": len(ctimes),
@@ -385,7 +400,7 @@ async def bench_backend(backend: str, args: argparse.Namespace, raw: list[dict[s
             }
             # wait for the pool to finish destroying what it was given back
             closed_at = time.perf_counter()
-            deadline = time.monotonic() + max(20.0, 0.3 * args.count)
+            deadline = time.monotonic() + max(20.0, 0.3 * count)
             while time.monotonic() < deadline:
                 totals = (await client._http.get("/v1/pool")).json().get("totals", {})
                 if int(totals.get("destroying", 0)) == 0 and int(totals.get("leased", 0)) == 0:
@@ -407,6 +422,24 @@ async def bench_backend(backend: str, args: argparse.Namespace, raw: list[dict[s
         srv.stop()
     out["leftovers_after_stop"] = leftovers(backend, owner)
     return out
+
+
+def scale_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The creation rate at each count, and the largest count's over the smallest's (issue 59's
+    target: at least 0.9), with the docker engine's own `docker run -d` rate of each run."""
+    rates = [r["create"]["rate_per_s"] for r in runs]
+    doc: dict[str, Any] = {
+        "counts": [r["count"] for r in runs],
+        "rate_per_s": rates,
+        "load_before": [r.get("load_before") for r in runs],
+    }
+    if len(runs) > 1 and rates[0] and rates[-1]:
+        doc["rate_max_over_min"] = round(rates[-1] / rates[0], 3)
+    engine = [r["bare"].get("rate_per_s") for r in runs]
+    if all(e for e in engine):
+        doc["engine_rate_per_s"] = engine
+        doc["rate_over_engine"] = [round(a / e, 3) for a, e in zip(rates, engine, strict=True)]
+    return doc
 
 
 def leftovers(backend: str, owner: str | None) -> int:
@@ -434,7 +467,15 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "backends": {},
     }
     for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
-        doc["backends"][backend] = await bench_backend(backend, args, raw)
+        spec = args.docker_count if backend == "docker" and args.docker_count else args.count
+        counts = sorted({int(c) for c in str(spec).split(",") if c.strip()})
+        runs = [await bench_backend(backend, n, args, raw) for n in counts]
+        # the record's figures per backend are the largest count's; `scale` sets the counts'
+        # creation rates side by side (same run, same host load era: see load_* per run)
+        top = dict(runs[-1])
+        top["scale"] = scale_summary(runs)
+        top["smaller_counts"] = runs[:-1]
+        doc["backends"][backend] = top
     doc["load_at_end"] = loadavg()
     if args.raw_out is not None:
         args.raw_out.parent.mkdir(parents=True, exist_ok=True)
