@@ -19,8 +19,8 @@ Docker init): `/bin/bash -c SERVICE_KEEPER sandgym-keeper ARGV...`.
   other process (`kill -STOP -1`, `kill -KILL -1`) or replaces /bin/bash on disk cannot hold it.
 - The service runs as the keeper's child (pid 2 or so), forked before anything else: with the
   container's environment, working directory and user (bash adds `PWD` and `SHLVL=1` to the
-  environment, as a shell entrypoint does), every signal at its default disposition (the
-  `SIGINT`/`SIGQUIT` a background job would ignore are reset). The keeper forwards HUP, INT,
+  environment, as a shell entrypoint does), every signal at its default disposition (not the
+  `SIGINT`/`SIGQUIT` ignore bash gives a background job). The keeper forwards HUP, INT,
   QUIT, TERM, USR1, USR2 and WINCH to it (so `docker stop` ends the service as it would under
   Docker's init) and exits with its status when it ends. Bash reaps every child that ends,
   orphans adopted by pid 1 included.
@@ -52,8 +52,9 @@ LIFE_SUBDIR = "life"
 
 #: pid 1 of a service container whose image has bash, when its sandbox has a deadline (see the
 #: module docstring): `/bin/bash -c SERVICE_KEEPER sandgym-keeper ARGV...`. `f` forwards a signal
-#: to the service; every trap is a handler, not an ignore, so the service's fork starts with the
-#: default dispositions (and `trap -` undoes bash's SIGINT/SIGQUIT ignore of background jobs). It
+#: to the service; every trap is a handler, not an ignore, and the service is forked as a
+#: subshell, which resets trapped signals to their defaults (a plain `"$@" &` would start it with
+#: SIGINT and SIGQUIT ignored, as bash does for a background job: seen; `trap -` says it again). It
 #: sleeps with `read -t` on a pipe it holds both ends of: no fork, nothing on disk.
 SERVICE_KEEPER = (
     'f() { [[ -n $c ]] && kill -s "$1" "$c" 2>/dev/null; }; '
