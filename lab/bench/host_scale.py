@@ -12,6 +12,8 @@ drives the sandbox API (`POST /v1/sandboxes`) with one async client at `--concur
   way (`--bare` plain `sleep` processes; plain `sleep` containers of the same image);
 - `--claims` warm claims (a pool hit: `SANDGYM_POOL_SIZE` keeps ready sandboxes) with the burst
   still held, each timed client-side;
+- the CPU each sandbox costs over its life (the server's and its reaped processes', per sandbox
+  the pool made), and the create-and-close rate that allows on this host's cores;
 - closing every sandbox at the same concurrency, timed, then what is left behind (local: the
   trees under the backend's root; docker: containers labelled with the server's owner id).
 
@@ -81,6 +83,14 @@ def pss_bytes(pid: int) -> int:
     except (OSError, ValueError):
         return 0
     return 0
+
+
+def proc_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) of process `pid` itself, and of its reaped children (their
+    own reaped children included: every sandbox process is waited for by its parent)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / tick, (int(fields[13]) + int(fields[14])) / tick
 
 
 def descendants(pid: int) -> list[int]:
@@ -344,6 +354,8 @@ async def bench_backend(
             owner = pool.get("owner_id")
             rss0 = srv.rss_bytes()
             out["load_before"] = loadavg()
+            cpu0 = proc_cpu(srv.pid)
+            made0 = int(pool.get("created", 0))
             ids, ends, start, errs = await burst(
                 client, image, count, args.concurrency, raw, f"{tag}/burst"
             )
@@ -408,6 +420,22 @@ async def bench_backend(
                 await asyncio.sleep(0.2)
             out["close"]["drained_after_s"] = round(time.perf_counter() - closed_at, 3)
             out["load_after_close"] = loadavg()
+            # CPU of one sandbox's whole life (create, idle, close), the server's share and its
+            # processes' (reaped, so counted): the work each sandbox costs this host, whatever
+            # else runs beside it. `cores / per_sandbox` is the create-and-close rate it allows.
+            cpu1 = proc_cpu(srv.pid)
+            made = int((await client._http.get("/v1/pool")).json().get("created", 0)) - made0
+            per_ms = 1000 * (cpu1[0] - cpu0[0] + cpu1[1] - cpu0[1]) / max(1, made)
+            out["cpu"] = {
+                "sandboxes_made": made,
+                "server_s": round(cpu1[0] - cpu0[0], 2),
+                "processes_s": round(cpu1[1] - cpu0[1], 2),
+                "per_sandbox_ms": round(per_ms, 2),
+                "server_per_sandbox_ms": round(1000 * (cpu1[0] - cpu0[0]) / max(1, made), 2),
+                "cycles_per_s_bound": round((os.cpu_count() or 1) * 1000 / per_ms, 1)
+                if per_ms
+                else None,
+            }
             # the server still runs: what it holds now beside the pool's own (ready ones, and
             # the replacements its release credit asks for: they end with the server)
             on_backend = leftovers(backend, owner)
