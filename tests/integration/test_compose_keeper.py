@@ -41,7 +41,7 @@ def _docker(*args: str) -> str:
     return out.stdout
 
 
-def _nobash_image() -> str:
+def nobash_image() -> str:
     """sandgym/terminal without /bin/bash (built once; the engine keeps it)."""
     if subprocess.run(["docker", "image", "inspect", NOBASH], capture_output=True).returncode:
         subprocess.run(
@@ -74,7 +74,7 @@ async def test_a_service_under_the_keeper_runs_as_written_and_stops_cleanly() ->
     from sandgym.sandboxes.lifetime import set_first_lifetime
     from sandgym.sandboxes.services import ServiceSpec
 
-    nobash = await asyncio.to_thread(_nobash_image)
+    nobash = await asyncio.to_thread(nobash_image)
     owner = "test-keeper-" + uuid.uuid4().hex[:6]
     backend = DockerBackend(owner_id=owner)
     common = {"command": ("sh", "-c", REPORT), "env": {"FOO": "bar"}, "workdir": "/tmp"}
