@@ -1,6 +1,7 @@
 """The services beside a docker sandbox under its deadline (`sandgym.sandboxes.docker.service_life`), on
 the real engine: a service whose image has a shell runs its image's own ENTRYPOINT and CMD where
-it ran before (pid 2, Docker's init's child) and ends when the deadline passes; one whose image
+it ran before (pid 2, now the child of sandgym's deadline keeper, pid 1, in Docker's init's
+place) and ends when the deadline passes; one whose image
 has no `/bin/sh` cannot run the wrapper and runs exactly as written, without a deadline,
 instead of failing the sandbox.
 
@@ -125,8 +126,8 @@ async def test_services_run_as_written_under_the_deadline_or_without_a_shell(
             timeout=60,
         )
         assert argv.stdout == "from cmd\n", argv
-        assert inspect(shell_c, "{{index .Config.Entrypoint 0}}") == "/bin/sh"
-        # exec'd by the wrapper: the child of Docker's init (pid 1), as without it
+        assert inspect(shell_c, "{{index .Config.Entrypoint 0}}") == "/bin/bash"
+        # forked by the deadline keeper, pid 1 (as Docker's init's child, without it)
         parent = await asyncio.to_thread(
             subprocess.run,
             ["docker", "exec", shell_c, "sh", "-c", PARENT_OF_SLEEP],

@@ -396,7 +396,7 @@ class DockerGroup:
             if fallback is not None:
                 if fallback == "none":
                     log.warning(
-                        "service %r of sandbox %s: image %s has neither /bin/bash nor /bin/sh "
+                        "service %r of sandbox %s: image %s has no /bin/bash and no /bin/sh "
                         "to keep the sandbox's deadline; it runs as written, without one",
                         svc.name,
                         self.sandbox_id,

@@ -14,7 +14,8 @@ Docker init): `/bin/bash -c SERVICE_KEEPER sandgym-keeper ARGV...`.
   deadline (`/run/sandgym-life/deadline`, a read-only bind of `<bridge dir>/life`, which the host
   side writes with the main container's deadline, held as its working directory); past it, it
   sends SIGTERM to every process in the container, waits up to 2 s for the service to end, and
-  exits (137), which makes the kernel kill whatever is left: the container stops (and stays, for
+  exits (with the service's status if it ended, 143 when SIGTERM ended it; else 137), which makes
+  the kernel kill whatever is left: the container stops (and stays, for
   the reaper, as the main container does). A service's root process that stops or kills every
   other process (`kill -STOP -1`, `kill -KILL -1`) or replaces /bin/bash on disk cannot hold it.
 - The service runs as the keeper's child (pid 2 or so), forked before anything else: with the
@@ -67,7 +68,8 @@ SERVICE_KEEPER = (
     "printf -v n '%%(%%s)T' -1; "
     "if read -r d 2>/dev/null < deadline && [[ $d =~ ^[0-9]+$ ]] && ((n > d)); then "
     "kill -TERM -1 2>/dev/null; for i in 1 2 3 4 5 6 7 8 9 10; do read -t 0.2 -u 3; "
-    'kill -0 "$c" 2>/dev/null || break; done; exit 137; fi; done'
+    'kill -0 "$c" 2>/dev/null || break; done; '
+    'kill -0 "$c" 2>/dev/null || { wait "$c"; exit; }; exit 137; fi; done'
 ) % LIFE_MOUNT
 
 #: The weaker form, for an image without bash, under Docker's init:
