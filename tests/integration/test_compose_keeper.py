@@ -30,6 +30,7 @@ NOBASH = "sandgym-test/nobash:1"
 #: what the service reports on its stdout, then it waits for SIGTERM and exits 7
 REPORT = (
     'echo "cwd=$(pwd) user=$(id -un) foo=$FOO"; grep SigIgn /proc/self/status; '
+    'echo "deadline=$(cat /run/sandgym-life/deadline)"; '
     "echo pid1=$(tr '\\0' ' ' < /proc/1/cmdline | cut -c1-40); "
     'trap "exit 7" TERM; while :; do sleep 0.1; done'
 )
@@ -93,6 +94,8 @@ async def test_a_service_under_the_keeper_runs_as_written_and_stops_cleanly() ->
         kept, kept_log = await _service_state(sb.id, "kept")
         assert "cwd=/tmp user=nobody foo=bar" in kept_log, kept_log
         assert "SigIgn:\t0000000000000000" in kept_log, kept_log  # no signal left ignored
+        # the keeper, run as the service's user, can read the deadline it keeps
+        assert f"deadline={int(-(-sb.deadline // 1))}\n" in kept_log, kept_log
         assert "pid1=/bin/bash -c f() {" in kept_log, kept_log  # the keeper is pid 1
         # docker stop: SIGTERM to pid 1, forwarded to the service, whose status is the container's
         await asyncio.to_thread(_docker, "stop", "-t", "20", kept)
