@@ -316,6 +316,27 @@ FIGURES: list[tuple[str, Callable[[], str]]] = [
         ),
     ),
     (
+        "host_scale docker",
+        lambda: (
+            "| docker | {made:,} | {rate} creates/s (first 100: {first}/s, last 100: {last}/s, "
+            "{ratio}x) | {close} closes/s | {mem} MiB (bare sleep {bare} MiB) | {p50} ms / "
+            "{p99} ms | {errors} / {left} |"
+        ).format(
+            made=at(HS, "backends/docker/create/made"),
+            rate=at(HS, "backends/docker/create/rate_per_s"),
+            first=at(HS, "backends/docker/create/first_rate_per_s"),
+            last=at(HS, "backends/docker/create/last_rate_per_s"),
+            ratio=at(HS, "backends/docker/create/last_over_first"),
+            close=at(HS, "backends/docker/close/rate_per_s"),
+            mem=at(HS, "backends/docker/memory/per_sandbox_mib"),
+            bare=at(HS, "backends/docker/bare/per_mib"),
+            p50=round(at(HS, "backends/docker/claim/hit/p50_s") * 1000, 1),
+            p99=round(at(HS, "backends/docker/claim/hit/p99_s") * 1000, 1),
+            errors=at(HS, "backends/docker/create/errors"),
+            left=at(HS, "backends/docker/leftovers_after_stop"),
+        ),
+    ),
+    (
         "docker cold pool acquire",
         lambda: f"cold pool acquire p50 {at('pool.json', 'backends/docker/cold/p50_s'):.2f} s",
     ),
