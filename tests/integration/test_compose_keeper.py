@@ -1,8 +1,9 @@
 """A compose service under sandgym's deadline keeper (`sandgym.sandboxes.docker.service_life`)
 still gets what its own entrypoint expects: its environment, working directory and user, every
 signal at its default disposition, and `docker stop`'s SIGTERM (forwarded by the keeper, pid 1),
-whose exit status becomes the container's. A service image without /bin/bash falls back to
-Docker's init and the older watcher, as docs/operations.md says.
+whose exit status becomes the container's. A service image without /bin/bash gets the keeper
+under the host's static bash (copied in) when the host has one (Debian's `bash-static`), else
+falls back to Docker's init and the older watcher, as docs/operations.md says.
 
 One sandbox with a deadline (600 s ahead, so it never ends during the test) and two services,
 both built from sandgym/terminal; the bash-less image is that one with bash removed (built here
@@ -72,6 +73,7 @@ async def _service_state(sandbox_id: str, name: str) -> tuple[str, str]:
 async def test_a_service_under_the_keeper_runs_as_written_and_stops_cleanly() -> None:
     from sandgym.sandboxes import SandboxSpec
     from sandgym.sandboxes.docker import DockerBackend
+    from sandgym.sandboxes.docker.service_life import STATIC_BASH_IN, static_bash
     from sandgym.sandboxes.lifetime import set_first_lifetime
     from sandgym.sandboxes.services import ServiceSpec
 
@@ -104,7 +106,11 @@ async def test_a_service_under_the_keeper_runs_as_written_and_stops_cleanly() ->
 
         _plain, plain_log = await _service_state(sb.id, "plain")
         assert "cwd=/tmp user=root foo=bar" in plain_log, plain_log
-        assert "pid1=/sbin/docker-init" in plain_log, plain_log  # tini and the watcher
+        if static_bash() is not None:  # the host's static bash, copied in, runs the keeper
+            assert f"pid1={STATIC_BASH_IN} -c f() {{" in plain_log, plain_log
+            assert "SigIgn:\t0000000000000000" in plain_log, plain_log
+        else:  # tini and the watcher
+            assert "pid1=/sbin/docker-init" in plain_log, plain_log
         await sb.close()
     finally:
         await backend.reap(only_expired=False)

@@ -99,9 +99,84 @@ def service_argv(svc: ServiceSpec, image_config: dict[str, Any]) -> list[str]:
     return [*entrypoint, *command]
 
 
-#: how a service container keeps its sandbox's deadline: `keeper` (SERVICE_KEEPER is pid 1),
-#: `watcher` (tini, SERVICE_INIT: images without bash), `none` (as written)
-DeadlineForm = Literal["keeper", "watcher", "none"]
+#: how a service container keeps its sandbox's deadline: `keeper` (SERVICE_KEEPER is pid 1, under
+#: the image's /bin/bash), `static_keeper` (the same under the host's static bash, copied into a
+#: bash-less container: `static_bash`), `watcher` (tini, SERVICE_INIT), `none` (as written)
+DeadlineForm = Literal["keeper", "static_keeper", "watcher", "none"]
+
+#: where a bash-less service container gets the host's static bash (copied in before it starts)
+STATIC_BASH_IN = "/run/sandgym-keeper/bash"
+
+#: the environment variable naming a static bash on the server's host (else STATIC_BASH_PATHS)
+STATIC_BASH_ENV = "SANDGYM_STATIC_BASH"
+
+#: where Debian's `bash-static` package puts it
+STATIC_BASH_PATHS = ("/bin/bash-static", "/usr/bin/bash-static")
+
+
+def is_static_elf(data: bytes) -> bool:
+    """Whether `data` (a file's first 64 KiB at least) is a 64-bit little-endian ELF executable
+    with no program interpreter (PT_INTERP): it needs no library of the container's."""
+    import struct
+
+    if len(data) < 64 or data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return False
+    (phoff,) = struct.unpack_from("<Q", data, 32)
+    phentsize, phnum = struct.unpack_from("<HH", data, 54)
+    for i in range(phnum):
+        at = phoff + i * phentsize
+        if at + 4 > len(data):
+            return False
+        if struct.unpack_from("<I", data, at)[0] == 3:  # PT_INTERP: dynamically linked
+            return False
+    return True
+
+
+def static_bash() -> Path | None:
+    """The server host's static bash (`SANDGYM_STATIC_BASH`, else Debian's `bash-static`), or
+    None when there is none; ValueError when the variable names a file that is not a static
+    ELF executable."""
+    import os
+
+    named = os.environ.get(STATIC_BASH_ENV)
+    for candidate in [named] if named else STATIC_BASH_PATHS:
+        path = Path(candidate)
+        if not path.is_file():
+            if named:
+                raise ValueError(
+                    f"{STATIC_BASH_ENV}: expected a static bash, found no file {named}"
+                )
+            continue
+        with path.open("rb") as f:
+            head = f.read(65536)
+        if is_static_elf(head):
+            return path
+        if named:
+            raise ValueError(
+                f"{STATIC_BASH_ENV}: expected a statically linked 64-bit ELF executable, "
+                f"found {named}, which is not one"
+            )
+    return None
+
+
+def static_bash_tar(path: Path) -> bytes:
+    """A tar holding `path` as STATIC_BASH_IN (relative to /, with its directories), mode 0755,
+    for put_archive into a created container."""
+    import io
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        parts = STATIC_BASH_IN.strip("/").split("/")
+        for i in range(1, len(parts)):
+            d = tarfile.TarInfo("/".join(parts[:i]))
+            d.type, d.mode = tarfile.DIRTYPE, 0o755
+            tar.addfile(d)
+        data = path.read_bytes()
+        f = tarfile.TarInfo("/".join(parts))
+        f.size, f.mode = len(data), 0o755
+        tar.addfile(f, io.BytesIO(data))
+    return buf.getvalue()
 
 
 class ServiceRun(BaseModel):
@@ -146,12 +221,13 @@ def run_with_deadline(
         return run_plain(svc)
     binds = {str(life_dir): {"bind": LIFE_MOUNT, "mode": "ro"}}
     # with an entrypoint set, the engine adds no CMD of the image's (command None)
-    if form == "keeper":
+    if form in ("keeper", "static_keeper"):
+        bash = "/bin/bash" if form == "keeper" else STATIC_BASH_IN
         return ServiceRun(
-            entrypoint=["/bin/bash", "-c", SERVICE_KEEPER, "sandgym-keeper", *argv],
+            entrypoint=[bash, "-c", SERVICE_KEEPER, "sandgym-keeper", *argv],
             command=None,
             binds=binds,
-            form="keeper",
+            form=form,
             docker_init=False,
         )
     return ServiceRun(
