@@ -350,8 +350,9 @@ class DockerGroup:
         """(Thread) one service container: on the group network under its name and aliases,
         confined like the sandbox (limits, capabilities), on the bridge only when the
         environment is public; when the sandbox has a deadline, started under sandgym's keeper as
-        pid 1 (`form` "keeper"), or, when its image has no /bin/bash, under tini and the watcher
-        ("watcher"), or, with no /bin/sh either, as written ("none")."""
+        pid 1 (`form` "keeper"); when its image has no /bin/bash, under the keeper run by the
+        host's static bash copied in ("static_keeper"), or, where the host has none, under tini
+        and the watcher ("watcher"), or, with no /bin/sh either, as written ("none")."""
         import docker.errors
 
         api = self._api

@@ -26,7 +26,10 @@ Docker init): `/bin/bash -c SERVICE_KEEPER sandgym-keeper ARGV...`.
   Docker's init) and exits with its status when it ends. Bash reaps every child that ends,
   orphans adopted by pid 1 included.
 
-Images without `/bin/bash` (checked on the created container, `has_bash`) keep the older,
+Images without `/bin/bash` (checked on the created container, `has_bash`) get the same keeper
+under the server host's static bash (`static_bash`: `SANDGYM_STATIC_BASH`, else Debian's
+`bash-static`), copied into the created container at STATIC_BASH_IN before it starts (a copy,
+not a bind: the engine may be on another host). Where the host has none they keep the older,
 weaker form: Docker's init (tini) runs `/bin/sh -c SERVICE_INIT init ARGV...`, which starts a
 watcher subshell and then `exec`s the argv; a root process of the service can stop or kill that
 watcher (it is an ordinary process), and then the service outlives its deadline until the
