@@ -201,8 +201,7 @@ async def close_all(
 
 
 async def pool_ready(client: Any) -> int:
-    r = await client._http.get("/v1/pool")
-    keys = r.json().get("keys", {})
+    keys = (await client.pool_status()).get("keys", {})
     return sum(int(k.get("ready", 0)) for k in keys.values())
 
 
@@ -350,7 +349,7 @@ async def bench_backend(
     srv = ServerProcess(backend, env=env, startup_timeout_s=120)
     try:
         async with SandboxClient(srv.http_url, timeout_s=600) as client:
-            pool = (await client._http.get("/v1/pool")).json()
+            pool = await client.pool_status()
             owner = pool.get("owner_id")
             rss0 = srv.rss_bytes()
             out["load_before"] = loadavg()
@@ -414,7 +413,7 @@ async def bench_backend(
             closed_at = time.perf_counter()
             deadline = time.monotonic() + max(20.0, 0.3 * count)
             while time.monotonic() < deadline:
-                totals = (await client._http.get("/v1/pool")).json().get("totals", {})
+                totals = (await client.pool_status()).get("totals", {})
                 if int(totals.get("destroying", 0)) == 0 and int(totals.get("leased", 0)) == 0:
                     break
                 await asyncio.sleep(0.2)
@@ -424,7 +423,7 @@ async def bench_backend(
             # processes' (reaped, so counted): the work each sandbox costs this host, whatever
             # else runs beside it. `cores / per_sandbox` is the create-and-close rate it allows.
             cpu1 = proc_cpu(srv.pid)
-            made = int((await client._http.get("/v1/pool")).json().get("created", 0)) - made0
+            made = int((await client.pool_status()).get("created", 0)) - made0
             per_ms = 1000 * (cpu1[0] - cpu0[0] + cpu1[1] - cpu0[1]) / max(1, made)
             out["cpu"] = {
                 "sandboxes_made": made,
@@ -439,7 +438,7 @@ async def bench_backend(
             # the server still runs: what it holds now beside the pool's own (ready ones, and
             # the replacements its release credit asks for: they end with the server)
             on_backend = leftovers(backend, owner)
-            totals = (await client._http.get("/v1/pool")).json().get("totals", {})
+            totals = (await client.pool_status()).get("totals", {})
             out["after_close"] = {
                 "on_backend": on_backend,
                 "pool_ready": int(totals.get("ready", 0)),

@@ -420,6 +420,14 @@ class SandboxClient:
             out += SandboxList.model_validate_json(r.content).sandboxes
         return SandboxList(count=len(out), sandboxes=out)
 
+    async def pool_status(self) -> dict[str, Any]:
+        """The server's `GET /v1/pool` document as sent (its warm pool per key: `keys`, with
+        `ready` and `creating` counts, and its `totals`; docs/sandbox-api.md). With a fleet
+        address, the first server's."""
+        response = await self._http.get("/v1/pool")
+        _raise_for(response)
+        return dict(response.json())
+
     async def close(self, sandbox_id: str) -> bool:
         """Destroy the sandbox; False when it was already closed (or reaped)."""
         try:

@@ -32,6 +32,8 @@ async def test_shared_limit_refuses_past_max_sessions_and_a_close_makes_room() -
             assert "max_sessions=2" in msg, msg
             assert "2 sandboxes and 0 episodes" in msg, msg
             assert refused.value.retryable
+            leased = (await client.pool_status())["totals"]  # the pool's own count, as sent
+            assert leased["leased"] == 2, leased
             assert await client.close(first.sandbox_id)
             third = await client.create(REQ)
             assert {second.sandbox_id, third.sandbox_id} == {
@@ -52,5 +54,5 @@ async def test_memory_floor_refuses_by_name_before_creating() -> None:
             assert "1000000000 MiB" in msg, msg
             assert refused.value.retryable
             assert (await client.list()).count == 0
-            pool = (await client._http.get("/v1/pool")).json()
+            pool = await client.pool_status()
             assert pool["totals"]["total"] == 0, pool["totals"]
