@@ -361,19 +361,21 @@ SERVICE_CREATOR = textwrap.dedent(
 
     async def main():
         life, owner, image, attacks = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
+        main_image = sys.argv[5]
         backend = DockerBackend(owner_id=owner)
         set_first_lifetime(float(life))
         services = [ServiceSpec(name=n, image=img or image, command=("sh", "-c", s))
                     for n, (img, s) in attacks.items()]
         sb = await backend.create(
-            SandboxSpec(image=image, memory_mb=128, pids_limit=64, services=services))
+            SandboxSpec(image=main_image, memory_mb=128, pids_limit=64, services=services))
         made = {}
         for name in attacks:
             out = subprocess.run(
                 ["docker", "ps", "-q", "--no-trunc", "--filter", f"name={sb.id}-{name}"],
                 capture_output=True, text=True).stdout.split()
             made[name] = out[0] if out else None
-        print(json.dumps({"id": sb.id, "deadline": sb.deadline, "services": made}), flush=True)
+        print(json.dumps({"id": sb.id, "deadline": sb.deadline, "services": made,
+                          "main": sb.container_id}), flush=True)
         await asyncio.Event().wait()
 
     asyncio.run(main())
@@ -388,7 +390,7 @@ def _spawn_service_creator(owner: str, nobash: str) -> subprocess.Popen[str]:
     attacks["nobash_stopper"] = [nobash, SERVICE_ATTACKS["stopper"]]
     return subprocess.Popen(
         [sys.executable, "-c", SERVICE_CREATOR, str(SERVICE_LIFE_S), owner, IMAGE,
-         json.dumps(attacks)],
+         json.dumps(attacks), nobash],
         cwd=REPO, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
 
@@ -405,7 +407,8 @@ async def test_compose_services_end_by_the_deadline_whatever_their_root_processe
 
     A service image without /bin/bash: where the server's host has a static bash (Debian's
     `bash-static`), the keeper runs under a copy of it, and the same stop loop cannot hold that
-    service either. Where it has none, the documented limit is checked: the service runs under
+    service either; nor can root's `kill -STOP -1` hold the sandbox's own bash-less container
+    (its pid 1 is the copied bash running HELPER_SCRIPT). Where it has none, the documented limit is checked: the service runs under
     Docker's init and the watcher, which the stop loop holds, so it is still running at the
     deadline plus the bound (the server or the reaper removes it, not the deadline)."""
     from sandgym.sandboxes.docker.service_life import static_bash
@@ -423,8 +426,16 @@ async def test_compose_services_end_by_the_deadline_whatever_their_root_processe
         expected = [*SERVICE_ATTACKS, "nobash_stopper"]
         assert sorted(ids) == sorted(expected), f"service containers not running: {made}"
         creator.send_signal(signal.SIGSTOP)  # nothing moves the deadline on or reaps any more
-        if static_bash() is not None:  # the keeper under the host's static bash: gone too
-            names = expected
+        if static_bash() is not None:  # the keepers under the host's static bash: gone too
+            # the main container is bash-less too; root in it stops every process, over and over
+            await asyncio.to_thread(
+                subprocess.run,
+                ["docker", "exec", "-d", "-u", "root", made["main"], "sh", "-c",
+                 SERVICE_ATTACKS["stopper"]],
+                check=True, timeout=30,
+            )  # fmt: skip
+            ids["main"] = made["main"]
+            names = [*expected, "main"]
         else:
             names = list(SERVICE_ATTACKS)
         await _assert_all_gone_in_time(

@@ -32,7 +32,7 @@ from sandgym.sandboxes.docker.names import BRIDGE_MOUNT, DEFAULT_IMAGE, LABEL_BR
 from sandgym.sandboxes.docker.quota import StorageQuota
 from sandgym.sandboxes.docker.reaping import DockerReaper
 from sandgym.sandboxes.docker.sandbox import DockerSandbox
-from sandgym.sandboxes.docker.service_life import LIFE_SUBDIR
+from sandgym.sandboxes.docker.service_life import LIFE_SUBDIR, give_static_bash
 from sandgym.sandboxes.egress import proxy_env
 from sandgym.sandboxes.errors import SandboxCreateError
 from sandgym.sandboxes.health import ensure_healthy
@@ -200,6 +200,8 @@ class DockerBackend(SandboxBackend):
             )
             if group is not None and spec.ever_public:
                 api.connect_container_to_network(resp["Id"], "bridge")
+            if deadline is not None:  # a bash-less image: pid 1 keeps it with the host's bash
+                give_static_bash(api, resp["Id"])
             api.start(resp["Id"])
             container_id: str = resp["Id"]
             try:

@@ -31,6 +31,7 @@ from sandgym.sandboxes.common.tolerated import tolerate
 from sandgym.sandboxes.common.users import is_root_user
 from sandgym.sandboxes.docker.core import Container
 from sandgym.sandboxes.docker.names import BRIDGE_MOUNT
+from sandgym.sandboxes.docker.service_life import STATIC_BASH_IN
 from sandgym.sandboxes.docker.streams import _demux, _raw_socket
 from sandgym.sandboxes.errors import SandboxError
 from sandgym.sandboxes.paths import normalize_sandbox_path
@@ -101,11 +102,15 @@ MAIN_BOOT = (
 ) % BRIDGE_MOUNT
 
 #: The container's entrypoint: `/bin/sh -c MAIN_INIT MAIN_BOOT HELPER_SCRIPT` (no Docker init
-#: above it). With bash in the image, pid 1 becomes bash running HELPER_SCRIPT ($1); without,
-#: the sh itself runs MAIN_BOOT ($0). Either way pid 1 gets, from inside, only the signals it
+#: above it). With bash in the image, pid 1 becomes bash running HELPER_SCRIPT ($1); without, the
+#: host's static bash copied in (`service_life.give_static_bash`, where the host has one) runs it;
+#: without either, the sh itself runs MAIN_BOOT ($0). Either way pid 1 gets, from inside, only the signals it
 #: has a handler for: the agent's `kill -9 -1` ends its own processes but never the container,
 #: which would turn its episode into a lost sandbox (masked as infrastructure by the trainer).
-MAIN_INIT = 'if command -v bash >/dev/null 2>&1; then exec bash -c "$1"; fi; eval "$0"'
+MAIN_INIT = (
+    'if command -v bash >/dev/null 2>&1; then exec bash -c "$1"; fi; '
+    f'if [ -x {STATIC_BASH_IN} ]; then exec {STATIC_BASH_IN} -c "$1"; fi; eval "$0"'
+)
 
 #: kills every process but pid 1 (the init and kill helper) and itself: what the agent left
 KILL_ALL_BUT_PID1_SCRIPT = (

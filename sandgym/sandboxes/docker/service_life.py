@@ -264,3 +264,14 @@ def has_bash(api: Any, container_id: str) -> bool:
     """(Thread) whether created container `container_id` holds a `/bin/bash` to run
     SERVICE_KEEPER."""
     return has_file(api, container_id, "/bin/bash")
+
+
+def give_static_bash(api: Any, container_id: str) -> bool:
+    """(Thread) copy the host's static bash into created (not started) container `container_id`
+    at STATIC_BASH_IN when its image has no /bin/bash and the host has one (the main container's
+    MAIN_INIT then runs its pid 1 with it); whether it did."""
+    host_bash = static_bash()
+    if host_bash is None or has_bash(api, container_id):
+        return False
+    api.put_archive(container_id, "/", static_bash_tar(host_bash))
+    return True
