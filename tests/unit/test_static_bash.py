@@ -50,3 +50,16 @@ def test_the_copy_lands_at_its_place(tmp_path: Path) -> None:
     assert list(names) == ["run", "run/sandgym-keeper", "run/sandgym-keeper/bash"]
     member = names["run/sandgym-keeper/bash"]
     assert member.mode == 0o755 and member.size == len(pause_program())
+
+
+def test_a_misnamed_static_bash_is_a_warning_where_containers_are_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A creation is not refused for it: the container keeps the weaker form, and the log says
+    what the variable named."""
+    from sandgym.sandboxes.docker.service_life import usable_static_bash
+
+    monkeypatch.setenv("SANDGYM_STATIC_BASH", str(tmp_path / "absent"))
+    with caplog.at_level("WARNING", logger="sandgym.sandboxes.docker.service_life"):
+        assert usable_static_bash() is None
+    assert f"found no file {tmp_path / 'absent'}" in caplog.text

@@ -53,8 +53,8 @@ from sandgym.sandboxes.docker.service_life import (
     has_shell,
     run_plain,
     run_with_deadline,
-    static_bash,
     static_bash_tar,
+    usable_static_bash,
 )
 from sandgym.sandboxes.errors import SandboxCreateError, SandboxHealthcheckError
 from sandgym.sandboxes.labels import LABEL_MANAGED
@@ -409,7 +409,7 @@ class DockerGroup:
                 self._create_and_start(svc, image, fallback)
                 return
             if run.form == "static_keeper":
-                host_bash = static_bash()
+                host_bash = usable_static_bash()
                 if host_bash is None:  # pragma: no cover (removed since _fallback chose it)
                     raise SandboxCreateError(
                         f"service {svc.name!r}: the host's static bash is gone"
@@ -434,7 +434,7 @@ class DockerGroup:
         when its image lacks the shell its form runs (/bin/bash for the keeper, /bin/sh for the
         watcher); None when it can start as it is."""
         if form == "keeper" and not has_bash(self._api, container_id):
-            if static_bash() is not None:
+            if usable_static_bash() is not None:
                 return "static_keeper"
             return "watcher" if has_shell(self._api, container_id) else "none"
         if form == "watcher" and not has_shell(self._api, container_id):

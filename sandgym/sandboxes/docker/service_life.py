@@ -41,12 +41,15 @@ SERVICE_INIT.
 from __future__ import annotations
 
 import contextlib
+import logging
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandgym.sandboxes.services import ServiceSpec
+
+log = logging.getLogger(__name__)
 
 #: where a service container sees its sandbox's deadline directory (read-only)
 LIFE_MOUNT = "/run/sandgym-life"
@@ -162,6 +165,16 @@ def static_bash() -> Path | None:
     return None
 
 
+def usable_static_bash() -> Path | None:
+    """`static_bash()`, with a misnamed `SANDGYM_STATIC_BASH` logged (as a warning naming what
+    it found) and treated as none: a container is not refused for it, it keeps the weaker form."""
+    try:
+        return static_bash()
+    except ValueError as exc:
+        log.warning("%s; bash-less containers keep the deadline without it", exc)
+        return None
+
+
 def static_bash_tar(path: Path) -> bytes:
     """A tar holding `path` as STATIC_BASH_IN (relative to /, with its directories), mode 0755,
     for put_archive into a created container."""
@@ -270,7 +283,7 @@ def give_static_bash(api: Any, container_id: str) -> bool:
     """(Thread) copy the host's static bash into created (not started) container `container_id`
     at STATIC_BASH_IN when its image has no /bin/bash and the host has one (the main container's
     MAIN_INIT then runs its pid 1 with it); whether it did."""
-    host_bash = static_bash()
+    host_bash = usable_static_bash()
     if host_bash is None or has_bash(api, container_id):
         return False
     api.put_archive(container_id, "/", static_bash_tar(host_bash))
