@@ -78,9 +78,13 @@ def service_container(owner: str, service: str) -> str:
 
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="the shell-less program is x86-64")
 async def test_services_run_as_written_under_the_deadline_or_without_a_shell(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sandgym.sandboxes.docker import DockerBackend
+    from sandgym.sandboxes.docker import DockerBackend, service_life
+
+    # a host without a static bash (else the shell-less image would get the keeper under it)
+    monkeypatch.delenv(service_life.STATIC_BASH_ENV, raising=False)
+    monkeypatch.setattr(service_life, "STATIC_BASH_PATHS", ())
 
     bare = tmp_path / "bare"
     bare.mkdir()
