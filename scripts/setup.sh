@@ -54,6 +54,8 @@ if [ "$WANT_DOCKER" = 1 ]; then
   command -v dockerd >/dev/null || need_apt+=(docker.io)
   command -v debootstrap >/dev/null || need_apt+=(debootstrap)
   command -v docker-compose >/dev/null || need_apt+=(docker-compose)
+  # a static bash copied into bash-less images keeps their deadline (docs/operations.md)
+  [ -x /bin/bash-static ] || need_apt+=(bash-static)
   if [ "$DOCKER_STORAGE" = btrfs-quota ]; then command -v mkfs.btrfs >/dev/null || need_apt+=(btrfs-progs); fi
 fi
 if [ ${#need_apt[@]} -gt 0 ]; then
