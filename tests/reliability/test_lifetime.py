@@ -16,7 +16,7 @@
   the private verifier's container beside a docker sandbox ends by itself after the server is
   SIGKILLed mid-verification (its timeout plus the grace after it started).
 - the services beside a docker sandbox (a compose task): after the server is SIGKILLed, each
-  ends by itself at the sandbox's deadline (its watcher, `sandgym.sandboxes.docker.service_life`).
+  ends by itself at the sandbox's deadline (its pid 1 keeper, `sandgym.sandboxes.docker.service_life`).
 
 Ends are polled with a generous bound; how fast is not asserted.
 """
@@ -340,7 +340,7 @@ async def test_compose_service_ends_itself_after_server_is_killed(tmp_path: Path
             1.0,
             "the service ended by itself",
         )
-        # its watcher sent SIGTERM at the deadline: `sleep` died of it (128 + 15)
+        # its keeper (pid 1) sent SIGTERM at the deadline: `sleep` died of it (128 + 15)
         assert await asyncio.to_thread(container_state, side) == "exited 143"
         await wait_until(
             lambda: not running_containers(pid), 60.0, 1.0, "the sandbox ended by itself"
