@@ -33,6 +33,7 @@ from lab.bench.harbor_runner import (
     read_trials,
     runner_versions,
 )
+from lab.bench.report import save_json, start_run
 from sandgym.server.runner import ServerProcess
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,6 +91,7 @@ class SandboxWatch(threading.Thread):
         self.servers = servers
         self.interval_s = interval_s
         self.seen: dict[str, set[str]] = {}
+        self.order: dict[str, list[str]] = {}
         self.first_on: dict[str, threading.Event] = {k: threading.Event() for k in servers}
         self._halt = threading.Event()
 
@@ -101,7 +103,11 @@ class SandboxWatch(threading.Thread):
                 except httpx.HTTPError:
                     continue
                 for sb in listed:
-                    self.seen.setdefault(str(sb.get("name")), set()).add(label)
+                    name = str(sb.get("name"))
+                    self.seen.setdefault(name, set()).add(label)
+                    order = self.order.setdefault(name, [])
+                    if label not in order:
+                        order.append(label)
                 if listed:
                     self.first_on[label].set()
             self._halt.wait(self.interval_s)
@@ -116,6 +122,10 @@ class SandboxWatch(threading.Thread):
 
     def server_of(self, trial: str) -> list[str]:
         return sorted(self.seen.get(f"{trial}__env", set()))
+
+    def servers_in_order(self, trial: str) -> list[str]:
+        """The servers `trial`'s environment was first seen on, earliest first."""
+        return list(self.order.get(f"{trial}__env", []))
 
 
 def owner_containers(owner: str) -> list[str]:
@@ -194,6 +204,7 @@ def main() -> None:  # pragma: no cover - the record writer, run by hand
     ap.add_argument("--attempts", type=int, default=8)
     ap.add_argument("--out", type=Path, default=RESULTS / "harbor_fleet.json")
     args = ap.parse_args()
+    start_run("python -m lab.bench.harbor_fleet --attempts " + str(args.attempts))
     ensure_runner_image()
     token = "harbor-fleet-" + os.urandom(4).hex()
     raw: list[dict[str, Any]] = []
@@ -208,7 +219,8 @@ def main() -> None:  # pragma: no cover - the record writer, run by hand
         slow_task(slow_tasks / "hello-file-slow")
         jobs = root / "jobs"
         jobs.mkdir()
-        for phase in ("single", "fleet", "kill"):
+        # kill: the retry a user sets for a lost server; kill-default: Harbor's default (none)
+        for phase in ("single", "fleet", "kill", "kill-default"):
             owners = {k: f"hf-{phase}-{k}-" + os.urandom(3).hex() for k in ("A", "B")}
             servers = {k: FleetServer(o, token) for k, o in owners.items()}
             if phase == "single":
@@ -225,7 +237,7 @@ def main() -> None:  # pragma: no cover - the record writer, run by hand
 
             t0 = time.monotonic()
             proc = run_job(
-                tasks=slow_tasks if phase == "kill" else tasks,
+                tasks=slow_tasks if phase.startswith("kill") else tasks,
                 jobs=jobs,
                 name=phase,
                 url=url,
@@ -233,19 +245,25 @@ def main() -> None:  # pragma: no cover - the record writer, run by hand
                 attempts=args.attempts,
                 concurrency=4,
                 extra=RETRY_LOST if phase == "kill" else None,
-                on_start=kill_b if phase == "kill" else None,
+                on_start=kill_b if phase.startswith("kill") else None,
             )
             wall = time.monotonic() - t0
             watch.stop()
             trials = read_trials(jobs / phase)
             for t in trials:
+                harbor = json.loads((jobs / phase / t.trial / "result.json").read_text())
                 raw.append(
                     {
                         "phase": phase,
                         "trial": t.trial,
                         "task": t.task,
-                        "servers": watch.server_of(t.trial),
+                        # the servers its environment was seen on, in attempt order (a trial
+                        # lost on B and retried shows B then A; Harbor keeps only the last
+                        # attempt's result)
+                        "servers": watch.servers_in_order(t.trial),
+                        "attempts_seen": len(watch.servers_in_order(t.trial)),
                         "reward": t.reward,
+                        "reward_valid": harbor.get("reward_valid"),
                         "exception": t.exception,
                     }
                 )
@@ -270,9 +288,11 @@ def main() -> None:  # pragma: no cover - the record writer, run by hand
             for s in servers.values():
                 if s.proc.proc.poll() is None:
                     s.stop()
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    record["rewards_identical_single_vs_fleet"] = (
+        record["single"]["rewards"] == record["fleet"]["rewards"]
+    )
     args.out.with_suffix(".raw.jsonl").write_text("".join(json.dumps(r) + "\n" for r in raw))
-    print(json.dumps(record, indent=2))
+    print(save_json(record, args.out))
 
 
 if __name__ == "__main__":
