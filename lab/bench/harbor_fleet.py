@@ -128,15 +128,24 @@ class SandboxWatch(threading.Thread):
         return list(self.order.get(f"{trial}__env", []))
 
 
-def owner_containers(owner: str) -> list[str]:
-    """Ids of every container (running or not) labelled `sandgym.owner=owner`."""
-    proc = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=sandgym.owner={owner}"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+def owner_containers(owner: str, running_only: bool = False) -> list[str]:
+    """Ids of the containers labelled `sandgym.owner=owner`: every one (running or stopped),
+    or only the running ones. A sandbox that ended itself at its deadline is a stopped
+    container: docker keeps its disk until `sandgym reap` or the next server start on the host
+    removes it (docs/operations.md)."""
+    argv = ["docker", "ps", "-q", "--filter", f"label=sandgym.owner={owner}"]
+    argv += ["--filter", "status=running"] if running_only else ["-a"]
+    proc = subprocess.run(argv, capture_output=True, text=True, check=True)
     return proc.stdout.split()
+
+
+def remove_owner_containers(owner: str) -> list[str]:
+    """`docker rm -f` the containers of `owner` only (what `sandgym reap` does to a dead
+    owner's, without touching any other owner's orphans on a shared host); their ids."""
+    ids = owner_containers(owner)
+    if ids:
+        subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, text=True, check=True)
+    return ids
 
 
 def slow_task(dest: Path, sleep_s: int = 10) -> Path:
@@ -268,11 +277,17 @@ def main() -> None:  # pragma: no cover - the record writer, run by hand
                     }
                 )
             stats = job_stats(jobs / phase)
+            # B's sandboxes end by their own deadline (no server refreshes it after the kill)
             left_t0 = time.monotonic()
-            while any(owner_containers(o) for o in owners.values()):
+            while any(owner_containers(o, running_only=True) for o in owners.values()):
                 if time.monotonic() - left_t0 > 120:
                     break
                 time.sleep(1)
+            running_after_s = round(time.monotonic() - left_t0, 1)
+            running_left = sum(len(owner_containers(o, True)) for o in owners.values())
+            stopped = {k: len(owner_containers(o)) for k, o in owners.items()}
+            for o in owners.values():
+                remove_owner_containers(o)
             record[phase] = {
                 "harbor_exit": proc.returncode,
                 "wall_s": round(wall, 1),
@@ -282,8 +297,12 @@ def main() -> None:  # pragma: no cover - the record writer, run by hand
                 "environments_per_server": watch.trials_per_server(),
                 "harbor_n_retries": stats.get("n_retries"),
                 "harbor_n_errored_trials": stats.get("n_errored_trials"),
-                "leftover_containers": sum(len(owner_containers(o)) for o in owners.values()),
-                "leftovers_gone_after_s": round(time.monotonic() - left_t0, 1),
+                # after the job: containers still running once the deadlines passed (0 = the
+                # dead server's sandboxes ended themselves), how long until none ran, and the
+                # stopped ones per server left for the reaper (removed by owner label after)
+                "running_containers_after_deadline": running_left,
+                "no_container_running_after_s": running_after_s,
+                "stopped_containers_left_for_reap": stopped,
             }
             for s in servers.values():
                 if s.proc.proc.poll() is None:
