@@ -111,6 +111,14 @@ WRITERS: dict[str, tuple[str, ...]] = {
     # `sandgym bench fleet`: TRL's door on two servers behind one address, one killed mid-run
     "fleet.json": ("lab/bench/fleet.py", "lab/bench/report.py"),
     "fleet.raw.jsonl": ("lab/bench/fleet.py",),
+    # `python -m lab.bench.harbor_fleet`: Harbor's released runner on a fleet of two docker
+    # servers (one server, the fleet, a SIGKILL with and without Harbor's retry)
+    "harbor_fleet.json": (
+        "lab/bench/harbor_fleet.py",
+        "lab/bench/harbor_runner.py",
+        "lab/bench/report.py",
+    ),
+    "harbor_fleet.raw.jsonl": ("lab/bench/harbor_fleet.py",),
     # `sandgym bench cluster`: its per-episode records beside it (every figure recomputes)
     "cluster.json": ("lab/bench/cluster.py", "lab/bench/report.py"),
     "cluster.raw.jsonl": ("lab/bench/cluster.py",),
@@ -178,6 +186,12 @@ DATA_MAPS: dict[str, tuple[str, ...]] = {
     "canaries-traced.json": ("summary",),
     "fleet.json": ("fleet_attempts_per_server",),
     "fleet.raw.jsonl": (),
+    "harbor_fleet.json": tuple(
+        f"{phase}/{m}"
+        for phase in ("single", "fleet", "kill", "kill-default")
+        for m in ("rewards", "exceptions", "environments_per_server")
+    ),
+    "harbor_fleet.raw.jsonl": (),
     "group.json": ("backends", "backends/*/tasks"),
     "group_first_command.json": ("backends",),
     "harbor_compat.json": (
