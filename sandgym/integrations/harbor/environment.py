@@ -11,8 +11,9 @@ Configuration: `SANDGYM_URL` / `SANDGYM_TOKEN`, or `--ek url=... --ek token=...`
 or `ray:auto` (the servers `sandgym cluster up` placed); every trial of the job shares one
 picture of it, each trial's sandbox is placed there (warm pool first, then most room) and its
 calls go to that server. A server lost under a trial raises `ServerLostError` (a
-`SandboxLostError`, a `ConnectionError`), which Harbor's trial retry covers (its default
-`exclude_exceptions` names only timeouts and reward-file errors), never a task failure. Imports only Harbor, httpx and sandgym's client side (DESIGN.md's import
+`SandboxLostError`, a `ConnectionError`): the trial ends with no reward (never scored 0), and
+Harbor retries it when the job sets retries (Harbor 0.26's default `max_retries` is 0):
+`--max-retries 2 --retry-include ServerLostError` (tests/e2e/test_harbor_fleet.py). Imports only Harbor, httpx and sandgym's client side (DESIGN.md's import
 direction: `integrations` -> `sandgym.client.env_client`/`sandgym.wire.protocol`).
 
 Harbor's semantics, and where this provider follows them (the server's own defaults differ):
