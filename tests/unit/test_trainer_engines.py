@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -17,6 +15,7 @@ from sandgym.trainer.engines import EngineError, create_engine
 from sandgym.trainer.engines.base import SamplingParams
 from sandgym.trainer.engines.openai import parse_completion_choice
 from sandgym.trainer.models import load_model, load_tokenizer
+from tests.fakes.json_http import JsonHandler, serving
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +74,7 @@ async def test_hf_engine_batches_concurrent_requests_and_takes_new_weights(
     await engine.aclose()
 
 
-class _FakeCompletions(BaseHTTPRequestHandler):
+class _FakeCompletions(JsonHandler):
     """A vLLM-like /v1/completions: echoes back prompt_len+1, +2, ... as generated ids."""
 
     bodies: list[dict[str, Any]] = []
@@ -97,25 +96,13 @@ class _FakeCompletions(BaseHTTPRequestHandler):
         else:
             lp["tokens"] = [f"token_id:{i}" for i in ids]
         choice["logprobs"] = lp
-        data = json.dumps({"choices": [choice]}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
+        self._reply(200, {"choices": [choice]})
 
 
 @pytest.fixture
 def fake_server() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeCompletions)
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    with serving(_FakeCompletions) as url:
+        yield url
 
 
 @pytest.mark.parametrize("style", ["token_ids", "token_strings"])
