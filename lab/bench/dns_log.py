@@ -131,6 +131,10 @@ class LookupSource(Protocol):
     def flush(self) -> None:
         """Add what it has seen so far to the log."""
 
+    def drain(self) -> None:
+        """Take in what has arrived so far under the phase marked now (called before a new
+        phase is marked, so a lookup read late is not put in the next phase)."""
+
     def close(self) -> None:
         """Stop recording."""
 
@@ -178,7 +182,10 @@ class DnsLog:
             task.cancel()
 
     def mark(self, phase: str | None) -> None:
-        """Lookups from now on belong to `phase` (None: to no phase)."""
+        """Lookups from now on belong to `phase` (None: to no phase). What the sources have
+        received by now still belongs to the phase before."""
+        for src in self.sources:
+            src.drain()
         self.phase = phase
 
     def _flush_sources(self) -> None:

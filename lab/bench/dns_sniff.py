@@ -124,6 +124,7 @@ class BridgeSniffer:
         self._socks: dict[str, socket.socket] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._reading = threading.Lock()  # one reader of the sockets at a time
 
     def __enter__(self) -> BridgeSniffer:
         self._rescan()  # the bridges there now are read from the start
@@ -147,6 +148,22 @@ class BridgeSniffer:
     def flush(self) -> None:
         """Move what was seen so far into the log (call it before reading the log)."""
         self.dns_log.lookups.extend(self.pairing.flush())
+
+    def drain(self) -> None:
+        """Read every packet queued on the bridges now, under the phase marked now: the thread
+        may be behind on a busy machine, and would otherwise pair them under the next phase."""
+        with self._reading:
+            for s in list(self._socks.values()):
+                self._read(s)
+
+    def _read(self, s: socket.socket) -> None:
+        while True:
+            try:
+                pkt, addr = s.recvfrom(65535)
+            except (BlockingIOError, OSError):
+                return
+            if addr[1] == ETH_P_IP:
+                self.pairing.feed(pkt, time.monotonic())
 
     def _rescan(self) -> None:
         names = set(self.bridges())
@@ -172,14 +189,10 @@ class BridgeSniffer:
                 ready = []
             if not socks:
                 self._stop.wait(0.1)
-            for s in ready:
-                while True:
-                    try:
-                        pkt, addr = s.recvfrom(65535)
-                    except (BlockingIOError, OSError):
-                        break
-                    if addr[1] == ETH_P_IP:
-                        self.pairing.feed(pkt, time.monotonic())
+            with self._reading:
+                for s in ready:
+                    self._read(s)
             if time.monotonic() >= next_scan:
-                self._rescan()
+                with self._reading:
+                    self._rescan()
                 next_scan = time.monotonic() + RESCAN_S

@@ -12,7 +12,7 @@ from typing import Any
 
 from lab.bench.compat_outcome import decide, dns_evidence
 from lab.bench.dns_log import DnsLog, Lookup
-from lab.bench.dns_sniff import DnsPairing, engine_bridges, udp_datagram
+from lab.bench.dns_sniff import ETH_P_IP, BridgeSniffer, DnsPairing, engine_bridges, udp_datagram
 
 
 def _dns(dns_id: int, flags: int, name: str, answers: int = 0) -> bytes:
@@ -98,6 +98,9 @@ def test_the_log_takes_a_sources_lookups_when_it_is_read_and_forgets_them_on_res
             log.lookups.extend(self.pending)
             self.pending = []
 
+        def drain(self) -> None:
+            pass
+
         def close(self) -> None:
             self.closed = True
 
@@ -112,6 +115,43 @@ def test_the_log_takes_a_sources_lookups_when_it_is_read_and_forgets_them_on_res
     ]
     log.reset()  # a new attempt: what the source still held is dropped with the rest
     assert log.unanswered(["build"]) == {}
+
+
+class _QueuedPackets:
+    """A bridge's packet socket with packets waiting that its reading thread has not read yet."""
+
+    def __init__(self, packets: list[bytes]) -> None:
+        self.packets = packets
+
+    def recvfrom(self, size: int) -> tuple[bytes, tuple[str, int]]:
+        if not self.packets:
+            raise BlockingIOError
+        return self.packets.pop(0), ("docker0", ETH_P_IP)
+
+    def close(self) -> None:
+        pass
+
+
+def test_what_crossed_before_a_new_phase_is_marked_stays_in_the_phase_before() -> None:
+    # the build's query and its NXDOMAIN crossed the bridge while "build" was marked; the
+    # sniffer's thread, behind on a busy machine, has not read them when "oracle" is marked
+    log = DnsLog("172.17.0.1", "10.0.0.53")
+    sniffer = BridgeSniffer(log, bridges=lambda: [])  # its thread is never started
+    queued = _QueuedPackets([])
+    sniffer._socks["docker0"] = queued  # type: ignore[assignment]
+    log.sources.append(sniffer)
+    log.mark("build")
+    queued.packets += [
+        _query("172.17.0.2", 40000, 7, "weights.invalid"),
+        _reply("172.17.0.2", 40000, 7, "weights.invalid", 3, 0),
+    ]
+    log.mark("oracle")
+    queued.packets.append(_query("172.17.0.2", 40001, 8, "late.invalid"))
+    log.mark(None)
+    assert log.unanswered(["build", "oracle"]) == {
+        "build": ["weights.invalid"],
+        "oracle": ["late.invalid"],
+    }
 
 
 def test_only_the_engines_bridges_are_read(tmp_path: Path) -> None:

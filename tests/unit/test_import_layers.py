@@ -90,6 +90,7 @@ def test_a_part_names_no_forbidden_module_in_a_string(part: str) -> None:
         f"{path.relative_to(REPO)}:{line}: {name}"
         for path in sources
         for line, name in _module_strings(path)
-        if part_of(name) in {*PARTS, "lab"} - may and (str(path.relative_to(REPO)), name) not in EXCEPTIONS
+        if part_of(name) in {*PARTS, "lab"} - may
+        and (str(path.relative_to(REPO)), name) not in EXCEPTIONS
     ]
     assert not offenders, f"sandgym.{part} may name {sorted(may)}; found: {offenders}"
