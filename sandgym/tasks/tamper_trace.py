@@ -211,11 +211,23 @@ def _layer_files(paths: list[str], layer: str) -> dict[str, str]:
 
 
 def _snapshot_layer(api: Any, cid: str) -> str | None:
-    """(Thread) the host directory of the top image layer of the created container `cid` (its
-    snapshot of the sandbox, `docker commit`: overlay2's first lower directory below the init
-    layer)."""
+    """(Thread) the host directory whose files the created container `cid` (a snapshot of the
+    sandbox, `docker commit`) opens: overlay2's first lower directory below the init layer (its
+    upper directory is empty until it writes); btrfs's own subvolume of the container (a
+    snapshot of the image's: its files are inodes of their own, so the image layer's never fire),
+    found through the engine's layer database. None for another driver or an unreadable root."""
     info = api.inspect_container(cid)
-    data = (info.get("GraphDriver") or {}).get("Data") or {}
+    driver = info.get("GraphDriver") or {}
+    if driver.get("Name") == "btrfs":
+        root = str(api.info().get("DockerRootDir") or "")
+        mount_id = os.path.join(root, "image", "btrfs", "layerdb", "mounts", info["Id"], "mount-id")
+        try:
+            with open(mount_id) as f:
+                subvolume = os.path.join(root, "btrfs", "subvolumes", f.read().strip())
+        except OSError:
+            return None
+        return subvolume if root and os.path.isdir(subvolume) else None
+    data = driver.get("Data") or {}
     for layer in str(data.get("LowerDir") or "").split(":"):
         if layer and not layer.rstrip("/").endswith("-init/diff"):
             return layer
