@@ -152,15 +152,11 @@ async def test_sandbox_api_on_docker(server: BackgroundServer, tmp_path: Path) -
         with pytest.raises(sc.UnknownSandboxError):
             await client.exec(sid, ExecRequest(command="true"))
 
-        # an equal environment (same content, packed again) is the same pool key, and the
-        # replacement the pool made after the close is handed out ready
-        async def ready() -> bool:
-            r = await client._http.get("/v1/pool")
-            return r.json()["keys"].get(info.fingerprint, {}).get("ready", 0) >= 1
-
-        await wait_until(ready, 60.0, 0.1, "a ready sandbox for the environment's key")
+        # an equal environment (same content, packed again) is the same pool key; the close made
+        # no replacement for it (the warm target is the operator's: test_pool_release_refill),
+        # so the sandbox is made anew
         again = await client.create(create.model_copy(update={"idle_timeout_s": 0.5}))
-        assert again.fingerprint == info.fingerprint and again.from_pool is True
+        assert again.fingerprint == info.fingerprint and again.from_pool is False
 
         # idle past its timeout: closed by the server, its container removed
         async def gone() -> bool:  # (listing is no request to the sandbox: not activity)
