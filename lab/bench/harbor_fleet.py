@@ -10,6 +10,13 @@ the job. Used by tests/e2e/test_harbor_fleet.py and by `python -m lab.bench.harb
   server held each Harbor environment (the provider names a sandbox after Harbor's
   `session_id`, `<trial>__env`): the per-server counts, without touching the servers.
 - `owner_containers`: the engine's containers labelled with a server's owner (leftovers).
+- `prepare_tb2`: a few Terminal-Bench 2.0 tasks beside the catalog's (`--tb2-dir DIR
+  --tb2-select N`): chosen by `lab.bench.harbor_provider_tb2`'s rule over the committed
+  harbor_compat record (clean, oracle shipped, shortest recorded duration), copied with the compat
+  run's substitutions, and each built once into a local image named in the copy's
+  `[environment] docker_image` (`lab.bench.harbor_shared_images`: the task.toml otherwise names
+  a registry image that cannot be pulled here), so every server runs that one local image.
+- `by_task`: a job's trials per task (rewards, exceptions, environments per server).
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from lab.bench.harbor_runner import (
     read_trials,
     runner_versions,
 )
+from lab.bench.harbor_shared_images import SharedImage
 from lab.bench.report import save_json, start_run
 from sandgym.server.runner import ServerProcess
 
@@ -42,6 +50,9 @@ RESULTS = Path(__file__).resolve().parent / "results"
 #: the retry a user sets so that Harbor retries trials whose server was lost, and only those
 #: (Harbor 0.26's default is `max_retries` 0: no retry at all)
 RETRY_LOST = ["--max-retries", "2", "--retry-include", "ServerLostError"]
+COMPAT_JSONL = RESULTS / "harbor_compat.jsonl"
+COMPAT_JSON = RESULTS / "harbor_compat.json"
+PHASES = ("single", "fleet", "kill", "kill-default")
 
 
 class FleetServer:
@@ -205,113 +216,224 @@ def job_stats(job_dir: Path) -> dict[str, Any]:
     return dict(data.get("stats") or {})
 
 
+def prepare_tb2(
+    tb2_dir: Path, n: int, dest: Path, cache_dir: Path, run_id: str
+) -> tuple[dict[str, Any], list[SharedImage]]:
+    """Select `n` Terminal-Bench 2.0 tasks of `tb2_dir` by `harbor_provider_tb2`'s rule over the
+    committed harbor_compat record, write their prepared copies to `dest/<task>`, and build each
+    one's image once (named in the copy's task.toml); what the record says of them, and the
+    images (removed at the end)."""
+    from lab.bench import harbor_provider_tb2 as tb2
+    from lab.bench.harbor_shared_images import build_shared
+
+    image_map = json.loads(COMPAT_JSON.read_text(encoding="utf-8")).get("image_map") or {}
+    chosen = tb2.select_tasks(COMPAT_JSONL, image_map, n, tb2_dir)
+    prepared = tb2.prepare(chosen, tb2_dir, dest, cache_dir)
+    images = [build_shared(dest / t.task, run_id) for t in prepared]
+    info = {
+        "dataset": tb2.DATASET,
+        "source": tb2.SOURCE,
+        "selection": tb2.SELECTION_RULE.replace("the N ", f"the {len(prepared)} "),
+        "compat_record": str(COMPAT_JSONL.relative_to(REPO)),
+        "tasks": [t.model_dump() for t in prepared],
+        "images": [i.model_dump() for i in images],
+    }
+    return info, images
+
+
+def by_task(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`rows` (one phase's raw lines) per task, by task name: trials, rewards (sorted, None
+    last), exceptions and the environments each server held."""
+    out = []
+    for task in sorted({str(r["task"]) for r in rows}):
+        mine = [r for r in rows if r["task"] == task]
+        rewards = sorted(
+            (r["reward"] for r in mine), key=lambda x: (x is None, x if x is not None else 0.0)
+        )
+        out.append(
+            {
+                "task": task,
+                "trials": len(mine),
+                "rewards": rewards,
+                "exceptions": sorted(str(r["exception"]) for r in mine),
+                "environments_per_server": dict(
+                    Counter(label for r in mine for label in r["servers"])
+                ),
+            }
+        )
+    return out
+
+
 def main() -> None:  # pragma: no cover - the record writer, run by hand
     import argparse
+    import shutil
     import tempfile
+
+    from lab.bench.harbor_shared_images import remove_shared
 
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--attempts", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument(
+        "--tb2-dir",
+        type=Path,
+        default=None,
+        help="a Terminal-Bench 2.0 task folder (lab/bench/harbor_provider_tb2.py's SOURCE, "
+        "fetched by hand, never committed): add --tb2-select of its tasks to every phase",
+    )
+    ap.add_argument("--tb2-select", type=int, default=3)
+    ap.add_argument("--phases", nargs="*", choices=PHASES, default=list(PHASES))
+    ap.add_argument("--cache-dir", type=Path, default=Path(tempfile.gettempdir()) / "hf-cache")
     ap.add_argument("--out", type=Path, default=RESULTS / "harbor_fleet.json")
     args = ap.parse_args()
-    start_run("python -m lab.bench.harbor_fleet --attempts " + str(args.attempts))
+    command = "python -m lab.bench.harbor_fleet --attempts " + str(args.attempts)
+    if args.concurrency != 4:
+        command += f" --concurrency {args.concurrency}"
+    if args.tb2_dir is not None:
+        command += f" --tb2-dir {args.tb2_dir} --tb2-select {args.tb2_select}"
+    if list(args.phases) != list(PHASES):
+        command += " --phases " + " ".join(args.phases)
+    start_run(command)
     ensure_runner_image()
     token = "harbor-fleet-" + os.urandom(4).hex()
+    run_id = "hf-" + os.urandom(4).hex()
     raw: list[dict[str, Any]] = []
-    record: dict[str, Any] = {"runner": runner_versions(), "attempts": args.attempts}
+    record: dict[str, Any] = {
+        "runner": runner_versions(),
+        "attempts": args.attempts,
+        "concurrency": args.concurrency,
+        "catalog_tasks": ["hello-file"],
+    }
+    images: list[SharedImage] = []
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         tasks = root / "tasks"
-        import shutil
-
         shutil.copytree(CATALOG_TASK, tasks / "hello-file")
         slow_tasks = root / "slow"
         slow_task(slow_tasks / "hello-file-slow")
+        if args.tb2_dir is not None:
+            tb2, images = prepare_tb2(args.tb2_dir, args.tb2_select, tasks, args.cache_dir, run_id)
+            record["tb2"] = tb2
+            # the kill phases run the same Terminal-Bench 2.0 copies beside the slow hello-file
+            for t in tb2["tasks"]:
+                shutil.copytree(tasks / t["task"], slow_tasks / t["task"])
         jobs = root / "jobs"
         jobs.mkdir()
-        # kill: the retry a user sets for a lost server; kill-default: Harbor's default (none)
-        for phase in ("single", "fleet", "kill", "kill-default"):
-            owners = {k: f"hf-{phase}-{k}-" + os.urandom(3).hex() for k in ("A", "B")}
-            servers = {k: FleetServer(o, token) for k, o in owners.items()}
-            if phase == "single":
-                servers["B"].stop()
-                del servers["B"]
-            watch = SandboxWatch(servers)
-            watch.start()
-            url = ",".join(s.url for s in servers.values())
-
-            def kill_b(watch: SandboxWatch = watch, servers: dict = servers) -> None:
-                if not watch.first_on["B"].wait(timeout=300):
-                    raise RuntimeError("server B never held a sandbox")
-                servers["B"].kill()
-
-            t0 = time.monotonic()
-            proc = run_job(
-                tasks=slow_tasks if phase.startswith("kill") else tasks,
-                jobs=jobs,
-                name=phase,
-                url=url,
-                token=token,
-                attempts=args.attempts,
-                concurrency=4,
-                extra=RETRY_LOST if phase == "kill" else None,
-                on_start=kill_b if phase.startswith("kill") else None,
-            )
-            wall = time.monotonic() - t0
-            watch.stop()
-            trials = read_trials(jobs / phase)
-            for t in trials:
-                harbor = json.loads((jobs / phase / t.trial / "result.json").read_text())
-                raw.append(
-                    {
-                        "phase": phase,
-                        "trial": t.trial,
-                        "task": t.task,
-                        # the servers its environment was seen on, in attempt order (a trial
-                        # lost on B and retried shows B then A; Harbor keeps only the last
-                        # attempt's result)
-                        "servers": watch.servers_in_order(t.trial),
-                        "attempts_seen": len(watch.servers_in_order(t.trial)),
-                        "reward": t.reward,
-                        "reward_valid": harbor.get("reward_valid"),
-                        "exception": t.exception,
-                    }
-                )
-            stats = job_stats(jobs / phase)
-            # B's sandboxes end by their own deadline (no server refreshes it after the kill)
-            left_t0 = time.monotonic()
-            while any(owner_containers(o, running_only=True) for o in owners.values()):
-                if time.monotonic() - left_t0 > 120:
-                    break
-                time.sleep(1)
-            running_after_s = round(time.monotonic() - left_t0, 1)
-            running_left = sum(len(owner_containers(o, True)) for o in owners.values())
-            stopped = {k: len(owner_containers(o)) for k, o in owners.items()}
-            for o in owners.values():
-                remove_owner_containers(o)
-            record[phase] = {
-                "harbor_exit": proc.returncode,
-                "wall_s": round(wall, 1),
-                "trials": len(trials),
-                "rewards": dict(Counter(str(t.reward) for t in trials)),
-                "exceptions": dict(Counter(str(t.exception) for t in trials)),
-                "environments_per_server": watch.trials_per_server(),
-                "harbor_n_retries": stats.get("n_retries"),
-                "harbor_n_errored_trials": stats.get("n_errored_trials"),
-                # after the job: containers still running once the deadlines passed (0 = the
-                # dead server's sandboxes ended themselves), how long until none ran, and the
-                # stopped ones per server left for the reaper (removed by owner label after)
-                "running_containers_after_deadline": running_left,
-                "no_container_running_after_s": running_after_s,
-                "stopped_containers_left_for_reap": stopped,
-            }
-            for s in servers.values():
-                if s.proc.proc.poll() is None:
-                    s.stop()
-    record["rewards_identical_single_vs_fleet"] = (
-        record["single"]["rewards"] == record["fleet"]["rewards"]
-    )
+        try:
+            for phase in args.phases:
+                record[phase] = run_phase(phase, args, tasks, slow_tasks, jobs, token, raw)
+        finally:
+            record["shared_images_left"] = remove_shared(images)
+    if "single" in record and "fleet" in record:
+        record["rewards_identical_single_vs_fleet"] = (
+            record["single"]["rewards"] == record["fleet"]["rewards"]
+        )
+        record["rewards_identical_single_vs_fleet_by_task"] = {
+            "same": [t["rewards"] for t in record["single"]["by_task"]]
+            == [t["rewards"] for t in record["fleet"]["by_task"]],
+            "tasks": [t["task"] for t in record["fleet"]["by_task"]],
+        }
     args.out.with_suffix(".raw.jsonl").write_text("".join(json.dumps(r) + "\n" for r in raw))
     print(save_json(record, args.out))
+
+
+def run_phase(  # pragma: no cover - the record writer, run by hand
+    phase: str,
+    args: Any,
+    tasks: Path,
+    slow_tasks: Path,
+    jobs: Path,
+    token: str,
+    raw: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """One job: `single` (server A only), `fleet` (A and B), `kill` (B SIGKILLed at its first
+    sandbox, with `RETRY_LOST`), `kill-default` (the same, Harbor's default of no retry); its
+    trials are appended to `raw`, its summary returned."""
+    owners = {k: f"hf-{phase}-{k}-" + os.urandom(3).hex() for k in ("A", "B")}
+    servers = {k: FleetServer(o, token) for k, o in owners.items()}
+    if phase == "single":
+        servers["B"].stop()
+        del servers["B"]
+    watch = SandboxWatch(servers)
+    watch.start()
+    url = ",".join(s.url for s in servers.values())
+
+    def kill_b() -> None:
+        if not watch.first_on["B"].wait(timeout=300):
+            raise RuntimeError("server B never held a sandbox")
+        servers["B"].kill()
+
+    try:
+        t0 = time.monotonic()
+        proc = run_job(
+            tasks=slow_tasks if phase.startswith("kill") else tasks,
+            jobs=jobs,
+            name=phase,
+            url=url,
+            token=token,
+            attempts=args.attempts,
+            concurrency=args.concurrency,
+            extra=RETRY_LOST if phase == "kill" else None,
+            on_start=kill_b if phase.startswith("kill") else None,
+            timeout_s=3000,
+        )
+        wall = time.monotonic() - t0
+        watch.stop()
+        trials = read_trials(jobs / phase)
+        rows = []
+        for t in trials:
+            harbor = json.loads((jobs / phase / t.trial / "result.json").read_text())
+            rows.append(
+                {
+                    "phase": phase,
+                    "trial": t.trial,
+                    "task": t.task,
+                    # the servers its environment was seen on, in attempt order (a trial
+                    # lost on B and retried shows B then A; Harbor keeps only the last
+                    # attempt's result)
+                    "servers": watch.servers_in_order(t.trial),
+                    "attempts_seen": len(watch.servers_in_order(t.trial)),
+                    "reward": t.reward,
+                    "reward_valid": harbor.get("reward_valid"),
+                    "exception": t.exception,
+                    "trial_s": t.trial_s,
+                }
+            )
+        raw.extend(rows)
+        stats = job_stats(jobs / phase)
+        # B's sandboxes end by their own deadline (no server refreshes it after the kill)
+        left_t0 = time.monotonic()
+        while any(owner_containers(o, running_only=True) for o in owners.values()):
+            if time.monotonic() - left_t0 > 120:
+                break
+            time.sleep(1)
+        running_after_s = round(time.monotonic() - left_t0, 1)
+        running_left = sum(len(owner_containers(o, True)) for o in owners.values())
+        stopped = {k: len(owner_containers(o)) for k, o in owners.items()}
+        for o in owners.values():
+            remove_owner_containers(o)
+    finally:
+        watch.stop()
+        for s in servers.values():
+            if s.proc.proc.poll() is None:
+                s.stop()
+    return {
+        "harbor_exit": proc.returncode,
+        "wall_s": round(wall, 1),
+        "trials": len(trials),
+        "rewards": dict(Counter(str(t.reward) for t in trials)),
+        "exceptions": dict(Counter(str(t.exception) for t in trials)),
+        "environments_per_server": watch.trials_per_server(),
+        "by_task": by_task(rows),
+        "harbor_n_retries": stats.get("n_retries"),
+        "harbor_n_errored_trials": stats.get("n_errored_trials"),
+        # after the job: containers still running once the deadlines passed (0 = the
+        # dead server's sandboxes ended themselves), how long until none ran, and the
+        # stopped ones per server left for the reaper (removed by owner label after)
+        "running_containers_after_deadline": running_left,
+        "no_container_running_after_s": running_after_s,
+        "stopped_containers_left_for_reap": stopped,
+    }
 
 
 if __name__ == "__main__":
