@@ -112,10 +112,14 @@ WRITERS: dict[str, tuple[str, ...]] = {
     "fleet.json": ("lab/bench/fleet.py", "lab/bench/report.py"),
     "fleet.raw.jsonl": ("lab/bench/fleet.py",),
     # `python -m lab.bench.harbor_fleet`: Harbor's released runner on a fleet of two docker
-    # servers (one server, the fleet, a SIGKILL with and without Harbor's retry)
+    # servers (one server, the fleet, a SIGKILL with and without Harbor's retry); its
+    # Terminal-Bench 2.0 tasks as harbor_provider's helpers select, prepare and build them
     "harbor_fleet.json": (
         "lab/bench/harbor_fleet.py",
         "lab/bench/harbor_runner.py",
+        "lab/bench/harbor_provider_tb2.py",
+        "lab/bench/harbor_shared_images.py",
+        "lab/bench/substitutions.py",
         "lab/bench/report.py",
     ),
     "harbor_fleet.raw.jsonl": ("lab/bench/harbor_fleet.py",),
