@@ -49,6 +49,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "sandgym.trainer.cluster_cli",
         "env servers on every sandgym node of a Ray cluster",
     ),
+    "route": (
+        "sandgym.integrations.openenv_router",
+        "OpenEnv's wire (/openenv) for a fleet of servers, behind one address",
+    ),
     "plot": ("sandgym.trainer.plot_cli", "plot a run's reward curve"),
     "runs": (
         "sandgym.trainer.runs_cli",

@@ -1,0 +1,158 @@
+"""OpenEnv's released client (openenv==0.10.0) against a fleet of two real `sandgym serve
+--backend local` processes behind one address: the `sandgym route` process
+(sandgym/integrations/openenv_router.py).
+
+Episodes of builtin/hello-file land on both servers (each episode's session is found in its
+server's `GET /v1/sessions`), each scored 1.0; SIGKILL of the server holding an episode makes
+that server's episodes raise OpenEnv's `SESSION_ERROR` (no reward), one mid-request and one at
+its next request, while the episode on the other server goes on and is scored; the next episodes
+run on the survivor with reward 1.0. The stateless HTTP route and `/healthz` answer through the
+router too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+
+import httpx
+import pytest
+
+from sandgym.server.runner import free_port
+from tests.e2e.test_fleet import Server, fleet2  # noqa: F401  (the two-server fixture)
+from tests.waiting import wait_until
+
+openenv_core = pytest.importorskip("openenv.core")
+
+TASK = "builtin/hello-file"
+SOLVE = {"kind": "command", "command": "printf 'Hello, world!\\n' > /app/hello.txt"}
+SUBMIT = {"kind": "submit"}
+
+
+class Router:
+    """`sandgym route --fleet A,B` as its own process."""
+
+    def __init__(self, fleet: str) -> None:
+        self.port = free_port()
+        cmd = [sys.executable, "-m", "sandgym.cli", "route", "--fleet", fleet,
+               "--port", str(self.port)]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=dict(os.environ))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"router exited with {self.proc.returncode}"
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"router on {self.port} did not answer /healthz in 60 s")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def router(fleet2: list[Server]) -> Iterator[Router]:  # noqa: F811
+    r = Router(",".join(s.url for s in fleet2))
+    try:
+        yield r
+    finally:
+        r.stop()
+
+
+def holder(servers: list[Server], session_id: str) -> Server:
+    """The one server whose `/v1/sessions` lists `session_id`."""
+    found = [
+        s
+        for s in servers
+        if s.proc is not None
+        and s.proc.poll() is None
+        and session_id
+        in {
+            x["session_id"] for x in httpx.get(f"{s.url}/v1/sessions", timeout=5).json()["sessions"]
+        }
+    ]
+    assert len(found) == 1, f"expected one server holding {session_id}, found {len(found)}"
+    return found[0]
+
+
+def is_busy(server: Server, session_id: str) -> bool:
+    """`session_id`'s request is being answered on `server` (its `/v1/sessions` says so)."""
+    body = httpx.get(f"{server.url}/v1/sessions", timeout=5).json()
+    return any(x["busy"] for x in body["sessions"] if x["session_id"] == session_id)
+
+
+def episode(base: str, servers: list[Server]) -> tuple[Server, float | None]:
+    """One solved episode through OpenEnv's client: (the server it ran on, its reward)."""
+    with openenv_core.GenericEnvClient(base_url=base).sync() as env:
+        first = env.reset(task_id=TASK, seed=0)
+        where = holder(servers, first.metadata["session_id"])
+        res = env.step(SOLVE)
+        assert res.observation["exit_code"] == 0 and res.done is False
+        res = env.step(SUBMIT)
+        assert res.done is True
+        return where, res.reward
+
+
+def test_openenv_client_on_a_fleet_of_two(fleet2: list[Server], router: Router) -> None:  # noqa: F811
+    a, b = fleet2
+    base = router.url + "/openenv"
+
+    played = [episode(base, fleet2) for _ in range(4)]
+    assert [r for _, r in played] == [1.0] * 4
+    assert Counter(s.port for s, _ in played) == {a.port: 2, b.port: 2}
+
+    # stateless HTTP through the router: a fresh one-action episode on some server
+    r = httpx.post(f"{base}/step", json={"action": SUBMIT, "task_id": TASK, "seed": 0}, timeout=60)
+    assert r.status_code == 200 and r.json()["reward"] == 0.0 and r.json()["done"] is True
+
+    # three episodes open at once (so one server holds two); that server dies mid-episode, one
+    # of its episodes mid-request, the other between requests: each gets OpenEnv's error, never a
+    # reward; the episode on the survivor goes on and is scored
+    with ExitStack() as stack:
+        envs = [stack.enter_context(openenv_core.GenericEnvClient(base_url=base).sync())
+                for _ in range(3)]  # fmt: skip
+        sids = [env.reset(task_id=TASK, seed=0).metadata["session_id"] for env in envs]
+        where = [holder(fleet2, sid) for sid in sids]
+        victim = Counter(where).most_common(1)[0][0]
+        survivor = b if victim is a else a
+        assert sorted(Counter(where).values()) == [1, 2]  # placed by room: 2 + 1
+        on_victim = [(e, sid) for e, sid, w in zip(envs, sids, where, strict=True) if w is victim]
+        (busy, busy_sid), (idle, _) = on_victim
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(busy.step, {"kind": "command", "command": "sleep 20"})
+            asyncio.run(wait_until(lambda: is_busy(victim, busy_sid), 30, what="the step running"))
+            victim.kill()
+            with pytest.raises(RuntimeError, match=r"code: SESSION_ERROR") as err:
+                pending.result(timeout=30)
+        assert victim.url in str(err.value)
+        with pytest.raises(RuntimeError, match=r"code: SESSION_ERROR"):
+            idle.step(SOLVE)
+        (alive,) = [e for e, w in zip(envs, where, strict=True) if w is survivor]
+        alive.step(SOLVE)
+        assert alive.step(SUBMIT).reward == 1.0
+
+    # the next episodes go to the survivor, scored as before
+    after = [episode(base, fleet2) for _ in range(2)]
+    assert [(s.port, rew) for s, rew in after] == [(survivor.port, 1.0)] * 2
+    health = httpx.get(f"{router.url}/healthz", timeout=5).json()
+    states = {s["url"]: s["healthy"] for s in health["servers"]}
+    assert states == {victim.url: False, survivor.url: True}
