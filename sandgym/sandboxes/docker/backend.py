@@ -9,6 +9,7 @@ engine; a sandbox and its service group get the engine and the parts they use, n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from pathlib import Path
@@ -24,7 +25,7 @@ from sandgym.sandboxes.docker.bridge import (
 )
 from sandgym.sandboxes.docker.client import DockerEngine
 from sandgym.sandboxes.docker.confine import Confinement
-from sandgym.sandboxes.docker.exec_kill import HELPER_SCRIPT, MAIN_BOOT, MAIN_INIT
+from sandgym.sandboxes.docker.exec_kill import entrypoint_exit, image_argv, main_entrypoint
 from sandgym.sandboxes.docker.group import DockerGroup, wait_docker_health
 from sandgym.sandboxes.docker.image_config import needs_image_config, spec_over_image
 from sandgym.sandboxes.docker.images import ImageStore
@@ -40,6 +41,9 @@ from sandgym.sandboxes.lifetime import first_deadline, write_deadline_file
 from sandgym.sandboxes.spec import SandboxSpec
 
 log = logging.getLogger(__name__)
+
+#: how long creation watches a sandbox's image ENTRYPOINT for an early end (`_check_entrypoint`)
+ENTRYPOINT_SETTLE_S = 0.5
 
 
 class DockerBackend(SandboxBackend):
@@ -142,10 +146,12 @@ class DockerBackend(SandboxBackend):
         await self.ensure_available()
         image = spec.snapshot or await self.image_for(spec)
         labels = await asyncio.to_thread(self.labels_for, spec)
-        # the image's own Env and WorkingDir are the truth here, the task's own env over them
+        # the image's own Env, WorkingDir and ENTRYPOINT are the truth here, the task's own env
+        # over them
         run_spec = spec
+        config = await asyncio.to_thread(self.images.config, image)
+        entry_argv = image_argv(config, snapshot=spec.snapshot is not None)
         if needs_image_config(spec):
-            config = await asyncio.to_thread(self.images.config, image)
             run_spec = spec_over_image(
                 spec, config, between=proxy_env() if spec.needs_proxy else None
             )
@@ -188,7 +194,7 @@ class DockerBackend(SandboxBackend):
             extra = group.main_create_kwargs() if group is not None else {}
             resp = api.create_container(
                 image,
-                entrypoint=["/bin/sh", "-c", MAIN_INIT, MAIN_BOOT, HELPER_SCRIPT],
+                entrypoint=main_entrypoint(entry_argv),  # pid 1 starts the image's own
                 command=[],
                 name=sandbox_id,
                 hostname=sandbox_id,
@@ -285,8 +291,33 @@ class DockerBackend(SandboxBackend):
             await sb.start_network(pids.get(container_id))
             if container_id in has_health:  # the image's HEALTHCHECK: Docker's own status
                 await wait_docker_health(api, container_id, f"sandbox {sandbox_id}")
+            if entry_argv:
+                await self._check_entrypoint(container_id, image, entry_argv)
         except BaseException:
             await asyncio.shield(sb.close())
             raise
         await ensure_healthy(sb)  # spec.healthcheck (Harbor's), run inside; closes on failure
         return sb
+
+    async def _check_entrypoint(self, container_id: str, image: str, argv: list[str]) -> None:
+        """Refuse a sandbox whose image ENTRYPOINT ends within ENTRYPOINT_SETTLE_S of the end
+        of its creation (pid 1 notices an end within 0.2 s); under Harbor its container would
+        have exited, and `docker compose up --wait` failed or every later exec. One that ends
+        later is only logged by pid 1 (the container's log), and the sandbox goes on."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + ENTRYPOINT_SETTLE_S
+        while (
+            status := await asyncio.to_thread(entrypoint_exit, self.engine.api, container_id)
+        ) is None:
+            if loop.time() >= until:
+                return
+            await asyncio.sleep(0.1)
+        logs = b""
+        with contextlib.suppress(Exception):
+            logs = await asyncio.to_thread(self.engine.api.logs, container_id, tail=20)
+        raise SandboxCreateError(
+            f"docker: the ENTRYPOINT of {image} ({argv!r}) was expected to keep running (it is "
+            f"given Harbor's `sh -c 'sleep infinity'` as its arguments, to `exec \"$@\"`), "
+            f"found it exited with status {status} before the sandbox was ready; its log: "
+            f"{logs.decode(errors='replace').strip()[-2000:]!r}"
+        )

@@ -49,6 +49,17 @@ HELPER_DIR = "/run/sandgym-helper/kill"
 #: (`sandgym.sandboxes.lifetime`) lies: the host side writes it and the agent cannot.
 DEADLINE_PATH = BRIDGE_MOUNT + "/deadline"
 
+#: where pid 1 writes the exit status of the image's ENTRYPOINT once it has ended (see
+#: HELPER_SCRIPT); absent while it runs, or when the image has none
+ENTRYPOINT_EXIT_PATH = "/run/sandgym-helper/entrypoint-exit"
+
+#: Harbor's main service command (its docker-compose files: `command: ["sh", "-c", "sleep
+#: infinity"]`), which the image's ENTRYPOINT receives as its arguments, as under Harbor
+HARBOR_MAIN_COMMAND = ("sh", "-c", "sleep infinity")
+
+#: the signals pid 1 ignores (and the entrypoint it starts gets back at their defaults)
+_SIGNALS = "HUP INT QUIT TERM USR1 USR2 ALRM PIPE VTALRM PROF XCPU XFSZ TSTP TTIN TTOU"
+
 
 #: The container's pid 1 when the image has bash (MAIN_INIT execs it): one bash loop that keeps
 #: the deadline and is the kill helper, and forks nothing once started. The kernel shields a
@@ -74,19 +85,40 @@ DEADLINE_PATH = BRIDGE_MOUNT + "/deadline"
 #: - Init: bash reaps any child that ends, orphans adopted by pid 1 included (its SIGCHLD
 #:   handler waits for any pid); a SIGCHLD sent from inside only wakes its sleep early.
 #: It sleeps with `read -t` on a pipe it holds both ends of (`3<> <(:)`): nothing on disk.
+#: - The image's ENTRYPOINT (issue 58 item 1): when bash is given arguments (`image_argv`: the
+#:   image's ENTRYPOINT followed by Harbor's main command, `sh -c "sleep infinity"`), it forks
+#:   them once, first, before it moves to the bridge directory: the child has the container's
+#:   environment, working directory and user, every signal at its default disposition (the
+#:   subshell's `trap -`, as `service_life.SERVICE_KEEPER` starts a service), and its output goes
+#:   to the container's log. Its processes are ordinary ones: the deadline's exit ends them with
+#:   the container. When it ends, pid 1 writes its status to ENTRYPOINT_EXIT_PATH and a line to
+#:   the container's log, and goes on (checked with `kill -0`, never a blocking `wait`): the
+#:   sandbox outlives its entrypoint (see `docs/harbor_compat.md`).
 HELPER_SCRIPT = (
-    "trap '' HUP INT QUIT TERM USR1 USR2 ALRM PIPE VTALRM PROF XCPU XFSZ TSTP TTIN TTOU; "
+    "trap '' %s; "
+    '(($#)) && { (trap - %s; exec "$@") & ep=$!; }; '
     "cd %s 2>/dev/null || cd /; exec 3<> <(:); mkdir -p %s 2>/dev/null; t=0; "
     "due() { printf -v n '%%(%%s)T' -1; ((n == t)) && return; t=$n; "
-    "if read -r d 2>/dev/null < deadline && [[ $d =~ ^[0-9]+$ ]] && ((n > d)); then exit 0; fi; }\n"
+    "if read -r d 2>/dev/null < deadline && [[ $d =~ ^[0-9]+$ ]] && ((n > d)); then exit 0; fi; }; "
+    'ended() { [[ -n $ep ]] && ! kill -0 "$ep" 2>/dev/null || return 0; wait "$ep"; s=$?; ep=; '
+    "printf 'sandgym: the image ENTRYPOINT exited with status %%s; the sandbox goes on without it\\n' "
+    '"$s" >&2; printf \'%%s\\n\' "$s" > %s 2>/dev/null; }\n'
     'while :; do for f in %s/*; do due; [[ -s $f ]] || continue; m="%s=${f##*/}"; '
     "for r in 1 2 3 4 5 6; do hit=(); for e in /proc/[0-9]*/environ; do due; "
     "p=${e#/proc/}; p=${p%%/environ}; ((p == 1)) && continue; "
     "while IFS= read -r -d '' v; do due; if [[ $v == \"$m\" ]]; then "
     'kill -STOP "$p" 2>/dev/null; hit+=("$p"); break; fi; done 2>/dev/null < "$e"; done; '
     '((${#hit[@]})) || break; kill -KILL "${hit[@]}" 2>/dev/null; done; : > "$f"; done; '
-    "due; read -t 0.2 -u 3; done"
-) % (BRIDGE_MOUNT, HELPER_DIR, HELPER_DIR, EXEC_MARKER_ENV)
+    "due; ended; read -t 0.2 -u 3; done"
+) % (
+    _SIGNALS,
+    _SIGNALS,
+    BRIDGE_MOUNT,
+    HELPER_DIR,
+    ENTRYPOINT_EXIT_PATH,
+    HELPER_DIR,
+    EXEC_MARKER_ENV,
+)
 
 
 #: pid 1 of an image without bash (MAIN_INIT evals it in the image's sh): a loop that reads the
@@ -94,23 +126,81 @@ HELPER_SCRIPT = (
 #: `sleep` and `date` and wait for them, so it is the one weaker case: a root agent that stops
 #: those children (`kill -STOP -1` at the right moment) holds it, and a full pids limit makes its
 #: forks fail (then it tries again, a second later). There is no kill helper in such an image.
-#: `wait`ing on its foreground children, the sh reaps adopted orphans too.
+#: `wait`ing on its foreground children, the sh reaps adopted orphans too. The image's
+#: ENTRYPOINT, when given (`image_argv`), is started first as its background child, with the
+#: signals an sh leaves ignored for a background job where it cannot reset them (INT and QUIT,
+#: in dash); its end is neither logged nor written to ENTRYPOINT_EXIT_PATH.
 MAIN_BOOT = (
+    '[ $# -gt 0 ] && { (trap - INT QUIT; exec "$@") & }; '
     "cd %s 2>/dev/null || cd /; "
     'while :; do read d < deadline && [ "$(date +%%s)" -gt "$d" ] && exit 0; sleep 1; '
     "done 2>/dev/null"
 ) % BRIDGE_MOUNT
 
-#: The container's entrypoint: `/bin/sh -c MAIN_INIT MAIN_BOOT HELPER_SCRIPT` (no Docker init
-#: above it). With bash in the image, pid 1 becomes bash running HELPER_SCRIPT ($1); without, the
-#: host's static bash copied in (`service_life.give_static_bash`, where the host has one) runs it;
-#: without either, the sh itself runs MAIN_BOOT ($0). Either way pid 1 gets, from inside, only the signals it
-#: has a handler for: the agent's `kill -9 -1` ends its own processes but never the container,
+#: The container's entrypoint: `/bin/sh -c MAIN_INIT MAIN_BOOT HELPER_SCRIPT ARGV...`
+#: (`main_entrypoint`; no Docker init above it), ARGV being what the image's ENTRYPOINT runs
+#: (`image_argv`; none when the image has no ENTRYPOINT). With bash in the image, pid 1 becomes
+#: `bash -c HELPER_SCRIPT sandgym-keeper ARGV...`; without, the host's static bash copied in
+#: (`service_life.give_static_bash`, where the host has one and the sandbox has a deadline) runs
+#: it; without either, the sh itself runs MAIN_BOOT ($0) with ARGV as its arguments. So an image
+#: without bash is handled, not refused: its ENTRYPOINT runs under whichever pid 1 it gets.
+#: Either way pid 1 gets, from inside, only the signals it has a handler for: the agent's
+#: `kill -9 -1` ends its own processes (the entrypoint's included) but never the container,
 #: which would turn its episode into a lost sandbox (masked as infrastructure by the trainer).
 MAIN_INIT = (
-    'if command -v bash >/dev/null 2>&1; then exec bash -c "$1"; fi; '
-    f'if [ -x {STATIC_BASH_IN} ]; then exec {STATIC_BASH_IN} -c "$1"; fi; eval "$0"'
+    'h=$1; shift; if command -v bash >/dev/null 2>&1; then exec bash -c "$h" sandgym-keeper "$@"; fi; '
+    f'if [ -x {STATIC_BASH_IN} ]; then exec {STATIC_BASH_IN} -c "$h" sandgym-keeper "$@"; fi; '
+    'eval "$0"'
 )
+
+#: what `main_entrypoint` puts before the image's own argv
+MAIN_PREFIX = ("/bin/sh", "-c", MAIN_INIT, MAIN_BOOT, HELPER_SCRIPT)
+
+
+def image_argv(config: dict[str, Any], snapshot: bool = False) -> list[str]:
+    """What pid 1 starts for the image whose Config (`docker image inspect`) is `config`: its
+    ENTRYPOINT followed by Harbor's main command (HARBOR_MAIN_COMMAND, which replaces the
+    image's CMD, as Harbor's compose file does; `service_life.service_argv`'s rule); nothing
+    when it has no ENTRYPOINT (Harbor's `sh -c "sleep infinity"` alone only keeps the container
+    up, which pid 1 does). A `snapshot` image (`DockerSandbox.snapshot`, a `docker commit` of a
+    sandbox) carries the sandbox's own entrypoint: its argv after MAIN_PREFIX is the original
+    image's, started again in each container made from it."""
+    from sandgym.sandboxes.docker.service_life import service_argv
+    from sandgym.sandboxes.services import ServiceSpec
+
+    entrypoint = [str(a) for a in config.get("Entrypoint") or []]
+    if snapshot:
+        n = len(MAIN_PREFIX)
+        return entrypoint[n:] if tuple(entrypoint[:n]) == MAIN_PREFIX else []
+    if not entrypoint:
+        return []
+    return service_argv(ServiceSpec(name="main", image="main", command=HARBOR_MAIN_COMMAND), config)
+
+
+def main_entrypoint(argv: list[str]) -> list[str]:
+    """The main container's entrypoint: MAIN_PREFIX, then `argv` (`image_argv`)."""
+    return [*MAIN_PREFIX, *argv]
+
+
+def entrypoint_exit(api: Any, container_id: str) -> int | None:
+    """(Thread) the exit status of the image's ENTRYPOINT in container `container_id`, read from
+    ENTRYPOINT_EXIT_PATH; None while it runs (or when there is none, or no bash keeps it)."""
+    import io
+    import tarfile
+
+    import docker.errors
+
+    try:
+        chunks, _stat = api.get_archive(container_id, ENTRYPOINT_EXIT_PATH)
+    except docker.errors.NotFound:
+        return None
+    data = b"".join(chunks)
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        member = tar.next()
+        f = tar.extractfile(member) if member is not None else None
+        text = f.read().decode(errors="replace").strip() if f is not None else ""
+    return int(text) if text.isdigit() else None
+
 
 #: kills every process but pid 1 (the init and kill helper) and itself: what the agent left
 KILL_ALL_BUT_PID1_SCRIPT = (

@@ -1,0 +1,152 @@
+"""Issue 58 item 1, the image's ENTRYPOINT on docker: a sandbox whose image declares one runs it
+as Harbor does (`ENTRYPOINT + ["sh", "-c", "sleep infinity"]`), started once by the container's
+pid 1 (sandgym's deadline keeper, `exec_kill.HELPER_SCRIPT`), which stays pid 1.
+
+The image's entrypoint script writes a marker and its arguments, starts a background service (a
+`sleep 1001` whose pid it writes) and `exec "$@"`s. After creation the marker is there, with the
+image's environment and working directory, the service runs as pid 1's descendant, and at the
+deadline the container ends with the service gone too (its host pid no longer runs it). An
+entrypoint that exits at once makes creation fail by name (Harbor's container would have exited).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from sandgym.sandboxes import SandboxSpec
+from sandgym.sandboxes.errors import SandboxCreateError
+from sandgym.sandboxes.lifetime import set_first_lifetime
+from tests.e2e.conftest import docker_image_available
+from tests.waiting import wait_until_in_thread
+
+IMAGE = "sandgym/terminal:latest"
+
+pytestmark = [
+    pytest.mark.docker,
+    pytest.mark.skipif(not docker_image_available(), reason=f"image {IMAGE} not built"),
+]
+
+#: seconds from creation to the deadline (room to create and look), and the bound past it
+LIFE_S = 10.0
+BOUND_S = 10.0
+
+ENTRYPOINT_SH = """#!/bin/sh
+# set-up, then the command: the common form of an image's entrypoint (one that fails its set-up
+# when the sandbox's spec sets BREAK_ENTRYPOINT: one image, built once, for both tests)
+if [ -n "$BREAK_ENTRYPOINT" ]; then echo 'missing config' >&2; exit 3; fi
+echo "$@" > /tmp/entrypoint-argv
+echo "$(pwd) $IMAGE_SAYS" > /tmp/entrypoint-ran
+sleep 1001 &
+echo $! > /tmp/service.pid
+exec "$@"
+"""
+
+
+@pytest.fixture
+async def backend() -> AsyncIterator[object]:
+    from sandgym.sandboxes.docker import DockerBackend
+
+    b = DockerBackend(owner_id="test-entry-" + uuid.uuid4().hex[:6])
+    try:
+        yield b
+    finally:
+        set_first_lifetime(None)
+        await b.reap(only_expired=False)
+        await b.aclose()
+
+
+@pytest.fixture(scope="module")
+def context(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    ctx = tmp_path_factory.mktemp("entrypoint-image")
+    (ctx / "entrypoint.sh").write_text(ENTRYPOINT_SH)
+    (ctx / "entrypoint.sh").chmod(0o755)
+    (ctx / "Dockerfile").write_text(
+        f"FROM {IMAGE}\nCOPY entrypoint.sh /usr/local/bin/entrypoint.sh\n"
+        "ENV IMAGE_SAYS=from-image\nWORKDIR /srv/work\n"
+        'ENTRYPOINT ["/usr/local/bin/entrypoint.sh"]\nCMD ["never-run"]\n'
+    )
+    return ctx
+
+
+def _running(cid: str) -> bool:
+    out = subprocess.run(
+        ["docker", "inspect", "-f", "{{.State.Running}}", cid],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    return out.returncode == 0 and out.stdout.strip() == "true"
+
+
+def _host_pid_of(cid: str, args: str) -> int:
+    top = subprocess.run(
+        ["docker", "top", cid, "-eo", "pid,args"], capture_output=True, text=True, timeout=30
+    ).stdout.splitlines()
+    pids = [int(line.split()[0]) for line in top[1:] if line.split(None, 1)[1].strip() == args]
+    assert len(pids) == 1, top
+    return pids[0]
+
+
+def _host_runs(pid: int, args: str) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return cmdline.replace(b"\0", b" ").strip() == args.encode()
+
+
+async def test_image_entrypoint_runs_under_pid1_and_ends_by_the_deadline(
+    backend: object, context: Path
+) -> None:
+    spec = SandboxSpec(build_context=context, own_workdir=False, pids_limit=64)
+    set_first_lifetime(LIFE_S)
+    sb = await backend.create(spec)  # type: ignore[attr-defined]
+    set_first_lifetime(None)
+    assert sb.deadline is not None
+
+    # set-up ran, with the image's environment and working directory, given Harbor's command
+    ran = await sb.exec("cat /tmp/entrypoint-ran /tmp/entrypoint-argv")
+    assert ran.exit_code == 0, ran
+    assert ran.stdout.splitlines() == ["/srv/work from-image", "sh -c sleep infinity"]
+
+    # pid 1 is still sandgym's keeper; the service is its descendant, through the entrypoint
+    # (exec'd into Harbor's `sh -c 'sleep infinity'`, its signals at their defaults: none ignored)
+    tree = await sb.exec(
+        "s=$(cat /tmp/service.pid); e=$(awk '/^PPid/ {print $2}' /proc/$s/status); "
+        "tr '\\0' ' ' < /proc/$s/cmdline; echo; tr '\\0' ' ' < /proc/$e/cmdline; echo; "
+        "awk '/^PPid/ {print $2}' /proc/$e/status; awk '/^SigIgn/ {print $2}' /proc/$e/status; "
+        "tr '\\0' '\\n' < /proc/1/cmdline | head -1"
+    )
+    assert tree.exit_code == 0, tree
+    assert tree.stdout.splitlines() == [
+        "sleep 1001 ",
+        "sh -c sleep infinity ",
+        "1",
+        "0000000000000000",
+        "bash",
+    ], tree.stdout
+
+    # at the deadline the container ends, and the entrypoint's service with it
+    service = _host_pid_of(sb.container_id, "sleep 1001")
+    assert _host_runs(service, "sleep 1001")
+    await wait_until_in_thread(
+        lambda: not _running(sb.container_id),
+        LIFE_S + BOUND_S,
+        0.25,
+        "the sandbox gone by its deadline",
+    )
+    assert not _host_runs(service, "sleep 1001")
+    await sb.close()
+
+
+async def test_an_entrypoint_that_exits_at_once_fails_creation_by_name(
+    backend: object, context: Path
+) -> None:
+    spec = SandboxSpec(build_context=context, env={"BREAK_ENTRYPOINT": "1"})
+    with pytest.raises(
+        SandboxCreateError, match=r"ENTRYPOINT.*exited with status 3.*missing config"
+    ):
+        await backend.create(spec)  # type: ignore[attr-defined]
