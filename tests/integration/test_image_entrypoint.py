@@ -150,3 +150,29 @@ async def test_an_entrypoint_that_exits_at_once_fails_creation_by_name(
         SandboxCreateError, match=r"ENTRYPOINT.*exited with status 3.*missing config"
     ):
         await backend.create(spec)  # type: ignore[attr-defined]
+
+
+#: how many processes run sandgym's keeper (pid 1's `$0`, `sandgym-keeper`; the pattern is spelt so
+#: that this command's own text does not match it), and how many the service
+KEEPERS_AND_SERVICES = (
+    "k=0; s=0; for c in /proc/[0-9]*/cmdline; do a=$(tr '\\0' ' ' < $c 2>/dev/null); "
+    'case "$a" in *sandgym-kee[p]er*) k=$((k+1)) ;; "sleep 1001 ") s=$((s+1)) ;; esac; done; '
+    'echo "$k $s"'
+)
+
+
+async def test_a_snapshot_of_such_a_sandbox_runs_the_entrypoint_again_under_one_keeper(
+    backend: object, context: Path
+) -> None:
+    spec = SandboxSpec(build_context=context, own_workdir=False)
+    sb = await backend.create(spec)  # type: ignore[attr-defined]
+    first = await sb.exec(KEEPERS_AND_SERVICES)
+    assert first.stdout.split() == ["1", "1"], first
+    snapshot = await sb.snapshot()
+    await sb.close()
+    # the snapshot's image config carries sandgym's own entrypoint; the image's is found in it
+    again = await backend.create(spec.model_copy(update={"snapshot": snapshot}))  # type: ignore[attr-defined]
+    counted = await again.exec(KEEPERS_AND_SERVICES)
+    assert counted.stdout.split() == ["1", "1"], counted
+    await again.close()
+    await backend.remove_snapshot(snapshot)  # type: ignore[attr-defined]
