@@ -3,16 +3,17 @@
 (sandgym/integrations/openenv_router.py).
 
 Episodes of builtin/hello-file land on both servers (each episode's session is found in its
-server's `GET /v1/sessions`), each scored 1.0; SIGKILL of the server holding an episode makes
+server's `GET /v1/sessions`), each scored 1.0; a dropped socket is resumed through the router on
+its own server; OpenEnv's runtime validator passes against the router's address; SIGKILL of the server holding an episode makes
 that server's episodes raise OpenEnv's `SESSION_ERROR` (no reward), one mid-request and one at
 its next request, while the episode on the other server goes on and is scored; the next episodes
-run on the survivor with reward 1.0. The stateless HTTP route and `/healthz` answer through the
-router too.
+run on the survivor with reward 1.0.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -24,12 +25,14 @@ from contextlib import ExitStack
 
 import httpx
 import pytest
+from websockets.sync.client import connect
 
 from sandgym.server.runner import free_port
 from tests.e2e.test_fleet import Server, fleet2  # noqa: F401  (the two-server fixture)
 from tests.waiting import wait_until
 
 openenv_core = pytest.importorskip("openenv.core")
+from openenv.cli._validation import validate_running_environment  # noqa: E402
 
 TASK = "builtin/hello-file"
 SOLVE = {"kind": "command", "command": "printf 'Hello, world!\\n' > /app/hello.txt"}
@@ -120,9 +123,26 @@ def test_openenv_client_on_a_fleet_of_two(fleet2: list[Server], router: Router) 
     assert [r for _, r in played] == [1.0] * 4
     assert Counter(s.port for s, _ in played) == {a.port: 2, b.port: 2}
 
-    # stateless HTTP through the router: a fresh one-action episode on some server
+    # a socket dropped without `close`, resumed through the router: back on its own server
+    ws_url = "ws" + base.removeprefix("http") + "/ws"
+    with connect(ws_url) as ws:
+        ws.send(json.dumps({"type": "reset", "data": {"task_id": TASK, "seed": 0}}))
+        meta = json.loads(ws.recv())["data"]["metadata"]
+        ws.send(json.dumps({"type": "step", "data": SOLVE}))
+        assert json.loads(ws.recv())["data"]["observation"]["exit_code"] == 0
+    holder(fleet2, meta["session_id"])  # held by one server (only it can resume the session)
+    query = f"?session_id={meta['session_id']}&resume_token={meta['resume_token']}"
+    with connect(ws_url + query) as ws:
+        ws.send(json.dumps({"type": "step", "data": SUBMIT}))
+        reply = json.loads(ws.recv())
+    assert reply["type"] == "observation" and reply["data"]["reward"] == 1.0, reply
+
+    # stateless HTTP through the router: a fresh one-action episode on some server, and
+    # OpenEnv's own runtime validator against the router's one address
     r = httpx.post(f"{base}/step", json={"action": SUBMIT, "task_id": TASK, "seed": 0}, timeout=60)
     assert r.status_code == 200 and r.json()["reward"] == 0.0 and r.json()["done"] is True
+    report = validate_running_environment(base)
+    assert report["passed"], report["summary"]
 
     # three episodes open at once (so one server holds two); that server dies mid-episode, one
     # of its episodes mid-request, the other between requests: each gets OpenEnv's error, never a
