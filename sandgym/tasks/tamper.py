@@ -434,7 +434,7 @@ LINK_TARGETS = ("/tests", "/logs/verifier", "/proc", "/dev/fd", "/dev/stdin")
 MAX_LINK_CHECKS = 500
 #: a report lists at most this many paths (its `count` has them all)
 MAX_LISTED = 100
-#: a baseline fingerprints at most this many sensitive paths the set-up wrote
+#: a baseline fingerprints at most this many paths the set-up wrote (the sensitive ones first)
 MAX_BASELINE_FINGERPRINTS = 500
 
 
@@ -459,6 +459,14 @@ async def mark_baseline(task: TaskSpec, sandbox: Sandbox, workdir: str) -> Chang
     outputs = declared_outputs(task)
     # a later change to any of these would be reported: fingerprint them now
     watch = [p for p in kinds if _sensitive(p, "modified", workdir, outputs)]
+    # and any other file the set-up wrote outside the answers (a COPY on an image-less backend):
+    # the trace names what the verifier opened only among the agent's changes
+    answers = outputs or (workdir,)
+    watch += [
+        p
+        for p, k in kinds.items()
+        if k != "deleted" and p not in watch and not any(_under(p, a) for a in answers)
+    ]
     watch = [*ENGINE_MOUNTED_FILES, *watch[:MAX_BASELINE_FINGERPRINTS]]
     fps = await sandbox.path_fingerprints(watch) if watch else {}
     return ChangeBaseline(kinds=kinds, fingerprints=fps)  # type: ignore[arg-type]

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from lab.bench.canaries import HONEST, MODES, play, techniques, write_fixture_tasks
+from lab.bench.canary_tls import STORES
 from sandgym.server.runner import BackgroundServer
 from sandgym.server.settings import ServerSettings
 from tests.e2e.conftest import docker_image_available, local_available
@@ -27,12 +28,28 @@ BY_BACKEND = {
     "docker": ("replace-coreutil",),
 }
 #: the families only a trace of the verifier names (sandgym/tasks/tamper_trace.py): a program in
-#: a PATH directory of the image's own, a tool store, git hooks and config, name resolution
-#: (local's /etc is the host's, read-only: no /etc/hosts canary there)
+#: a PATH directory of the image's own, a tool store, git hooks and config, name resolution,
+#: certificate stores (local's /etc is the host's, read-only: no /etc/hosts or system CA store
+#: canary there; its store is certifi's bundle in the image's own package directory)
 TRACED = {
-    "local": ("image-path-venv-python", "uv-managed-python", "git-hook", "git-config-hookspath"),
-    "docker": ("image-path-venv-python", "uv-managed-python", "git-hook", "hosts-fake-service"),
+    "local": (
+        "image-path-venv-python",
+        "uv-managed-python",
+        "git-hook",
+        "git-config-hookspath",
+        "certifi-ca-store",
+    ),
+    "docker": (
+        "image-path-venv-python",
+        "uv-managed-python",
+        "git-hook",
+        "hosts-fake-service",
+        "system-ca-store",
+    ),
 }
+#: in `pristine` nothing the agent changed reaches the verifier, and the report is the fallback's
+#: list of places: a store outside it (certifi's bundle under /opt/pylib) is not named there
+PRISTINE_UNREPORTED = {"certifi-ca-store"}
 
 
 @pytest.fixture(scope="module")
@@ -107,9 +124,14 @@ async def test_traced_families_per_mode(server: BackgroundServer) -> None:
             seen[mode] = (out["reward"], bool(tamper["tampered"]), tamper["trace"]["method"])
             if mode != "pristine":  # the verifier ran in the agent's sandbox: traced
                 assert "verifier_opened" in cats, (tech.id, mode, tamper)
+                if tech.id in STORES:  # the changed store itself, as the verifier's TLS read it
+                    opened = {
+                        p["path"] for p in tamper["paths"] if p["category"] == "verifier_opened"
+                    }
+                    assert STORES[tech.id] in opened, (tech.id, mode, tamper)
         assert seen == {
             "shared": (1.0, True, "inotify"),
-            "pristine": (0.0, True, "paths"),
+            "pristine": (0.0, tech.id not in PRISTINE_UNREPORTED, "paths"),
             "refuse-tampered": (0.0, True, "inotify"),
         }, tech.id
         assert honest["reward"] == 1.0 and not honest["tamper"]["tampered"], honest
