@@ -11,6 +11,7 @@ entrypoint that exits at once makes creation fail by name (Harbor's container wo
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import uuid
 from collections.abc import AsyncIterator
@@ -176,3 +177,32 @@ async def test_a_snapshot_of_such_a_sandbox_runs_the_entrypoint_again_under_one_
     assert counted.stdout.split() == ["1", "1"], counted
     await again.close()
     await backend.remove_snapshot(snapshot)  # type: ignore[attr-defined]
+
+
+async def test_an_image_without_bash_runs_its_entrypoint_under_the_sh_pid1(
+    backend: object, tmp_path: Path
+) -> None:
+    """No bash and no deadline (so no static bash copied in): pid 1 is the image's sh running
+    MAIN_BOOT, which starts the entrypoint first, as its background child."""
+    (tmp_path / "entrypoint.sh").write_text(ENTRYPOINT_SH)
+    (tmp_path / "entrypoint.sh").chmod(0o755)
+    (tmp_path / "Dockerfile").write_text(
+        "FROM sandgym/base:bookworm\nRUN rm -f /bin/bash /usr/bin/bash\n"
+        "COPY entrypoint.sh /usr/local/bin/entrypoint.sh\n"
+        'ENTRYPOINT ["/usr/local/bin/entrypoint.sh"]\n'
+    )
+    spec = SandboxSpec(build_context=tmp_path, workdir="/")
+    sb = await backend.create(spec)  # type: ignore[attr-defined]
+    try:
+        look = await sb.exec(
+            ["sh", "-c", "cat /tmp/entrypoint-argv; s=$(cat /tmp/service.pid); "
+             "tr '\\0' ' ' < /proc/$s/cmdline; echo; tr '\\0' '\\n' < /proc/1/cmdline | head -1"]
+        )  # fmt: skip
+        assert look.stdout.splitlines() == ["sh -c sleep infinity", "sleep 1001 ", "/bin/sh"], look
+    finally:
+        await sb.close()
+        await asyncio.to_thread(
+            subprocess.run,
+            ["docker", "rmi", "-f", f"sandgym/ctx:{spec.context_hash()[:16]}"],
+            capture_output=True, timeout=60,
+        )  # fmt: skip
