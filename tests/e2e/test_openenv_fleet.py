@@ -25,6 +25,7 @@ from contextlib import ExitStack
 
 import httpx
 import pytest
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from sandgym.server.runner import free_port
@@ -42,10 +43,11 @@ SUBMIT = {"kind": "submit"}
 class Router:
     """`sandgym route --fleet A,B` as its own process."""
 
-    def __init__(self, fleet: str) -> None:
+    def __init__(self, fleet: str, token: str | None = None) -> None:
         self.port = free_port()
         cmd = [sys.executable, "-m", "sandgym.cli", "route", "--fleet", fleet,
                "--port", str(self.port)]  # fmt: skip
+        cmd += ["--token", token] if token else []
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=dict(os.environ))
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -176,3 +178,24 @@ def test_openenv_client_on_a_fleet_of_two(fleet2: list[Server], router: Router) 
     health = httpx.get(f"{router.url}/healthz", timeout=5).json()
     states = {s["url"]: s["healthy"] for s in health["servers"]}
     assert states == {victim.url: False, survivor.url: True}
+
+
+def test_router_asks_the_token_and_says_when_no_server_is_up() -> None:
+    """`--token`: a client without it gets 401 (HTTP) or close 4401 (ws); with it, a fleet whose
+    one server does not answer gets OpenEnv's CAPACITY_REACHED (ws) and 503 (HTTP)."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    r = Router(f"{dead},{dead.replace('127.0.0.1', 'localhost')}", token="s3cret")
+    try:
+        base = r.url + "/openenv"
+        assert httpx.get(f"{base}/health", timeout=10).status_code == 401
+        with connect("ws" + base.removeprefix("http") + "/ws") as ws:
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4401
+        auth = {"Authorization": "Bearer s3cret"}
+        assert httpx.get(f"{base}/health", headers=auth, timeout=30).status_code == 503
+        with openenv_core.GenericEnvClient(base_url=base, headers=auth).sync() as env:
+            with pytest.raises(RuntimeError, match=r"code: CAPACITY_REACHED"):
+                env.reset(task_id=TASK, seed=0)
+    finally:
+        r.stop()
