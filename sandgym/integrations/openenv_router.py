@@ -213,10 +213,16 @@ class OpenEnvRouter:
             relay.lost = f"{type(exc).__name__}: {exc}"
         except (WebSocketDisconnect, RuntimeError):
             return True  # the client went while we wrote to it
+        code = relay.upstream.close_code
+        if relay.lost is None and code not in (None, 1000):  # 1001: the server is going away
+            relay.lost = f"it closed the socket with code {code}"
         if relay.lost is None:  # the server closed the session itself (after `close`, capacity)
-            code = relay.upstream.close_code or 1000
+            if relay.outstanding > 0:  # ... with a request unanswered: still a failed session
+                relay.lost = "it closed the socket with a request unanswered"
+                await self._answer_lost(client, relay)
+                return True
             try:
-                await client.close(code)
+                await client.close(1000)
             except (WebSocketDisconnect, RuntimeError, OSError):
                 pass
             return True
