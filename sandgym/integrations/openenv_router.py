@@ -22,7 +22,8 @@ scheduler:
 - HTTP (`POST /openenv/reset`, `/step`, `/mcp`; `GET /openenv/health`, `/metadata`, `/schema`,
   `/state`, ...): stateless, as OpenEnv's own; each request is forwarded to the first candidate
   and, when that server does not answer, to the next. 503 when no server is up with room.
-- `/healthz`: the router's own, with each server's state as the fleet sees it.
+- `/healthz`: the router's own, with each server's state as the fleet sees it (refreshed as
+  placement refreshes it: at most once a poll interval, a down server once its backoff ends).
 
 With `--token T` the router asks every client for `Authorization: Bearer T` (or `?token=T`, as
 `sandgym serve` does) and sends the same token to the servers.
@@ -337,6 +338,7 @@ def create_router_app(router: OpenEnvRouter) -> FastAPI:
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
+        await router.fleet.refresh()  # at most once a poll interval; a down server after backoff
         return {"status": "ok", "servers": router.fleet.describe(), "sockets": router.relayed}
 
     @app.websocket(OPENENV_PATH + "/ws")
