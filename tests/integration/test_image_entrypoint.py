@@ -2,17 +2,23 @@
 as Harbor does (`ENTRYPOINT + ["sh", "-c", "sleep infinity"]`), started once by the container's
 pid 1 (sandgym's deadline keeper, `exec_kill.HELPER_SCRIPT`), which stays pid 1.
 
-The image's entrypoint script writes a marker and its arguments, starts a background service (a
-`sleep 1001` whose pid it writes) and `exec "$@"`s. After creation the marker is there, with the
-image's environment and working directory, the service runs as pid 1's descendant, and at the
-deadline the container ends with the service gone too (its host pid no longer runs it). An
-entrypoint that exits at once makes creation fail by name (Harbor's container would have exited).
+One task (tests/fixtures/image-entrypoint-task), whose image's entrypoint writes a marker and its
+arguments, starts a background service (a `sleep 1001` whose pid it writes) and `exec "$@"`s.
+After creation the marker is there, with the image's environment and working directory, the
+service runs as pid 1's descendant, and at the deadline the container ends with the service gone
+too (its host pid no longer runs it). An entrypoint that exits at once makes creation fail by
+name (Harbor's container would have exited). A snapshot's sandbox runs it again under one keeper;
+an image without bash runs it under its `sh` pid 1. Through `sandgym tasks check` the task's
+oracle scores 1 (its verifier pays only when the entrypoint's service runs) and a no-op 0.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -36,16 +42,11 @@ pytestmark = [
 LIFE_S = 10.0
 BOUND_S = 10.0
 
-ENTRYPOINT_SH = """#!/bin/sh
-# set-up, then the command: the common form of an image's entrypoint (one that fails its set-up
-# when the sandbox's spec sets BREAK_ENTRYPOINT: one image, built once, for both tests)
-if [ -n "$BREAK_ENTRYPOINT" ]; then echo 'missing config' >&2; exit 3; fi
-echo "$@" > /tmp/entrypoint-argv
-echo "$(pwd) $IMAGE_SAYS" > /tmp/entrypoint-ran
-sleep 1001 &
-echo $! > /tmp/service.pid
-exec "$@"
-"""
+#: a Harbor task whose image's ENTRYPOINT (environment/entrypoint.sh) writes a marker and its
+#: arguments, starts a service (`sleep 1001`, its pid in /tmp/service.pid) and `exec "$@"`s; it
+#: fails its set-up when the sandbox's environment sets BREAK_ENTRYPOINT (one image for all)
+TASK = Path(__file__).parents[1] / "fixtures" / "image-entrypoint-task"
+ENTRYPOINT_SH = (TASK / "environment" / "entrypoint.sh").read_text()
 
 
 @pytest.fixture
@@ -62,16 +63,8 @@ async def backend() -> AsyncIterator[object]:
 
 
 @pytest.fixture(scope="module")
-def context(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    ctx = tmp_path_factory.mktemp("entrypoint-image")
-    (ctx / "entrypoint.sh").write_text(ENTRYPOINT_SH)
-    (ctx / "entrypoint.sh").chmod(0o755)
-    (ctx / "Dockerfile").write_text(
-        f"FROM {IMAGE}\nCOPY entrypoint.sh /usr/local/bin/entrypoint.sh\n"
-        "ENV IMAGE_SAYS=from-image\nWORKDIR /srv/work\n"
-        'ENTRYPOINT ["/usr/local/bin/entrypoint.sh"]\nCMD ["never-run"]\n'
-    )
-    return ctx
+def context() -> Path:
+    return TASK / "environment"
 
 
 def _running(cid: str) -> bool:
@@ -189,7 +182,7 @@ async def test_an_image_without_bash_runs_its_entrypoint_under_the_sh_pid1(
     (tmp_path / "Dockerfile").write_text(
         "FROM sandgym/base:bookworm\nRUN rm -f /bin/bash /usr/bin/bash\n"
         "COPY entrypoint.sh /usr/local/bin/entrypoint.sh\n"
-        'ENTRYPOINT ["/usr/local/bin/entrypoint.sh"]\n'
+        'ENTRYPOINT ["/bin/sh", "/usr/local/bin/entrypoint.sh"]\n'
     )
     spec = SandboxSpec(build_context=tmp_path, workdir="/")
     sb = await backend.create(spec)  # type: ignore[attr-defined]
@@ -206,3 +199,18 @@ async def test_an_image_without_bash_runs_its_entrypoint_under_the_sh_pid1(
             ["docker", "rmi", "-f", f"sandgym/ctx:{spec.context_hash()[:16]}"],
             capture_output=True, timeout=60,
         )  # fmt: skip
+
+
+def test_the_task_scores_oracle_1_noop_0_through_tasks_check(tmp_path: Path) -> None:
+    """`sandgym tasks check --backend docker` (real processes, as a user runs it): the verifier
+    pays only when the entrypoint ran in the agent's sandbox and its service still runs."""
+    env = {**os.environ, "SANDGYM_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "sandgym.cli", "tasks", "check", str(TASK)]
+        + ["--backend", "docker", "--json"],
+        capture_output=True, text=True, timeout=600, env=env,
+    )  # fmt: skip
+    assert proc.stdout.strip(), f"expected one JSON document on stdout, found none: {proc.stderr}"
+    rows = json.loads(proc.stdout)["tasks"]
+    scores = [(r["task_id"], r["oracle_reward"], r["noop_reward"], r["error"]) for r in rows]
+    assert scores == [("image-entrypoint-task", 1.0, 0.0, None)], proc.stderr[-3000:]
