@@ -29,7 +29,7 @@ from sandgym.sandboxes import SandboxSpec
 from sandgym.sandboxes.errors import SandboxCreateError
 from sandgym.sandboxes.lifetime import set_first_lifetime
 from tests.e2e.conftest import docker_image_available
-from tests.waiting import wait_until_in_thread
+from tests.waiting import wait_until, wait_until_in_thread
 
 IMAGE = "sandgym/terminal:latest"
 
@@ -214,3 +214,33 @@ def test_the_task_scores_oracle_1_noop_0_through_tasks_check(tmp_path: Path) -> 
     rows = json.loads(proc.stdout)["tasks"]
     scores = [(r["task_id"], r["oracle_reward"], r["noop_reward"], r["error"]) for r in rows]
     assert scores == [("image-entrypoint-task", 1.0, 0.0, None)], proc.stderr[-3000:]
+
+
+async def test_an_entrypoint_that_ends_later_is_logged_and_the_sandbox_goes_on(
+    backend: object, context: Path
+) -> None:
+    sb = await backend.create(SandboxSpec(build_context=context, own_workdir=False))  # type: ignore[attr-defined]
+    try:
+        # the root agent kills the entrypoint (now Harbor's `sh -c 'sleep infinity'`, pid 1's child)
+        kill = await sb.exec(
+            "for p in /proc/[0-9]*; do [ \"$(tr '\\0' ' ' < $p/cmdline)\" = 'sh -c sleep infinity ' ]"
+            " && kill -KILL ${p#/proc/}; done; true"
+        )
+        assert kill.exit_code == 0, kill
+
+        async def status() -> str:
+            r = await sb.exec("cat /run/sandgym-helper/entrypoint-exit 2>/dev/null")
+            return r.stdout.strip()
+
+        await wait_until(status, 30.0, 0.2, "pid 1 records the entrypoint's end")
+        assert await status() == "137"
+        # the sandbox goes on: pid 1 still the keeper, execs still run, the end is in its log
+        alive = await sb.exec("tr '\\0' '\\n' < /proc/1/cmdline | head -1")
+        assert alive.stdout.strip() == "bash", alive
+        logs = await asyncio.to_thread(
+            subprocess.run,
+            ["docker", "logs", sb.container_id], capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert "the image ENTRYPOINT exited with status 137" in logs.stderr, logs
+    finally:
+        await sb.close()
