@@ -31,10 +31,11 @@ from sandgym.sandboxes.common.tolerated import tolerate
 from sandgym.sandboxes.common.users import is_root_user
 from sandgym.sandboxes.docker.core import Container
 from sandgym.sandboxes.docker.names import BRIDGE_MOUNT
-from sandgym.sandboxes.docker.service_life import STATIC_BASH_IN
+from sandgym.sandboxes.docker.service_life import STATIC_BASH_IN, service_argv
 from sandgym.sandboxes.docker.streams import _demux, _raw_socket
 from sandgym.sandboxes.errors import SandboxError
 from sandgym.sandboxes.paths import normalize_sandbox_path
+from sandgym.sandboxes.services import ServiceSpec
 from sandgym.sandboxes.spec import ExecResult, SandboxSpec
 
 log = logging.getLogger(__name__)
@@ -165,9 +166,6 @@ def image_argv(config: dict[str, Any], snapshot: bool = False) -> list[str]:
     up, which pid 1 does). A `snapshot` image (`DockerSandbox.snapshot`, a `docker commit` of a
     sandbox) carries the sandbox's own entrypoint: its argv after MAIN_PREFIX is the original
     image's, started again in each container made from it."""
-    from sandgym.sandboxes.docker.service_life import service_argv
-    from sandgym.sandboxes.services import ServiceSpec
-
     entrypoint = [str(a) for a in config.get("Entrypoint") or []]
     if snapshot:
         n = len(MAIN_PREFIX)
