@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from sandgym.sandboxes import SandboxSpec
+from sandgym.sandboxes.docker.service_life import STATIC_BASH_IN, usable_static_bash
 from sandgym.sandboxes.errors import SandboxCreateError
 from sandgym.sandboxes.lifetime import set_first_lifetime
 from tests.e2e.conftest import docker_image_available
@@ -176,7 +177,8 @@ async def test_an_image_without_bash_runs_its_entrypoint_under_the_sh_pid1(
     backend: object, tmp_path: Path
 ) -> None:
     """No bash and no deadline (so no static bash copied in): pid 1 is the image's sh running
-    MAIN_BOOT, which starts the entrypoint first, as its background child. The image (fixed
+    MAIN_BOOT, which starts the entrypoint first, as its background child; with a deadline and a
+    static bash on the host, pid 1 is that bash running the keeper. The image (fixed
     content, so one per engine) is left for the next run's cache."""
     (tmp_path / "entrypoint.sh").write_text(ENTRYPOINT_SH)
     (tmp_path / "entrypoint.sh").chmod(0o755)
@@ -193,6 +195,21 @@ async def test_an_image_without_bash_runs_its_entrypoint_under_the_sh_pid1(
              "tr '\\0' ' ' < /proc/$s/cmdline; echo; tr '\\0' '\\n' < /proc/1/cmdline | head -1"]
         )  # fmt: skip
         assert look.stdout.splitlines() == ["sh -c sleep infinity", "sleep 1001 ", "/bin/sh"], look
+    finally:
+        await sb.close()
+    # with a deadline, on a host with a static bash, pid 1 is that bash (copied in) running the
+    # keeper, given the entrypoint too; on a host without one, the sh again
+    static = usable_static_bash()
+    set_first_lifetime(120.0)
+    sb = await backend.create(spec)  # type: ignore[attr-defined]
+    set_first_lifetime(None)
+    try:
+        look = await sb.exec(
+            ["sh", "-c", "cat /tmp/entrypoint-argv; s=$(cat /tmp/service.pid); "
+             "tr '\\0' ' ' < /proc/$s/cmdline; echo; tr '\\0' '\\n' < /proc/1/cmdline | head -1"]
+        )  # fmt: skip
+        pid1 = STATIC_BASH_IN if static is not None else "/bin/sh"
+        assert look.stdout.splitlines() == ["sh -c sleep infinity", "sleep 1001 ", pid1], look
     finally:
         await sb.close()
 
