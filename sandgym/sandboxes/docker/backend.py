@@ -1,5 +1,6 @@
 """`DockerBackend`: creating a sandbox's container with its confinement (its own pid-1 init,
-`MAIN_INIT`, or Docker's for verifier and service containers; the reduced capabilities,
+`MAIN_INIT`, which starts the image's ENTRYPOINT as Harbor would, `exec_kill.image_argv`; or
+Docker's for verifier and service containers; the reduced capabilities,
 `no-new-privileges`, the spec's limits), its bridge directory, network and services. The
 backend is composed around one engine connection (`client.DockerEngine`): its images
 (`images.ImageStore`), the storage quota (`quota.StorageQuota`), the containers' host config
