@@ -4,10 +4,11 @@ mode, to measure which rewards an agent can buy and whether the tamper report na
 A canary is a scripted agent: one command that tries to get reward without solving the task
 (shadowing a program the verifier calls, injecting into Python's import path or start-up, a
 poisoned test-tool cache, a forged test summary, killing or stalling the verifier, editing the
-tests' inputs, writing the reward file, a loader trick, exhausting a resource, ...), then a
-submit. Each runs against small Harbor and Terminal-Bench-style fixture tasks written by this
-module (`write_fixture_tasks`) and against sandgym's own catalog, through a real env server, once
-per verify mode (`shared`, `pristine`, `refuse-tampered`; docs/verification.md). An honest
+tests' inputs, writing the reward file, a loader trick, exhausting a resource, the agent's own
+CA in a certificate store, ...), then a submit. Each runs against small Harbor and
+Terminal-Bench-style fixture tasks written by this module (`write_fixture_tasks`) and against
+sandgym's own catalog, through a real env server, once per verify mode (`shared`, `pristine`,
+`refuse-tampered`; docs/verification.md). An honest
 solution of every target task is played the same way (the control: every mode pays it).
 
 For each (backend, technique, mode) the result records whether the canary was paid (reward above
