@@ -193,6 +193,6 @@ def agent_command(store: str) -> str:
     )
 
 
-#: certifi's bundle, found as the verifier finds it (the image's PYTHONPATH; -B: no bytecode
-#: left in the package, so the report names the store itself)
+#: certifi's bundle, found as the verifier finds it (the image's PYTHONPATH; -B: this lookup
+#: writes no bytecode into the package)
 CERTIFI_STORE = '$(python3 -B -c "import certifi; print(certifi.where())")'
