@@ -23,6 +23,7 @@ from sandgym.sandboxes.common.output import DEFAULT_MAX_OUTPUT_BYTES as DEFAULT_
 from sandgym.sandboxes.common.output import TRUNCATION_MARKER as TRUNCATION_MARKER
 from sandgym.sandboxes.common.output import CappedBuffer
 from sandgym.sandboxes.common.output import truncate_output as truncate_output
+from sandgym.sandboxes.main_process import main_argv
 from sandgym.sandboxes.network import NetworkPolicy
 from sandgym.sandboxes.services import HealthcheckSpec, ServiceSpec, check_addresses, start_order
 
@@ -101,6 +102,17 @@ class SandboxSpec(BaseModel):
         description="docker only: (host name, address) lines added to the container's "
         "/etc/hosts (compose `extra_hosts`)",
     )
+    main_entrypoint: tuple[str, ...] | None = Field(
+        None,
+        description="docker only: the task compose file's `entrypoint` on the main service "
+        "(an empty one clears the image's); None = not set (the image's ENTRYPOINT). "
+        "`main_process.main_argv` says what pid 1 starts",
+    )
+    main_command: tuple[str, ...] | None = Field(
+        None,
+        description="docker only: the task compose file's `command` on the main service; None "
+        "= not set (Harbor's `sh -c 'sleep infinity'`). A keep-alive alone starts nothing",
+    )
     subnet: str | None = Field(
         None,
         description="docker groups only: the IPv4 subnet of the group's network (compose "
@@ -160,8 +172,15 @@ class SandboxSpec(BaseModel):
     @property
     def container_settings(self) -> list[str]:
         """The docker-only settings of the sandbox's container this spec asks for (tmpfs,
-        dns, extra_hosts): names, for the refusal of backends that cannot honour them."""
-        return [k for k in ("tmpfs", "dns", "extra_hosts") if getattr(self, k)]
+        dns, extra_hosts; the main service's entrypoint and command, unless what they run
+        without an image only keeps the container up): names, for the refusal of backends that
+        cannot honour them."""
+        names = [k for k in ("tmpfs", "dns", "extra_hosts") if getattr(self, k)]
+        if main_argv(self.main_entrypoint, self.main_command, {}):
+            names += [
+                k for k in ("main_entrypoint", "main_command") if getattr(self, k) is not None
+            ]
+        return names
 
     def __hash__(self) -> int:  # dict fields make pydantic's frozen hash fail; hash the JSON
         return hash(self.model_dump_json())
@@ -221,6 +240,9 @@ class SandboxSpec(BaseModel):
             k
             for k in ("tmpfs", "dns", "extra_hosts", "subnet", "ipv4_address")
             if not getattr(self, k)
+        )
+        exclude.update(  # (unchanged keys without them)
+            k for k in ("main_entrypoint", "main_command") if getattr(self, k) is None
         )
         data = self.model_dump(mode="json", exclude=exclude)
         data["context"] = self.context_hash()

@@ -65,6 +65,14 @@ class EnvironmentSpec(_Frozen):
     extra_hosts: tuple[tuple[str, str], ...] = Field(
         (), description="the main service's compose `extra_hosts`: (host name, address)"
     )
+    main_entrypoint: tuple[str, ...] | None = Field(
+        None,
+        description="the main service's compose `entrypoint` (an empty one clears the "
+        "image's); None = not set",
+    )
+    main_command: tuple[str, ...] | None = Field(
+        None, description="the main service's compose `command`; None = not set"
+    )
     subnet: str | None = Field(
         None, description="the compose group network's fixed IPv4 subnet (`ipam` config)"
     )

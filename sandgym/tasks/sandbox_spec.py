@@ -111,6 +111,8 @@ def sandbox_spec_for(
         tmpfs=env.tmpfs,
         dns=env.dns,
         extra_hosts=env.extra_hosts,
+        main_entrypoint=env.main_entrypoint,
+        main_command=env.main_command,
         subnet=env.subnet,
         ipv4_address=env.ipv4_address,
     )

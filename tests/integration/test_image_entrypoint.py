@@ -10,6 +10,10 @@ too (its host pid no longer runs it). An entrypoint that exits at once makes cre
 name (Harbor's container would have exited). A snapshot's sandbox runs it again under one keeper;
 an image without bash runs it under its `sh` pid 1. Through `sandgym tasks check` the task's
 oracle scores 1 (its verifier pays only when the entrypoint's service runs) and a no-op 0.
+
+A task whose compose file sets the main service's `command:` (tests/fixtures/compose-command-task,
+an image without ENTRYPOINT) has that command started once by pid 1, as its child: its marker is
+there after creation, and pid 1 is still sandgym's keeper.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from sandgym.sandboxes import SandboxSpec
 from sandgym.sandboxes.docker.service_life import STATIC_BASH_IN, usable_static_bash
 from sandgym.sandboxes.errors import SandboxCreateError
 from sandgym.sandboxes.lifetime import set_first_lifetime
+from sandgym.tasks import load_task_dir
+from sandgym.tasks.sandbox_spec import sandbox_spec_for
 from tests.e2e.conftest import docker_image_available
 from tests.waiting import wait_until, wait_until_in_thread
 
@@ -255,5 +261,25 @@ async def test_an_entrypoint_that_ends_later_is_logged_and_the_sandbox_goes_on(
             ["docker", "logs", sb.container_id], capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         assert "the image ENTRYPOINT exited with status 137" in logs.stderr, logs
+    finally:
+        await sb.close()
+
+
+#: a Harbor task whose environment/docker-compose.yaml sets the main service's `command` (a marker,
+#: then `exec sleep infinity`); its image has no ENTRYPOINT, so the command alone is what runs
+COMPOSE_TASK = Path(__file__).parents[1] / "fixtures" / "compose-command-task"
+
+
+async def test_a_compose_files_main_command_runs_as_pid1s_child(backend: object) -> None:
+    spec = sandbox_spec_for(load_task_dir(COMPOSE_TASK))
+    sb = await backend.create(spec)  # type: ignore[attr-defined]
+    try:
+        look = await sb.exec(
+            "ls /tmp/compose-command-ran; for p in /proc/[0-9]*; do "
+            "[ \"$(tr '\\0' ' ' < $p/cmdline)\" = 'sleep infinity ' ] && "
+            "awk '/^PPid/ {print $2}' $p/status; done; tr '\\0' '\\n' < /proc/1/cmdline | head -1"
+        )
+        # the marker; the command (exec'd into `sleep infinity`) is pid 1's child; pid 1 the keeper
+        assert look.stdout.splitlines() == ["/tmp/compose-command-ran", "1", "bash"], look
     finally:
         await sb.close()

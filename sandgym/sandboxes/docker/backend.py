@@ -1,7 +1,8 @@
 """`DockerBackend`: creating a sandbox's container with its confinement (its own pid-1 init,
-`MAIN_INIT`, which starts the image's ENTRYPOINT as Harbor would, `exec_kill.image_argv`; or
-Docker's for verifier and service containers; the reduced capabilities,
-`no-new-privileges`, the spec's limits), its bridge directory, network and services. The
+`MAIN_INIT`, which starts the image's ENTRYPOINT, or the task compose file's main service
+`entrypoint:`/`command:`, as Harbor would, `exec_kill.image_argv`; or Docker's for verifier and
+service containers; the reduced capabilities, `no-new-privileges`, the spec's limits), its
+bridge directory, network and services. The
 backend is composed around one engine connection (`client.DockerEngine`): its images
 (`images.ImageStore`), the storage quota (`quota.StorageQuota`), the containers' host config
 (`confine.Confinement`) and reaping (`reaping.DockerReaper`) are parts it holds, each given that
@@ -151,7 +152,12 @@ class DockerBackend(SandboxBackend):
         # over them
         run_spec = spec
         config = await asyncio.to_thread(self.images.config, image)
-        entry_argv = image_argv(config, snapshot=spec.snapshot is not None)
+        entry_argv = image_argv(
+            config,
+            snapshot=spec.snapshot is not None,
+            entrypoint=spec.main_entrypoint,
+            command=spec.main_command,
+        )
         if needs_image_config(spec):
             run_spec = spec_over_image(
                 spec, config, between=proxy_env() if spec.needs_proxy else None
@@ -195,7 +201,7 @@ class DockerBackend(SandboxBackend):
             extra = group.main_create_kwargs() if group is not None else {}
             resp = api.create_container(
                 image,
-                entrypoint=main_entrypoint(entry_argv),  # pid 1 starts the image's own
+                entrypoint=main_entrypoint(entry_argv),  # pid 1 starts the main process
                 command=[],
                 name=sandbox_id,
                 hostname=sandbox_id,

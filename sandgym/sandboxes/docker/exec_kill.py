@@ -31,11 +31,12 @@ from sandgym.sandboxes.common.tolerated import tolerate
 from sandgym.sandboxes.common.users import is_root_user
 from sandgym.sandboxes.docker.core import Container
 from sandgym.sandboxes.docker.names import BRIDGE_MOUNT
-from sandgym.sandboxes.docker.service_life import STATIC_BASH_IN, service_argv
+from sandgym.sandboxes.docker.service_life import STATIC_BASH_IN
 from sandgym.sandboxes.docker.streams import _demux, _raw_socket
 from sandgym.sandboxes.errors import SandboxError
+from sandgym.sandboxes.main_process import HARBOR_MAIN_COMMAND as HARBOR_MAIN_COMMAND
+from sandgym.sandboxes.main_process import main_argv
 from sandgym.sandboxes.paths import normalize_sandbox_path
-from sandgym.sandboxes.services import ServiceSpec
 from sandgym.sandboxes.spec import ExecResult, SandboxSpec
 
 log = logging.getLogger(__name__)
@@ -53,10 +54,6 @@ DEADLINE_PATH = BRIDGE_MOUNT + "/deadline"
 #: where pid 1 writes the exit status of the image's ENTRYPOINT once it has ended (see
 #: HELPER_SCRIPT); absent while it runs, or when the image has none
 ENTRYPOINT_EXIT_PATH = "/run/sandgym-helper/entrypoint-exit"
-
-#: Harbor's main service command (its docker-compose files: `command: ["sh", "-c", "sleep
-#: infinity"]`), which the image's ENTRYPOINT receives as its arguments, as under Harbor
-HARBOR_MAIN_COMMAND = ("sh", "-c", "sleep infinity")
 
 #: the signals pid 1 ignores (and the entrypoint it starts gets back at their defaults)
 _SIGNALS = "HUP INT QUIT TERM USR1 USR2 ALRM PIPE VTALRM PROF XCPU XFSZ TSTP TTIN TTOU"
@@ -87,7 +84,8 @@ _SIGNALS = "HUP INT QUIT TERM USR1 USR2 ALRM PIPE VTALRM PROF XCPU XFSZ TSTP TTI
 #:   handler waits for any pid); a SIGCHLD sent from inside only wakes its sleep early.
 #: It sleeps with `read -t` on a pipe it holds both ends of (`3<> <(:)`): nothing on disk.
 #: - The image's ENTRYPOINT (issue 58 item 1): when bash is given arguments (`image_argv`: the
-#:   image's ENTRYPOINT followed by Harbor's main command, `sh -c "sleep infinity"`), it forks
+#:   image's ENTRYPOINT followed by Harbor's main command, `sh -c "sleep infinity"`, or what the
+#:   task compose file's main `entrypoint:`/`command:` make of them), it forks
 #:   them once, first, before it moves to the bridge directory: the child has the container's
 #:   environment, working directory and user, every signal at its default disposition (the
 #:   subshell's `trap -`, as `service_life.SERVICE_KEEPER` starts a service), and its output goes
@@ -158,21 +156,27 @@ MAIN_INIT = (
 MAIN_PREFIX = ("/bin/sh", "-c", MAIN_INIT, MAIN_BOOT, HELPER_SCRIPT)
 
 
-def image_argv(config: dict[str, Any], snapshot: bool = False) -> list[str]:
-    """What pid 1 starts for the image whose Config (`docker image inspect`) is `config`: its
-    ENTRYPOINT followed by Harbor's main command (HARBOR_MAIN_COMMAND, which replaces the
-    image's CMD, as Harbor's compose file does; `service_life.service_argv`'s rule); nothing
-    when it has no ENTRYPOINT (Harbor's `sh -c "sleep infinity"` alone only keeps the container
-    up, which pid 1 does). A `snapshot` image (`DockerSandbox.snapshot`, a `docker commit` of a
-    sandbox) carries the sandbox's own entrypoint: its argv after MAIN_PREFIX is the original
-    image's, started again in each container made from it."""
-    entrypoint = [str(a) for a in config.get("Entrypoint") or []]
+def image_argv(
+    config: dict[str, Any],
+    snapshot: bool = False,
+    entrypoint: tuple[str, ...] | None = None,
+    command: tuple[str, ...] | None = None,
+) -> list[str]:
+    """What pid 1 starts for the image whose Config (`docker image inspect`) is `config`, under a
+    task compose file whose main service sets `entrypoint` and `command` (None: not set; the
+    spec's `main_entrypoint`/`main_command`): `main_process.main_argv`, Harbor's rule (the
+    compose entrypoint, else the image's ENTRYPOINT; then the compose command, else Harbor's
+    HARBOR_MAIN_COMMAND, which replaces the image's CMD); nothing when that only keeps the
+    container up (the image has no ENTRYPOINT and the compose file sets nothing, or a
+    keep-alive such as `sleep infinity`: pid 1 keeps the container up). A `snapshot` image
+    (`DockerSandbox.snapshot`, a `docker commit` of a sandbox) carries the sandbox's own
+    entrypoint: its argv after MAIN_PREFIX is the original sandbox's, started again in each
+    container made from it."""
     if snapshot:
+        image_entrypoint = [str(a) for a in config.get("Entrypoint") or []]
         n = len(MAIN_PREFIX)
-        return entrypoint[n:] if tuple(entrypoint[:n]) == MAIN_PREFIX else []
-    if not entrypoint:
-        return []
-    return service_argv(ServiceSpec(name="main", image="main", command=HARBOR_MAIN_COMMAND), config)
+        return image_entrypoint[n:] if tuple(image_entrypoint[:n]) == MAIN_PREFIX else []
+    return main_argv(entrypoint, command, config)
 
 
 def main_entrypoint(argv: list[str]) -> list[str]:

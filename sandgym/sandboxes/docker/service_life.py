@@ -47,6 +47,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandgym.sandboxes.main_process import engine_argv
 from sandgym.sandboxes.services import ServiceSpec
 
 log = logging.getLogger(__name__)
@@ -97,12 +98,8 @@ def service_argv(svc: ServiceSpec, image_config: dict[str, Any]) -> list[str]:
     """The argv the engine runs for `svc` from an image whose config is `image_config`: the
     compose entrypoint (an empty one clears the image's), else the image's ENTRYPOINT; then the
     compose command, else the image's CMD, which an entrypoint set by the compose file drops (the
-    engine's rule when a container is created with an entrypoint)."""
-    if svc.entrypoint:
-        return [*svc.entrypoint, *(svc.command or ())]
-    entrypoint = list(image_config.get("Entrypoint") or []) if svc.entrypoint is None else []
-    command = list(svc.command) if svc.command else list(image_config.get("Cmd") or [])
-    return [*entrypoint, *command]
+    engine's rule when a container is created with an entrypoint: `main_process.engine_argv`)."""
+    return engine_argv(svc.entrypoint, svc.command, image_config)
 
 
 #: how a service container keeps its sandbox's deadline: `keeper` (SERVICE_KEEPER is pid 1, under

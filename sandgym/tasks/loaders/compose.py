@@ -12,7 +12,11 @@ What is read: `image`, `build` (a context inside the task, `dockerfile`), `envir
 `user`, `networks` (aliases, and a fixed `ipv4_address` on the one network whose `ipam` config
 fixes a `subnet`; every service shares the group's one network), `links`; on the
 main service `tmpfs`, `dns` and `extra_hosts` (the docker backend sets them on the sandbox's
-container); beside it, anonymous volumes (`volumes: [/data]`: a fresh volume at that path).
+container) and `entrypoint`/`command` (`ComposeEnvironment.main_entrypoint`/`main_command`:
+what the main service runs, started by the docker sandbox's pid 1 under Harbor's rule,
+`sandgym.sandboxes.main_process.main_argv`; a keep-alive such as `sh -c "sleep infinity"`
+starts nothing, and other backends refuse anything else); beside it, anonymous volumes
+(`volumes: [/data]`: a fresh volume at that path).
 What is ignored, since it changes nothing a task can observe through sandgym: `container_name`,
 `hostname`, `restart`, `ports` and `expose` (nothing is published on the host; services reach
 each other by name), resource keys (every container gets the sandbox's limits), `tty`,
@@ -134,6 +138,9 @@ class ComposeEnvironment:
     tmpfs: tuple[tuple[str, str], ...] = ()
     dns: tuple[str, ...] = ()
     extra_hosts: tuple[tuple[str, str], ...] = ()
+    #: the main service's `entrypoint` and `command` (None: not set; `main_process.main_argv`)
+    main_entrypoint: tuple[str, ...] | None = None
+    main_command: tuple[str, ...] | None = None
     #: the group network's fixed subnet (compose `ipam`) and the main service's fixed address
     subnet: str | None = None
     ipv4_address: str | None = None
@@ -358,6 +365,8 @@ def load_compose(
         tmpfs=tuple(m.get("tmpfs", ())),
         dns=tuple(m.get("dns", ())),
         extra_hosts=tuple(m.get("extra_hosts", ())),
+        main_entrypoint=m.get("entrypoint"),
+        main_command=m.get("command"),
         subnet=subnet[1] if subnet is not None else None,
         ipv4_address=addresses[main],
     )
@@ -428,9 +437,6 @@ class _Ctx:
         out["env"] = self._environment(svc.get("environment"), where)
         for key, dest in (("command", "command"), ("entrypoint", "entrypoint")):
             if svc.get(key) is None:
-                continue
-            if is_main:
-                log.debug("%s: %s ignored (the sandbox runs its own main process)", where, key)
                 continue
             value = svc[key]
             try:
@@ -755,6 +761,7 @@ def harbor_environment(task_dir: Path, table: dict[str, Any], environment: Any, 
         update["service_name"] = "main"
         update["bind_mounts"] = c.bind_mounts
         update["tmpfs"], update["dns"], update["extra_hosts"] = c.tmpfs, c.dns, c.extra_hosts
+        update["main_entrypoint"], update["main_command"] = c.main_entrypoint, c.main_command
         update["subnet"], update["ipv4_address"] = c.subnet, c.ipv4_address
         update["env"] = {**c.env, **environment.env}
         if environment.workdir is None and c.workdir:

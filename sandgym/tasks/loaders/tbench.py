@@ -156,6 +156,8 @@ def load_tbench_dir(path: Path) -> TaskSpec:
         tmpfs=compose.tmpfs if compose is not None else (),
         dns=compose.dns if compose is not None else (),
         extra_hosts=compose.extra_hosts if compose is not None else (),
+        main_entrypoint=compose.main_entrypoint if compose is not None else None,
+        main_command=compose.main_command if compose is not None else None,
         subnet=compose.subnet if compose is not None else None,
         ipv4_address=compose.ipv4_address if compose is not None else None,
     )
