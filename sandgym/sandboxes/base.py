@@ -298,6 +298,10 @@ class SandboxBackend(abc.ABC):
     """Creates sandboxes of one kind and finds the ones a dead owner left behind."""
 
     name: str = "?"
+    #: creations a pool runs at once on this backend unless told otherwise (the server's
+    #: `pool_max_concurrent_creates`): a creation mostly waits (a process or container
+    #: starting), so the rate is this over the creation's latency until the CPU or engine binds
+    default_concurrent_creates: int = 4
     #: a group's members start as fresh sandboxes of the task's own spec, made while member 0
     #: prepares, and get its `Sandbox.changes` (else: sandboxes made from its snapshot, after)
     forks_by_changes: bool = False

@@ -35,6 +35,12 @@ class ServerSettings(BaseSettings):
         0, ge=0, description="ready sandboxes kept per task environment (0 = create on demand)"
     )
     pool_max_total: int = Field(64, ge=1, description="ready sandboxes kept across all specs")
+    pool_max_concurrent_creates: int | None = Field(
+        None,
+        ge=1,
+        description="sandbox creations run at once by the pool (both APIs); None: the backend's "
+        "default (`default_concurrent_creates`: local 32, docker 8, others 4)",
+    )
     task_dirs: list[Path] = Field(
         default_factory=list, description="extra task directories (the catalog is always served)"
     )

@@ -64,6 +64,8 @@ def make_pool(settings: ServerSettings, backend: SandboxBackend) -> SandboxPool:
         PoolSettings(
             min_ready=settings.pool_size,
             max_total=max(settings.pool_max_total, settings.max_sessions),
+            max_concurrent_creates=settings.pool_max_concurrent_creates
+            or backend.default_concurrent_creates,
             min_available_memory_mb=settings.min_available_memory_mb,
             lifetime=lifetime,
             host_limits=settings.create_limits.get(backend.name),
