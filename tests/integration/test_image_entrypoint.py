@@ -283,3 +283,13 @@ async def test_a_compose_files_main_command_runs_as_pid1s_child(backend: object)
         assert look.stdout.splitlines() == ["/tmp/compose-command-ran", "1", "bash"], look
     finally:
         await sb.close()
+
+
+async def test_a_compose_main_command_that_exits_at_once_fails_creation_by_name(
+    backend: object,
+) -> None:
+    spec = sandbox_spec_for(load_task_dir(COMPOSE_TASK)).model_copy(
+        update={"main_command": ("sh", "-c", "echo no-such-config >&2; exit 4")}
+    )
+    with pytest.raises(SandboxCreateError, match=r"exit 4.*exited with status 4.*no-such-config"):
+        await backend.create(spec)  # type: ignore[attr-defined]

@@ -307,8 +307,9 @@ class DockerBackend(SandboxBackend):
         return sb
 
     async def _check_entrypoint(self, container_id: str, image: str, argv: list[str]) -> None:
-        """Refuse a sandbox whose image ENTRYPOINT ends within ENTRYPOINT_SETTLE_S of the end
-        of its creation (pid 1 notices an end within 0.2 s); under Harbor its container would
+        """Refuse a sandbox whose main process (the image's ENTRYPOINT, or the task compose
+        file's main `entrypoint:`/`command:`: `image_argv`) ends within ENTRYPOINT_SETTLE_S of the
+        end of its creation (pid 1 notices an end within 0.2 s); under Harbor its container would
         have exited, and `docker compose up --wait` failed or every later exec. One that ends
         later is only logged by pid 1 (the container's log), and the sandbox goes on."""
         loop = asyncio.get_running_loop()
@@ -323,8 +324,9 @@ class DockerBackend(SandboxBackend):
         with contextlib.suppress(Exception):
             logs = await asyncio.to_thread(self.engine.api.logs, container_id, tail=20)
         raise SandboxCreateError(
-            f"docker: the ENTRYPOINT of {image} ({argv!r}) was expected to keep running (it is "
-            f"given Harbor's `sh -c 'sleep infinity'` as its arguments, to `exec \"$@\"`), "
-            f"found it exited with status {status} before the sandbox was ready; its log: "
+            f"docker: the main process of {image} ({argv!r}: the image's ENTRYPOINT given "
+            f"Harbor's `sh -c 'sleep infinity'` as its arguments, to `exec \"$@\"`, or the task "
+            f"compose file's main entrypoint/command) was expected to keep running, found it "
+            f"exited with status {status} before the sandbox was ready; its log: "
             f"{logs.decode(errors='replace').strip()[-2000:]!r}"
         )
