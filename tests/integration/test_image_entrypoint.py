@@ -9,7 +9,8 @@ service runs as pid 1's descendant, and at the deadline the container ends with 
 too (its host pid no longer runs it). An entrypoint that exits at once makes creation fail by
 name (Harbor's container would have exited). A snapshot's sandbox runs it again under one keeper;
 an image without bash runs it under its `sh` pid 1. Through `sandgym tasks check` the task's
-oracle scores 1 (its verifier pays only when the entrypoint's service runs) and a no-op 0.
+oracle scores 1 (its verifier pays only when the entrypoint's service runs) and a no-op 0, and
+so does the compose task below (its verifier pays only when its main command ran).
 
 A task whose compose file sets the main service's `command:` (tests/fixtures/compose-command-task,
 an image without ENTRYPOINT) has that command started once by pid 1, as its child: its marker is
@@ -54,6 +55,11 @@ BOUND_S = 10.0
 #: fails its set-up when the sandbox's environment sets BREAK_ENTRYPOINT (one image for all)
 TASK = Path(__file__).parents[1] / "fixtures" / "image-entrypoint-task"
 ENTRYPOINT_SH = (TASK / "environment" / "entrypoint.sh").read_text()
+
+#: a Harbor task whose environment/docker-compose.yaml sets the main service's `command` (a marker,
+#: then `exec sleep infinity`); its image has no ENTRYPOINT, so the command alone is what runs;
+#: its verifier pays only when the marker is there
+COMPOSE_TASK = Path(__file__).parents[1] / "fixtures" / "compose-command-task"
 
 
 @pytest.fixture
@@ -222,17 +228,21 @@ async def test_an_image_without_bash_runs_its_entrypoint_under_the_sh_pid1(
 
 def test_the_task_scores_oracle_1_noop_0_through_tasks_check(tmp_path: Path) -> None:
     """`sandgym tasks check --backend docker` (real processes, as a user runs it): the verifier
-    pays only when the entrypoint ran in the agent's sandbox and its service still runs."""
+    pays only when the entrypoint ran in the agent's sandbox and its service still runs; the
+    compose task's only when its main command ran."""
     env = {**os.environ, "SANDGYM_CACHE": str(tmp_path / "cache")}
     proc = subprocess.run(
-        [sys.executable, "-m", "sandgym.cli", "tasks", "check", str(TASK)]
-        + ["--backend", "docker", "--json"],
+        [sys.executable, "-m", "sandgym.cli", "tasks", "check", str(TASK), str(COMPOSE_TASK)]
+        + ["--backend", "docker", "--concurrency", "2", "--json"],
         capture_output=True, text=True, timeout=600, env=env,
     )  # fmt: skip
     assert proc.stdout.strip(), f"expected one JSON document on stdout, found none: {proc.stderr}"
     rows = json.loads(proc.stdout)["tasks"]
-    scores = [(r["task_id"], r["oracle_reward"], r["noop_reward"], r["error"]) for r in rows]
-    assert scores == [("image-entrypoint-task", 1.0, 0.0, None)], proc.stderr[-3000:]
+    scores = sorted((r["task_id"], r["oracle_reward"], r["noop_reward"], r["error"]) for r in rows)
+    assert scores == [
+        ("compose-command-task", 1.0, 0.0, None),
+        ("image-entrypoint-task", 1.0, 0.0, None),
+    ], proc.stderr[-3000:]
 
 
 async def test_an_entrypoint_that_ends_later_is_logged_and_the_sandbox_goes_on(
@@ -263,11 +273,6 @@ async def test_an_entrypoint_that_ends_later_is_logged_and_the_sandbox_goes_on(
         assert "the image ENTRYPOINT exited with status 137" in logs.stderr, logs
     finally:
         await sb.close()
-
-
-#: a Harbor task whose environment/docker-compose.yaml sets the main service's `command` (a marker,
-#: then `exec sleep infinity`); its image has no ENTRYPOINT, so the command alone is what runs
-COMPOSE_TASK = Path(__file__).parents[1] / "fixtures" / "compose-command-task"
 
 
 async def test_a_compose_files_main_command_runs_as_pid1s_child(backend: object) -> None:
