@@ -14,7 +14,8 @@ so does the compose task below (its verifier pays only when its main command ran
 
 A task whose compose file sets the main service's `command:` (tests/fixtures/compose-command-task,
 an image without ENTRYPOINT) has that command started once by pid 1, as its child: its marker is
-there after creation, and pid 1 is still sandgym's keeper.
+there after creation, and pid 1 is still sandgym's keeper; one that exits at once fails creation
+by name; a compose `entrypoint:` replaces the image's and gets Harbor's command.
 """
 
 from __future__ import annotations
@@ -298,3 +299,21 @@ async def test_a_compose_main_command_that_exits_at_once_fails_creation_by_name(
     )
     with pytest.raises(SandboxCreateError, match=r"exit 4.*exited with status 4.*no-such-config"):
         await backend.create(spec)  # type: ignore[attr-defined]
+
+
+async def test_a_compose_main_entrypoint_replaces_the_images_and_gets_harbors_command(
+    backend: object, context: Path
+) -> None:
+    """The image-entrypoint task's image (its ENTRYPOINT writes /tmp/entrypoint-ran) under a
+    compose `entrypoint:` on main and no `command:`: the compose one runs instead, given Harbor's
+    `sh -c "sleep infinity"` (its base file's command, merged under the task's)."""
+    ep = ("/bin/sh", "-c", 'echo "$@" > /tmp/compose-entrypoint-argv; exec "$@"', "ep")
+    spec = SandboxSpec(build_context=context, own_workdir=False, main_entrypoint=ep)
+    sb = await backend.create(spec)  # type: ignore[attr-defined]
+    try:
+        look = await sb.exec(
+            "cat /tmp/compose-entrypoint-argv; ls /tmp/entrypoint-ran 2>&1 | grep -c 'No such'"
+        )
+        assert look.stdout.splitlines() == ["sh -c sleep infinity", "1"], look
+    finally:
+        await sb.close()
