@@ -178,6 +178,7 @@ class ServerState:
     placed_since_poll: int = 0
     taken: dict[str, int] = field(default_factory=dict)  # key -> ready ones we took since poll
     placed: int = 0  # creations placed here in all
+    taken_total: dict[str, int] = field(default_factory=dict)  # key -> ready ones taken in all
     last_error: str | None = None
 
 
@@ -235,6 +236,9 @@ class Fleet:
         s.down_until = time.monotonic() + delay
 
     async def _probe(self, http: httpx.AsyncClient, s: ServerState) -> None:
+        # the reply counts at most what was placed before it was asked for: what is placed
+        # while it is on its way (a creation sent at once with the poll) still counts after it
+        base_placed, base_taken = s.placed, dict(s.taken_total)
         try:
             sessions, sandboxes, pool = await asyncio.gather(
                 http.get(f"{s.url}/v1/sessions"),
@@ -263,7 +267,12 @@ class Fleet:
             log.info("fleet: env server %s answers again: it gets new work", s.url)
         s.healthy, s.failures, s.last_error = True, 0, None
         s.room, s.ready, s.checked_at = room, ready, now
-        s.placed_since_poll, s.taken = 0, {}
+        s.placed_since_poll = max(0, s.placed - base_placed)
+        s.taken = {
+            fp: n - base_taken.get(fp, 0)
+            for fp, n in s.taken_total.items()
+            if n - base_taken.get(fp, 0) > 0
+        }
 
     async def refresh(self, force: bool = False) -> None:
         """Ask every server not held down (or whose backoff ended) for its room and pool. No
@@ -326,6 +335,7 @@ class Fleet:
         fp = self._fingerprints.get(key) if key else None
         if fp is not None:
             s.taken[fp] = s.taken.get(fp, 0) + 1
+            s.taken_total[fp] = s.taken_total.get(fp, 0) + 1
 
     def unplace(self, url: str, key: str | None = None) -> None:
         """Work `placed` on `url` did not get there (refused, no answer): take it back."""
@@ -335,6 +345,8 @@ class Fleet:
         fp = self._fingerprints.get(key) if key else None
         if fp is not None and s.taken.get(fp):
             s.taken[fp] -= 1
+        if fp is not None and s.taken_total.get(fp):
+            s.taken_total[fp] -= 1
 
     def describe(self) -> list[dict[str, Any]]:
         """Each server's state (for logs and records)."""
