@@ -11,6 +11,7 @@ from sandgym.sandboxes.null import NullBackend
 from sandgym.sandboxes.spec import SandboxSpec
 from sandgym.server.settings import ServerSettings
 from sandgym.server.startup import make_pool
+from tests.waiting import wait_until
 
 
 class _Slow(NullBackend):
@@ -40,8 +41,8 @@ async def _most_at_once(settings: ServerSettings, backend: _Slow, n: int) -> int
     try:
         spec = SandboxSpec(image="x")
         tasks = [asyncio.ensure_future(pool.acquire(spec)) for _ in range(n)]
-        while backend.running < min(n, pool.settings.max_concurrent_creates):
-            await asyncio.sleep(0)  # let the creations start (the count is what is checked)
+        cap = pool.settings.max_concurrent_creates
+        await wait_until(lambda: backend.running >= min(n, cap), 10.0, 0.001, "creations started")
         most = backend.most
         backend.release.set()
         for sb in await asyncio.gather(*tasks):
