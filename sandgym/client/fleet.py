@@ -15,8 +15,7 @@ picture is older than `poll_interval_s`, the fleet asks every server it does not
 `GET /v1/sandboxes` and `GET /v1/pool` (which environment fingerprints it keeps ready), in
 parallel. A creation goes first to a server whose warm pool holds a ready sandbox of the same
 environment (the fingerprint a server reported for an equal request earlier: repeated trials,
-GRPO groups; an episode's reset: its task, `env_client.task_key`, learned from the reset reply's
-`pool_key`), then to one that built that environment before, then to the one with the most room
+GRPO groups), then to one that built that environment before, then to the one with the most room
 left; creations the fleet placed since the last poll count against a server's room and its ready
 sandboxes. A server that does not answer (refused, reset, timed out, 5xx on `/healthz`) is held
 down for a backoff that doubles per failure (1 s to 30 s by default) and asked again after it; a
