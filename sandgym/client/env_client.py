@@ -132,10 +132,10 @@ def to_action(action: dict[str, Any] | str) -> dict[str, Any]:
     return action
 
 
+
 def task_key(task_id: str) -> str:
     """A fleet's placement key for the episodes of `task_id` (apart from the sandbox API's)."""
     return "task:" + task_id
-
 
 class AsyncEnvClient:
     """Asyncio client for `ws://HOST:PORT/v1/env`. One episode at a time per client."""
