@@ -132,11 +132,6 @@ def to_action(action: dict[str, Any] | str) -> dict[str, Any]:
     return action
 
 
-
-def task_key(task_id: str) -> str:
-    """A fleet's placement key for the episodes of `task_id` (apart from the sandbox API's)."""
-    return "task:" + task_id
-
 class AsyncEnvClient:
     """Asyncio client for `ws://HOST:PORT/v1/env`. One episode at a time per client."""
 
@@ -186,15 +181,14 @@ class AsyncEnvClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def connect(self, key: str | None = None) -> None:
+    async def connect(self) -> None:
         """Open the websocket (done lazily by the first request if not called). With a fleet
-        and no episode to resume, on the best server that answers: for a reset, where its task
-        is warm (`task_key`, learned from an earlier reset's `pool_key`), else the most room."""
+        and no episode to resume, on the best server that answers."""
         if self.fleet is None or self.session_id is not None:
             await self._connect_once()
             return
         try:
-            servers = await self.fleet.candidates(key)
+            servers = await self.fleet.candidates()
         except FleetUnavailableError as exc:
             raise ConnectionLostError(
                 "internal",
@@ -204,11 +198,11 @@ class AsyncEnvClient:
         failures = []
         for base in servers:
             self.url = ws_url_of(base)
-            self.fleet.placed(base, key)  # before connecting: concurrent connects see it
+            self.fleet.placed(base)  # before connecting: concurrent connects see it
             try:
                 await self._connect_once()
             except BaseException as exc:
-                self.fleet.unplace(base, key)
+                self.fleet.unplace(base)
                 # InvalidHandshake: a server dying under the handshake (no valid HTTP reply)
                 if not isinstance(
                     exc, (OSError, TimeoutError, ConnectionLostError, InvalidHandshake)
@@ -300,8 +294,6 @@ class AsyncEnvClient:
         self.session_id = reply.session_id
         self.resume_token = reply.resume_token
         self.reset_info = ResetInfo.model_validate(reply.info)
-        if self.fleet is not None and self.reset_info.pool_key:
-            self.fleet.learn(task_key(task_id), self.reset_info.pool_key)
         return reply.observation.model_dump(exclude_unset=True), reply.info
 
     async def resume(
@@ -398,8 +390,7 @@ class AsyncEnvClient:
             while True:
                 try:
                     if self._ws is None:
-                        reset = msg.get("type") == "reset" and self.session_id is None
-                        await self.connect(task_key(str(msg["task_id"])) if reset else None)
+                        await self.connect()
                     return await self._roundtrip(text, msg["request_id"])
                 except (ConnectionClosed, OSError) as exc:
                     self._raise_if_unauthorized(exc)

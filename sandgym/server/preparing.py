@@ -37,7 +37,6 @@ class Ready:
     acquire_s: float
     prepare_s: float
     bridge: GatewayBridge | None
-    pool_key: str | None = None  # the warm pool's key it came under (not a group member's)
 
     def info(
         self,
@@ -55,7 +54,6 @@ class Ready:
             acquire_s=self.acquire_s,
             prepare_s=self.prepare_s,
             from_pool=self.sandbox.from_pool,
-            **({"pool_key": self.pool_key} if self.pool_key else {}),
             desktop=setup.desktop is not None,
             sandbox_id=self.sandbox.id,
             backend=backend,
@@ -92,14 +90,12 @@ class Preparer:
 
         spec = self.specs.spec_for(task, backend)
         prepared = None
-        pool_key = None
         if group is not None and member > 0:  # a copy of member 0's prepared sandbox
             sandbox, prepared, acquire_s = await groups.member_sandbox(group, spec)
         else:
             t0 = time.perf_counter()
             sandbox = await pool.acquire(spec)
             acquire_s = time.perf_counter() - t0
-            pool_key = pool.key_of(sandbox.id)
         forked = prepared is not None and prepared.forked
         self.metrics.acquire_latency.observe(acquire_s)
         # Its hard lifetime: the episode's limits (sandgym.sandboxes.lifetime), kept by the pool.
@@ -125,7 +121,7 @@ class Preparer:
         except BaseException:
             await asyncio.shield(pool.release(sandbox))
             raise
-        return Ready(sandbox, setup, forked, acquire_s, prepare_s, bridge, pool_key)
+        return Ready(sandbox, setup, forked, acquire_s, prepare_s, bridge)
 
     def episode_limit_s(self, task: TaskSpec) -> float:
         """The longest an episode of `task` can hold its sandbox: the time limit and a verifier

@@ -404,11 +404,6 @@ class ResetInfo(_Info):
     acquire_s: float | None = _volatile("seconds spent getting a sandbox (pool or fresh)")
     prepare_s: float | None = _volatile("seconds spent preparing the task in it")
     from_pool: bool | None = _volatile("the sandbox came ready from the warm pool")
-    pool_key: str | None = Field(
-        None,
-        description="the warm pool's key the sandbox came under (its environment's fingerprint "
-        "on this server; a fleet client places the task's next episodes where it is warm)",
-    )
     desktop: bool | None = Field(None, description="a desktop task: observations carry `image`")
     sandbox_id: str | None = _volatile("the backend's id of the episode's sandbox")
     backend: str | None = None

@@ -195,35 +195,6 @@ async def test_warm_pool_is_preferred(fleet2: list[Server]) -> None:
         await client.close(again.sandbox_id)
 
 
-async def test_an_episode_goes_where_its_task_is_warm(fleet2: list[Server]) -> None:
-    a, b = fleet2
-    address = f"{a.url},{b.url}"
-    first = AsyncEnvClient(address)  # no `async with`: it connects on the reset, for its task
-    assert first.fleet is not None
-    first.fleet.poll_interval_s = 0.0
-    _, info = await first.reset("builtin/hello-file", seed=0)
-    key = info["pool_key"]
-    home = "http://" + first.url.split("//", 1)[1].split("/", 1)[0]
-    await first.close()
-
-    # the home server's pool refills the task's environment; the other has never made it
-    async def warm() -> bool:
-        async with httpx.AsyncClient() as http:
-            pool = (await http.get(f"{home}/v1/pool", timeout=5)).json()
-        return bool(pool["keys"].get(key, {}).get("ready", 0) > 0)
-
-    await wait_until(warm, 30, what=f"a ready sandbox of the task's environment on {home}")
-    # the next episode of the task goes home (a pool hit), though the other server has had
-    # less work placed on it and as much room
-    second = AsyncEnvClient(address)
-    _, info2 = await second.reset("builtin/hello-file", seed=0)
-    try:
-        assert second.url.startswith(home.replace("http://", "ws://")), (second.url, home)
-        assert info2["from_pool"] is True and info2["pool_key"] == key
-    finally:
-        await second.close()
-
-
 async def test_episode_client_places_on_a_live_server(fleet2: list[Server]) -> None:
     a, b = fleet2
     a.kill()

@@ -431,11 +431,6 @@ class SandboxPool:
         err.__cause__ = k.last_error
         return err
 
-    def key_of(self, sandbox_id: str) -> str | None:
-        """The pool key a leased sandbox was handed out under (None: not leased here)."""
-        k = self._leased.get(sandbox_id)
-        return k.key if k is not None else None
-
     def _lease(self, k: KeyState, sb: Sandbox) -> None:
         k.leased += 1
         self._leased[sb.id] = k
