@@ -35,6 +35,32 @@ pytestmark = pytest.mark.skipif(not local_available(), reason="bubblewrap not in
 MAX = 3
 
 
+def start_answering(cmd: list[str], url: str, what: str) -> subprocess.Popen[bytes]:
+    """Start `cmd` and wait (60 s at most) until `url`/healthz answers 200."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=dict(os.environ))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"{what} exited with {proc.returncode}"
+        try:
+            if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{what} did not answer /healthz in 60 s")
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 30 s, if it still runs."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+
+
 class Server:
     """`sandgym serve --backend local` on a fixed port (so it can come back on it)."""
 
@@ -52,17 +78,7 @@ class Server:
         cmd = [sys.executable, "-m", "sandgym.server.serve_cli", "--host", "127.0.0.1",
                "--port", str(self.port), "--backend", "local", "--max-sessions", str(MAX),
                "--pool-size", str(self.pool_size)]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=dict(os.environ))
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"server exited with {self.proc.returncode}"
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"server on {self.port} did not answer /healthz in 60 s")
+        self.proc = start_answering(cmd, self.url, f"server on {self.port}")
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -70,13 +86,8 @@ class Server:
         self.proc.wait(timeout=30)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
+        if self.proc is not None:
+            stop_process(self.proc)
 
 
 @pytest.fixture

@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +26,12 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from sandgym.server.runner import free_port
-from tests.e2e.test_fleet import Server, fleet2  # noqa: F401  (the two-server fixture)
+from tests.e2e.test_fleet import (  # noqa: F401  (fleet2: the two-server fixture)
+    Server,
+    fleet2,
+    start_answering,
+    stop_process,
+)
 from tests.waiting import wait_until
 
 openenv_core = pytest.importorskip("openenv.core")
@@ -48,30 +50,14 @@ class Router:
         cmd = [sys.executable, "-m", "sandgym.cli", "route", "--fleet", fleet,
                "--port", str(self.port)]  # fmt: skip
         cmd += ["--token", token] if token else []
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, env=dict(os.environ))
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"router exited with {self.proc.returncode}"
-            try:
-                if httpx.get(f"{self.url}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"router on {self.port} did not answer /healthz in 60 s")
+        self.proc = start_answering(cmd, self.url, f"router on {self.port}")
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=30)
+        stop_process(self.proc)
 
 
 @pytest.fixture
